@@ -1,0 +1,300 @@
+//! Jobs: their states, the records a store hands out, and the lease that
+//! proves who holds a claimed job.
+
+use std::fmt;
+use std::hash::Hash;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::JobError;
+
+/// The state of a job. Transitions only move forward (see
+/// `docs/job-lifecycle.md`); every write guards the state it expects.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Waiting to be claimed. Entered on enqueue, or when the resetter moves a
+    /// stalled job back, or when a worker hands an unfinished job back at
+    /// shutdown. Left when a worker claims it, or when it is cancelled.
+    Queued,
+    /// Claimed by a worker and being handled. Left when that worker finishes
+    /// it (completed, errored, failed, canceled), hands it back (queued), or
+    /// when the resetter finds it stalled (queued, or failed).
+    Processing,
+    /// Handled successfully. Terminal.
+    Completed,
+    /// The last attempt failed with a retryable error; claimable again once
+    /// `process_after` has passed. Left like `Queued`.
+    Errored,
+    /// Failed for good: a poison error, retries or resets exhausted, or an
+    /// undecodable record. Terminal.
+    Failed,
+    /// Cancelled by an operator, before or while it ran. Terminal.
+    Canceled,
+}
+
+impl JobState {
+    /// All states, in lifecycle order.
+    pub const ALL: [JobState; 6] = [
+        JobState::Queued,
+        JobState::Processing,
+        JobState::Completed,
+        JobState::Errored,
+        JobState::Failed,
+        JobState::Canceled,
+    ];
+
+    /// Whether no transition ever leaves this state.
+    pub fn is_terminal(self) -> bool {
+        matches!(
+            self,
+            JobState::Completed | JobState::Failed | JobState::Canceled
+        )
+    }
+
+    /// The canonical name of the state, as stored in the default table.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            JobState::Queued => "queued",
+            JobState::Processing => "processing",
+            JobState::Completed => "completed",
+            JobState::Errored => "errored",
+            JobState::Failed => "failed",
+            JobState::Canceled => "canceled",
+        }
+    }
+}
+
+impl fmt::Display for JobState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// Failure message of a job an operator canceled while it was queued or
+/// errored, so it never ran again.
+pub const CANCELED_BEFORE_RUN_MESSAGE: &str = "canceled by an operator before it ran";
+
+/// What a job key must support: integer, uuid and text keys all qualify.
+pub trait JobId: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static {}
+
+impl<T> JobId for T where T: Clone + Eq + Hash + fmt::Debug + fmt::Display + Send + Sync + 'static {}
+
+/// A record a store hands to handlers: anything with a key and a kind.
+pub trait JobRecord: Send + Sync + 'static {
+    /// The key type.
+    type Id: JobId;
+
+    /// The job's key.
+    fn id(&self) -> &Self::Id;
+
+    /// The job's kind, which a router dispatches on. Tables without a kind
+    /// column can return a constant.
+    fn kind(&self) -> &str;
+}
+
+/// Proof that a worker holds a claimed job: the key plus a fencing token.
+///
+/// Each claim of a job gets a fresh token, so a writer holding the lease of an
+/// earlier attempt (reset and claimed again since, even on the same host) can
+/// never complete, fail or heartbeat the current attempt.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Lease<Id> {
+    /// The job's key.
+    pub id: Id,
+    /// The fencing token of this claim.
+    pub token: i64,
+    /// The attempt this claim is, from 1: failed attempts so far plus one.
+    pub attempt: u32,
+}
+
+/// One entry of a job's execution log.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LogEntry {
+    /// A short key naming the step, such as `"fetch"` or `"attempt"`.
+    pub key: String,
+    /// When the entry was written.
+    pub at: DateTime<Utc>,
+    /// Free text.
+    pub message: String,
+}
+
+impl LogEntry {
+    /// An entry stamped `at`.
+    pub fn new(key: impl Into<String>, at: DateTime<Utc>, message: impl Into<String>) -> Self {
+        LogEntry {
+            key: key.into(),
+            at,
+            message: message.into(),
+        }
+    }
+}
+
+/// The record of the default jobs table (and of the memory store).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Job {
+    /// Key.
+    pub id: i64,
+    /// Kind, used by the router.
+    pub kind: String,
+    /// Arguments for the handler.
+    pub payload: serde_json::Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Current state.
+    pub state: JobState,
+    /// Message of the last failure.
+    pub failure_message: Option<String>,
+    /// When the job was enqueued.
+    pub queued_at: DateTime<Utc>,
+    /// When the current or last attempt was claimed.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the job reached a terminal state or errored.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Not claimable before this time.
+    pub process_after: Option<DateTime<Utc>>,
+    /// How often the resetter moved it back to queued.
+    pub num_resets: i32,
+    /// How many attempts failed.
+    pub num_failures: i32,
+    /// Last sign of life of the worker handling it.
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// Log entries appended while handling it.
+    pub execution_logs: Vec<LogEntry>,
+    /// Host of the worker that claimed it last.
+    pub worker_hostname: Option<String>,
+    /// Set by an operator to cancel the job.
+    pub cancel: bool,
+    /// Fencing token of the latest claim (see [`Lease`]).
+    pub claim_token: i64,
+}
+
+impl Job {
+    /// Decodes the payload into `T`. A payload of the wrong shape is a poison
+    /// error: retrying cannot fix it, so the job fails at once with a message
+    /// naming the kind and the decoding problem.
+    ///
+    /// ```
+    /// # use queue_core::{Job, JobState};
+    /// # let mut job = queue_core::Job::example(1, "email", serde_json::json!({"to": "a@b.c"}));
+    /// #[derive(serde::Deserialize)]
+    /// struct Email { to: String }
+    /// let email: Email = job.payload_as().unwrap();
+    /// assert_eq!(email.to, "a@b.c");
+    /// ```
+    pub fn payload_as<T: serde::de::DeserializeOwned>(&self) -> Result<T, JobError> {
+        T::deserialize(&self.payload).map_err(|e| {
+            JobError::poison(format!(
+                "payload of {} job {} does not decode as {}: {e}",
+                self.kind,
+                self.id,
+                std::any::type_name::<T>()
+            ))
+        })
+    }
+
+    /// A queued job with default fields, for examples and tests.
+    pub fn example(id: i64, kind: &str, payload: serde_json::Value) -> Job {
+        Job {
+            id,
+            kind: kind.to_owned(),
+            payload,
+            priority: 0,
+            state: JobState::Queued,
+            failure_message: None,
+            queued_at: DateTime::<Utc>::UNIX_EPOCH,
+            started_at: None,
+            finished_at: None,
+            process_after: None,
+            num_resets: 0,
+            num_failures: 0,
+            last_heartbeat_at: None,
+            execution_logs: Vec::new(),
+            worker_hostname: None,
+            cancel: false,
+            claim_token: 0,
+        }
+    }
+}
+
+impl JobRecord for Job {
+    type Id = i64;
+
+    fn id(&self) -> &i64 {
+        &self.id
+    }
+
+    fn kind(&self) -> &str {
+        &self.kind
+    }
+}
+
+/// A job to enqueue into the default table (or the memory store).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct NewJob {
+    /// Kind, used by the router.
+    pub kind: String,
+    /// Arguments for the handler.
+    pub payload: serde_json::Value,
+    /// Higher runs first.
+    pub priority: i32,
+    /// Not claimable before this time; `None` means now.
+    pub process_after: Option<DateTime<Utc>>,
+}
+
+impl NewJob {
+    /// A job of `kind` with `payload`, priority 0, runnable now.
+    pub fn new(kind: impl Into<String>, payload: serde_json::Value) -> Self {
+        NewJob {
+            kind: kind.into(),
+            payload,
+            priority: 0,
+            process_after: None,
+        }
+    }
+
+    /// Sets the priority (higher runs first).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+
+    /// Schedules the job for later.
+    pub fn process_after(mut self, at: DateTime<Utc>) -> Self {
+        self.process_after = Some(at);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_completed_failed_and_canceled_are_terminal() {
+        let terminal: Vec<_> = JobState::ALL
+            .into_iter()
+            .filter(|s| s.is_terminal())
+            .collect();
+        assert_eq!(
+            terminal,
+            [JobState::Completed, JobState::Failed, JobState::Canceled]
+        );
+    }
+
+    #[test]
+    fn undecodable_payload_is_poison_naming_kind_and_id() {
+        #[derive(Debug, serde::Deserialize)]
+        #[allow(dead_code)]
+        struct Args {
+            n: u32,
+        }
+        let job = Job::example(7, "resize", serde_json::json!({"n": "x"}));
+        let err = job.payload_as::<Args>().unwrap_err();
+        assert!(err.is_poison());
+        let msg = err.to_string();
+        assert!(msg.contains("resize job 7"), "{msg}");
+        assert!(msg.contains("invalid type"), "{msg}");
+    }
+}

@@ -1,0 +1,27 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod clock;
+mod error;
+mod handler;
+mod job;
+mod outcome;
+pub mod resetter;
+mod retry;
+mod store;
+#[cfg(feature = "testkit")]
+pub mod testkit;
+
+pub use crate::clock::{Clock, SystemClock};
+pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
+pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};
+pub use crate::job::{
+    Job, JobId, JobRecord, JobState, Lease, LogEntry, NewJob, CANCELED_BEFORE_RUN_MESSAGE,
+};
+pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
+pub use crate::resetter::{Delivery, ResetParams, ResetReport};
+pub use crate::retry::{Backoff, RetryDecision, RetryPolicy};
+pub use crate::store::{ClaimParams, Claimed, HeartbeatReport, Store, Transition, WriteResult};
+
+/// Re-exported so handlers can name the cancellation token type.
+pub use tokio_util::sync::CancellationToken;

@@ -1,0 +1,254 @@
+//! Outcomes: how an attempt ended, and the transition that records it.
+//!
+//! | attempt ended with                | job becomes                       | outcome label |
+//! |-----------------------------------|-----------------------------------|---------------|
+//! | `Ok(())`                          | completed                         | `ok`          |
+//! | retryable error, or a timeout     | errored (failed when exhausted)   | `retry` / `failed` |
+//! | poison error, undecodable record  | failed at once                    | `poison`      |
+//! | panic, unclassified error         | per [`UnclassifiedPolicy`]        | as above      |
+//! | cancellation                      | canceled                          | `canceled`    |
+//! | worker shutting down              | queued again                      | `released`    |
+//! | job deleted or reclaimed meanwhile| nothing is written                | `lost`        |
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use crate::error::{DecodeError, ErrorClass, JobError};
+use crate::retry::{RetryDecision, RetryPolicy};
+use crate::store::Transition;
+
+/// How an attempt ended, before the policy classifies it.
+#[derive(Debug)]
+pub enum AttemptEnd {
+    /// The handler returned `Ok(())`.
+    Succeeded,
+    /// The handler returned an error.
+    Errored(JobError),
+    /// The handler panicked; the panic message.
+    Panicked(String),
+    /// The handler ran past its timeout.
+    TimedOut(Duration),
+    /// The job was cancelled while running (by an operator).
+    Canceled(String),
+    /// The record could not be decoded.
+    Undecodable(DecodeError),
+    /// The worker is shutting down and hands the job back.
+    Released,
+    /// The job was deleted or reclaimed while running.
+    Lost,
+}
+
+/// What to do with errors a handler did not classify, and with panics.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum UnclassifiedPolicy {
+    /// Retry them like retryable errors.
+    #[default]
+    Retry,
+    /// Fail the job at once, like poison.
+    Fail,
+}
+
+/// The recorded result of an attempt; `label()` is the metrics label.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// Completed.
+    Completed,
+    /// Errored; runs again at `retry_at`.
+    Retried {
+        /// When the job becomes claimable again.
+        retry_at: DateTime<Utc>,
+        /// The failure message.
+        message: String,
+    },
+    /// Failed after exhausting its retries.
+    Failed {
+        /// The failure message.
+        message: String,
+    },
+    /// Failed at once: poison error or undecodable record.
+    Poisoned {
+        /// The failure message.
+        message: String,
+    },
+    /// Canceled.
+    Canceled {
+        /// Why.
+        message: String,
+    },
+    /// Handed back to the queue unfinished.
+    Released,
+    /// Deleted or reclaimed while running; nothing was written.
+    Lost,
+}
+
+impl Outcome {
+    /// The `outcome` label of `queue_jobs_processed_total`.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Completed => "ok",
+            Outcome::Retried { .. } => "retry",
+            Outcome::Failed { .. } => "failed",
+            Outcome::Poisoned { .. } => "poison",
+            Outcome::Canceled { .. } => "canceled",
+            Outcome::Released => "released",
+            Outcome::Lost => "lost",
+        }
+    }
+
+    /// The transition that records this outcome; `None` for [`Outcome::Lost`].
+    pub fn transition(&self) -> Option<Transition> {
+        Some(match self {
+            Outcome::Completed => Transition::Complete,
+            Outcome::Retried { retry_at, message } => Transition::Error {
+                message: message.clone(),
+                retry_at: *retry_at,
+            },
+            Outcome::Failed { message } | Outcome::Poisoned { message } => Transition::Fail {
+                message: message.clone(),
+            },
+            Outcome::Canceled { message } => Transition::Cancel {
+                message: message.clone(),
+            },
+            Outcome::Released => Transition::Release,
+            Outcome::Lost => return None,
+        })
+    }
+}
+
+/// Classifies attempt ends: the retry policy plus the default for
+/// unclassified errors and panics.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct OutcomePolicy {
+    /// Max retries and backoff.
+    pub retry: RetryPolicy,
+    /// What unclassified errors and panics become.
+    pub unclassified: UnclassifiedPolicy,
+}
+
+impl OutcomePolicy {
+    /// Decides the outcome of attempt `attempt` (from 1) that ended with
+    /// `end`. `unit` is a random sample in `[0, 1)` for backoff jitter.
+    ///
+    /// ```
+    /// use queue_core::{AttemptEnd, JobError, Outcome, OutcomePolicy};
+    ///
+    /// let policy = OutcomePolicy::default();
+    /// let now = chrono::Utc::now();
+    /// let poisoned = policy.decide(AttemptEnd::Errored(JobError::poison("bad input")), 1, now, 0.5);
+    /// assert_eq!(poisoned, Outcome::Poisoned { message: "bad input".into() });
+    /// ```
+    pub fn decide(&self, end: AttemptEnd, attempt: u32, now: DateTime<Utc>, unit: f64) -> Outcome {
+        let retryable = |message: String, after: Option<Duration>| match self
+            .retry
+            .decide(attempt, after, now, unit)
+        {
+            RetryDecision::RetryAt(retry_at) => Outcome::Retried { retry_at, message },
+            RetryDecision::Exhausted => Outcome::Failed {
+                message: format!(
+                    "{message} (attempt {attempt}, no retries left of {})",
+                    self.retry.max_retries
+                ),
+            },
+        };
+        let unclassified = |message: String| match self.unclassified {
+            UnclassifiedPolicy::Retry => retryable(message, None),
+            UnclassifiedPolicy::Fail => Outcome::Poisoned { message },
+        };
+        match end {
+            AttemptEnd::Succeeded => Outcome::Completed,
+            AttemptEnd::Errored(error) => {
+                let message = error.message();
+                match error.class() {
+                    ErrorClass::Retry { after } => retryable(message, after),
+                    ErrorClass::Poison => Outcome::Poisoned { message },
+                    ErrorClass::Cancel => Outcome::Canceled { message },
+                    ErrorClass::Unclassified => unclassified(message),
+                }
+            }
+            AttemptEnd::Panicked(panic) => unclassified(format!("handler panicked: {panic}")),
+            AttemptEnd::TimedOut(limit) => {
+                retryable(format!("handler timed out after {limit:?}"), None)
+            }
+            AttemptEnd::Canceled(message) => Outcome::Canceled { message },
+            AttemptEnd::Undecodable(error) => Outcome::Poisoned {
+                message: error.to_string(),
+            },
+            AttemptEnd::Released => Outcome::Released,
+            AttemptEnd::Lost => Outcome::Lost,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn now() -> DateTime<Utc> {
+        DateTime::<Utc>::UNIX_EPOCH
+    }
+
+    #[test]
+    fn retryable_errors_retry_until_exhausted_then_fail() {
+        let policy = OutcomePolicy {
+            retry: RetryPolicy::fixed(1, Duration::from_secs(10)),
+            ..Default::default()
+        };
+        let first = policy.decide(AttemptEnd::Errored(JobError::retry("flaky")), 1, now(), 0.5);
+        assert_eq!(
+            first,
+            Outcome::Retried {
+                retry_at: now() + Duration::from_secs(10),
+                message: "flaky".into()
+            }
+        );
+        let second = policy.decide(AttemptEnd::Errored(JobError::retry("flaky")), 2, now(), 0.5);
+        assert_eq!(second.label(), "failed");
+        assert!(
+            matches!(second, Outcome::Failed { message } if message.contains("no retries left"))
+        );
+    }
+
+    #[test]
+    fn panics_follow_the_unclassified_policy() {
+        let retry = OutcomePolicy::default();
+        let out = retry.decide(AttemptEnd::Panicked("boom".into()), 1, now(), 0.5);
+        assert!(
+            matches!(out, Outcome::Retried { ref message, .. } if message == "handler panicked: boom")
+        );
+        let fail = OutcomePolicy {
+            unclassified: UnclassifiedPolicy::Fail,
+            ..Default::default()
+        };
+        let out = fail.decide(AttemptEnd::Panicked("boom".into()), 1, now(), 0.5);
+        assert_eq!(out.label(), "poison");
+    }
+
+    #[test]
+    fn timeouts_are_retryable_and_undecodable_records_fail_at_once() {
+        let policy = OutcomePolicy::default();
+        let out = policy.decide(AttemptEnd::TimedOut(Duration::from_secs(2)), 1, now(), 0.5);
+        assert_eq!(out.label(), "retry");
+        let out = policy.decide(
+            AttemptEnd::Undecodable(DecodeError {
+                id: "9".into(),
+                message: "column \"payload\": expected jsonb".into(),
+            }),
+            1,
+            now(),
+            0.5,
+        );
+        assert_eq!(
+            out,
+            Outcome::Poisoned {
+                message: "job 9 could not be decoded: column \"payload\": expected jsonb".into()
+            }
+        );
+    }
+
+    #[test]
+    fn lost_jobs_write_nothing_and_released_jobs_requeue() {
+        assert_eq!(Outcome::Lost.transition(), None);
+        assert_eq!(Outcome::Released.transition(), Some(Transition::Release));
+    }
+}

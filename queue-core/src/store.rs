@@ -1,0 +1,204 @@
+//! The [`Store`] trait: where jobs live and how their state moves.
+
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+
+use crate::error::{DecodeError, StoreError};
+use crate::job::{JobId, JobRecord, JobState, Lease, LogEntry};
+use crate::resetter::{ResetParams, ResetReport};
+
+/// What [`Store::claim`] needs.
+#[derive(Debug)]
+pub struct ClaimParams<'a, C> {
+    /// Claim at most this many jobs.
+    pub limit: usize,
+    /// Identity of the claiming worker, recorded on the job
+    /// (`worker_hostname`).
+    pub worker: &'a str,
+    /// Extra conditions from the PreDequeue hook; only jobs that satisfy
+    /// them are claimed.
+    pub conditions: Option<&'a C>,
+    /// The current time: jobs whose `process_after` is later are skipped.
+    pub now: DateTime<Utc>,
+}
+
+/// One job claimed by [`Store::claim`].
+pub struct Claimed<S: Store + ?Sized> {
+    /// Proof of the claim; every later write for this attempt presents it.
+    pub lease: Lease<S::Id>,
+    /// The record, or why it could not be decoded. The worker fails an
+    /// undecodable job with the error's message.
+    pub record: Result<S::Record, DecodeError>,
+    /// The store refined to this job, handed to the handler: for a
+    /// transactional database store, bound to the transaction that row-locks
+    /// the record, so the handler's writes commit with the job's final state.
+    pub job_store: S::JobStore,
+}
+
+impl<S: Store + ?Sized> std::fmt::Debug for Claimed<S> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Claimed")
+            .field("lease", &self.lease)
+            .field("decoded", &self.record.is_ok())
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a worker ends its hold on a claimed job. Every transition expects the
+/// job to be [`JobState::Processing`] under the presented lease; if it is not
+/// (reset, reclaimed, deleted, already finished) the write is a no-op that
+/// reports [`WriteResult::Stale`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Transition {
+    /// The handler succeeded: completed.
+    Complete,
+    /// A retryable failure: errored, claimable again from `retry_at`;
+    /// `num_failures` is incremented.
+    Error {
+        /// Stored in `failure_message`.
+        message: String,
+        /// Stored in `process_after`.
+        retry_at: DateTime<Utc>,
+    },
+    /// A permanent failure: failed; `num_failures` is incremented.
+    Fail {
+        /// Stored in `failure_message`.
+        message: String,
+    },
+    /// Cancelled while running: canceled.
+    Cancel {
+        /// Stored in `failure_message`.
+        message: String,
+    },
+    /// Handed back unfinished (graceful shutdown): queued again, counting
+    /// neither a failure nor a reset.
+    Release,
+}
+
+impl Transition {
+    /// The state every transition expects the job to be in.
+    pub const EXPECTED: JobState = JobState::Processing;
+
+    /// The state the job moves to.
+    pub fn target(&self) -> JobState {
+        match self {
+            Transition::Complete => JobState::Completed,
+            Transition::Error { .. } => JobState::Errored,
+            Transition::Fail { .. } => JobState::Failed,
+            Transition::Cancel { .. } => JobState::Canceled,
+            Transition::Release => JobState::Queued,
+        }
+    }
+}
+
+/// Whether a guarded write changed anything.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub enum WriteResult {
+    /// The job was in the expected state under the presented lease and was
+    /// updated.
+    Applied,
+    /// The job had moved on (or vanished): nothing was written.
+    Stale,
+}
+
+impl WriteResult {
+    /// Whether the write was applied.
+    pub fn is_applied(self) -> bool {
+        self == WriteResult::Applied
+    }
+}
+
+/// What [`Store::heartbeat`] learned about the running jobs it was given.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HeartbeatReport<Id> {
+    /// Jobs still held whose `cancel` flag is set: their handlers should stop
+    /// and the jobs end as canceled.
+    pub cancel_requested: Vec<Id>,
+    /// Jobs no longer held under the presented lease (deleted, reset, or
+    /// reclaimed by another attempt): their handlers should stop and nothing
+    /// more may be written for them.
+    pub gone: Vec<Id>,
+}
+
+impl<Id> Default for HeartbeatReport<Id> {
+    fn default() -> Self {
+        HeartbeatReport {
+            cancel_requested: Vec::new(),
+            gone: Vec::new(),
+        }
+    }
+}
+
+/// Where jobs are persisted, and the only way their state changes.
+///
+/// A store claims eligible jobs and locks them from other consumers, records
+/// how each attempt ended, keeps running jobs alive through heartbeats, and
+/// resets stalled ones. All writes for a claimed job present its [`Lease`]
+/// and are guarded: a stale write never regresses a job.
+///
+/// Enqueueing is not part of this trait: for an existing table the
+/// application inserts rows itself; stores offer their own enqueue API for
+/// their default tables.
+#[async_trait]
+pub trait Store: Send + Sync + 'static {
+    /// The key type of the jobs.
+    type Id: JobId;
+    /// The record handed to handlers.
+    type Record: JobRecord<Id = Self::Id>;
+    /// Extra dequeue conditions a PreDequeue hook may return (for Postgres:
+    /// SQL fragments with bound parameters; for memory: predicates).
+    type Conditions: Send + Sync + 'static;
+    /// The store refined to one claimed job, handed to its handler (see
+    /// [`Claimed::job_store`]).
+    type JobStore: Send + 'static;
+
+    /// Claims up to `params.limit` eligible jobs: queued, or errored with
+    /// `process_after` passed, not scheduled for later, satisfying the extra
+    /// conditions, in the store's order. Each moves to processing with a new
+    /// fencing token, `started_at` and `last_heartbeat_at` set to `now` and
+    /// the worker recorded. Concurrent claims never return the same job.
+    async fn claim(
+        &self,
+        params: ClaimParams<'_, Self::Conditions>,
+    ) -> Result<Vec<Claimed<Self>>, StoreError>;
+
+    /// Ends the attempt held by `lease` with `transition` (guarded: see
+    /// [`Transition`]). Consumes the job store: a transactional store commits
+    /// the handler's writes together with the new state.
+    async fn finish(
+        &self,
+        job_store: Self::JobStore,
+        lease: &Lease<Self::Id>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError>;
+
+    /// Sets `last_heartbeat_at = now` on every job still held under the given
+    /// leases, and reports which were cancelled or are gone.
+    async fn heartbeat(
+        &self,
+        leases: &[Lease<Self::Id>],
+        now: DateTime<Utc>,
+    ) -> Result<HeartbeatReport<Self::Id>, StoreError>;
+
+    /// Appends an entry to the execution log of the job held by `lease`.
+    async fn append_log(
+        &self,
+        lease: &Lease<Self::Id>,
+        entry: LogEntry,
+    ) -> Result<WriteResult, StoreError>;
+
+    /// Resets stalled jobs: processing, not held by a live attempt, heartbeat
+    /// older than `params.stalled_before`. See
+    /// [`resetter`](crate::resetter) for the contract.
+    async fn reset_stalled(&self, params: ResetParams)
+        -> Result<ResetReport<Self::Id>, StoreError>;
+
+    /// Waits until jobs may have become available (a notification) or
+    /// `max_wait` has passed, whichever comes first. Stores without
+    /// notifications simply sleep.
+    async fn wait_for_jobs(&self, max_wait: Duration);
+}

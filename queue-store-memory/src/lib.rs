@@ -1,0 +1,8 @@
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod clock;
+mod store;
+
+pub use crate::clock::ManualClock;
+pub use crate::store::{JobFilter, MemoryStore};

@@ -1,0 +1,457 @@
+//! [`MemoryStore`]: the whole store contract over a map behind a mutex.
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
+use queue_core::{
+    ClaimParams, Claimed, Clock, DecodeError, Delivery, HeartbeatReport, Job, JobState, Lease,
+    LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock, Transition,
+    WriteResult, CANCELED_BEFORE_RUN_MESSAGE,
+};
+use tokio::sync::Notify;
+
+/// Extra dequeue conditions for the memory store: a predicate on the job.
+///
+/// ```
+/// use queue_store_memory::JobFilter;
+/// let small = JobFilter::new(|job| job.payload["cost"].as_u64().unwrap_or(0) <= 4);
+/// let mut job = queue_core::Job::example(1, "k", serde_json::json!({"cost": 3}));
+/// assert!(small.matches(&job));
+/// job.payload["cost"] = 9.into();
+/// assert!(!small.matches(&job));
+/// ```
+#[derive(Clone)]
+pub struct JobFilter(Arc<dyn Fn(&Job) -> bool + Send + Sync>);
+
+impl JobFilter {
+    /// A filter admitting the jobs for which `predicate` is true.
+    pub fn new(predicate: impl Fn(&Job) -> bool + Send + Sync + 'static) -> Self {
+        JobFilter(Arc::new(predicate))
+    }
+
+    /// A filter admitting only jobs of `kind`.
+    pub fn kind(kind: impl Into<String>) -> Self {
+        let kind = kind.into();
+        JobFilter::new(move |job| job.kind == kind)
+    }
+
+    /// Whether `job` passes.
+    pub fn matches(&self, job: &Job) -> bool {
+        (self.0)(job)
+    }
+}
+
+impl fmt::Debug for JobFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("JobFilter(..)")
+    }
+}
+
+type DecodeCheck = Arc<dyn Fn(&Job) -> Result<(), String> + Send + Sync>;
+
+#[derive(Default)]
+struct State {
+    jobs: BTreeMap<i64, Job>,
+    /// Queued and errored jobs in claim order: priority descending, then id.
+    claimable: BTreeSet<(Reverse<i32>, i64)>,
+    next_id: i64,
+    next_token: i64,
+}
+
+impl State {
+    fn held_mut(&mut self, lease: &Lease<i64>) -> Option<&mut Job> {
+        self.jobs
+            .get_mut(&lease.id)
+            .filter(|job| job.state == JobState::Processing && job.claim_token == lease.token)
+    }
+
+    fn make_claimable(&mut self, id: i64) {
+        if let Some(job) = self.jobs.get(&id) {
+            self.claimable.insert((Reverse(job.priority), id));
+        }
+    }
+}
+
+struct Shared {
+    state: Mutex<State>,
+    jobs_available: Notify,
+    clock: Arc<dyn Clock>,
+    decode_check: Option<DecodeCheck>,
+}
+
+/// An in-memory [`Store`] of [`Job`] records.
+///
+/// Deterministic (claims follow priority, then id), with an injectable clock
+/// for the timestamps it sets itself (enqueue, operator actions); all
+/// contract operations take their `now` explicitly. Clones share the same
+/// jobs. The store a handler receives is a clone of the store itself.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use queue_core::{ClaimParams, NewJob, Store, Transition};
+/// use queue_store_memory::MemoryStore;
+///
+/// let store = MemoryStore::new();
+/// let id = store.enqueue(NewJob::new("email", serde_json::json!({"to": "a@b.c"})));
+/// let now = chrono::Utc::now();
+/// let mut claimed = store
+///     .claim(ClaimParams { limit: 10, worker: "w1", conditions: None, now })
+///     .await
+///     .unwrap();
+/// let job = claimed.pop().unwrap();
+/// assert_eq!(job.lease.id, id);
+/// let applied = store.finish(job.job_store, &job.lease, Transition::Complete, now).await.unwrap();
+/// assert!(applied.is_applied());
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct MemoryStore {
+    shared: Arc<Shared>,
+}
+
+impl fmt::Debug for MemoryStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemoryStore")
+            .field("jobs", &self.lock().jobs.len())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for MemoryStore {
+    fn default() -> Self {
+        MemoryStore::new()
+    }
+}
+
+impl MemoryStore {
+    /// An empty store on the system clock.
+    pub fn new() -> Self {
+        MemoryStore::with_clock(Arc::new(SystemClock))
+    }
+
+    /// An empty store whose own timestamps come from `clock`.
+    pub fn with_clock(clock: Arc<dyn Clock>) -> Self {
+        MemoryStore::build(clock, None)
+    }
+
+    /// An empty store on `clock` whose claims report a job as undecodable
+    /// when `check` returns an error, the way a database store reports a row
+    /// it cannot decode.
+    pub fn with_decode_check(
+        clock: Arc<dyn Clock>,
+        check: impl Fn(&Job) -> Result<(), String> + Send + Sync + 'static,
+    ) -> Self {
+        MemoryStore::build(clock, Some(Arc::new(check)))
+    }
+
+    fn build(clock: Arc<dyn Clock>, decode_check: Option<DecodeCheck>) -> Self {
+        MemoryStore {
+            shared: Arc::new(Shared {
+                state: Mutex::new(State::default()),
+                jobs_available: Notify::new(),
+                clock,
+                decode_check,
+            }),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // The state is consistent after every statement that mutates it, so
+        // a panic elsewhere while holding the lock leaves nothing half done.
+        self.shared
+            .state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn wake_workers(&self) {
+        // Wake the waiting workers, and leave a permit for one that is about
+        // to wait, so an enqueue racing a worker's empty claim is not missed.
+        self.shared.jobs_available.notify_waiters();
+        self.shared.jobs_available.notify_one();
+    }
+
+    /// The clock the store stamps its own timestamps with.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.shared.clock
+    }
+
+    /// Enqueues a job; returns its id.
+    pub fn enqueue(&self, job: NewJob) -> i64 {
+        self.enqueue_many([job])[0]
+    }
+
+    /// Enqueues jobs in one step; returns their ids in order.
+    pub fn enqueue_many(&self, jobs: impl IntoIterator<Item = NewJob>) -> Vec<i64> {
+        let now = self.shared.clock.now();
+        let mut state = self.lock();
+        let ids = jobs
+            .into_iter()
+            .map(|new| {
+                state.next_id += 1;
+                let id = state.next_id;
+                let mut job = Job::example(id, &new.kind, new.payload);
+                job.priority = new.priority;
+                job.process_after = new.process_after;
+                job.queued_at = now;
+                state.jobs.insert(id, job);
+                state.make_claimable(id);
+                id
+            })
+            .collect();
+        drop(state);
+        self.wake_workers();
+        ids
+    }
+
+    /// The job with `id`, if it exists.
+    pub fn get(&self, id: i64) -> Option<Job> {
+        self.lock().jobs.get(&id).cloned()
+    }
+
+    /// All jobs, by id.
+    pub fn jobs(&self) -> Vec<Job> {
+        self.lock().jobs.values().cloned().collect()
+    }
+
+    /// How many jobs are in each state.
+    pub fn count_by_state(&self) -> HashMap<JobState, usize> {
+        let mut counts = HashMap::new();
+        for job in self.lock().jobs.values() {
+            *counts.entry(job.state).or_insert(0) += 1;
+        }
+        counts
+    }
+
+    /// Cancels job `id` as an operator would: a queued or errored job becomes
+    /// canceled; a processing job gets its cancel flag set, and its worker
+    /// learns of it at the next heartbeat. Returns false if there is no such
+    /// job or it is already terminal.
+    pub fn cancel(&self, id: i64) -> bool {
+        let now = self.shared.clock.now();
+        let mut state = self.lock();
+        let Some(job) = state.jobs.get_mut(&id) else {
+            return false;
+        };
+        match job.state {
+            JobState::Queued | JobState::Errored => {
+                job.state = JobState::Canceled;
+                job.finished_at = Some(now);
+                job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
+                let key = (Reverse(job.priority), id);
+                state.claimable.remove(&key);
+                true
+            }
+            JobState::Processing => {
+                job.cancel = true;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Deletes job `id`; returns whether it existed. A worker running it
+    /// learns at the next heartbeat that it is gone.
+    pub fn delete(&self, id: i64) -> bool {
+        let mut state = self.lock();
+        match state.jobs.remove(&id) {
+            Some(job) => {
+                state.claimable.remove(&(Reverse(job.priority), id));
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+fn eligible(job: &Job, now: DateTime<Utc>) -> bool {
+    matches!(job.state, JobState::Queued | JobState::Errored)
+        && job.process_after.is_none_or(|at| at <= now)
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    type Id = i64;
+    type Record = Job;
+    type Conditions = JobFilter;
+    type JobStore = MemoryStore;
+
+    async fn claim(
+        &self,
+        params: ClaimParams<'_, JobFilter>,
+    ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        let mut state = self.lock();
+        let chosen: Vec<(Reverse<i32>, i64)> = state
+            .claimable
+            .iter()
+            .filter(|(_, id)| {
+                state.jobs.get(id).is_some_and(|job| {
+                    eligible(job, params.now) && params.conditions.is_none_or(|c| c.matches(job))
+                })
+            })
+            .take(params.limit)
+            .copied()
+            .collect();
+        let mut claimed = Vec::with_capacity(chosen.len());
+        for key in chosen {
+            state.claimable.remove(&key);
+            state.next_token += 1;
+            let token = state.next_token;
+            let Some(job) = state.jobs.get_mut(&key.1) else {
+                continue;
+            };
+            job.state = JobState::Processing;
+            job.claim_token = token;
+            job.started_at = Some(params.now);
+            job.last_heartbeat_at = Some(params.now);
+            job.worker_hostname = Some(params.worker.to_owned());
+            job.execution_logs.clear();
+            let lease = Lease {
+                id: job.id,
+                token,
+                attempt: u32::try_from(job.num_failures).unwrap_or(0) + 1,
+            };
+            let record = match &self.shared.decode_check {
+                Some(check) => check(job)
+                    .map(|()| job.clone())
+                    .map_err(|message| DecodeError {
+                        id: job.id.to_string(),
+                        message,
+                    }),
+                None => Ok(job.clone()),
+            };
+            claimed.push(Claimed {
+                lease,
+                record,
+                job_store: self.clone(),
+            });
+        }
+        Ok(claimed)
+    }
+
+    async fn finish(
+        &self,
+        _job_store: MemoryStore,
+        lease: &Lease<i64>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        let mut state = self.lock();
+        let Some(job) = state.held_mut(lease) else {
+            return Ok(WriteResult::Stale);
+        };
+        job.state = transition.target();
+        match transition {
+            Transition::Complete => job.finished_at = Some(now),
+            Transition::Error { message, retry_at } => {
+                job.num_failures += 1;
+                job.failure_message = Some(message);
+                job.process_after = Some(retry_at);
+                job.finished_at = Some(now);
+            }
+            Transition::Fail { message } => {
+                job.num_failures += 1;
+                job.failure_message = Some(message);
+                job.finished_at = Some(now);
+            }
+            Transition::Cancel { message } => {
+                job.failure_message = Some(message);
+                job.finished_at = Some(now);
+            }
+            Transition::Release => {}
+        }
+        let requeued = matches!(job.state, JobState::Queued | JobState::Errored);
+        if requeued {
+            state.make_claimable(lease.id);
+            drop(state);
+            self.wake_workers();
+        }
+        Ok(WriteResult::Applied)
+    }
+
+    async fn heartbeat(
+        &self,
+        leases: &[Lease<i64>],
+        now: DateTime<Utc>,
+    ) -> Result<HeartbeatReport<i64>, StoreError> {
+        let mut state = self.lock();
+        let mut report = HeartbeatReport::default();
+        for lease in leases {
+            match state.held_mut(lease) {
+                Some(job) => {
+                    job.last_heartbeat_at = Some(now);
+                    if job.cancel {
+                        report.cancel_requested.push(lease.id);
+                    }
+                }
+                None => report.gone.push(lease.id),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn append_log(
+        &self,
+        lease: &Lease<i64>,
+        entry: LogEntry,
+    ) -> Result<WriteResult, StoreError> {
+        Ok(match self.lock().held_mut(lease) {
+            Some(job) => {
+                job.execution_logs.push(entry);
+                WriteResult::Applied
+            }
+            None => WriteResult::Stale,
+        })
+    }
+
+    async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
+        let mut state = self.lock();
+        let mut report = ResetReport::default();
+        let max_resets = i32::try_from(params.max_resets).unwrap_or(i32::MAX);
+        for job in state.jobs.values_mut() {
+            let stalled = job.state == JobState::Processing
+                && job
+                    .last_heartbeat_at
+                    .is_none_or(|at| at < params.stalled_before);
+            if !stalled {
+                continue;
+            }
+            let fail_with = match params.delivery {
+                Delivery::AtMostOnce => Some(AT_MOST_ONCE_MESSAGE),
+                Delivery::AtLeastOnce if job.num_resets >= max_resets => Some(MAX_RESETS_MESSAGE),
+                Delivery::AtLeastOnce => None,
+            };
+            match fail_with {
+                Some(message) => {
+                    job.state = JobState::Failed;
+                    job.failure_message = Some(message.to_owned());
+                    job.finished_at = Some(params.now);
+                    report.failed.push(job.id);
+                }
+                None => {
+                    job.state = JobState::Queued;
+                    job.num_resets += 1;
+                    report.reset.push(job.id);
+                }
+            }
+        }
+        for &id in &report.reset {
+            state.make_claimable(id);
+        }
+        drop(state);
+        if !report.reset.is_empty() {
+            self.wake_workers();
+        }
+        Ok(report)
+    }
+
+    async fn wait_for_jobs(&self, max_wait: Duration) {
+        let _ = tokio::time::timeout(max_wait, self.shared.jobs_available.notified()).await;
+    }
+}

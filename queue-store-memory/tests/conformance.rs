@@ -1,0 +1,52 @@
+//! The store conformance suite of `queue-core`, run against the memory store.
+
+use async_trait::async_trait;
+use queue_core::testkit::conformance::{Harness, Snapshot};
+use queue_core::NewJob;
+use queue_store_memory::{JobFilter, MemoryStore};
+
+struct MemoryHarness;
+
+#[async_trait]
+impl Harness for MemoryHarness {
+    type Store = MemoryStore;
+
+    async fn store(&self) -> MemoryStore {
+        MemoryStore::new()
+    }
+
+    async fn enqueue(&self, store: &MemoryStore, job: NewJob) -> i64 {
+        store.enqueue(job)
+    }
+
+    async fn inspect(&self, store: &MemoryStore, id: &i64) -> Option<Snapshot> {
+        store.get(*id).map(|job| Snapshot {
+            state: job.state,
+            num_failures: job.num_failures as u32,
+            num_resets: job.num_resets as u32,
+            failure_message: job.failure_message,
+            process_after: job.process_after,
+            last_heartbeat_at: job.last_heartbeat_at,
+            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
+            worker_hostname: job.worker_hostname,
+        })
+    }
+
+    async fn cancel(&self, store: &MemoryStore, id: &i64) {
+        store.cancel(*id);
+    }
+
+    async fn delete(&self, store: &MemoryStore, id: &i64) {
+        store.delete(*id);
+    }
+
+    fn only_kind(&self, kind: &str) -> JobFilter {
+        JobFilter::kind(kind)
+    }
+
+    async fn detached_job_store(&self, store: &MemoryStore) -> MemoryStore {
+        store.clone()
+    }
+}
+
+queue_core::conformance_tests!(MemoryHarness);
