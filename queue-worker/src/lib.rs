@@ -1,1 +1,16 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]
+
+mod budget;
+mod error;
+pub mod metrics;
+mod resetter;
+mod router;
+pub mod shutdown;
+mod worker;
+
+pub use crate::budget::Budget;
+pub use crate::error::WorkerError;
+pub use crate::resetter::{Resetter, ResetterOptions};
+pub use crate::router::Router;
+pub use crate::worker::{default_worker_name, Worker, WorkerOptions, WorkerReport};

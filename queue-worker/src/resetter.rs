@@ -1,0 +1,115 @@
+//! [`Resetter`]: runs the store's reset of stalled jobs on an interval.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use queue_core::{CancellationToken, Clock, Delivery, ResetParams, ResetReport, Store, StoreError, SystemClock};
+
+use crate::error::WorkerError;
+use crate::metrics;
+
+/// How a [`Resetter`] runs.
+#[derive(Clone)]
+pub struct ResetterOptions {
+    /// How often to look for stalled jobs. Default 30 s.
+    pub interval: Duration,
+    /// A processing job whose last heartbeat is older than this is stalled.
+    /// Default 60 s; keep it several heartbeat intervals long.
+    pub stalled_max_age: Duration,
+    /// Resets a job may have before it fails instead. Default 3.
+    pub max_resets: u32,
+    /// Whether stalled jobs run again (at least once) or fail (at most once).
+    pub delivery: Delivery,
+    /// The clock for `now`.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for ResetterOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ResetterOptions")
+            .field("interval", &self.interval)
+            .field("stalled_max_age", &self.stalled_max_age)
+            .field("max_resets", &self.max_resets)
+            .field("delivery", &self.delivery)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for ResetterOptions {
+    fn default() -> Self {
+        ResetterOptions {
+            interval: Duration::from_secs(30),
+            stalled_max_age: Duration::from_secs(60),
+            max_resets: 3,
+            delivery: Delivery::AtLeastOnce,
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+/// Periodically moves stalled jobs back to the queue (or fails them); see
+/// the contract in [`queue_core::resetter`]. Several resetters may run at
+/// once, in the same process as the workers or elsewhere.
+pub struct Resetter<S: Store> {
+    store: Arc<S>,
+    options: ResetterOptions,
+}
+
+impl<S: Store> Resetter<S> {
+    /// A resetter over `store`; fails if an option is out of range.
+    pub fn new(store: impl Into<Arc<S>>, options: ResetterOptions) -> Result<Self, WorkerError> {
+        if options.interval.is_zero() {
+            return Err(WorkerError::InvalidOptions("resetter interval must be longer than zero".into()));
+        }
+        if options.stalled_max_age.is_zero() {
+            return Err(WorkerError::InvalidOptions(
+                "stalled_max_age must be longer than zero (and longer than the heartbeat interval)".into(),
+            ));
+        }
+        Ok(Resetter {
+            store: store.into(),
+            options,
+        })
+    }
+
+    /// One reset pass.
+    pub async fn reset_once(&self) -> Result<ResetReport<S::Id>, StoreError> {
+        let now = self.options.clock.now();
+        let max_age = chrono::Duration::from_std(self.options.stalled_max_age).unwrap_or(chrono::Duration::MAX);
+        let stalled_before = now.checked_sub_signed(max_age).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        let report = self
+            .store
+            .reset_stalled(ResetParams {
+                stalled_before,
+                max_resets: self.options.max_resets,
+                delivery: self.options.delivery,
+                now,
+            })
+            .await?;
+        metrics::jobs_reset(report.reset.len(), report.failed.len());
+        if !report.reset.is_empty() || !report.failed.is_empty() {
+            tracing::info!(reset = ?report.reset, failed = ?report.failed, "stalled jobs handled");
+        }
+        Ok(report)
+    }
+
+    /// Resets every `interval` until `shutdown` is cancelled. Transient
+    /// errors are logged and retried next interval; a permanent one stops it.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<(), WorkerError> {
+        let mut ticks = tokio::time::interval(self.options.interval);
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticks.tick() => {}
+                _ = shutdown.cancelled() => return Ok(()),
+            }
+            match self.reset_once().await {
+                Ok(_) => {}
+                Err(error) if error.is_retryable() => {
+                    tracing::warn!(%error, "reset failed; retrying next interval");
+                }
+                Err(error) => return Err(WorkerError::Store(error)),
+            }
+        }
+    }
+}

@@ -1,0 +1,95 @@
+//! [`Router`]: one handler per job kind.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use queue_core::{Handler, JobContext, JobError, JobRecord, Outcome, Store};
+
+/// Dispatches each job to the handler registered for its kind. Adding a kind
+/// is one handler and one [`Router::route`] call.
+///
+/// A job whose kind has no handler fails at once with a message naming the
+/// kind and the registered ones. The router's own PreDequeue hook claims
+/// without conditions; wrap the router (for example in a
+/// [`Budget`](crate::Budget)) to restrict claims.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use queue_core::{Handler, Job, JobContext, JobError};
+/// use queue_store_memory::MemoryStore;
+/// use queue_worker::Router;
+///
+/// struct SendEmail;
+/// #[async_trait]
+/// impl Handler<MemoryStore> for SendEmail {
+///     async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> { Ok(()) }
+/// }
+///
+/// let router = Router::<MemoryStore>::new().route("email", SendEmail);
+/// assert_eq!(router.kinds().collect::<Vec<_>>(), ["email"]);
+/// ```
+pub struct Router<S: Store> {
+    handlers: BTreeMap<String, Arc<dyn Handler<S>>>,
+}
+
+impl<S: Store> Default for Router<S> {
+    fn default() -> Self {
+        Router {
+            handlers: BTreeMap::new(),
+        }
+    }
+}
+
+impl<S: Store> Router<S> {
+    /// A router with no kinds.
+    pub fn new() -> Self {
+        Router::default()
+    }
+
+    /// Registers `handler` for jobs of `kind`, replacing any earlier one.
+    pub fn route(mut self, kind: impl Into<String>, handler: impl Handler<S>) -> Self {
+        self.handlers.insert(kind.into(), Arc::new(handler));
+        self
+    }
+
+    /// The registered kinds, in order.
+    pub fn kinds(&self) -> impl Iterator<Item = &str> {
+        self.handlers.keys().map(String::as_str)
+    }
+
+    fn handler_for(&self, record: &S::Record) -> Option<&Arc<dyn Handler<S>>> {
+        self.handlers.get(record.kind())
+    }
+}
+
+#[async_trait]
+impl<S: Store> Handler<S> for Router<S> {
+    async fn pre_handle(&self, ctx: &JobContext, record: &S::Record) {
+        if let Some(handler) = self.handler_for(record) {
+            handler.pre_handle(ctx, record).await;
+        }
+    }
+
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        store: &mut S::JobStore,
+        record: &S::Record,
+    ) -> Result<(), JobError> {
+        match self.handler_for(record) {
+            Some(handler) => handler.handle(ctx, store, record).await,
+            None => Err(JobError::poison(format!(
+                "no handler is registered for job kind {:?} (registered: {})",
+                record.kind(),
+                self.kinds().collect::<Vec<_>>().join(", ")
+            ))),
+        }
+    }
+
+    async fn post_handle(&self, ctx: &JobContext, record: &S::Record, outcome: &Outcome) {
+        if let Some(handler) = self.handler_for(record) {
+            handler.post_handle(ctx, record, outcome).await;
+        }
+    }
+}

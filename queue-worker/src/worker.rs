@@ -1,0 +1,691 @@
+//! [`Worker`]: claims jobs from a store and runs them through a handler,
+//! N at a time, with heartbeats, cancellation, timeouts, panic isolation and
+//! graceful shutdown.
+
+use std::collections::HashMap;
+use std::panic::AssertUnwindSafe;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use futures_util::FutureExt;
+use queue_core::{
+    AttemptEnd, CancellationToken, ClaimParams, Claimed, Clock, Dequeue, DequeueContext,
+    Handler, JobContext, JobRecord, Lease, LogEntry, LogSink, Outcome, OutcomePolicy,
+    Store, StoreError, SystemClock, WriteResult,
+};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tracing::Instrument;
+
+use crate::error::WorkerError;
+use crate::metrics;
+
+/// How a [`Worker`] runs.
+#[derive(Clone)]
+pub struct WorkerOptions {
+    /// The worker's identity, recorded on claimed jobs. Default: host name
+    /// and process id.
+    pub name: String,
+    /// How many jobs run at once. Default 4.
+    pub num_handlers: usize,
+    /// How long to wait between claims when no job is available (a store
+    /// notification ends the wait early). Default 1 s.
+    pub poll_interval: Duration,
+    /// The most jobs one claim takes. Default: `num_handlers`.
+    pub claim_batch: usize,
+    /// How often running jobs are heartbeated (and cancellations noticed).
+    /// Default 5 s; keep it well below the resetter's stalled max age.
+    pub heartbeat_interval: Duration,
+    /// How long one attempt may run before it is abandoned as timed out
+    /// (retryable). Default 5 min; `None` for no limit.
+    pub job_timeout: Option<Duration>,
+    /// How long a handler asked to stop (cancelled, deleted, shutdown) may
+    /// keep running before it is abandoned. Default 5 s.
+    pub cancel_grace: Duration,
+    /// At shutdown, how long in-flight jobs may run before they are asked to
+    /// stop and handed back. Default 30 s.
+    pub shutdown_timeout: Duration,
+    /// Retries, backoff, and the treatment of unclassified errors and panics.
+    pub outcome_policy: OutcomePolicy,
+    /// The clock for `now` values given to the store.
+    pub clock: Arc<dyn Clock>,
+}
+
+impl std::fmt::Debug for WorkerOptions {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("WorkerOptions")
+            .field("name", &self.name)
+            .field("num_handlers", &self.num_handlers)
+            .field("poll_interval", &self.poll_interval)
+            .field("claim_batch", &self.claim_batch)
+            .field("heartbeat_interval", &self.heartbeat_interval)
+            .field("job_timeout", &self.job_timeout)
+            .field("cancel_grace", &self.cancel_grace)
+            .field("shutdown_timeout", &self.shutdown_timeout)
+            .field("outcome_policy", &self.outcome_policy)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Default for WorkerOptions {
+    fn default() -> Self {
+        WorkerOptions {
+            name: default_worker_name(),
+            num_handlers: 4,
+            poll_interval: Duration::from_secs(1),
+            claim_batch: 4,
+            heartbeat_interval: Duration::from_secs(5),
+            job_timeout: Some(Duration::from_secs(300)),
+            cancel_grace: Duration::from_secs(5),
+            shutdown_timeout: Duration::from_secs(30),
+            outcome_policy: OutcomePolicy::default(),
+            clock: Arc::new(SystemClock),
+        }
+    }
+}
+
+impl WorkerOptions {
+    /// Sets `num_handlers`, and `claim_batch` to match.
+    pub fn handlers(mut self, n: usize) -> Self {
+        self.num_handlers = n;
+        self.claim_batch = n;
+        self
+    }
+
+    fn validate(&self) -> Result<(), WorkerError> {
+        let fail = |m: &str| Err(WorkerError::InvalidOptions(m.to_owned()));
+        if self.name.is_empty() {
+            return fail("name must not be empty");
+        }
+        if self.num_handlers == 0 {
+            return fail("num_handlers must be at least 1");
+        }
+        if self.claim_batch == 0 {
+            return fail("claim_batch must be at least 1");
+        }
+        if self.poll_interval.is_zero() {
+            return fail("poll_interval must be longer than zero");
+        }
+        if self.heartbeat_interval.is_zero() {
+            return fail("heartbeat_interval must be longer than zero");
+        }
+        if self.job_timeout.is_some_and(|t| t.is_zero()) {
+            return fail("job_timeout must be longer than zero (or None for no limit)");
+        }
+        Ok(())
+    }
+}
+
+/// `host-pid`, from the kernel's host name (or `$HOSTNAME`).
+pub fn default_worker_name() -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "localhost".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// What a worker did before it stopped: attempts by outcome label.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Attempts by outcome label (`ok`, `retry`, `failed`, `poison`,
+    /// `canceled`, `released`, `lost`).
+    pub outcomes: std::collections::BTreeMap<&'static str, u64>,
+}
+
+impl WorkerReport {
+    /// How many attempts ended with `label`.
+    pub fn count(&self, label: &str) -> u64 {
+        self.outcomes.get(label).copied().unwrap_or(0)
+    }
+
+    /// All attempts.
+    pub fn total(&self) -> u64 {
+        self.outcomes.values().sum()
+    }
+}
+
+/// Why a running job is asked to stop.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum StopReason {
+    /// An operator cancelled it.
+    Canceled,
+    /// It was deleted or reclaimed.
+    Lost,
+    /// The worker is shutting down.
+    Shutdown,
+}
+
+/// The worker's handle on one running job.
+struct JobControl {
+    token: CancellationToken,
+    reason: Mutex<Option<StopReason>>,
+}
+
+impl JobControl {
+    fn stop(&self, reason: StopReason) {
+        let mut current = self.reason.lock().unwrap_or_else(PoisonError::into_inner);
+        if current.is_none() {
+            *current = Some(reason);
+        }
+        drop(current);
+        self.token.cancel();
+    }
+
+    fn reason(&self) -> Option<StopReason> {
+        *self.reason.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+type Running<Id> = Mutex<HashMap<Id, (Lease<Id>, Arc<JobControl>)>>;
+
+/// What the worker loop and its job tasks share.
+struct Shared<S: Store, H> {
+    store: Arc<S>,
+    handler: H,
+    options: WorkerOptions,
+    running: Running<S::Id>,
+    report: Mutex<WorkerReport>,
+}
+
+impl<S: Store, H> Shared<S, H> {
+    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<S::Id, (Lease<S::Id>, Arc<JobControl>)>> {
+        self.running.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn count(&self, outcome: &Outcome) {
+        let mut report = self.report.lock().unwrap_or_else(PoisonError::into_inner);
+        *report.outcomes.entry(outcome.label()).or_insert(0) += 1;
+    }
+}
+
+/// Writes a job's execution log through the store under its lease.
+struct StoreLogSink<S: Store> {
+    store: Arc<S>,
+    lease: Lease<S::Id>,
+}
+
+#[async_trait]
+impl<S: Store> LogSink for StoreLogSink<S> {
+    async fn append(&self, entry: LogEntry) -> Result<WriteResult, StoreError> {
+        self.store.append_log(&self.lease, entry).await
+    }
+}
+
+/// Runs jobs from a store through a handler.
+///
+/// Each round the worker waits for a free handler slot, asks the
+/// PreDequeue hook, claims up to that many jobs, runs PreHandle for each,
+/// then runs Handle and PostHandle concurrently, recording each outcome in
+/// the store. A heartbeat loop keeps running jobs alive and delivers
+/// cancellations. See [`Worker::run`] for shutdown.
+///
+/// ```
+/// # #[tokio::main(flavor = "current_thread")] async fn main() {
+/// use async_trait::async_trait;
+/// use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
+/// use queue_store_memory::MemoryStore;
+/// use queue_worker::{Worker, WorkerOptions};
+///
+/// struct Print;
+///
+/// #[async_trait]
+/// impl Handler<MemoryStore> for Print {
+///     async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+///         println!("job {} says {}", job.id, job.payload);
+///         Ok(())
+///     }
+/// }
+///
+/// let store = MemoryStore::new();
+/// store.enqueue(NewJob::new("print", serde_json::json!("hello")));
+/// let shutdown = CancellationToken::new();
+/// let worker = Worker::new(store.clone(), Print, WorkerOptions::default()).unwrap();
+/// let running = tokio::spawn(worker.run(shutdown.clone()));
+/// while store.get(1).unwrap().state != queue_core::JobState::Completed {
+///     tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+/// }
+/// shutdown.cancel();
+/// let report = running.await.unwrap().unwrap();
+/// assert_eq!(report.count("ok"), 1);
+/// # }
+/// ```
+pub struct Worker<S: Store, H> {
+    shared: Arc<Shared<S, H>>,
+}
+
+impl<S: Store, H: Handler<S>> Worker<S, H> {
+    /// A worker over `store` running `handler`; fails if an option is out of
+    /// range.
+    pub fn new(
+        store: impl Into<Arc<S>>,
+        handler: H,
+        options: WorkerOptions,
+    ) -> Result<Self, WorkerError> {
+        options.validate()?;
+        Ok(Worker {
+            shared: Arc::new(Shared {
+                store: store.into(),
+                handler,
+                options,
+                running: Mutex::new(HashMap::new()),
+                report: Mutex::new(WorkerReport::default()),
+            }),
+        })
+    }
+
+    /// Runs until `shutdown` is cancelled, then shuts down gracefully: stops
+    /// claiming, lets in-flight jobs run for up to `shutdown_timeout`, then
+    /// asks the rest to stop, abandons them after `cancel_grace` and hands
+    /// them back to the queue, so nothing is lost.
+    ///
+    /// Transient store errors are logged and retried after `poll_interval`;
+    /// a permanent one (such as a misconfigured store) stops the worker with
+    /// an error.
+    pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
+        let shared = self.shared;
+        let options = &shared.options;
+        let slots = Arc::new(Semaphore::new(options.num_handlers));
+        let mut tasks = JoinSet::new();
+        let heartbeat_stop = CancellationToken::new();
+        let heartbeats = tokio::spawn(heartbeat_loop(shared.clone(), heartbeat_stop.clone()));
+        let mut result = Ok(());
+
+        while !shutdown.is_cancelled() {
+            reap(&mut tasks);
+            let first = tokio::select! {
+                permit = slots.clone().acquire_owned() => match permit {
+                    Ok(permit) => permit,
+                    Err(_) => break,
+                },
+                _ = shutdown.cancelled() => break,
+            };
+            let mut permits = vec![first];
+            while permits.len() < options.claim_batch {
+                match slots.clone().try_acquire_owned() {
+                    Ok(permit) => permits.push(permit),
+                    Err(_) => break,
+                }
+            }
+            match claim_round(&shared, &mut permits, &mut tasks).await {
+                Ok(Round::Claimed(n)) if n > 0 => continue,
+                Ok(Round::Claimed(_)) => {
+                    drop(permits);
+                    tokio::select! {
+                        _ = shared.store.wait_for_jobs(options.poll_interval) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                }
+                Ok(Round::NotNow) => {
+                    drop(permits);
+                    tokio::select! {
+                        _ = tokio::time::sleep(options.poll_interval) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) if error.is_retryable() => {
+                    drop(permits);
+                    tracing::warn!(%error, "claim failed; retrying after the poll interval");
+                    tokio::select! {
+                        _ = tokio::time::sleep(options.poll_interval) => {}
+                        _ = shutdown.cancelled() => {}
+                    }
+                }
+                Err(error) => {
+                    tracing::error!(%error, "claim failed permanently; the worker stops");
+                    result = Err(WorkerError::Store(error));
+                    break;
+                }
+            }
+        }
+
+        drain(&shared, &mut tasks).await;
+        heartbeat_stop.cancel();
+        let _ = heartbeats.await;
+        result?;
+        let report = shared
+            .report
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        Ok(report)
+    }
+}
+
+enum Round {
+    /// The PreDequeue hook said not now.
+    NotNow,
+    /// This many jobs were claimed and started.
+    Claimed(usize),
+}
+
+/// One round: PreDequeue, claim, PreHandle, start the jobs.
+async fn claim_round<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    permits: &mut Vec<OwnedSemaphorePermit>,
+    tasks: &mut JoinSet<()>,
+) -> Result<Round, StoreError> {
+    let options = &shared.options;
+    let ctx = DequeueContext {
+        worker: &options.name,
+        free_slots: permits.len(),
+    };
+    let dequeue = AssertUnwindSafe(shared.handler.pre_dequeue(&ctx))
+        .catch_unwind()
+        .await;
+    let (conditions, limit) = match dequeue {
+        Ok(Ok(Dequeue::Go { conditions, limit })) => (conditions, limit),
+        Ok(Ok(Dequeue::NotNow)) => return Ok(Round::NotNow),
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "PreDequeue hook failed; not claiming this round");
+            return Ok(Round::NotNow);
+        }
+        Err(panic) => {
+            tracing::error!(panic = %panic_message(&panic), "PreDequeue hook panicked; not claiming this round");
+            return Ok(Round::NotNow);
+        }
+    };
+    let limit = limit.unwrap_or(usize::MAX).min(permits.len());
+    if limit == 0 {
+        return Ok(Round::NotNow);
+    }
+    let claimed = shared
+        .store
+        .claim(ClaimParams {
+            limit,
+            worker: &options.name,
+            conditions: conditions.as_ref(),
+            now: options.clock.now(),
+        })
+        .await?;
+    let n = claimed.len();
+    for job in claimed {
+        let Some(permit) = permits.pop() else {
+            // A store returned more than the limit: hand the extra back.
+            tracing::error!(id = %job.lease.id, "store returned more jobs than asked for; releasing the extra");
+            release_extra(shared, job).await;
+            continue;
+        };
+        start_job(shared, job, permit, tasks).await;
+    }
+    Ok(Round::Claimed(n))
+}
+
+async fn release_extra<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
+    let now = shared.options.clock.now();
+    if let Err(error) = shared
+        .store
+        .finish(job.job_store, &job.lease, queue_core::Transition::Release, now)
+        .await
+    {
+        tracing::warn!(%error, id = %job.lease.id, "could not hand back an extra job; the resetter will");
+    }
+}
+
+/// Runs PreHandle (before the next claim, so a budget sees the headroom it
+/// took) and spawns the rest of the job.
+async fn start_job<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    job: Claimed<S>,
+    permit: OwnedSemaphorePermit,
+    tasks: &mut JoinSet<()>,
+) {
+    let options = &shared.options;
+    let Claimed {
+        lease,
+        record,
+        job_store,
+    } = job;
+    let record = match record {
+        Ok(record) => record,
+        Err(error) => {
+            let outcome = options.outcome_policy.decide(
+                AttemptEnd::Undecodable(error),
+                lease.attempt,
+                options.clock.now(),
+                fastrand::f64(),
+            );
+            tracing::error!(id = %lease.id, outcome = outcome.label(), "claimed record could not be decoded");
+            record_outcome(shared, job_store, &lease, &outcome).await;
+            metrics::undecodable(&outcome);
+            shared.count(&outcome);
+            return;
+        }
+    };
+    let control = Arc::new(JobControl {
+        token: CancellationToken::new(),
+        reason: Mutex::new(None),
+    });
+    let mut ctx = JobContext::new(lease.attempt, options.name.as_str())
+        .with_cancellation(control.token.clone())
+        .with_log_sink(Arc::new(StoreLogSink {
+            store: shared.store.clone(),
+            lease: lease.clone(),
+        }));
+    if let Some(timeout) = options.job_timeout {
+        ctx = ctx.with_deadline(Instant::now() + timeout);
+    }
+    shared
+        .running()
+        .insert(lease.id.clone(), (lease.clone(), control.clone()));
+    let span = tracing::info_span!("job", id = %lease.id, kind = record.kind(), attempt = lease.attempt);
+    let pre_handle = AssertUnwindSafe(shared.handler.pre_handle(&ctx, &record))
+        .catch_unwind()
+        .instrument(span.clone())
+        .await
+        .err()
+        .map(|panic| panic_message(&panic));
+    let shared = shared.clone();
+    tasks.spawn(
+        async move {
+            run_job(&shared, ctx, control, lease, record, job_store, pre_handle).await;
+            drop(permit);
+        }
+        .instrument(span),
+    );
+}
+
+/// Handle, record the outcome, PostHandle.
+async fn run_job<S: Store, H: Handler<S>>(
+    shared: &Shared<S, H>,
+    ctx: JobContext,
+    control: Arc<JobControl>,
+    lease: Lease<S::Id>,
+    record: S::Record,
+    mut job_store: S::JobStore,
+    pre_handle_panic: Option<String>,
+) {
+    let options = &shared.options;
+    let kind = record.kind().to_owned();
+    metrics::job_started(&kind);
+    let started = Instant::now();
+    let end = match pre_handle_panic {
+        Some(panic) => AttemptEnd::Panicked(format!("in PreHandle: {panic}")),
+        None => handle(shared, &ctx, &control, &mut job_store, &record).await,
+    };
+    let duration = started.elapsed();
+    if !matches!(end, AttemptEnd::Succeeded) {
+        // Let anything the handler spawned with the token stop too.
+        control.token.cancel();
+    }
+    let outcome = options.outcome_policy.decide(
+        end,
+        lease.attempt,
+        options.clock.now(),
+        fastrand::f64(),
+    );
+    let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
+    shared.running().remove(&lease.id);
+    metrics::job_finished(&kind, &outcome, duration);
+    shared.count(&outcome);
+    tracing::debug!(outcome = outcome.label(), ?duration, "job finished");
+    if let Err(panic) = AssertUnwindSafe(shared.handler.post_handle(&ctx, &record, &outcome))
+        .catch_unwind()
+        .await
+    {
+        tracing::error!(panic = %panic_message(&panic), "PostHandle hook panicked");
+    }
+}
+
+/// Runs Handle under the timeout, the cancellation grace and panic capture.
+async fn handle<S: Store, H: Handler<S>>(
+    shared: &Shared<S, H>,
+    ctx: &JobContext,
+    control: &JobControl,
+    job_store: &mut S::JobStore,
+    record: &S::Record,
+) -> AttemptEnd {
+    let options = &shared.options;
+    let timeout = async {
+        match options.job_timeout {
+            Some(limit) => tokio::time::sleep(limit).await,
+            None => std::future::pending().await,
+        }
+    };
+    let abandon = async {
+        control.token.cancelled().await;
+        tokio::time::sleep(options.cancel_grace).await;
+    };
+    let stopped = |reason: Option<StopReason>| match reason {
+        Some(StopReason::Canceled) | None => AttemptEnd::Canceled("canceled while running".into()),
+        Some(StopReason::Lost) => AttemptEnd::Lost,
+        Some(StopReason::Shutdown) => AttemptEnd::Released,
+    };
+    tokio::select! {
+        result = AssertUnwindSafe(shared.handler.handle(ctx, job_store, record)).catch_unwind() => {
+            match (result, control.reason()) {
+                (Ok(Ok(())), Some(StopReason::Lost)) => AttemptEnd::Lost,
+                (Ok(Ok(())), _) => AttemptEnd::Succeeded,
+                // The handler gave up because it was asked to stop.
+                (Ok(Err(error)), reason @ Some(_)) => {
+                    tracing::debug!(%error, "handler stopped on request");
+                    stopped(reason)
+                }
+                (Ok(Err(error)), None) => AttemptEnd::Errored(error),
+                (Err(panic), _) => AttemptEnd::Panicked(panic_message(&panic)),
+            }
+        }
+        _ = timeout => AttemptEnd::TimedOut(options.job_timeout.unwrap_or_default()),
+        _ = abandon => {
+            tracing::warn!(grace = ?options.cancel_grace, "handler ignored the stop request; abandoned");
+            stopped(control.reason())
+        }
+    }
+}
+
+/// Writes the outcome's transition; a stale write turns it into `Lost`.
+async fn record_outcome<S: Store, H>(
+    shared: &Shared<S, H>,
+    job_store: S::JobStore,
+    lease: &Lease<S::Id>,
+    outcome: &Outcome,
+) -> Outcome {
+    let Some(transition) = outcome.transition() else {
+        return outcome.clone();
+    };
+    let now = shared.options.clock.now();
+    match shared.store.finish(job_store, lease, transition, now).await {
+        Ok(WriteResult::Applied) => outcome.clone(),
+        Ok(WriteResult::Stale) => {
+            tracing::warn!(id = %lease.id, "job moved on while it ran (reset, reclaimed or deleted); its outcome was not recorded");
+            Outcome::Lost
+        }
+        Err(error) => {
+            // The job stays processing; once its heartbeat goes stale the
+            // resetter queues it again, so nothing is lost.
+            tracing::error!(%error, id = %lease.id, "could not record the job's outcome; the resetter will recover it");
+            Outcome::Lost
+        }
+    }
+}
+
+/// Heartbeats running jobs and stops those cancelled or gone.
+async fn heartbeat_loop<S: Store, H>(shared: Arc<Shared<S, H>>, stop: CancellationToken) {
+    let mut ticks = tokio::time::interval(shared.options.heartbeat_interval);
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks.tick().await;
+    loop {
+        tokio::select! {
+            _ = ticks.tick() => {}
+            _ = stop.cancelled() => return,
+        }
+        let leases: Vec<Lease<S::Id>> = shared
+            .running()
+            .values()
+            .map(|(lease, _)| lease.clone())
+            .collect();
+        if leases.is_empty() {
+            continue;
+        }
+        let now = shared.options.clock.now();
+        match shared.store.heartbeat(&leases, now).await {
+            Ok(report) => {
+                let running = shared.running();
+                for (ids, reason) in [
+                    (&report.cancel_requested, StopReason::Canceled),
+                    (&report.gone, StopReason::Lost),
+                ] {
+                    for id in ids {
+                        if let Some((_, control)) = running.get(id) {
+                            tracing::info!(%id, ?reason, "stopping job");
+                            control.stop(reason);
+                        }
+                    }
+                }
+            }
+            Err(error) => tracing::warn!(%error, jobs = leases.len(), "heartbeat failed; retrying next interval"),
+        }
+    }
+}
+
+/// Graceful shutdown of the jobs still running.
+async fn drain<S: Store, H>(shared: &Shared<S, H>, tasks: &mut JoinSet<()>) {
+    let timeout = shared.options.shutdown_timeout;
+    if !tasks.is_empty() {
+        tracing::info!(jobs = tasks.len(), ?timeout, "waiting for in-flight jobs");
+    }
+    let finished = tokio::time::timeout(timeout, join_all(tasks)).await;
+    if finished.is_err() {
+        let running: Vec<Arc<JobControl>> = shared
+            .running()
+            .values()
+            .map(|(_, control)| control.clone())
+            .collect();
+        tracing::warn!(jobs = running.len(), "jobs still running at the shutdown timeout; asking them to stop and handing them back");
+        for control in running {
+            control.stop(StopReason::Shutdown);
+        }
+        join_all(tasks).await;
+    }
+}
+
+async fn join_all(tasks: &mut JoinSet<()>) {
+    while let Some(result) = tasks.join_next().await {
+        log_task_failure(result);
+    }
+}
+
+fn reap(tasks: &mut JoinSet<()>) {
+    while let Some(result) = tasks.try_join_next() {
+        log_task_failure(result);
+    }
+}
+
+fn log_task_failure(result: Result<(), tokio::task::JoinError>) {
+    if let Err(error) = result {
+        tracing::error!(%error, "a job task failed outside the handler");
+    }
+}
+
+fn panic_message(panic: &Box<dyn std::any::Any + Send>) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_owned()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a non-string panic payload".to_owned()
+    }
+}
