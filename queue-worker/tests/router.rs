@@ -1,0 +1,61 @@
+//! The kind router: each kind reaches its own handler and hooks; an unknown
+//! kind fails at once with a message naming it.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+
+use async_trait::async_trait;
+use common::{fast_options, start, wait_for_state};
+use queue_core::{Handler, Job, JobContext, JobError, JobState, NewJob, Outcome};
+use queue_store_memory::MemoryStore;
+use queue_worker::Router;
+
+struct Named {
+    name: &'static str,
+    seen: Arc<Mutex<Vec<String>>>,
+}
+
+#[async_trait]
+impl Handler<MemoryStore> for Named {
+    async fn pre_handle(&self, _: &JobContext, job: &Job) {
+        self.seen.lock().unwrap().push(format!("{} pre {}", self.name, job.id));
+    }
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+        self.seen.lock().unwrap().push(format!("{} handle {}", self.name, job.id));
+        Ok(())
+    }
+    async fn post_handle(&self, _: &JobContext, job: &Job, outcome: &Outcome) {
+        self.seen.lock().unwrap().push(format!("{} post {} {}", self.name, job.id, outcome.label()));
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_reach_the_handler_of_their_kind() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let router = Router::new()
+        .route("email", Named { name: "email", seen: seen.clone() })
+        .route("resize", Named { name: "resize", seen: seen.clone() });
+    let store = MemoryStore::new();
+    let email = store.enqueue(NewJob::new("email", serde_json::json!({})));
+    let resize = store.enqueue(NewJob::new("resize", serde_json::json!({})));
+    let unknown = store.enqueue(NewJob::new("fax", serde_json::json!({})));
+    let running = start(&store, router, fast_options().handlers(1));
+    wait_for_state(&store, email, JobState::Completed).await;
+    wait_for_state(&store, resize, JobState::Completed).await;
+    wait_for_state(&store, unknown, JobState::Failed).await;
+    running.stop().await;
+
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(
+        seen,
+        [
+            "email pre 1", "email handle 1", "email post 1 ok",
+            "resize pre 2", "resize handle 2", "resize post 2 ok",
+        ]
+    );
+    assert_eq!(
+        store.get(unknown).unwrap().failure_message.as_deref(),
+        Some("no handler is registered for job kind \"fax\" (registered: email, resize)")
+    );
+}

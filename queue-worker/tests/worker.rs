@@ -1,0 +1,313 @@
+//! Worker behaviour against the memory store: hook order, outcomes, panics,
+//! timeouts, cancellation, deletion, undecodable records, concurrency and
+//! graceful shutdown.
+
+mod common;
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use async_trait::async_trait;
+use common::{eventually, fast_options, start, wait_for_state};
+use queue_core::{
+    Dequeue, DequeueContext, Handler, Job, JobContext, JobError, JobState, NewJob, Outcome,
+    OutcomePolicy, RetryPolicy, SystemClock,
+};
+use queue_store_memory::MemoryStore;
+use queue_worker::{Worker, WorkerError, WorkerOptions};
+
+fn job(kind: &str, payload: serde_json::Value) -> NewJob {
+    NewJob::new(kind, payload)
+}
+
+/// Behaves according to the job's kind.
+struct Scripted;
+
+#[async_trait]
+impl Handler<MemoryStore> for Scripted {
+    async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+        match job.kind.as_str() {
+            "ok" => Ok(()),
+            "retry" => Err(JobError::retry("upstream unavailable")),
+            "poison" => Err(JobError::poison("malformed input")),
+            "unclassified" => Err(JobError::from(std::io::Error::other("disk hiccup"))),
+            "panic" => panic!("handler bug"),
+            "sleep" => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            }
+            "wait-for-cancel" => {
+                ctx.cancelled().await;
+                Err(JobError::cancel("stopped on request"))
+            }
+            "ignore-cancel" => {
+                tokio::time::sleep(Duration::from_secs(3600)).await;
+                Ok(())
+            }
+            "log" => {
+                assert!(ctx.log("step", "one").await?.is_applied());
+                assert!(ctx.log("step", "two").await?.is_applied());
+                Ok(())
+            }
+            other => Err(JobError::poison(format!("unexpected kind {other}"))),
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hooks_run_in_the_specified_order() {
+    #[derive(Default)]
+    struct Recorder {
+        events: Mutex<Vec<String>>,
+        store: Mutex<Option<MemoryStore>>,
+    }
+    #[async_trait]
+    impl Handler<MemoryStore> for Recorder {
+        async fn pre_dequeue(&self, _: &DequeueContext<'_>) -> Result<Dequeue<queue_store_memory::JobFilter>, queue_core::BoxError> {
+            let mut events = self.events.lock().unwrap();
+            if events.last().map(String::as_str) != Some("pre_dequeue") {
+                events.push("pre_dequeue".into());
+            }
+            Ok(Dequeue::go())
+        }
+        async fn pre_handle(&self, _: &JobContext, job: &Job) {
+            self.events.lock().unwrap().push(format!("pre_handle {}", job.id));
+        }
+        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+            self.events.lock().unwrap().push(format!("handle {}", job.id));
+            Ok(())
+        }
+        async fn post_handle(&self, _: &JobContext, job: &Job, outcome: &Outcome) {
+            // PostHandle runs after the outcome was recorded.
+            let state = self.store.lock().unwrap().as_ref().and_then(|s| s.get(job.id)).map(|j| j.state);
+            self.events.lock().unwrap().push(format!("post_handle {} {} {:?}", job.id, outcome.label(), state));
+        }
+    }
+
+    let store = MemoryStore::new();
+    let recorder = Arc::new(Recorder::default());
+    *recorder.store.lock().unwrap() = Some(store.clone());
+    let id = store.enqueue(job("ok", serde_json::json!(null)));
+    let running = start(&store, recorder.clone(), fast_options().handlers(1));
+    wait_for_state(&store, id, JobState::Completed).await;
+    eventually("post_handle ran", || async { recorder.events.lock().unwrap().iter().any(|e| e.starts_with("post_handle")) }).await;
+    running.stop().await;
+    let events = recorder.events.lock().unwrap().clone();
+    assert_eq!(
+        &events[..4],
+        ["pre_dequeue", "pre_handle 1", "handle 1", "post_handle 1 ok Some(Completed)"],
+        "hooks run PreDequeue, PreHandle, Handle, PostHandle"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn outcomes_map_to_states() {
+    let store = MemoryStore::new();
+    let ok = store.enqueue(job("ok", serde_json::json!(null)));
+    let retry = store.enqueue(job("retry", serde_json::json!(null)));
+    let poison = store.enqueue(job("poison", serde_json::json!(null)));
+    let unclassified = store.enqueue(job("unclassified", serde_json::json!(null)));
+    let log = store.enqueue(job("log", serde_json::json!(null)));
+    let running = start(&store, Scripted, fast_options());
+    wait_for_state(&store, ok, JobState::Completed).await;
+    wait_for_state(&store, retry, JobState::Errored).await;
+    wait_for_state(&store, poison, JobState::Failed).await;
+    wait_for_state(&store, unclassified, JobState::Errored).await;
+    wait_for_state(&store, log, JobState::Completed).await;
+    let report = running.stop().await;
+
+    let r = store.get(retry).unwrap();
+    assert_eq!(r.failure_message.as_deref(), Some("upstream unavailable"));
+    assert_eq!(r.num_failures, 1);
+    let wait = r.process_after.unwrap() - r.finished_at.unwrap();
+    assert!(wait >= chrono::Duration::seconds(23) && wait <= chrono::Duration::seconds(37), "default backoff is 30 s ± 20 %, got {wait}");
+    assert_eq!(store.get(poison).unwrap().failure_message.as_deref(), Some("malformed input"));
+    assert_eq!(store.get(unclassified).unwrap().failure_message.as_deref(), Some("disk hiccup"));
+    let logs: Vec<_> = store.get(log).unwrap().execution_logs.into_iter().map(|e| e.message).collect();
+    assert_eq!(logs, ["one", "two"], "ctx.log appends to the execution log");
+    assert_eq!((report.count("ok"), report.count("retry"), report.count("poison")), (2, 2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_run_until_exhausted_then_fail() {
+    let store = MemoryStore::new();
+    let id = store.enqueue(job("retry", serde_json::json!(null)));
+    let options = WorkerOptions {
+        outcome_policy: OutcomePolicy {
+            retry: RetryPolicy::fixed(2, Duration::ZERO),
+            ..Default::default()
+        },
+        ..fast_options()
+    };
+    let running = start(&store, Scripted, options);
+    wait_for_state(&store, id, JobState::Failed).await;
+    let report = running.stop().await;
+    let j = store.get(id).unwrap();
+    assert_eq!(j.num_failures, 3, "one attempt plus two retries");
+    assert!(j.failure_message.unwrap().contains("no retries left"));
+    assert_eq!((report.count("retry"), report.count("failed")), (2, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_never_kills_the_pool() {
+    let store = MemoryStore::new();
+    let panics = store.enqueue(job("panic", serde_json::json!(null)));
+    let running = start(&store, Scripted, fast_options().handlers(1));
+    wait_for_state(&store, panics, JobState::Errored).await;
+    // The single handler slot keeps working after the panic.
+    let after = store.enqueue(job("ok", serde_json::json!(null)));
+    wait_for_state(&store, after, JobState::Completed).await;
+    running.stop().await;
+    let j = store.get(panics).unwrap();
+    assert_eq!(j.failure_message.as_deref(), Some("handler panicked: handler bug"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_past_its_timeout_is_retryable() {
+    let store = MemoryStore::new();
+    let id = store.enqueue(job("sleep", serde_json::json!(null)));
+    let options = WorkerOptions {
+        job_timeout: Some(Duration::from_millis(50)),
+        ..fast_options()
+    };
+    let running = start(&store, Scripted, options);
+    wait_for_state(&store, id, JobState::Errored).await;
+    running.stop().await;
+    assert_eq!(store.get(id).unwrap().failure_message.as_deref(), Some("handler timed out after 50ms"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancellation_reaches_the_running_handler() {
+    let store = MemoryStore::new();
+    let polite = store.enqueue(job("wait-for-cancel", serde_json::json!(null)));
+    let stubborn = store.enqueue(job("ignore-cancel", serde_json::json!(null)));
+    let running = start(&store, Scripted, fast_options());
+    wait_for_state(&store, polite, JobState::Processing).await;
+    wait_for_state(&store, stubborn, JobState::Processing).await;
+    assert!(store.cancel(polite));
+    assert!(store.cancel(stubborn));
+    // The polite handler returns on the signal; the stubborn one is
+    // abandoned after the grace period. Both end canceled.
+    wait_for_state(&store, polite, JobState::Canceled).await;
+    wait_for_state(&store, stubborn, JobState::Canceled).await;
+    let report = running.stop().await;
+    assert_eq!(report.count("canceled"), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_deleted_job_is_dropped_without_a_write() {
+    struct Watcher {
+        stopped: std::sync::atomic::AtomicBool,
+    }
+    #[async_trait]
+    impl Handler<MemoryStore> for Watcher {
+        async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+            ctx.cancelled().await;
+            self.stopped.store(true, Ordering::SeqCst);
+            Err(JobError::cancel("stopped"))
+        }
+    }
+    let store = MemoryStore::new();
+    let id = store.enqueue(job("k", serde_json::json!(null)));
+    let watcher = Arc::new(Watcher { stopped: Default::default() });
+    let running = start(&store, watcher.clone(), fast_options());
+    wait_for_state(&store, id, JobState::Processing).await;
+    assert!(store.delete(id));
+    eventually("the handler of the deleted job was stopped", || async {
+        watcher.stopped.load(Ordering::SeqCst)
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.count("lost"), 1, "the attempt of a deleted job ends as lost");
+    assert_eq!(report.total(), 1, "and nothing else was recorded");
+    assert!(store.get(id).is_none(), "nothing recreated the job");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_undecodable_record_fails_with_a_clear_message() {
+    let store = MemoryStore::with_decode_check(Arc::new(SystemClock), |job| {
+        if job.payload.is_object() {
+            Ok(())
+        } else {
+            Err(format!("column \"payload\": expected a JSON object, found {}", job.payload))
+        }
+    });
+    let bad = store.enqueue(job("ok", serde_json::json!(42)));
+    let good = store.enqueue(job("ok", serde_json::json!({})));
+    let running = start(&store, Scripted, fast_options());
+    wait_for_state(&store, bad, JobState::Failed).await;
+    wait_for_state(&store, good, JobState::Completed).await;
+    running.stop().await;
+    assert_eq!(
+        store.get(bad).unwrap().failure_message.as_deref(),
+        Some("job 1 could not be decoded: column \"payload\": expected a JSON object, found 42")
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn no_more_than_num_handlers_jobs_run_at_once() {
+    struct Counting {
+        now: AtomicUsize,
+        max: AtomicUsize,
+    }
+    #[async_trait]
+    impl Handler<MemoryStore> for Counting {
+        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+            let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
+            self.max.fetch_max(n, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            self.now.fetch_sub(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    let store = MemoryStore::new();
+    store.enqueue_many((0..30).map(|n| job("ok", serde_json::json!(n))));
+    let counting = Arc::new(Counting { now: AtomicUsize::new(0), max: AtomicUsize::new(0) });
+    let running = start(&store, counting.clone(), fast_options().handlers(3));
+    eventually("all jobs completed", || async {
+        store.count_by_state().get(&JobState::Completed) == Some(&30)
+    })
+    .await;
+    let report = running.stop().await;
+    assert_eq!(report.count("ok"), 30);
+    assert_eq!(counting.max.load(Ordering::SeqCst), 3, "three handlers run at once, never more");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn graceful_shutdown_finishes_quick_jobs_and_hands_back_slow_ones() {
+    struct Mixed;
+    #[async_trait]
+    impl Handler<MemoryStore> for Mixed {
+        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+            let millis = job.payload.as_u64().unwrap_or(0);
+            tokio::time::sleep(Duration::from_millis(millis)).await;
+            Ok(())
+        }
+    }
+    let store = MemoryStore::new();
+    let quick = store.enqueue(job("ok", serde_json::json!(100)));
+    let slow = store.enqueue(job("ok", serde_json::json!(3_600_000)));
+    let options = WorkerOptions {
+        shutdown_timeout: Duration::from_millis(400),
+        cancel_grace: Duration::from_millis(50),
+        ..fast_options()
+    };
+    let running = start(&store, Mixed, options);
+    wait_for_state(&store, quick, JobState::Processing).await;
+    wait_for_state(&store, slow, JobState::Processing).await;
+    let report = running.stop().await;
+    assert_eq!(store.get(quick).unwrap().state, JobState::Completed, "an in-flight job finishes within the bound");
+    let s = store.get(slow).unwrap();
+    assert_eq!(s.state, JobState::Queued, "an unfinished job is handed back");
+    assert_eq!((s.num_failures, s.num_resets), (0, 0), "handing back counts nothing against the job");
+    assert_eq!((report.count("ok"), report.count("released")), (1, 1));
+}
+
+#[tokio::test]
+async fn invalid_options_are_rejected_with_the_option_named() {
+    let err = Worker::new(MemoryStore::new(), Scripted, WorkerOptions { num_handlers: 0, ..WorkerOptions::default() })
+        .err()
+        .expect("zero handlers is invalid");
+    assert!(matches!(err, WorkerError::InvalidOptions(ref m) if m.contains("num_handlers")), "{err}");
+}
