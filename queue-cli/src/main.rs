@@ -1,1 +1,8 @@
-fn main() {}
+//! The `queue` operator binary.
+
+use clap::Parser;
+
+fn main() -> anyhow::Result<()> {
+    let cli = queue_cli::Cli::parse();
+    queue_cli::run(cli, &mut std::io::stdout().lock())
+}

@@ -1,1 +1,2 @@
-//! placeholder
+#![doc = include_str!("../README.md")]
+#![warn(missing_docs)]

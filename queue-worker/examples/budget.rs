@@ -39,7 +39,10 @@ impl Handler<MemoryStore> for Render {
 async fn main() -> anyhow::Result<()> {
     let store = MemoryStore::new();
     for i in 0..60u64 {
-        store.enqueue(NewJob::new("render", serde_json::json!({ "cost": 1 + i % 7 })));
+        store.enqueue(NewJob::new(
+            "render",
+            serde_json::json!({ "cost": 1 + i % 7 }),
+        ));
     }
     let render = Arc::new(Render::default());
     let budget = Budget::new(render.clone(), 10, cost, |headroom| {

@@ -17,7 +17,9 @@
 use std::sync::{Mutex, PoisonError};
 
 use async_trait::async_trait;
-use queue_core::{BoxError, Dequeue, DequeueContext, Handler, JobContext, JobError, Outcome, Store};
+use queue_core::{
+    BoxError, Dequeue, DequeueContext, Handler, JobContext, JobError, Outcome, Store,
+};
 
 type CostFn<R> = Box<dyn Fn(&R) -> u64 + Send + Sync>;
 type FitsFn<C> = Box<dyn Fn(u64) -> C + Send + Sync>;
@@ -81,7 +83,10 @@ impl<S: Store, H: Handler<S>> Budget<S, H> {
 
 #[async_trait]
 impl<S: Store, H: Handler<S>> Handler<S> for Budget<S, H> {
-    async fn pre_dequeue(&self, ctx: &DequeueContext<'_>) -> Result<Dequeue<S::Conditions>, BoxError> {
+    async fn pre_dequeue(
+        &self,
+        ctx: &DequeueContext<'_>,
+    ) -> Result<Dequeue<S::Conditions>, BoxError> {
         let headroom = self.headroom();
         if headroom == 0 {
             return Ok(Dequeue::NotNow);
@@ -101,7 +106,12 @@ impl<S: Store, H: Handler<S>> Handler<S> for Budget<S, H> {
         self.inner.pre_handle(ctx, record).await;
     }
 
-    async fn handle(&self, ctx: &JobContext, store: &mut S::JobStore, record: &S::Record) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        store: &mut S::JobStore,
+        record: &S::Record,
+    ) -> Result<(), JobError> {
         self.inner.handle(ctx, store, record).await
     }
 

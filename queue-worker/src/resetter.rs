@@ -3,7 +3,9 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use queue_core::{CancellationToken, Clock, Delivery, ResetParams, ResetReport, Store, StoreError, SystemClock};
+use queue_core::{
+    CancellationToken, Clock, Delivery, ResetParams, ResetReport, Store, StoreError, SystemClock,
+};
 
 use crate::error::WorkerError;
 use crate::metrics;
@@ -59,11 +61,14 @@ impl<S: Store> Resetter<S> {
     /// A resetter over `store`; fails if an option is out of range.
     pub fn new(store: impl Into<Arc<S>>, options: ResetterOptions) -> Result<Self, WorkerError> {
         if options.interval.is_zero() {
-            return Err(WorkerError::InvalidOptions("resetter interval must be longer than zero".into()));
+            return Err(WorkerError::InvalidOptions(
+                "resetter interval must be longer than zero".into(),
+            ));
         }
         if options.stalled_max_age.is_zero() {
             return Err(WorkerError::InvalidOptions(
-                "stalled_max_age must be longer than zero (and longer than the heartbeat interval)".into(),
+                "stalled_max_age must be longer than zero (and longer than the heartbeat interval)"
+                    .into(),
             ));
         }
         Ok(Resetter {
@@ -75,8 +80,11 @@ impl<S: Store> Resetter<S> {
     /// One reset pass.
     pub async fn reset_once(&self) -> Result<ResetReport<S::Id>, StoreError> {
         let now = self.options.clock.now();
-        let max_age = chrono::Duration::from_std(self.options.stalled_max_age).unwrap_or(chrono::Duration::MAX);
-        let stalled_before = now.checked_sub_signed(max_age).unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
+        let max_age = chrono::Duration::from_std(self.options.stalled_max_age)
+            .unwrap_or(chrono::Duration::MAX);
+        let stalled_before = now
+            .checked_sub_signed(max_age)
+            .unwrap_or(chrono::DateTime::<chrono::Utc>::MIN_UTC);
         let report = self
             .store
             .reset_stalled(ResetParams {

@@ -10,9 +10,9 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use futures_util::FutureExt;
 use queue_core::{
-    AttemptEnd, CancellationToken, ClaimParams, Claimed, Clock, Dequeue, DequeueContext,
-    Handler, JobContext, JobRecord, Lease, LogEntry, LogSink, Outcome, OutcomePolicy,
-    Store, StoreError, SystemClock, WriteResult,
+    AttemptEnd, CancellationToken, ClaimParams, Claimed, Clock, Dequeue, DequeueContext, Handler,
+    JobContext, JobRecord, Lease, LogEntry, LogSink, Outcome, OutcomePolicy, Store, StoreError,
+    SystemClock, WriteResult,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -180,19 +180,20 @@ impl JobControl {
     }
 }
 
-type Running<Id> = Mutex<HashMap<Id, (Lease<Id>, Arc<JobControl>)>>;
+/// Running jobs by key: the lease to heartbeat and the handle to stop them.
+type RunningJobs<Id> = HashMap<Id, (Lease<Id>, Arc<JobControl>)>;
 
 /// What the worker loop and its job tasks share.
 struct Shared<S: Store, H> {
     store: Arc<S>,
     handler: H,
     options: WorkerOptions,
-    running: Running<S::Id>,
+    running: Mutex<RunningJobs<S::Id>>,
     report: Mutex<WorkerReport>,
 }
 
 impl<S: Store, H> Shared<S, H> {
-    fn running(&self) -> std::sync::MutexGuard<'_, HashMap<S::Id, (Lease<S::Id>, Arc<JobControl>)>> {
+    fn running(&self) -> std::sync::MutexGuard<'_, RunningJobs<S::Id>> {
         self.running.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
@@ -418,7 +419,12 @@ async fn release_extra<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
     let now = shared.options.clock.now();
     if let Err(error) = shared
         .store
-        .finish(job.job_store, &job.lease, queue_core::Transition::Release, now)
+        .finish(
+            job.job_store,
+            &job.lease,
+            queue_core::Transition::Release,
+            now,
+        )
         .await
     {
         tracing::warn!(%error, id = %job.lease.id, "could not hand back an extra job; the resetter will");
@@ -471,7 +477,8 @@ async fn start_job<S: Store, H: Handler<S>>(
     shared
         .running()
         .insert(lease.id.clone(), (lease.clone(), control.clone()));
-    let span = tracing::info_span!("job", id = %lease.id, kind = record.kind(), attempt = lease.attempt);
+    let span =
+        tracing::info_span!("job", id = %lease.id, kind = record.kind(), attempt = lease.attempt);
     let pre_handle = AssertUnwindSafe(shared.handler.pre_handle(&ctx, &record))
         .catch_unwind()
         .instrument(span.clone())
@@ -511,12 +518,10 @@ async fn run_job<S: Store, H: Handler<S>>(
         // Let anything the handler spawned with the token stop too.
         control.token.cancel();
     }
-    let outcome = options.outcome_policy.decide(
-        end,
-        lease.attempt,
-        options.clock.now(),
-        fastrand::f64(),
-    );
+    let outcome =
+        options
+            .outcome_policy
+            .decide(end, lease.attempt, options.clock.now(), fastrand::f64());
     let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
     shared.running().remove(&lease.id);
     metrics::job_finished(&kind, &outcome, duration);
@@ -636,7 +641,9 @@ async fn heartbeat_loop<S: Store, H>(shared: Arc<Shared<S, H>>, stop: Cancellati
                     }
                 }
             }
-            Err(error) => tracing::warn!(%error, jobs = leases.len(), "heartbeat failed; retrying next interval"),
+            Err(error) => {
+                tracing::warn!(%error, jobs = leases.len(), "heartbeat failed; retrying next interval")
+            }
         }
     }
 }
@@ -654,7 +661,10 @@ async fn drain<S: Store, H>(shared: &Shared<S, H>, tasks: &mut JoinSet<()>) {
             .values()
             .map(|(_, control)| control.clone())
             .collect();
-        tracing::warn!(jobs = running.len(), "jobs still running at the shutdown timeout; asking them to stop and handing them back");
+        tracing::warn!(
+            jobs = running.len(),
+            "jobs still running at the shutdown timeout; asking them to stop and handing them back"
+        );
         for control in running {
             control.stop(StopReason::Shutdown);
         }

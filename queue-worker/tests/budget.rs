@@ -41,9 +41,17 @@ async fn running_cost_stays_within_the_budget() {
     let store = MemoryStore::new();
     let mut rng = fastrand::Rng::with_seed(7);
     let fitting: Vec<i64> = (0..80)
-        .map(|_| store.enqueue(NewJob::new("work", serde_json::json!({ "cost": rng.u64(1..=CAPACITY) }))))
+        .map(|_| {
+            store.enqueue(NewJob::new(
+                "work",
+                serde_json::json!({ "cost": rng.u64(1..=CAPACITY) }),
+            ))
+        })
         .collect();
-    let too_big = store.enqueue(NewJob::new("work", serde_json::json!({ "cost": CAPACITY + 1 })));
+    let too_big = store.enqueue(NewJob::new(
+        "work",
+        serde_json::json!({ "cost": CAPACITY + 1 }),
+    ));
 
     let load = Arc::new(Load::default());
     let budget = Budget::new(load.clone(), CAPACITY, cost, |headroom| {
@@ -51,27 +59,41 @@ async fn running_cost_stays_within_the_budget() {
     });
     let running = start(&store, budget, fast_options().handlers(8));
     eventually("every job that fits completed", || async {
-        fitting.iter().all(|&id| store.get(id).map(|j| j.state) == Some(JobState::Completed))
+        fitting
+            .iter()
+            .all(|&id| store.get(id).map(|j| j.state) == Some(JobState::Completed))
     })
     .await;
     running.stop().await;
 
     let peak = load.peak.load(Ordering::SeqCst);
-    assert!(peak <= CAPACITY, "peak running cost {peak} exceeded the capacity {CAPACITY}");
+    assert!(
+        peak <= CAPACITY,
+        "peak running cost {peak} exceeded the capacity {CAPACITY}"
+    );
     assert!(peak > 1, "jobs ran concurrently (peak {peak})");
-    assert_eq!(store.get(too_big).unwrap().state, JobState::Queued, "a job costing more than the capacity is never claimed");
+    assert_eq!(
+        store.get(too_big).unwrap().state,
+        JobState::Queued,
+        "a job costing more than the capacity is never claimed"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headroom_is_returned_after_each_job() {
     let store = MemoryStore::new();
-    let ids = store.enqueue_many((0..5).map(|_| NewJob::new("work", serde_json::json!({ "cost": 4 }))));
-    let budget = Arc::new(Budget::new(Arc::new(Load::default()), 4, cost, |headroom| {
-        JobFilter::new(move |job| cost(job) <= headroom)
-    }));
+    let ids =
+        store.enqueue_many((0..5).map(|_| NewJob::new("work", serde_json::json!({ "cost": 4 }))));
+    let budget = Arc::new(Budget::new(
+        Arc::new(Load::default()),
+        4,
+        cost,
+        |headroom| JobFilter::new(move |job| cost(job) <= headroom),
+    ));
     let running = start(&store, budget.clone(), fast_options());
     eventually("all jobs completed", || async {
-        ids.iter().all(|&id| store.get(id).map(|j| j.state) == Some(JobState::Completed))
+        ids.iter()
+            .all(|&id| store.get(id).map(|j| j.state) == Some(JobState::Completed))
     })
     .await;
     running.stop().await;

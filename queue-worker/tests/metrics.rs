@@ -10,7 +10,10 @@ use std::sync::{Arc, Mutex};
 
 use async_trait::async_trait;
 use common::{fast_options, start, wait_for_state};
-use metrics::{Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder, SharedString, Unit};
+use metrics::{
+    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
+    SharedString, Unit,
+};
 use queue_core::{Handler, Job, JobContext, JobError, JobState, NewJob};
 use queue_store_memory::MemoryStore;
 use queue_worker::metrics::{JOBS_IN_FLIGHT, JOBS_PROCESSED, JOB_DURATION};
@@ -37,7 +40,11 @@ impl CounterFn for Value {
 
 impl GaugeFn for Value {
     fn increment(&self, value: f64) {
-        let _ = self.bits.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| Some((f64::from_bits(b) + value).to_bits()));
+        let _ = self
+            .bits
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
+                Some((f64::from_bits(b) + value).to_bits())
+            });
     }
     fn decrement(&self, value: f64) {
         GaugeFn::increment(self, -value);
@@ -55,14 +62,21 @@ impl HistogramFn for Value {
 
 impl Capture {
     fn slot(&self, key: &Key) -> Arc<Value> {
-        let mut labels: Vec<String> = key.labels().map(|l| format!("{}={}", l.key(), l.value())).collect();
+        let mut labels: Vec<String> = key
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
         labels.sort();
         let name = format!("{}{{{}}}", key.name(), labels.join(","));
         self.values.lock().unwrap().entry(name).or_default().clone()
     }
 
     fn get(&self, name: &str) -> Option<u64> {
-        self.values.lock().unwrap().get(name).map(|v| v.bits.load(Ordering::SeqCst))
+        self.values
+            .lock()
+            .unwrap()
+            .get(name)
+            .map(|v| v.bits.load(Ordering::SeqCst))
     }
 }
 
@@ -112,9 +126,21 @@ async fn processed_jobs_are_counted_by_kind_and_outcome() {
     wait_for_state(&store, ids[2], JobState::Failed).await;
     running.stop().await;
 
-    assert_eq!(capture.get(&format!("{JOBS_PROCESSED}{{kind=email,outcome=ok}}")), Some(2));
-    assert_eq!(capture.get(&format!("{JOBS_PROCESSED}{{kind=resize,outcome=poison}}")), Some(1));
-    assert_eq!(capture.get(&format!("{JOB_DURATION}{{kind=email}}")), Some(2), "one duration per attempt");
-    let in_flight = capture.get(&format!("{JOBS_IN_FLIGHT}{{kind=email}}")).map(f64::from_bits);
+    assert_eq!(
+        capture.get(&format!("{JOBS_PROCESSED}{{kind=email,outcome=ok}}")),
+        Some(2)
+    );
+    assert_eq!(
+        capture.get(&format!("{JOBS_PROCESSED}{{kind=resize,outcome=poison}}")),
+        Some(1)
+    );
+    assert_eq!(
+        capture.get(&format!("{JOB_DURATION}{{kind=email}}")),
+        Some(2),
+        "one duration per attempt"
+    );
+    let in_flight = capture
+        .get(&format!("{JOBS_IN_FLIGHT}{{kind=email}}"))
+        .map(f64::from_bits);
     assert_eq!(in_flight, Some(0.0), "the in-flight gauge returns to zero");
 }

@@ -9,7 +9,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{fast_options, start, wait_for_state};
 use queue_core::resetter::MAX_RESETS_MESSAGE;
-use queue_core::{CancellationToken, ClaimParams, Clock, Handler, Job, JobContext, JobError, JobState, NewJob, Store};
+use queue_core::{
+    CancellationToken, ClaimParams, Clock, Handler, Job, JobContext, JobError, JobState, NewJob,
+    Store,
+};
 use queue_store_memory::{ManualClock, MemoryStore};
 use queue_worker::{Resetter, ResetterOptions};
 
@@ -25,7 +28,12 @@ impl Handler<MemoryStore> for Ok_ {
 /// A worker that claims and then dies without a trace.
 async fn claim_and_die(store: &MemoryStore, clock: &ManualClock) {
     let claimed = store
-        .claim(ClaimParams { limit: 10, worker: "doomed", conditions: None, now: clock.now() })
+        .claim(ClaimParams {
+            limit: 10,
+            worker: "doomed",
+            conditions: None,
+            now: clock.now(),
+        })
         .await
         .unwrap();
     assert!(!claimed.is_empty());
@@ -55,13 +63,20 @@ async fn a_crashed_workers_job_is_recovered_and_completed() {
     clock.advance(Duration::from_secs(61));
     let shutdown = CancellationToken::new();
     let resetting = tokio::spawn(resetter.run(shutdown.clone()));
-    let worker_options = queue_worker::WorkerOptions { clock: Arc::new(clock.clone()), ..fast_options() };
+    let worker_options = queue_worker::WorkerOptions {
+        clock: Arc::new(clock.clone()),
+        ..fast_options()
+    };
     let working = start(&store, Ok_, worker_options);
     wait_for_state(&store, id, JobState::Completed).await;
     working.stop().await;
     shutdown.cancel();
     resetting.await.unwrap().unwrap();
-    assert_eq!(store.get(id).unwrap().num_resets, 1, "the job was reset once, then completed");
+    assert_eq!(
+        store.get(id).unwrap().num_resets,
+        1,
+        "the job was reset once, then completed"
+    );
 }
 
 #[tokio::test]

@@ -19,14 +19,25 @@ struct Named {
 #[async_trait]
 impl Handler<MemoryStore> for Named {
     async fn pre_handle(&self, _: &JobContext, job: &Job) {
-        self.seen.lock().unwrap().push(format!("{} pre {}", self.name, job.id));
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("{} pre {}", self.name, job.id));
     }
     async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
-        self.seen.lock().unwrap().push(format!("{} handle {}", self.name, job.id));
+        self.seen
+            .lock()
+            .unwrap()
+            .push(format!("{} handle {}", self.name, job.id));
         Ok(())
     }
     async fn post_handle(&self, _: &JobContext, job: &Job, outcome: &Outcome) {
-        self.seen.lock().unwrap().push(format!("{} post {} {}", self.name, job.id, outcome.label()));
+        self.seen.lock().unwrap().push(format!(
+            "{} post {} {}",
+            self.name,
+            job.id,
+            outcome.label()
+        ));
     }
 }
 
@@ -34,8 +45,20 @@ impl Handler<MemoryStore> for Named {
 async fn jobs_reach_the_handler_of_their_kind() {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let router = Router::new()
-        .route("email", Named { name: "email", seen: seen.clone() })
-        .route("resize", Named { name: "resize", seen: seen.clone() });
+        .route(
+            "email",
+            Named {
+                name: "email",
+                seen: seen.clone(),
+            },
+        )
+        .route(
+            "resize",
+            Named {
+                name: "resize",
+                seen: seen.clone(),
+            },
+        );
     let store = MemoryStore::new();
     let email = store.enqueue(NewJob::new("email", serde_json::json!({})));
     let resize = store.enqueue(NewJob::new("resize", serde_json::json!({})));
@@ -50,8 +73,12 @@ async fn jobs_reach_the_handler_of_their_kind() {
     assert_eq!(
         seen,
         [
-            "email pre 1", "email handle 1", "email post 1 ok",
-            "resize pre 2", "resize handle 2", "resize post 2 ok",
+            "email pre 1",
+            "email handle 1",
+            "email post 1 ok",
+            "resize pre 2",
+            "resize handle 2",
+            "resize post 2 ok",
         ]
     );
     assert_eq!(

@@ -26,7 +26,12 @@ struct Scripted;
 
 #[async_trait]
 impl Handler<MemoryStore> for Scripted {
-    async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut MemoryStore,
+        job: &Job,
+    ) -> Result<(), JobError> {
         match job.kind.as_str() {
             "ok" => Ok(()),
             "retry" => Err(JobError::retry("upstream unavailable")),
@@ -64,7 +69,10 @@ async fn hooks_run_in_the_specified_order() {
     }
     #[async_trait]
     impl Handler<MemoryStore> for Recorder {
-        async fn pre_dequeue(&self, _: &DequeueContext<'_>) -> Result<Dequeue<queue_store_memory::JobFilter>, queue_core::BoxError> {
+        async fn pre_dequeue(
+            &self,
+            _: &DequeueContext<'_>,
+        ) -> Result<Dequeue<queue_store_memory::JobFilter>, queue_core::BoxError> {
             let mut events = self.events.lock().unwrap();
             if events.last().map(String::as_str) != Some("pre_dequeue") {
                 events.push("pre_dequeue".into());
@@ -72,16 +80,38 @@ async fn hooks_run_in_the_specified_order() {
             Ok(Dequeue::go())
         }
         async fn pre_handle(&self, _: &JobContext, job: &Job) {
-            self.events.lock().unwrap().push(format!("pre_handle {}", job.id));
+            self.events
+                .lock()
+                .unwrap()
+                .push(format!("pre_handle {}", job.id));
         }
-        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
-            self.events.lock().unwrap().push(format!("handle {}", job.id));
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            job: &Job,
+        ) -> Result<(), JobError> {
+            self.events
+                .lock()
+                .unwrap()
+                .push(format!("handle {}", job.id));
             Ok(())
         }
         async fn post_handle(&self, _: &JobContext, job: &Job, outcome: &Outcome) {
             // PostHandle runs after the outcome was recorded.
-            let state = self.store.lock().unwrap().as_ref().and_then(|s| s.get(job.id)).map(|j| j.state);
-            self.events.lock().unwrap().push(format!("post_handle {} {} {:?}", job.id, outcome.label(), state));
+            let state = self
+                .store
+                .lock()
+                .unwrap()
+                .as_ref()
+                .and_then(|s| s.get(job.id))
+                .map(|j| j.state);
+            self.events.lock().unwrap().push(format!(
+                "post_handle {} {} {:?}",
+                job.id,
+                outcome.label(),
+                state
+            ));
         }
     }
 
@@ -91,12 +121,25 @@ async fn hooks_run_in_the_specified_order() {
     let id = store.enqueue(job("ok", serde_json::json!(null)));
     let running = start(&store, recorder.clone(), fast_options().handlers(1));
     wait_for_state(&store, id, JobState::Completed).await;
-    eventually("post_handle ran", || async { recorder.events.lock().unwrap().iter().any(|e| e.starts_with("post_handle")) }).await;
+    eventually("post_handle ran", || async {
+        recorder
+            .events
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|e| e.starts_with("post_handle"))
+    })
+    .await;
     running.stop().await;
     let events = recorder.events.lock().unwrap().clone();
     assert_eq!(
         &events[..4],
-        ["pre_dequeue", "pre_handle 1", "handle 1", "post_handle 1 ok Some(Completed)"],
+        [
+            "pre_dequeue",
+            "pre_handle 1",
+            "handle 1",
+            "post_handle 1 ok Some(Completed)"
+        ],
         "hooks run PreDequeue, PreHandle, Handle, PostHandle"
     );
 }
@@ -121,12 +164,34 @@ async fn outcomes_map_to_states() {
     assert_eq!(r.failure_message.as_deref(), Some("upstream unavailable"));
     assert_eq!(r.num_failures, 1);
     let wait = r.process_after.unwrap() - r.finished_at.unwrap();
-    assert!(wait >= chrono::Duration::seconds(23) && wait <= chrono::Duration::seconds(37), "default backoff is 30 s ± 20 %, got {wait}");
-    assert_eq!(store.get(poison).unwrap().failure_message.as_deref(), Some("malformed input"));
-    assert_eq!(store.get(unclassified).unwrap().failure_message.as_deref(), Some("disk hiccup"));
-    let logs: Vec<_> = store.get(log).unwrap().execution_logs.into_iter().map(|e| e.message).collect();
+    assert!(
+        wait >= chrono::Duration::seconds(23) && wait <= chrono::Duration::seconds(37),
+        "default backoff is 30 s ± 20 %, got {wait}"
+    );
+    assert_eq!(
+        store.get(poison).unwrap().failure_message.as_deref(),
+        Some("malformed input")
+    );
+    assert_eq!(
+        store.get(unclassified).unwrap().failure_message.as_deref(),
+        Some("disk hiccup")
+    );
+    let logs: Vec<_> = store
+        .get(log)
+        .unwrap()
+        .execution_logs
+        .into_iter()
+        .map(|e| e.message)
+        .collect();
     assert_eq!(logs, ["one", "two"], "ctx.log appends to the execution log");
-    assert_eq!((report.count("ok"), report.count("retry"), report.count("poison")), (2, 2, 1));
+    assert_eq!(
+        (
+            report.count("ok"),
+            report.count("retry"),
+            report.count("poison")
+        ),
+        (2, 2, 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +225,10 @@ async fn a_panicking_handler_never_kills_the_pool() {
     wait_for_state(&store, after, JobState::Completed).await;
     running.stop().await;
     let j = store.get(panics).unwrap();
-    assert_eq!(j.failure_message.as_deref(), Some("handler panicked: handler bug"));
+    assert_eq!(
+        j.failure_message.as_deref(),
+        Some("handler panicked: handler bug")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -174,7 +242,10 @@ async fn a_job_past_its_timeout_is_retryable() {
     let running = start(&store, Scripted, options);
     wait_for_state(&store, id, JobState::Errored).await;
     running.stop().await;
-    assert_eq!(store.get(id).unwrap().failure_message.as_deref(), Some("handler timed out after 50ms"));
+    assert_eq!(
+        store.get(id).unwrap().failure_message.as_deref(),
+        Some("handler timed out after 50ms")
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -202,7 +273,12 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     }
     #[async_trait]
     impl Handler<MemoryStore> for Watcher {
-        async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        async fn handle(
+            &self,
+            ctx: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
             ctx.cancelled().await;
             self.stopped.store(true, Ordering::SeqCst);
             Err(JobError::cancel("stopped"))
@@ -210,7 +286,9 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     }
     let store = MemoryStore::new();
     let id = store.enqueue(job("k", serde_json::json!(null)));
-    let watcher = Arc::new(Watcher { stopped: Default::default() });
+    let watcher = Arc::new(Watcher {
+        stopped: Default::default(),
+    });
     let running = start(&store, watcher.clone(), fast_options());
     wait_for_state(&store, id, JobState::Processing).await;
     assert!(store.delete(id));
@@ -219,7 +297,11 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     })
     .await;
     let report = running.stop().await;
-    assert_eq!(report.count("lost"), 1, "the attempt of a deleted job ends as lost");
+    assert_eq!(
+        report.count("lost"),
+        1,
+        "the attempt of a deleted job ends as lost"
+    );
     assert_eq!(report.total(), 1, "and nothing else was recorded");
     assert!(store.get(id).is_none(), "nothing recreated the job");
 }
@@ -230,7 +312,10 @@ async fn an_undecodable_record_fails_with_a_clear_message() {
         if job.payload.is_object() {
             Ok(())
         } else {
-            Err(format!("column \"payload\": expected a JSON object, found {}", job.payload))
+            Err(format!(
+                "column \"payload\": expected a JSON object, found {}",
+                job.payload
+            ))
         }
     });
     let bad = store.enqueue(job("ok", serde_json::json!(42)));
@@ -253,7 +338,12 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
     }
     #[async_trait]
     impl Handler<MemoryStore> for Counting {
-        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
             let n = self.now.fetch_add(1, Ordering::SeqCst) + 1;
             self.max.fetch_max(n, Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(10)).await;
@@ -263,7 +353,10 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
     }
     let store = MemoryStore::new();
     store.enqueue_many((0..30).map(|n| job("ok", serde_json::json!(n))));
-    let counting = Arc::new(Counting { now: AtomicUsize::new(0), max: AtomicUsize::new(0) });
+    let counting = Arc::new(Counting {
+        now: AtomicUsize::new(0),
+        max: AtomicUsize::new(0),
+    });
     let running = start(&store, counting.clone(), fast_options().handlers(3));
     eventually("all jobs completed", || async {
         store.count_by_state().get(&JobState::Completed) == Some(&30)
@@ -271,7 +364,11 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
     .await;
     let report = running.stop().await;
     assert_eq!(report.count("ok"), 30);
-    assert_eq!(counting.max.load(Ordering::SeqCst), 3, "three handlers run at once, never more");
+    assert_eq!(
+        counting.max.load(Ordering::SeqCst),
+        3,
+        "three handlers run at once, never more"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -279,7 +376,12 @@ async fn graceful_shutdown_finishes_quick_jobs_and_hands_back_slow_ones() {
     struct Mixed;
     #[async_trait]
     impl Handler<MemoryStore> for Mixed {
-        async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            job: &Job,
+        ) -> Result<(), JobError> {
             let millis = job.payload.as_u64().unwrap_or(0);
             tokio::time::sleep(Duration::from_millis(millis)).await;
             Ok(())
@@ -297,17 +399,39 @@ async fn graceful_shutdown_finishes_quick_jobs_and_hands_back_slow_ones() {
     wait_for_state(&store, quick, JobState::Processing).await;
     wait_for_state(&store, slow, JobState::Processing).await;
     let report = running.stop().await;
-    assert_eq!(store.get(quick).unwrap().state, JobState::Completed, "an in-flight job finishes within the bound");
+    assert_eq!(
+        store.get(quick).unwrap().state,
+        JobState::Completed,
+        "an in-flight job finishes within the bound"
+    );
     let s = store.get(slow).unwrap();
-    assert_eq!(s.state, JobState::Queued, "an unfinished job is handed back");
-    assert_eq!((s.num_failures, s.num_resets), (0, 0), "handing back counts nothing against the job");
+    assert_eq!(
+        s.state,
+        JobState::Queued,
+        "an unfinished job is handed back"
+    );
+    assert_eq!(
+        (s.num_failures, s.num_resets),
+        (0, 0),
+        "handing back counts nothing against the job"
+    );
     assert_eq!((report.count("ok"), report.count("released")), (1, 1));
 }
 
 #[tokio::test]
 async fn invalid_options_are_rejected_with_the_option_named() {
-    let err = Worker::new(MemoryStore::new(), Scripted, WorkerOptions { num_handlers: 0, ..WorkerOptions::default() })
-        .err()
-        .expect("zero handlers is invalid");
-    assert!(matches!(err, WorkerError::InvalidOptions(ref m) if m.contains("num_handlers")), "{err}");
+    let err = Worker::new(
+        MemoryStore::new(),
+        Scripted,
+        WorkerOptions {
+            num_handlers: 0,
+            ..WorkerOptions::default()
+        },
+    )
+    .err()
+    .expect("zero handlers is invalid");
+    assert!(
+        matches!(err, WorkerError::InvalidOptions(ref m) if m.contains("num_handlers")),
+        "{err}"
+    );
 }

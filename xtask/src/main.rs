@@ -1,1 +1,42 @@
-fn main() {}
+//! Project automation, run as `cargo xtask <command>`:
+//!
+//! - `test-pg [cargo test args]`: every test, with a real Postgres;
+//! - `demo [--jobs N]`: runs the worker on a few thousand jobs and prints a
+//!   summary.
+
+mod demo;
+mod pg;
+mod test_pg;
+
+use anyhow::{bail, Result};
+
+const USAGE: &str = "usage: cargo xtask <command>
+
+commands:
+  test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL, or a
+                   throwaway cluster from the local PostgreSQL binaries);
+                   ARGS go to `cargo test`
+  demo [--jobs N]  run a worker over N jobs (default 5000) and print a summary";
+
+fn main() -> Result<()> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    // Catch Ctrl-C so that this process outlives its children and removes
+    // the throwaway cluster; the children get the signal themselves.
+    runtime.spawn(async {
+        while tokio::signal::ctrl_c().await.is_ok() {
+            eprintln!("xtask: interrupted; cleaning up");
+        }
+    });
+    match args.first().map(String::as_str) {
+        Some("test-pg") => test_pg::run(&args[1..]),
+        Some("demo") => runtime.block_on(demo::run(&args[1..])),
+        Some("help" | "--help" | "-h") | None => {
+            println!("{USAGE}");
+            Ok(())
+        }
+        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
+    }
+}

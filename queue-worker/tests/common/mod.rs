@@ -39,7 +39,11 @@ impl Running {
 }
 
 /// Starts a worker over `store` with `handler`.
-pub fn start<H: Handler<MemoryStore>>(store: &MemoryStore, handler: H, options: WorkerOptions) -> Running {
+pub fn start<H: Handler<MemoryStore>>(
+    store: &MemoryStore,
+    handler: H,
+    options: WorkerOptions,
+) -> Running {
     let worker = Worker::new(store.clone(), handler, options).expect("valid options");
     let shutdown = CancellationToken::new();
     let task = tokio::spawn(worker.run(shutdown.clone()));
@@ -54,7 +58,10 @@ where
 {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     while !condition().await {
-        assert!(tokio::time::Instant::now() < deadline, "timed out waiting until {what}");
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting until {what}"
+        );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
 }

@@ -1,0 +1,268 @@
+//! A Postgres server for tests, demos and benchmarks: `DATABASE_URL` when
+//! set, otherwise a throwaway cluster started from the local PostgreSQL
+//! binaries in a temporary directory on a free port, stopped and removed on
+//! drop (also after a failure or Ctrl-C, which xtask catches).
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Command, Stdio};
+
+use anyhow::{bail, Context, Result};
+
+/// Settings for a throwaway cluster.
+#[derive(Debug, Clone, Copy)]
+pub struct ClusterOptions {
+    /// Keep Postgres' default durability (fsync, synchronous_commit). Tests
+    /// turn it off for speed; benchmarks keep it.
+    pub durable: bool,
+}
+
+/// A running server and how to reach it.
+pub struct Postgres {
+    /// A connection URL for the `postgres` database.
+    pub url: String,
+    /// Human-readable origin, for logs.
+    pub origin: String,
+    /// Held so that the throwaway cluster is stopped and removed on drop.
+    _cluster: Option<Cluster>,
+}
+
+impl Postgres {
+    /// Uses `DATABASE_URL`, or starts a throwaway cluster.
+    pub fn start(options: ClusterOptions) -> Result<Postgres> {
+        if let Ok(url) = std::env::var("DATABASE_URL") {
+            if !url.is_empty() {
+                return Ok(Postgres {
+                    url,
+                    origin: "DATABASE_URL".into(),
+                    _cluster: None,
+                });
+            }
+        }
+        let cluster = Cluster::start(options)?;
+        Ok(Postgres {
+            url: cluster.url(),
+            origin: format!(
+                "throwaway cluster (PostgreSQL {}) on port {} in {}",
+                cluster.version,
+                cluster.port,
+                cluster.dir.display()
+            ),
+            _cluster: Some(cluster),
+        })
+    }
+}
+
+struct Cluster {
+    bin: PathBuf,
+    dir: PathBuf,
+    port: u16,
+    version: String,
+    /// The non-root user the server runs as, when xtask runs as root.
+    run_as: Option<String>,
+}
+
+/// Finds the directory holding `initdb` and `pg_ctl`: on `PATH`, or the
+/// newest `/usr/lib/postgresql/*/bin`.
+fn find_binaries() -> Result<PathBuf> {
+    if let Some(paths) = std::env::var_os("PATH") {
+        for dir in std::env::split_paths(&paths) {
+            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
+                // Resolve symlinks so the server's sibling binaries are found.
+                let initdb = std::fs::canonicalize(dir.join("initdb"))?;
+                if let Some(parent) = initdb.parent() {
+                    if parent.join("pg_ctl").is_file() && parent.join("postgres").is_file() {
+                        return Ok(parent.to_path_buf());
+                    }
+                }
+                return Ok(dir);
+            }
+        }
+    }
+    let mut versions: Vec<(u32, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|entry| {
+            let version = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
+            let bin = entry.path().join("bin");
+            bin.join("initdb").is_file().then_some((version, bin))
+        })
+        .collect();
+    versions.sort();
+    match versions.pop() {
+        Some((_, bin)) => Ok(bin),
+        None => bail!(
+            "no PostgreSQL server binaries found (initdb, pg_ctl on PATH or under /usr/lib/postgresql/*/bin), \
+             and DATABASE_URL is not set. Install them with `apt-get install -y postgresql` \
+             or point DATABASE_URL at a server"
+        ),
+    }
+}
+
+fn is_root() -> bool {
+    Command::new("id")
+        .arg("-u")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim() == "0")
+        .unwrap_or(false)
+}
+
+fn user_exists(name: &str) -> bool {
+    Command::new("id")
+        .arg(name)
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+fn free_port() -> Result<u16> {
+    let listener = TcpListener::bind("127.0.0.1:0").context("finding a free port")?;
+    Ok(listener.local_addr()?.port())
+}
+
+impl Cluster {
+    fn start(options: ClusterOptions) -> Result<Cluster> {
+        let bin = find_binaries()?;
+        let run_as = if is_root() {
+            // Postgres refuses to run as root.
+            let user = ["postgres", "nobody"]
+                .into_iter()
+                .find(|u| user_exists(u))
+                .context("running as root, and neither a `postgres` nor a `nobody` user exists to run the server as")?;
+            Some(user.to_owned())
+        } else {
+            None
+        };
+        let base = std::env::temp_dir().join(format!(
+            "queue-pg-{}-{}",
+            std::process::id(),
+            fastrand_suffix()
+        ));
+        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        let port = free_port()?;
+        let version = Command::new(bin.join("pg_ctl"))
+            .arg("--version")
+            .output()
+            .map(|o| {
+                String::from_utf8_lossy(&o.stdout)
+                    .split_whitespace()
+                    .nth(2)
+                    .unwrap_or("?")
+                    .to_owned()
+            })
+            .unwrap_or_else(|_| "?".into());
+        let cluster = Cluster {
+            bin,
+            dir: base,
+            port,
+            version,
+            run_as,
+        };
+        if let Some(user) = &cluster.run_as {
+            let status = Command::new("chown")
+                .args(["-R", user])
+                .arg(&cluster.dir)
+                .status()
+                .context("running chown")?;
+            if !status.success() {
+                bail!("could not hand {} to user {user}", cluster.dir.display());
+            }
+        }
+        cluster.init_and_start(options)?;
+        Ok(cluster)
+    }
+
+    fn data(&self) -> PathBuf {
+        self.dir.join("data")
+    }
+
+    fn command(&self, program: &str) -> Command {
+        let path = self.bin.join(program);
+        match &self.run_as {
+            Some(user) => {
+                let mut c = Command::new("runuser");
+                c.args(["-u", user, "--"]).arg(path);
+                c
+            }
+            None => Command::new(path),
+        }
+    }
+
+    fn init_and_start(&self, options: ClusterOptions) -> Result<()> {
+        let out = self
+            .command("initdb")
+            .args([
+                "-U",
+                "postgres",
+                "--auth=trust",
+                "--encoding=UTF8",
+                "--no-sync",
+                "-D",
+            ])
+            .arg(self.data())
+            .output()
+            .context("running initdb")?;
+        if !out.status.success() {
+            bail!(
+                "initdb failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        let mut server_options = format!(
+            "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_buffers=256MB",
+            self.port,
+            self.dir.display()
+        );
+        if !options.durable {
+            server_options
+                .push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
+        let log = self.dir.join("server.log");
+        let out = self
+            .command("pg_ctl")
+            .args(["start", "-w", "-t", "60", "-D"])
+            .arg(self.data())
+            .arg("-l")
+            .arg(&log)
+            .args(["-o", &server_options])
+            .stdout(Stdio::null())
+            .output()
+            .context("running pg_ctl start")?;
+        if !out.status.success() {
+            let server_log = std::fs::read_to_string(&log).unwrap_or_default();
+            bail!(
+                "pg_ctl start failed:\n{}\nserver log:\n{server_log}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    fn url(&self) -> String {
+        format!("postgres://postgres@127.0.0.1:{}/postgres", self.port)
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        let _ = self
+            .command("pg_ctl")
+            .args(["stop", "-m", "immediate", "-w", "-D"])
+            .arg(self.data())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn fastrand_suffix() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.subsec_nanos() as u64)
+        .unwrap_or(0)
+}

@@ -1,0 +1,30 @@
+//! `cargo xtask test-pg`: every test of the workspace, with a real Postgres.
+//!
+//! The server comes from [`crate::pg`]. Tests read `DATABASE_URL`, and
+//! `QUEUE_TEST_REQUIRE_POSTGRES=1` turns a missing database into a failure
+//! instead of an announced skip, so under test-pg no Postgres test is ever
+//! skipped.
+
+use std::process::Command;
+
+use anyhow::{bail, Context, Result};
+
+use crate::pg::{ClusterOptions, Postgres};
+
+pub fn run(extra: &[String]) -> Result<()> {
+    let pg = Postgres::start(ClusterOptions { durable: false })?;
+    eprintln!("test-pg: Postgres from {}", pg.origin);
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = Command::new(cargo)
+        .args(["test", "--workspace"])
+        .args(extra)
+        .env("DATABASE_URL", &pg.url)
+        .env("QUEUE_TEST_REQUIRE_POSTGRES", "1")
+        .status()
+        .context("running cargo test")?;
+    drop(pg);
+    if !status.success() {
+        bail!("tests failed ({status})");
+    }
+    Ok(())
+}
