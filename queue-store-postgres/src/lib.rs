@@ -1,2 +1,20 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
+
+mod conditions;
+mod enqueue;
+mod error;
+mod ident;
+mod listen;
+mod options;
+mod record;
+mod sql;
+mod store;
+
+pub use crate::conditions::{PgArg, PgCondition, PgConditions};
+pub use crate::enqueue::JobTable;
+pub use crate::error::OptionsError;
+pub use crate::ident::{Ident, QualifiedName};
+pub use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
+pub use crate::record::{decode_job, Decoder, PgKey};
+pub use crate::store::{PgJobStore, PgStore};

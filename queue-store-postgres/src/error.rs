@@ -1,0 +1,96 @@
+//! Errors: building options ([`OptionsError`]), and the mapping of sqlx
+//! errors onto [`StoreError`].
+
+use queue_core::StoreError;
+
+/// A problem with [`PgStoreOptions`](crate::PgStoreOptions) found before
+/// touching the database.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OptionsError {
+    /// A name cannot be a Postgres identifier.
+    #[error("{name:?} cannot be used as a Postgres identifier: {problem}")]
+    InvalidIdent {
+        /// The name given.
+        name: String,
+        /// Why not.
+        problem: &'static str,
+    },
+    /// A required column was declared absent.
+    #[error("the {column} column cannot be absent: the store needs it to {why}")]
+    RequiredColumn {
+        /// The standard column name.
+        column: &'static str,
+        /// What it is needed for.
+        why: &'static str,
+    },
+    /// Two states were mapped to the same value.
+    #[error("states {first} and {second} are both mapped to the value {value:?}; each state needs its own value")]
+    DuplicateStateValue {
+        /// One state.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+        /// The shared value.
+        value: String,
+    },
+    /// Neither a claim token nor a started_at column is available.
+    #[error(
+        "the store needs a fencing column to tell claims apart: keep claim_token or started_at"
+    )]
+    NoFencingColumn,
+    /// Another option is out of range.
+    #[error("invalid option {option}: {problem}")]
+    Invalid {
+        /// The option.
+        option: &'static str,
+        /// What is wrong.
+        problem: String,
+    },
+}
+
+impl From<OptionsError> for StoreError {
+    fn from(error: OptionsError) -> Self {
+        StoreError::Config(error.to_string())
+    }
+}
+
+/// Maps a sqlx error onto the store's error kinds: lost connections are
+/// `Unavailable`, serialization failures and deadlocks `Conflict`, undefined
+/// tables, columns, types and functions `Config`, the rest `Backend`.
+pub(crate) fn store_error(context: &str, error: sqlx::Error) -> StoreError {
+    let context = context.to_owned();
+    match &error {
+        sqlx::Error::Io(_)
+        | sqlx::Error::Tls(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => StoreError::Unavailable {
+            context,
+            source: Box::new(error),
+        },
+        sqlx::Error::Database(db) => match db.code().as_deref() {
+            Some("40001" | "40P01" | "55P03") => StoreError::Conflict {
+                context,
+                source: Box::new(error),
+            },
+            Some("57P01" | "57P02" | "57P03" | "08000" | "08003" | "08006") => {
+                StoreError::Unavailable {
+                    context,
+                    source: Box::new(error),
+                }
+            }
+            Some("42P01" | "42703" | "42704" | "42883" | "3F000") => {
+                StoreError::Config(format!("{context}: {}", db.message()))
+            }
+            _ => StoreError::Backend {
+                context,
+                source: Box::new(error),
+            },
+        },
+        _ => StoreError::Backend {
+            context,
+            source: Box::new(error),
+        },
+    }
+}

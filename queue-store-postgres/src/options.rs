@@ -1,0 +1,454 @@
+//! [`PgStoreOptions`]: which table, which columns, which state values, which
+//! mode.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use queue_core::JobState;
+
+use crate::error::OptionsError;
+use crate::ident::{Ident, QualifiedName};
+
+/// A standard column of the jobs table (the dbworker spec's columns plus the
+/// fencing token and the priority).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Column {
+    /// The key: integer, bigint, uuid or text. Required.
+    Id,
+    /// The state. Required; text or a Postgres enum.
+    State,
+    /// Text of the last failure.
+    FailureMessage,
+    /// When the job was enqueued (only read by the default record).
+    QueuedAt,
+    /// Set when a job is claimed.
+    StartedAt,
+    /// Set when a job errors or reaches a terminal state.
+    FinishedAt,
+    /// Not claimable before this time: needed for retry delays and schedules.
+    ProcessAfter,
+    /// Resets by the resetter: needed for the reset limit.
+    NumResets,
+    /// Failed attempts: needed for retries.
+    NumFailures,
+    /// Last heartbeat: needed by heartbeats and the resetter.
+    LastHeartbeatAt,
+    /// `json[]` or `jsonb[]` execution log.
+    ExecutionLogs,
+    /// The claiming worker's name.
+    WorkerHostname,
+    /// Set by an operator to cancel a running job.
+    Cancel,
+    /// A counter incremented by every claim, the fencing token of leases.
+    /// Without it, `started_at` (set to the claim time) is the token.
+    ClaimToken,
+    /// Used only by the default order (`priority DESC, id`).
+    Priority,
+}
+
+impl Column {
+    /// Every standard column.
+    pub const ALL: [Column; 15] = [
+        Column::Id,
+        Column::State,
+        Column::FailureMessage,
+        Column::QueuedAt,
+        Column::StartedAt,
+        Column::FinishedAt,
+        Column::ProcessAfter,
+        Column::NumResets,
+        Column::NumFailures,
+        Column::LastHeartbeatAt,
+        Column::ExecutionLogs,
+        Column::WorkerHostname,
+        Column::Cancel,
+        Column::ClaimToken,
+        Column::Priority,
+    ];
+
+    /// The standard name, as in the default table.
+    pub fn standard_name(self) -> &'static str {
+        match self {
+            Column::Id => "id",
+            Column::State => "state",
+            Column::FailureMessage => "failure_message",
+            Column::QueuedAt => "queued_at",
+            Column::StartedAt => "started_at",
+            Column::FinishedAt => "finished_at",
+            Column::ProcessAfter => "process_after",
+            Column::NumResets => "num_resets",
+            Column::NumFailures => "num_failures",
+            Column::LastHeartbeatAt => "last_heartbeat_at",
+            Column::ExecutionLogs => "execution_logs",
+            Column::WorkerHostname => "worker_hostname",
+            Column::Cancel => "cancel",
+            Column::ClaimToken => "claim_token",
+            Column::Priority => "priority",
+        }
+    }
+
+    /// What is lost when the column is absent.
+    pub(crate) fn feature_lost(self) -> &'static str {
+        match self {
+            Column::Id | Column::State => "everything",
+            Column::FailureMessage => "failure messages are not stored",
+            Column::QueuedAt => "nothing the store needs",
+            Column::StartedAt => "start times are not stored",
+            Column::FinishedAt => "finish times are not stored",
+            Column::ProcessAfter => {
+                "retry delays and scheduled jobs are off: errored jobs are claimable at once"
+            }
+            Column::NumResets => "the reset limit is off: stalled jobs are always queued again",
+            Column::NumFailures => "retries are off: every retryable error fails the job",
+            Column::LastHeartbeatAt => {
+                "heartbeats are not stored: the resetter judges stalls by started_at"
+            }
+            Column::ExecutionLogs => "execution logs are off: entries are dropped",
+            Column::WorkerHostname => "the claiming worker is not recorded",
+            Column::Cancel => "cancel flags are off: delete a job to stop it",
+            Column::ClaimToken => "claims are fenced by started_at instead of a counter",
+            Column::Priority => "the default order is by key only",
+        }
+    }
+}
+
+impl fmt::Display for Column {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.standard_name())
+    }
+}
+
+/// How claimed jobs are held.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ExecutionMode {
+    /// The spec's mode: the claim is visible at once, then each job runs in
+    /// a transaction that row-locks it. The handler's writes and the job's
+    /// final state commit together; a failed attempt rolls the handler's
+    /// writes back. Row locks prove liveness, so the resetter skips locked
+    /// rows. Holds one connection per running job.
+    #[default]
+    Transactional,
+    /// No transaction is held: heartbeats keep the lease, and completions
+    /// are batched. For long jobs and high throughput.
+    Lease,
+}
+
+/// The value each state is stored as.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct StateValues(BTreeMap<StateKey, String>);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+struct StateKey(u8);
+
+fn key(state: JobState) -> StateKey {
+    StateKey(JobState::ALL.iter().position(|s| *s == state).unwrap_or(0) as u8)
+}
+
+impl Default for StateValues {
+    /// The canonical names: `queued`, `processing`, `completed`, `errored`,
+    /// `failed`, `canceled`.
+    fn default() -> Self {
+        StateValues(
+            JobState::ALL
+                .iter()
+                .map(|s| (key(*s), s.as_str().to_owned()))
+                .collect(),
+        )
+    }
+}
+
+impl StateValues {
+    /// The stored value of `state`.
+    pub fn get(&self, state: JobState) -> &str {
+        self.0
+            .get(&key(state))
+            .map(String::as_str)
+            .unwrap_or(state.as_str())
+    }
+
+    fn set(&mut self, state: JobState, value: String) {
+        self.0.insert(key(state), value);
+    }
+}
+
+/// Everything the Postgres store needs to know about the table it runs on.
+/// Checked against the live catalog when the store is created.
+///
+/// ```
+/// use queue_core::JobState;
+/// use queue_store_postgres::{Column, ExecutionMode, PgStoreOptions};
+///
+/// // A table `tasks` with a `status` enum of pending / running / done / failed,
+/// // a uuid key named `task_id`, and no execution log or cancel flag.
+/// let options = PgStoreOptions::new("tasks")?
+///     .schema("app")?
+///     .column(Column::Id, "task_id")?
+///     .column(Column::State, "status")?
+///     .state_value(JobState::Queued, "pending")
+///     .state_value(JobState::Processing, "running")
+///     .state_value(JobState::Completed, "done")
+///     .without(Column::ExecutionLogs)?
+///     .without(Column::Cancel)?
+///     .mode(ExecutionMode::Lease);
+/// assert_eq!(options.table_name().quoted(), "\"app\".\"tasks\"");
+/// # Ok::<(), queue_store_postgres::OptionsError>(())
+/// ```
+#[derive(Debug, Clone)]
+pub struct PgStoreOptions {
+    pub(crate) table: QualifiedName,
+    pub(crate) alias: Ident,
+    pub(crate) view: Option<QualifiedName>,
+    pub(crate) select: Option<String>,
+    pub(crate) order_by: Option<String>,
+    pub(crate) columns: BTreeMap<Column, Option<Ident>>,
+    pub(crate) states: StateValues,
+    pub(crate) mode: ExecutionMode,
+    pub(crate) channel: Option<String>,
+}
+
+impl PgStoreOptions {
+    /// Options for `table` in schema `public`, with the standard column
+    /// names and state values, in transactional mode.
+    pub fn new(table: &str) -> Result<Self, OptionsError> {
+        let table = Ident::new(table)?;
+        let columns = Column::ALL
+            .iter()
+            .map(|c| Ok((*c, Some(Ident::new(c.standard_name())?))))
+            .collect::<Result<_, OptionsError>>()?;
+        Ok(PgStoreOptions {
+            table: QualifiedName::new(Ident::new("public")?, table.clone()),
+            alias: table,
+            view: None,
+            select: None,
+            order_by: None,
+            columns,
+            states: StateValues::default(),
+            mode: ExecutionMode::default(),
+            channel: None,
+        })
+    }
+
+    /// Sets the schema of the table (and of the view, unless it names its
+    /// own).
+    pub fn schema(mut self, schema: &str) -> Result<Self, OptionsError> {
+        let schema = Ident::new(schema)?;
+        if let Some(view) = &mut self.view {
+            if view.schema == self.table.schema {
+                view.schema = schema.clone();
+            }
+        }
+        self.table.schema = schema;
+        Ok(self)
+    }
+
+    /// Reads claimed records through `view` (in the table's schema), whose
+    /// rows are matched to the table's by the key column. In SQL the view is
+    /// aliased to the table's alias (by default the table name), so select
+    /// and order-by expressions can say `jobs.column` whichever they read.
+    pub fn view(mut self, view: &str) -> Result<Self, OptionsError> {
+        self.view = Some(QualifiedName::new(
+            self.table.schema.clone(),
+            Ident::new(view)?,
+        ));
+        Ok(self)
+    }
+
+    /// Reads claimed records through `view` in `schema`.
+    pub fn view_in(mut self, schema: &str, view: &str) -> Result<Self, OptionsError> {
+        self.view = Some(QualifiedName::new(Ident::new(schema)?, Ident::new(view)?));
+        Ok(self)
+    }
+
+    /// The alias the table (and view) carry in SQL; default: the table name.
+    pub fn alias(mut self, alias: &str) -> Result<Self, OptionsError> {
+        self.alias = Ident::new(alias)?;
+        Ok(self)
+    }
+
+    /// The select list the record is decoded from: SQL expressions over the
+    /// alias, written by the developer (never user input). Default:
+    /// `alias.*`.
+    pub fn select(mut self, expressions: impl Into<String>) -> Self {
+        self.select = Some(expressions.into());
+        self
+    }
+
+    /// The claim order: an SQL expression over the table alias, written by
+    /// the developer (never user input). Default: `priority DESC, id` when
+    /// there is a priority column, else `id`.
+    pub fn order_by(mut self, expression: impl Into<String>) -> Self {
+        self.order_by = Some(expression.into());
+        self
+    }
+
+    /// Maps a standard column onto the table's own name for it.
+    pub fn column(mut self, column: Column, name: &str) -> Result<Self, OptionsError> {
+        self.columns.insert(column, Some(Ident::new(name)?));
+        Ok(self)
+    }
+
+    /// Declares that the table lacks `column`; the features that need it are
+    /// off, and the store logs which at start-up.
+    pub fn without(mut self, column: Column) -> Result<Self, OptionsError> {
+        let why = match column {
+            Column::Id => Some("identify jobs"),
+            Column::State => Some("track where each job is"),
+            _ => None,
+        };
+        if let Some(why) = why {
+            return Err(OptionsError::RequiredColumn {
+                column: column.standard_name(),
+                why,
+            });
+        }
+        self.columns.insert(column, None);
+        if self.column_name(Column::ClaimToken).is_none()
+            && self.column_name(Column::StartedAt).is_none()
+        {
+            return Err(OptionsError::NoFencingColumn);
+        }
+        Ok(self)
+    }
+
+    /// Stores `state` as `value` (for example `pending` for queued). For an
+    /// enum column the value must be one of the enum's labels. Errored may
+    /// share queued's value and canceled failed's, for state types with
+    /// fewer values; all other states need values of their own.
+    pub fn state_value(mut self, state: JobState, value: impl Into<String>) -> Self {
+        self.states.set(state, value.into());
+        self
+    }
+
+    /// Transactional (default) or lease mode.
+    pub fn mode(mut self, mode: ExecutionMode) -> Self {
+        self.mode = mode;
+        self
+    }
+
+    /// The LISTEN/NOTIFY channel; default `queue_<table>`. Must match the one
+    /// the insert trigger notifies (the migrations install it).
+    pub fn channel(mut self, channel: impl Into<String>) -> Self {
+        self.channel = Some(channel.into());
+        self
+    }
+
+    /// The schema-qualified table.
+    pub fn table_name(&self) -> &QualifiedName {
+        &self.table
+    }
+
+    /// The name a standard column has in the table, or `None` if absent.
+    pub fn column_name(&self, column: Column) -> Option<&Ident> {
+        self.columns.get(&column).and_then(Option::as_ref)
+    }
+
+    /// The stored value of `state`.
+    pub fn state_values(&self) -> &StateValues {
+        &self.states
+    }
+
+    /// The execution mode.
+    pub fn execution_mode(&self) -> ExecutionMode {
+        self.mode
+    }
+
+    /// The LISTEN/NOTIFY channel.
+    pub fn notify_channel(&self) -> String {
+        self.channel
+            .clone()
+            .unwrap_or_else(|| default_channel(&self.table.name))
+    }
+
+    pub(crate) fn check(&self) -> Result<(), OptionsError> {
+        // Errored may share queued's value (a retry is then a delayed
+        // requeue) and canceled may share failed's (for tables whose state
+        // type has fewer values); every other pair must differ.
+        let may_share = |a: JobState, b: JobState| {
+            matches!(
+                (a, b),
+                (JobState::Queued, JobState::Errored) | (JobState::Failed, JobState::Canceled)
+            )
+        };
+        for (i, a) in JobState::ALL.iter().enumerate() {
+            for b in &JobState::ALL[i + 1..] {
+                if self.states.get(*a) == self.states.get(*b) && !may_share(*a, *b) {
+                    return Err(OptionsError::DuplicateStateValue {
+                        first: a.as_str(),
+                        second: b.as_str(),
+                        value: self.states.get(*a).to_owned(),
+                    });
+                }
+            }
+        }
+        if self.notify_channel().is_empty() || self.notify_channel().len() > 63 {
+            return Err(OptionsError::Invalid {
+                option: "channel",
+                problem: "a channel name must have 1 to 63 bytes".into(),
+            });
+        }
+        Ok(())
+    }
+}
+
+/// `queue_<table>`, cut to Postgres' 63-byte identifier limit.
+pub(crate) fn default_channel(table: &Ident) -> String {
+    let mut channel = format!("queue_{}", table.as_str());
+    while channel.len() > 63 {
+        channel.pop();
+    }
+    channel
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_use_the_standard_names() {
+        let o = PgStoreOptions::new("jobs").unwrap();
+        assert_eq!(o.table_name().quoted(), "\"public\".\"jobs\"");
+        for c in Column::ALL {
+            assert_eq!(o.column_name(c).unwrap().as_str(), c.standard_name());
+        }
+        assert_eq!(o.state_values().get(JobState::Errored), "errored");
+        assert_eq!(o.notify_channel(), "queue_jobs");
+    }
+
+    #[test]
+    fn id_and_state_cannot_be_absent() {
+        let err = PgStoreOptions::new("jobs")
+            .unwrap()
+            .without(Column::State)
+            .unwrap_err();
+        assert!(
+            err.to_string().contains("state column cannot be absent"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn one_fencing_column_must_remain() {
+        let o = PgStoreOptions::new("jobs")
+            .unwrap()
+            .without(Column::ClaimToken)
+            .unwrap();
+        assert_eq!(
+            o.without(Column::StartedAt).unwrap_err(),
+            OptionsError::NoFencingColumn
+        );
+    }
+
+    #[test]
+    fn two_states_cannot_share_a_value_unless_the_merge_is_safe() {
+        let o = PgStoreOptions::new("jobs")
+            .unwrap()
+            .state_value(JobState::Errored, "failed");
+        let err = o.check().unwrap_err().to_string();
+        assert!(err.contains("errored and failed"), "{err}");
+        let merged = PgStoreOptions::new("jobs")
+            .unwrap()
+            .state_value(JobState::Errored, "queued")
+            .state_value(JobState::Canceled, "failed");
+        assert_eq!(merged.check(), Ok(()));
+    }
+}

@@ -1,0 +1,220 @@
+//! Start-up validation: the configured table, view, columns, types and
+//! state values, checked against the live catalog. Every mismatch is a
+//! `StoreError::Config` naming the object and what was expected.
+
+use std::collections::HashMap;
+
+use queue_core::{JobState, StoreError};
+use sqlx::{PgPool, Row};
+
+use super::TableShape;
+use crate::error::store_error;
+use crate::ident::QualifiedName;
+use crate::options::{Column, PgStoreOptions};
+
+const RELATION: &str = "SELECT c.oid::int8 AS oid, c.relkind::text AS kind \
+     FROM pg_catalog.pg_class c JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+     WHERE n.nspname = $1 AND c.relname = $2";
+
+const COLUMNS: &str =
+    "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type, \
+     t.typtype::text AS typtype, a.atttypid::int8 AS type_oid, \
+     CASE WHEN t.typcategory = 'A' THEN format_type(t.typelem, NULL) END AS element \
+     FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+     WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped";
+
+const ENUM_LABELS: &str =
+    "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
+
+struct ColumnInfo {
+    type_name: String,
+    typtype: String,
+    type_oid: i64,
+    element: Option<String>,
+}
+
+async fn relation(
+    pool: &PgPool,
+    name: &QualifiedName,
+) -> Result<Option<(i64, String)>, StoreError> {
+    let row = sqlx::query(RELATION)
+        .bind(name.schema.as_str())
+        .bind(name.name.as_str())
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    Ok(row.map(|r| (r.get("oid"), r.get("kind"))))
+}
+
+async fn columns(pool: &PgPool, oid: i64) -> Result<HashMap<String, ColumnInfo>, StoreError> {
+    let rows = sqlx::query(COLUMNS)
+        .bind(oid)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    Ok(rows
+        .into_iter()
+        .map(|r| {
+            (
+                r.get::<String, _>("name"),
+                ColumnInfo {
+                    type_name: r.get("type"),
+                    typtype: r.get("typtype"),
+                    type_oid: r.get("type_oid"),
+                    element: r.get("element"),
+                },
+            )
+        })
+        .collect())
+}
+
+/// The types a standard column may have (`format_type` spellings; varchar
+/// with a length shows as `character varying(n)`).
+fn accepted_types(column: Column) -> &'static [&'static str] {
+    const TEXT: &[&str] = &["text", "character varying"];
+    const TIME: &[&str] = &["timestamp with time zone"];
+    const INT: &[&str] = &["integer", "bigint"];
+    match column {
+        Column::Id | Column::State => &[],
+        Column::FailureMessage | Column::WorkerHostname => TEXT,
+        Column::QueuedAt
+        | Column::StartedAt
+        | Column::FinishedAt
+        | Column::ProcessAfter
+        | Column::LastHeartbeatAt => TIME,
+        Column::NumResets | Column::NumFailures | Column::Priority => INT,
+        Column::ClaimToken => INT,
+        Column::ExecutionLogs => &["json[]", "jsonb[]"],
+        Column::Cancel => &["boolean"],
+    }
+}
+
+fn type_matches(actual: &str, accepted: &[&str]) -> bool {
+    accepted
+        .iter()
+        .any(|t| actual == *t || actual.starts_with(&format!("{t}(")))
+}
+
+/// Checks the table (and view) against `options`; `key_types` are the
+/// Postgres types the store's key type decodes from. Returns the table's
+/// shape and the standard columns declared absent.
+pub(crate) async fn inspect(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    key_types: &[&str],
+) -> Result<(TableShape, Vec<Column>), StoreError> {
+    let table = &options.table;
+    let (oid, kind) = relation(pool, table).await?.ok_or_else(|| {
+        StoreError::Config(format!(
+            "table {table} does not exist; create it (the default table: `queue migrate`) or point the options at an existing one"
+        ))
+    })?;
+    if kind != "r" && kind != "p" {
+        return Err(StoreError::Config(format!(
+            "{table} is not a table (relkind {kind:?}); the store updates rows, so it needs a table, with any view configured separately"
+        )));
+    }
+    let cols = columns(pool, oid).await?;
+    let mut absent = Vec::new();
+    let mut state_type = String::new();
+    let mut key_type = String::new();
+    let mut log_element = "json".to_owned();
+    for column in Column::ALL {
+        let Some(name) = options.column_name(column) else {
+            absent.push(column);
+            continue;
+        };
+        let info = cols.get(name.as_str()).ok_or_else(|| {
+            StoreError::Config(format!(
+                "table {table} has no column {name} (configured for {column}); rename it with `column(Column::{column:?}, ..)` or declare it absent with `without(Column::{column:?})`"
+            ))
+        })?;
+        match column {
+            Column::Id => {
+                if !type_matches(&info.type_name, key_types) {
+                    return Err(StoreError::Config(format!(
+                        "key column {name} of {table} has type {}, but the store's key type decodes from {}",
+                        info.type_name,
+                        key_types.join(" or ")
+                    )));
+                }
+                key_type = info.type_name.clone();
+            }
+            Column::State => {
+                state_type = info.type_name.clone();
+                if info.typtype == "e" {
+                    check_enum_labels(pool, options, &info.type_name, info.type_oid).await?;
+                } else if !type_matches(&info.type_name, &["text", "character varying"]) {
+                    return Err(StoreError::Config(format!(
+                        "state column {name} of {table} has type {}; expected text, varchar or an enum",
+                        info.type_name
+                    )));
+                }
+            }
+            _ => {
+                let accepted = accepted_types(column);
+                if !type_matches(&info.type_name, accepted) {
+                    return Err(StoreError::Config(format!(
+                        "column {name} of {table} ({column}) has type {}; expected {}",
+                        info.type_name,
+                        accepted.join(" or ")
+                    )));
+                }
+                if column == Column::ExecutionLogs {
+                    log_element = info.element.clone().unwrap_or_else(|| "json".into());
+                }
+            }
+        }
+    }
+    if let Some(view) = &options.view {
+        let (view_oid, view_kind) = relation(pool, view)
+            .await?
+            .ok_or_else(|| StoreError::Config(format!("view {view} does not exist")))?;
+        if view_kind != "v" && view_kind != "m" && view_kind != "r" {
+            return Err(StoreError::Config(format!(
+                "{view} is not a view (relkind {view_kind:?})"
+            )));
+        }
+        let view_cols = columns(pool, view_oid).await?;
+        let key = options
+            .column_name(Column::Id)
+            .map(|i| i.as_str())
+            .unwrap_or("id");
+        if !view_cols.contains_key(key) {
+            return Err(StoreError::Config(format!(
+                "view {view} has no key column \"{key}\"; the store matches view rows to claimed rows by it, so the view must select it"
+            )));
+        }
+    }
+    Ok((
+        TableShape {
+            state_type,
+            key_type,
+            log_element,
+        },
+        absent,
+    ))
+}
+
+async fn check_enum_labels(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    type_name: &str,
+    type_oid: i64,
+) -> Result<(), StoreError> {
+    let labels: Vec<String> = sqlx::query_scalar(ENUM_LABELS)
+        .bind(type_oid)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    for state in JobState::ALL {
+        let value = options.state_values().get(state);
+        if !labels.iter().any(|l| l == value) {
+            return Err(StoreError::Config(format!(
+                "the state enum {type_name} has no value {value:?} (configured for {state}); its values are {}; map the state with `state_value(JobState::{state:?}, ..)`",
+                labels.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,562 @@
+//! Every SQL statement of the store, built once from the options and the
+//! catalog when the store is created. Identifiers are always quoted
+//! ([`Ident`](crate::Ident)); every value is a `$n` bind, named by a
+//! [`Param`] so that optional columns can drop out of a statement without
+//! leaving an unbound parameter behind.
+
+pub(crate) mod catalog;
+pub(crate) mod default_table;
+
+use std::collections::BTreeMap;
+
+use queue_core::JobState;
+
+use crate::conditions::PgCondition;
+use crate::options::{Column, PgStoreOptions};
+
+/// A named input of a statement.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Param {
+    /// The stored value of a state (text, cast to the state column's type).
+    State(JobState),
+    Now,
+    Limit,
+    Worker,
+    Id,
+    Token,
+    Ids,
+    Tokens,
+    /// Batched finish columns.
+    TargetStates,
+    FinishedAts,
+    Messages,
+    ProcessAfters,
+    FailureIncrements,
+    /// A log entry (json).
+    Entry,
+    StalledBefore,
+    MaxResets,
+    AtMostOnce,
+    MaxResetsMessage,
+    AtMostOnceMessage,
+}
+
+/// A statement and the inputs its `$n` placeholders stand for, in order.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Statement {
+    pub text: String,
+    pub params: Vec<Param>,
+}
+
+/// Builds statement text, numbering each distinct [`Param`] once.
+#[derive(Default)]
+struct Builder {
+    text: String,
+    params: Vec<Param>,
+}
+
+impl Builder {
+    fn push(&mut self, sql: &str) -> &mut Self {
+        self.text.push_str(sql);
+        self
+    }
+
+    /// The placeholder of `param`, reusing its number if already used.
+    fn p(&mut self, param: Param) -> String {
+        let n = match self.params.iter().position(|p| *p == param) {
+            Some(i) => i + 1,
+            None => {
+                self.params.push(param);
+                self.params.len()
+            }
+        };
+        format!("${n}")
+    }
+
+    fn build(self) -> Statement {
+        Statement {
+            text: self.text,
+            params: self.params,
+        }
+    }
+}
+
+/// What the catalog told about the table.
+#[derive(Debug, Clone)]
+pub(crate) struct TableShape {
+    /// `format_type` of the state column (`text`, or the enum's name).
+    pub state_type: String,
+    /// `format_type` of the key column.
+    pub key_type: String,
+    /// Element type of the execution-log array: `json` or `jsonb`.
+    pub log_element: String,
+}
+
+/// All statements of one store.
+#[derive(Debug, Clone)]
+pub(crate) struct Statements {
+    /// The claim, up to the place where extra conditions go.
+    claim_head: String,
+    /// The claim after the extra conditions.
+    claim_tail: String,
+    claim_params: Vec<Param>,
+    pub select_view: Option<Statement>,
+    pub lock: Statement,
+    pub finish: Statement,
+    pub heartbeat: Statement,
+    pub append_log: Option<Statement>,
+    pub reset: Option<Statement>,
+    /// Operator cancel of a queued or errored job: straight to canceled.
+    pub cancel_waiting: Statement,
+    /// Operator cancel of a processing job: the flag its worker heartbeats.
+    pub cancel_running: Option<Statement>,
+    pub delete: Statement,
+}
+
+/// Quoted column names, by standard column, for the present ones.
+struct Names {
+    alias: String,
+    cols: BTreeMap<Column, String>,
+}
+
+impl Names {
+    fn get(&self, c: Column) -> Option<&str> {
+        self.cols.get(&c).map(String::as_str)
+    }
+
+    /// `alias."column"`.
+    fn at(&self, c: Column) -> Option<String> {
+        self.get(c).map(|name| format!("{}.{}", self.alias, name))
+    }
+
+    fn must(&self, c: Column) -> String {
+        // Id and state can never be absent (checked by the options).
+        self.at(c)
+            .unwrap_or_else(|| format!("{}.\"{}\"", self.alias, c.standard_name()))
+    }
+}
+
+impl Statements {
+    pub(crate) fn new(options: &PgStoreOptions, shape: &TableShape) -> Statements {
+        let names = Names {
+            alias: options.alias.quoted(),
+            cols: Column::ALL
+                .iter()
+                .filter_map(|c| options.column_name(*c).map(|i| (*c, i.quoted())))
+                .collect(),
+        };
+        let table = options.table.quoted();
+        let a = names.alias.clone();
+        let st = &shape.state_type;
+        let kt = &shape.key_type;
+        let id = names.must(Column::Id);
+        let id_name = names.get(Column::Id).unwrap_or("\"id\"").to_owned();
+        let state = names.must(Column::State);
+        let state_name = names.get(Column::State).unwrap_or("\"state\"").to_owned();
+        let token = match names.at(Column::ClaimToken) {
+            Some(token) => token,
+            None => format!(
+                "(extract(epoch from {}) * 1000000)::int8",
+                names.must(Column::StartedAt)
+            ),
+        };
+        let failures = names
+            .at(Column::NumFailures)
+            .map(|f| format!("{f}::int8"))
+            .unwrap_or_else(|| "0::int8".into());
+        let select = options.select.clone().unwrap_or_else(|| format!("{a}.*"));
+        let order = options
+            .order_by
+            .clone()
+            .unwrap_or_else(|| match names.at(Column::Priority) {
+                Some(priority) => format!("{priority} DESC, {id}"),
+                None => id.clone(),
+            });
+
+        // Claim: lock up to $limit eligible rows, skipping locked ones, and
+        // mark them processing in the same statement.
+        let mut b = Builder::default();
+        let (queued, errored) = (
+            b.p(Param::State(JobState::Queued)),
+            b.p(Param::State(JobState::Errored)),
+        );
+        b.push(&format!(
+            "WITH candidates AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN (CAST({queued} AS {st}), CAST({errored} AS {st}))"
+        ));
+        if let Some(after) = names.at(Column::ProcessAfter) {
+            let now = b.p(Param::Now);
+            b.push(&format!(" AND ({after} IS NULL OR {after} <= {now})"));
+        }
+        let claim_head = std::mem::take(&mut b.text);
+        let limit = b.p(Param::Limit);
+        let processing = b.p(Param::State(JobState::Processing));
+        let mut sets = vec![format!("{state_name} = CAST({processing} AS {st})")];
+        for c in [Column::StartedAt, Column::LastHeartbeatAt] {
+            if let Some(name) = names.get(c) {
+                let now = b.p(Param::Now);
+                sets.push(format!("{name} = {now}"));
+            }
+        }
+        if let Some(name) = names.get(Column::WorkerHostname) {
+            let worker = b.p(Param::Worker);
+            sets.push(format!("{name} = {worker}"));
+        }
+        if let (Some(name), Some(at)) =
+            (names.get(Column::ClaimToken), names.at(Column::ClaimToken))
+        {
+            sets.push(format!("{name} = {at} + 1"));
+        }
+        if let Some(name) = names.get(Column::ExecutionLogs) {
+            sets.push(format!("{name} = '{{}}'"));
+        }
+        let returning_record = if options.view.is_none() {
+            format!(", {select}")
+        } else {
+            String::new()
+        };
+        b.push(&format!(
+            " ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED) \
+             UPDATE {table} AS {a} SET {sets} FROM candidates WHERE {id} = candidates.{id_name} \
+             RETURNING {id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\"{returning_record}",
+            sets = sets.join(", ")
+        ));
+        let claim_tail = b.text;
+        let claim_params = b.params;
+
+        let select_view = options.view.as_ref().map(|view| {
+            let mut b = Builder::default();
+            let ids = b.p(Param::Ids);
+            b.push(&format!(
+                "SELECT {id} AS \"__queue_id\", {select} FROM {view} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))",
+                view = view.quoted()
+            ));
+            b.build()
+        });
+
+        // Guards shared by the per-job statements.
+        let held = |b: &mut Builder| {
+            let (i, p, t) = (
+                b.p(Param::Id),
+                b.p(Param::State(JobState::Processing)),
+                b.p(Param::Token),
+            );
+            format!("{id} = {i} AND {state} = CAST({p} AS {st}) AND {token} = {t}")
+        };
+
+        let mut b = Builder::default();
+        let guard = held(&mut b);
+        // FOR KEY SHARE: proves liveness to the resetter (whose FOR UPDATE
+        // skips the row) without blocking heartbeats, cancel flags and log
+        // appends, which update non-key columns only.
+        b.push(&format!(
+            "SELECT 1 FROM {table} AS {a} WHERE {guard} FOR KEY SHARE"
+        ));
+        let lock = b.build();
+
+        // Finish: many attempts in one statement, each guarded by its lease.
+        let mut b = Builder::default();
+        let (ids, tokens, targets, finished, messages, afters, incs, processing) = (
+            b.p(Param::Ids),
+            b.p(Param::Tokens),
+            b.p(Param::TargetStates),
+            b.p(Param::FinishedAts),
+            b.p(Param::Messages),
+            b.p(Param::ProcessAfters),
+            b.p(Param::FailureIncrements),
+            b.p(Param::State(JobState::Processing)),
+        );
+        let mut sets = vec![format!("{state_name} = CAST(u.target AS {st})")];
+        if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
+            sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
+        }
+        if let (Some(n), Some(at)) = (
+            names.get(Column::FailureMessage),
+            names.at(Column::FailureMessage),
+        ) {
+            sets.push(format!("{n} = COALESCE(u.message, {at})"));
+        }
+        if let (Some(n), Some(at)) = (
+            names.get(Column::ProcessAfter),
+            names.at(Column::ProcessAfter),
+        ) {
+            sets.push(format!("{n} = COALESCE(u.process_after, {at})"));
+        }
+        if let (Some(n), Some(at)) = (
+            names.get(Column::NumFailures),
+            names.at(Column::NumFailures),
+        ) {
+            sets.push(format!("{n} = {at} + u.failed"));
+        }
+        b.push(&format!(
+            "UPDATE {table} AS {a} SET {sets} \
+             FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({targets} AS text[]), CAST({finished} AS timestamptz[]), \
+             CAST({messages} AS text[]), CAST({afters} AS timestamptz[]), CAST({incs} AS int4[])) \
+             AS u(id, token, target, finished_at, message, process_after, failed) \
+             WHERE {id} = u.id AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
+             RETURNING {id}",
+            sets = sets.join(", ")
+        ));
+        let finish = b.build();
+
+        // Heartbeat: report which leases still hold (and their cancel flag);
+        // bump the heartbeat of those no transaction has locked (a locked
+        // row is alive by its lock).
+        let mut b = Builder::default();
+        let (ids, tokens, processing) = (
+            b.p(Param::Ids),
+            b.p(Param::Tokens),
+            b.p(Param::State(JobState::Processing)),
+        );
+        let cancel = names.at(Column::Cancel).unwrap_or_else(|| "false".into());
+        b.push(&format!(
+            "WITH leases AS (SELECT * FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[])) AS l(id, token)), \
+             held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+             WHERE {state} = CAST({processing} AS {st}) AND {token} = l.token)"
+        ));
+        if let (Some(n), Some(_)) = (
+            names.get(Column::LastHeartbeatAt),
+            names.at(Column::LastHeartbeatAt),
+        ) {
+            let now = b.p(Param::Now);
+            b.push(&format!(
+                ", bumped AS (UPDATE {table} AS {a} SET {n} = {now} WHERE {id} IN (\
+                 SELECT {id} FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+                 WHERE {state} = CAST({processing} AS {st}) AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
+            ));
+        }
+        b.push(" SELECT id, cancel FROM held");
+        let heartbeat = b.build();
+
+        let append_log = names.get(Column::ExecutionLogs).map(|n| {
+            let mut b = Builder::default();
+            let guard = held(&mut b);
+            let entry = b.p(Param::Entry);
+            let at = names.must(Column::ExecutionLogs);
+            let el = &shape.log_element;
+            b.push(&format!(
+                "UPDATE {table} AS {a} SET {n} = array_append(COALESCE({at}, '{{}}'), CAST({entry} AS {el})) WHERE {guard}"
+            ));
+            b.build()
+        });
+
+        // Reset: stalled rows that no transaction locks go back to queued,
+        // or fail past the reset limit or under at-most-once delivery.
+        let stalled_since = names
+            .at(Column::LastHeartbeatAt)
+            .or_else(|| names.at(Column::StartedAt));
+        let reset = stalled_since.map(|since| {
+            let mut b = Builder::default();
+            let (processing, before, queued, failed, amo) = (
+                b.p(Param::State(JobState::Processing)),
+                b.p(Param::StalledBefore),
+                b.p(Param::State(JobState::Queued)),
+                b.p(Param::State(JobState::Failed)),
+                b.p(Param::AtMostOnce),
+            );
+            let fail = match names.at(Column::NumResets) {
+                Some(resets) => format!("({amo} OR {resets} >= {})", b.p(Param::MaxResets)),
+                None => format!("({amo})"),
+            };
+            let mut sets = vec![format!(
+                "{state_name} = CASE WHEN {fail} THEN CAST({failed} AS {st}) ELSE CAST({queued} AS {st}) END"
+            )];
+            if let (Some(n), Some(at)) = (names.get(Column::NumResets), names.at(Column::NumResets)) {
+                sets.push(format!("{n} = CASE WHEN {fail} THEN {at} ELSE {at} + 1 END"));
+            }
+            if let (Some(n), Some(at)) = (names.get(Column::FailureMessage), names.at(Column::FailureMessage)) {
+                let (amo_msg, max_msg) = (b.p(Param::AtMostOnceMessage), b.p(Param::MaxResetsMessage));
+                sets.push(format!(
+                    "{n} = CASE WHEN {fail} THEN (CASE WHEN {amo} THEN {amo_msg} ELSE {max_msg} END) ELSE {at} END"
+                ));
+            }
+            if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
+                let now = b.p(Param::Now);
+                sets.push(format!("{n} = CASE WHEN {fail} THEN {now} ELSE {at} END"));
+            }
+            b.push(&format!(
+                "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {state} = CAST({processing} AS {st}) \
+                 AND ({since} IS NULL OR {since} < {before}) ORDER BY {id} FOR UPDATE SKIP LOCKED) \
+                 UPDATE {table} AS {a} SET {sets} FROM stalled WHERE {id} = stalled.{id_name} \
+                 RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
+                sets = sets.join(", ")
+            ));
+            b.build()
+        });
+
+        let mut b = Builder::default();
+        let (i, queued, errored, canceled) = (
+            b.p(Param::Id),
+            b.p(Param::State(JobState::Queued)),
+            b.p(Param::State(JobState::Errored)),
+            b.p(Param::State(JobState::Canceled)),
+        );
+        let mut sets = vec![format!("{state_name} = CAST({canceled} AS {st})")];
+        if let Some(n) = names.get(Column::FailureMessage) {
+            let message = b.p(Param::Messages);
+            sets.push(format!("{n} = {message}"));
+        }
+        if let Some(n) = names.get(Column::FinishedAt) {
+            let now = b.p(Param::Now);
+            sets.push(format!("{n} = {now}"));
+        }
+        b.push(&format!(
+            "UPDATE {table} AS {a} SET {sets} WHERE {id} = {i} AND {state} IN (CAST({queued} AS {st}), CAST({errored} AS {st}))",
+            sets = sets.join(", ")
+        ));
+        let cancel_waiting = b.build();
+
+        let cancel_running = names.get(Column::Cancel).map(|n| {
+            let mut b = Builder::default();
+            let (i, processing) = (b.p(Param::Id), b.p(Param::State(JobState::Processing)));
+            b.push(&format!(
+                "UPDATE {table} AS {a} SET {n} = true WHERE {id} = {i} AND {state} = CAST({processing} AS {st})"
+            ));
+            b.build()
+        });
+
+        let mut b = Builder::default();
+        let i = b.p(Param::Id);
+        b.push(&format!("DELETE FROM {table} AS {a} WHERE {id} = {i}"));
+        let delete = b.build();
+
+        Statements {
+            claim_head,
+            claim_tail,
+            claim_params,
+            select_view,
+            lock,
+            finish,
+            heartbeat,
+            append_log,
+            reset,
+            cancel_waiting,
+            cancel_running,
+            delete,
+        }
+    }
+
+    /// The claim statement with `conditions` spliced in; condition
+    /// placeholders are numbered after the statement's own parameters.
+    pub(crate) fn claim(&self, conditions: &[PgCondition]) -> Statement {
+        let mut text = self.claim_head.clone();
+        let mut next = self.claim_params.len() + 1;
+        for condition in conditions {
+            text.push_str(" AND (");
+            text.push_str(&condition.numbered(&mut next));
+            text.push(')');
+        }
+        text.push_str(&self.claim_tail);
+        Statement {
+            text,
+            params: self.claim_params.clone(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape() -> TableShape {
+        TableShape {
+            state_type: "text".into(),
+            key_type: "bigint".into(),
+            log_element: "json".into(),
+        }
+    }
+
+    #[test]
+    fn default_claim_quotes_every_name_and_binds_every_value() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let claim = Statements::new(&options, &shape()).claim(&[]);
+        assert_eq!(
+            claim.text,
+            "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
+             WHERE \"jobs\".\"state\" IN (CAST($1 AS text), CAST($2 AS text)) \
+             AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $3) \
+             ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT $4 FOR UPDATE SKIP LOCKED) \
+             UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($5 AS text), \"started_at\" = $3, \
+             \"last_heartbeat_at\" = $3, \"worker_hostname\" = $6, \"claim_token\" = \"jobs\".\"claim_token\" + 1, \
+             \"execution_logs\" = '{}' FROM candidates WHERE \"jobs\".\"id\" = candidates.\"id\" \
+             RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
+             \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \"jobs\".*"
+        );
+        assert_eq!(
+            claim.params,
+            [
+                Param::State(JobState::Queued),
+                Param::State(JobState::Errored),
+                Param::Now,
+                Param::Limit,
+                Param::State(JobState::Processing),
+                Param::Worker
+            ]
+        );
+    }
+
+    #[test]
+    fn awkward_names_stay_quoted_identifiers() {
+        let options = PgStoreOptions::new("select")
+            .unwrap()
+            .schema("My \"Schema\"")
+            .unwrap()
+            .column(Column::State, "Status; DROP TABLE x")
+            .unwrap();
+        let s = Statements::new(&options, &shape());
+        let claim = s.claim(&[]).text;
+        assert!(
+            claim.contains("FROM \"My \"\"Schema\"\"\".\"select\" AS \"select\""),
+            "{claim}"
+        );
+        assert!(
+            claim.contains("\"select\".\"Status; DROP TABLE x\" IN"),
+            "{claim}"
+        );
+        assert!(
+            !claim.contains("Status; DROP TABLE x\" =")
+                || claim.contains("SET \"Status; DROP TABLE x\" =")
+        );
+    }
+
+    #[test]
+    fn absent_columns_drop_out_without_leaving_parameters() {
+        let options = PgStoreOptions::new("jobs")
+            .unwrap()
+            .without(Column::WorkerHostname)
+            .unwrap()
+            .without(Column::ClaimToken)
+            .unwrap()
+            .without(Column::ProcessAfter)
+            .unwrap();
+        let s = Statements::new(&options, &shape());
+        let claim = s.claim(&[]);
+        assert!(!claim.params.contains(&Param::Worker));
+        assert!(!claim.text.contains("process_after"));
+        assert!(claim.text.contains(
+            "(extract(epoch from \"jobs\".\"started_at\") * 1000000)::int8 AS \"__queue_token\""
+        ));
+        for statement in [&s.lock, &s.finish, &s.heartbeat] {
+            let highest = (1..=statement.params.len())
+                .rev()
+                .find(|n| statement.text.contains(&format!("${n}")));
+            assert_eq!(highest, Some(statement.params.len()), "{}", statement.text);
+        }
+    }
+
+    #[test]
+    fn conditions_are_numbered_after_the_claims_own_parameters() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let s = Statements::new(&options, &shape());
+        let cond = PgCondition::new("jobs.cost <= {} AND jobs.kind = {}")
+            .bind(5i64)
+            .bind("x");
+        let claim = s.claim(std::slice::from_ref(&cond));
+        assert!(
+            claim
+                .text
+                .contains("AND (jobs.cost <= $7 AND jobs.kind = $8) ORDER BY"),
+            "{}",
+            claim.text
+        );
+    }
+}

@@ -1,0 +1,868 @@
+//! [`PgStore`]: the store contract on a Postgres table.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
+use queue_core::{
+    ClaimParams, Claimed, DecodeError, Delivery, HeartbeatReport, Job, JobRecord, JobState, Lease,
+    LogEntry, ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
+};
+use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::query::Query;
+use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row, Transaction};
+use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::task::JoinHandle;
+
+use crate::conditions::{PgArg, PgConditions};
+use crate::error::store_error;
+use crate::listen;
+use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
+use crate::record::{decode_job, Decoder, PgKey};
+use crate::sql::{catalog, Param, Statement, Statements};
+
+/// The most attempts one batched completion statement finishes.
+const MAX_COMPLETION_BATCH: usize = 1000;
+
+/// The store as a handler sees it for one job.
+///
+/// In transactional mode it holds the transaction that row-locks the job:
+/// run the handler's own writes on [`PgJobStore::connection`] and they commit
+/// together with the job's completion, or roll back if the attempt fails. In
+/// lease mode there is no transaction; use [`PgJobStore::pool`].
+#[derive(Debug)]
+pub struct PgJobStore {
+    tx: Option<Transaction<'static, Postgres>>,
+    pool: PgPool,
+}
+
+impl PgJobStore {
+    /// The connection of the job's transaction (transactional mode), or
+    /// `None` in lease mode.
+    pub fn connection(&mut self) -> Option<&mut PgConnection> {
+        self.tx.as_deref_mut()
+    }
+
+    /// The store's pool (outside the job's transaction).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Gives up the job now: rolls its transaction back at once, as the
+    /// server would for a worker that died. (Dropping a job store also rolls
+    /// back, but only once its connection is next used.)
+    pub async fn abandon(self) {
+        if let Some(tx) = self.tx {
+            if let Err(error) = tx.rollback().await {
+                tracing::warn!(%error, "rolling back an abandoned job failed; its connection is discarded");
+            }
+        }
+    }
+
+    /// A job store bound to no transaction, writing through `pool`: what a
+    /// late writer outside any claim would use (tests of stale writes).
+    pub fn outside_transaction(pool: PgPool) -> Self {
+        PgJobStore { tx: None, pool }
+    }
+}
+
+/// A value bound to a statement parameter.
+enum Value<K> {
+    Text(String),
+    Time(DateTime<Utc>),
+    Int(i64),
+    Int4(i32),
+    Bool(bool),
+    Key(K),
+    Keys(Vec<K>),
+    Ints(Vec<i64>),
+    Texts(Vec<Option<String>>),
+    Times(Vec<Option<DateTime<Utc>>>),
+    Int4s(Vec<i32>),
+    Json(serde_json::Value),
+}
+
+impl<K: PgKey> Value<K> {
+    fn bind<'q>(self, q: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
+        match self {
+            Value::Text(v) => q.bind(v),
+            Value::Time(v) => q.bind(v),
+            Value::Int(v) => q.bind(v),
+            Value::Int4(v) => q.bind(v),
+            Value::Bool(v) => q.bind(v),
+            Value::Key(v) => q.bind(v),
+            Value::Keys(v) => q.bind(v),
+            Value::Ints(v) => q.bind(v),
+            Value::Texts(v) => q.bind(v),
+            Value::Times(v) => q.bind(v),
+            Value::Int4s(v) => q.bind(v),
+            Value::Json(v) => q.bind(v),
+        }
+    }
+}
+
+fn bind_arg<'q>(
+    q: Query<'q, Postgres, PgArguments>,
+    arg: PgArg,
+) -> Query<'q, Postgres, PgArguments> {
+    match arg {
+        PgArg::Int(v) => q.bind(v),
+        PgArg::Float(v) => q.bind(v),
+        PgArg::Bool(v) => q.bind(v),
+        PgArg::Text(v) => q.bind(v),
+        PgArg::Uuid(v) => q.bind(v),
+        PgArg::Json(v) => q.bind(v),
+        PgArg::Timestamp(v) => q.bind(v),
+        PgArg::TextArray(v) => q.bind(v),
+        PgArg::IntArray(v) => q.bind(v),
+    }
+}
+
+/// Binds every parameter of `statement` from `value`; a parameter without a
+/// value is a bug in this crate, reported rather than panicking.
+fn query<'q, K: PgKey>(
+    statement: &'q Statement,
+    mut value: impl FnMut(Param) -> Option<Value<K>>,
+) -> Result<Query<'q, Postgres, PgArguments>, StoreError> {
+    let mut q = sqlx::query(&statement.text);
+    for param in &statement.params {
+        let v = value(*param).ok_or_else(|| StoreError::Backend {
+            context: format!("internal error: no value for statement parameter {param:?}"),
+            source: "statement and binder disagree".into(),
+        })?;
+        q = v.bind(q);
+    }
+    Ok(q)
+}
+
+fn state<K>(states: &StateValues, s: JobState) -> Value<K> {
+    Value::Text(states.get(s).to_owned())
+}
+
+/// One attempt's end, as a row of the batched finish statement.
+struct FinishRow<K> {
+    id: K,
+    token: i64,
+    target: String,
+    finished_at: Option<DateTime<Utc>>,
+    message: Option<String>,
+    process_after: Option<DateTime<Utc>>,
+    failed: i32,
+}
+
+impl<K: PgKey> FinishRow<K> {
+    fn new(
+        lease: &Lease<K>,
+        transition: Transition,
+        now: DateTime<Utc>,
+        states: &StateValues,
+    ) -> Self {
+        let target = states.get(transition.target()).to_owned();
+        let (finished_at, message, process_after, failed) = match transition {
+            Transition::Complete => (Some(now), None, None, 0),
+            Transition::Error { message, retry_at } => {
+                (Some(now), Some(message), Some(retry_at), 1)
+            }
+            Transition::Fail { message } => (Some(now), Some(message), None, 1),
+            Transition::Cancel { message } => (Some(now), Some(message), None, 0),
+            Transition::Release => (None, None, None, 0),
+        };
+        FinishRow {
+            id: lease.id.clone(),
+            token: lease.token,
+            target,
+            finished_at,
+            message,
+            process_after,
+            failed,
+        }
+    }
+}
+
+/// Runs the batched finish statement; returns the keys it applied to.
+async fn run_finish<'c, K: PgKey>(
+    statement: &Statement,
+    states: &StateValues,
+    executor: impl sqlx::PgExecutor<'c>,
+    rows: Vec<FinishRow<K>>,
+) -> Result<HashSet<K>, StoreError> {
+    let n = rows.len();
+    let (mut ids, mut tokens, mut targets, mut finished, mut messages, mut afters, mut failed) = (
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+        Vec::with_capacity(n),
+    );
+    for row in rows {
+        ids.push(row.id);
+        tokens.push(row.token);
+        targets.push(Some(row.target));
+        finished.push(row.finished_at);
+        messages.push(row.message);
+        afters.push(row.process_after);
+        failed.push(row.failed);
+    }
+    let (mut ids, mut tokens, mut targets, mut finished, mut messages, mut afters, mut failed) = (
+        Some(ids),
+        Some(tokens),
+        Some(targets),
+        Some(finished),
+        Some(messages),
+        Some(afters),
+        Some(failed),
+    );
+    let q = query(statement, |p| match p {
+        Param::Ids => ids.take().map(Value::Keys),
+        Param::Tokens => tokens.take().map(Value::Ints),
+        Param::TargetStates => targets.take().map(Value::Texts),
+        Param::FinishedAts => finished.take().map(Value::Times),
+        Param::Messages => messages.take().map(Value::Texts),
+        Param::ProcessAfters => afters.take().map(Value::Times),
+        Param::FailureIncrements => failed.take().map(Value::Int4s),
+        Param::State(s) => Some(state(states, s)),
+        _ => None,
+    })?;
+    let rows = q
+        .fetch_all(executor)
+        .await
+        .map_err(|e| store_error("recording job outcomes", e))?;
+    rows.iter()
+        .map(|r| {
+            r.try_get::<K, _>(0)
+                .map_err(|e| store_error("reading finished job keys", e))
+        })
+        .collect()
+}
+
+/// A finish waiting for the completer.
+struct Completion<K> {
+    row: FinishRow<K>,
+    reply: oneshot::Sender<Result<WriteResult, StoreError>>,
+}
+
+/// Lease mode's completer: finishes everything queued while the previous
+/// statement ran in one statement, so batches grow with load and add no
+/// delay when idle.
+async fn complete_batches<K: PgKey>(
+    pool: PgPool,
+    statement: Statement,
+    states: StateValues,
+    mut rx: mpsc::UnboundedReceiver<Completion<K>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        while batch.len() < MAX_COMPLETION_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let (rows, replies): (Vec<_>, Vec<_>) = batch
+            .into_iter()
+            .map(|c| ((c.row.id.clone(), c.row), c.reply))
+            .unzip();
+        let (ids, rows): (Vec<K>, Vec<FinishRow<K>>) = rows.into_iter().unzip();
+        match run_finish(&statement, &states, &pool, rows).await {
+            Ok(applied) => {
+                for (id, reply) in ids.iter().zip(replies) {
+                    let result = if applied.contains(id) {
+                        WriteResult::Applied
+                    } else {
+                        WriteResult::Stale
+                    };
+                    let _ = reply.send(Ok(result));
+                }
+            }
+            Err(error) => {
+                for reply in replies {
+                    let _ = reply.send(Err(copy_error(&error)));
+                }
+            }
+        }
+    }
+}
+
+/// The same failure for each waiter of a failed batch (errors do not clone).
+fn copy_error(error: &StoreError) -> StoreError {
+    let source = std::io::Error::other(error.to_string()).into();
+    let context = "recording job outcomes (batched)".to_owned();
+    match error {
+        StoreError::Unavailable { .. } => StoreError::Unavailable { context, source },
+        StoreError::Conflict { .. } => StoreError::Conflict { context, source },
+        StoreError::Config(message) => StoreError::Config(message.clone()),
+        _ => StoreError::Backend { context, source },
+    }
+}
+
+struct Inner<R: JobRecord> {
+    pool: PgPool,
+    options: PgStoreOptions,
+    sql: Statements,
+    decode: Decoder<R>,
+    wake: Arc<Notify>,
+    listener: JoinHandle<()>,
+    completer: Option<mpsc::UnboundedSender<Completion<R::Id>>>,
+    absent: Vec<Column>,
+}
+
+impl<R: JobRecord> Drop for Inner<R> {
+    fn drop(&mut self) {
+        self.listener.abort();
+    }
+}
+
+/// The store contract on a Postgres table, any table: columns, state
+/// values, key type, view and order are all configurable
+/// ([`PgStoreOptions`]), and checked against the catalog at start-up.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+///
+/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+/// let jobs = JobTable::default();
+/// jobs.migrate(&pool).await?;
+/// let store = PgStore::default_table(pool.clone(), jobs.store_options().mode(ExecutionMode::Lease)).await?;
+/// jobs.enqueue(&pool, &queue_core::NewJob::new("email", serde_json::json!({"to": "a@b.c"}))).await?;
+/// # let _ = store; Ok(()) }
+/// ```
+pub struct PgStore<R: JobRecord> {
+    inner: Arc<Inner<R>>,
+}
+
+impl<R: JobRecord> Clone for PgStore<R> {
+    fn clone(&self) -> Self {
+        PgStore {
+            inner: self.inner.clone(),
+        }
+    }
+}
+
+impl<R: JobRecord> std::fmt::Debug for PgStore<R> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgStore")
+            .field("table", &self.inner.options.table)
+            .field("mode", &self.inner.options.mode)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PgStore<Job> {
+    /// A store over the default table (see [`JobTable`](crate::JobTable)),
+    /// handing out [`Job`] records.
+    pub async fn default_table(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
+        PgStore::with_decoder(pool, options, decode_job).await
+    }
+}
+
+impl<R> PgStore<R>
+where
+    R: JobRecord + for<'r> FromRow<'r, PgRow>,
+    R::Id: PgKey,
+{
+    /// A store whose records decode with `R`'s `FromRow`.
+    pub async fn new(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
+        PgStore::with_decoder(pool, options, |row| R::from_row(row)).await
+    }
+}
+
+impl<R> PgStore<R>
+where
+    R: JobRecord,
+    R::Id: PgKey,
+{
+    /// A store whose records decode with `decode` (the select list is
+    /// `options.select`). Validates the options against the catalog, starts
+    /// the listener and, in lease mode, the batched completer. Must be
+    /// called inside a Tokio runtime.
+    pub async fn with_decoder(
+        pool: PgPool,
+        options: PgStoreOptions,
+        decode: Decoder<R>,
+    ) -> Result<Self, StoreError> {
+        options.check()?;
+        let (shape, absent) = catalog::inspect(&pool, &options, R::Id::PG_TYPES).await?;
+        for column in &absent {
+            tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
+        }
+        let sql = Statements::new(&options, &shape);
+        let wake = Arc::new(Notify::new());
+        let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
+        let completer = (options.mode == ExecutionMode::Lease).then(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            tokio::spawn(complete_batches(
+                pool.clone(),
+                sql.finish.clone(),
+                options.states.clone(),
+                rx,
+            ));
+            tx
+        });
+        Ok(PgStore {
+            inner: Arc::new(Inner {
+                pool,
+                options,
+                sql,
+                decode,
+                wake,
+                listener,
+                completer,
+                absent,
+            }),
+        })
+    }
+
+    /// The standard columns the table lacks, each with the feature that is
+    /// off because of it.
+    pub fn disabled_features(&self) -> Vec<(Column, &'static str)> {
+        self.inner
+            .absent
+            .iter()
+            .map(|c| (*c, c.feature_lost()))
+            .collect()
+    }
+
+    /// The pool the store runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The options the store was built with.
+    pub fn options(&self) -> &PgStoreOptions {
+        &self.inner.options
+    }
+
+    /// Cancels job `id` as an operator: a queued or errored job becomes
+    /// canceled at once; a processing one gets its cancel flag set, and its
+    /// worker stops it at the next heartbeat. Returns whether anything
+    /// changed.
+    pub async fn cancel(&self, id: &R::Id) -> Result<bool, StoreError> {
+        let now = Utc::now();
+        let waiting = query(&self.inner.sql.cancel_waiting, |p| match p {
+            Param::Id => Some(Value::Key(id.clone())),
+            Param::State(s) => Some(state(self.states(), s)),
+            Param::Messages => Some(Value::Text(
+                queue_core::CANCELED_BEFORE_RUN_MESSAGE.to_owned(),
+            )),
+            Param::Now => Some(Value::Time(now)),
+            _ => None,
+        })?
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("cancelling a job", e))?;
+        if waiting.rows_affected() > 0 {
+            return Ok(true);
+        }
+        let Some(statement) = &self.inner.sql.cancel_running else {
+            return Ok(false);
+        };
+        let running = query(statement, |p| match p {
+            Param::Id => Some(Value::Key(id.clone())),
+            Param::State(s) => Some(state(self.states(), s)),
+            _ => None,
+        })?
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("cancelling a running job", e))?;
+        Ok(running.rows_affected() > 0)
+    }
+
+    /// Deletes job `id`; a worker running it learns at the next heartbeat
+    /// that it is gone. Returns whether it existed.
+    pub async fn delete(&self, id: &R::Id) -> Result<bool, StoreError> {
+        let done = query(&self.inner.sql.delete, |p| match p {
+            Param::Id => Some(Value::Key(id.clone())),
+            _ => None,
+        })?
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("deleting a job", e))?;
+        Ok(done.rows_affected() > 0)
+    }
+
+    fn states(&self) -> &StateValues {
+        &self.inner.options.states
+    }
+
+    fn has(&self, column: Column) -> bool {
+        !self.inner.absent.contains(&column)
+    }
+
+    /// Without a failure counter retries cannot be bounded, so they are off.
+    fn adapt(&self, transition: Transition) -> Transition {
+        match transition {
+            Transition::Error { message, .. } if !self.has(Column::NumFailures) => {
+                Transition::Fail {
+                    message: format!(
+                        "{message} (not retried: the table has no num_failures column)"
+                    ),
+                }
+            }
+            other => other,
+        }
+    }
+
+    async fn finish_on_pool(&self, row: FinishRow<R::Id>) -> Result<WriteResult, StoreError> {
+        let id = row.id.clone();
+        let applied = run_finish(
+            &self.inner.sql.finish,
+            self.states(),
+            &self.inner.pool,
+            vec![row],
+        )
+        .await?;
+        Ok(if applied.contains(&id) {
+            WriteResult::Applied
+        } else {
+            WriteResult::Stale
+        })
+    }
+
+    /// Reads the claimed records through the view, by key.
+    async fn records_from_view(
+        &self,
+        statement: &Statement,
+        ids: Vec<R::Id>,
+    ) -> Result<HashMap<R::Id, PgRow>, StoreError> {
+        let mut ids = Some(ids);
+        let rows = query(statement, |p| match p {
+            Param::Ids => ids.take().map(Value::Keys),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading claimed jobs through the view", e))?;
+        let mut by_id = HashMap::with_capacity(rows.len());
+        for row in rows {
+            let id: R::Id = row
+                .try_get("__queue_id")
+                .map_err(|e| store_error("reading the key of a view row", e))?;
+            by_id.insert(id, row);
+        }
+        Ok(by_id)
+    }
+
+    /// Transactional mode: opens the job's transaction and row-locks it,
+    /// checking it is still this claim's. `None` if the job moved on.
+    async fn lock(
+        &self,
+        lease: &Lease<R::Id>,
+    ) -> Result<Option<Transaction<'static, Postgres>>, StoreError> {
+        let mut tx = self
+            .inner
+            .pool
+            .begin()
+            .await
+            .map_err(|e| store_error("opening a job's transaction", e))?;
+        let q = query(&self.inner.sql.lock, |p| self.lease_value(lease, p))?;
+        let row = q
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_error("locking a claimed job", e))?;
+        Ok(row.map(|_| tx))
+    }
+
+    fn lease_value(&self, lease: &Lease<R::Id>, p: Param) -> Option<Value<R::Id>> {
+        match p {
+            Param::Id => Some(Value::Key(lease.id.clone())),
+            Param::Token => Some(Value::Int(lease.token)),
+            Param::State(s) => Some(state(self.states(), s)),
+            _ => None,
+        }
+    }
+}
+
+fn read<T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>>(
+    row: &PgRow,
+    column: &str,
+) -> Result<T, StoreError> {
+    row.try_get(column)
+        .map_err(|e| store_error("reading a claimed row", e))
+}
+
+#[async_trait]
+impl<R> Store for PgStore<R>
+where
+    R: JobRecord,
+    R::Id: PgKey,
+{
+    type Id = R::Id;
+    type Record = R;
+    type Conditions = PgConditions;
+    type JobStore = PgJobStore;
+
+    async fn claim(
+        &self,
+        params: ClaimParams<'_, PgConditions>,
+    ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        let conditions = params.conditions.map(Vec::as_slice).unwrap_or(&[]);
+        for c in conditions {
+            if c.placeholders() != c.args().len() {
+                return Err(StoreError::Config(format!(
+                    "a dequeue condition has {} placeholders but {} bound values: {c:?}",
+                    c.placeholders(),
+                    c.args().len()
+                )));
+            }
+        }
+        let statement = self.inner.sql.claim(conditions);
+        let limit = i64::try_from(params.limit).unwrap_or(i64::MAX);
+        let mut q = query(&statement, |p| match p {
+            Param::State(s) => Some(state::<R::Id>(self.states(), s)),
+            Param::Now => Some(Value::Time(params.now)),
+            Param::Limit => Some(Value::Int(limit)),
+            Param::Worker => Some(Value::Text(params.worker.to_owned())),
+            _ => None,
+        })?;
+        for c in conditions {
+            for arg in c.args() {
+                q = bind_arg(q, arg.clone());
+            }
+        }
+        let rows = q
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("claiming jobs", e))?;
+        if rows.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut leases = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let failures: i64 = read(row, "__queue_failures")?;
+            leases.push(Lease {
+                id: read(row, "__queue_id")?,
+                token: read(row, "__queue_token")?,
+                attempt: u32::try_from(failures.max(0))
+                    .unwrap_or(u32::MAX)
+                    .saturating_add(1),
+            });
+        }
+        let decode = self.inner.decode;
+        let decode_error = |id: &R::Id, message: String| DecodeError {
+            id: id.to_string(),
+            message,
+        };
+        let records: Vec<Result<R, DecodeError>> = match &self.inner.sql.select_view {
+            None => rows
+                .iter()
+                .zip(&leases)
+                .map(|(row, lease)| decode(row).map_err(|e| decode_error(&lease.id, e.to_string())))
+                .collect(),
+            Some(statement) => {
+                let ids = leases.iter().map(|l| l.id.clone()).collect();
+                let mut by_id = self.records_from_view(statement, ids).await?;
+                leases
+                    .iter()
+                    .map(|lease| match by_id.remove(&lease.id) {
+                        Some(row) => {
+                            decode(&row).map_err(|e| decode_error(&lease.id, e.to_string()))
+                        }
+                        None => Err(decode_error(
+                            &lease.id,
+                            format!(
+                                "the row is not visible through the view {}",
+                                self.inner
+                                    .options
+                                    .view
+                                    .as_ref()
+                                    .map(|v| v.quoted())
+                                    .unwrap_or_default()
+                            ),
+                        )),
+                    })
+                    .collect()
+            }
+        };
+        let mut claimed = Vec::with_capacity(leases.len());
+        for (lease, record) in leases.into_iter().zip(records) {
+            let tx = match self.inner.options.mode {
+                ExecutionMode::Lease => None,
+                ExecutionMode::Transactional => match self.lock(&lease).await {
+                    Ok(Some(tx)) => Some(tx),
+                    Ok(None) => {
+                        tracing::warn!(id = %lease.id, "job moved on between its claim and its lock; skipped");
+                        continue;
+                    }
+                    Err(error) => {
+                        // Hand it back rather than leave it for the resetter.
+                        tracing::warn!(%error, id = %lease.id, "could not open the job's transaction; handing the job back");
+                        let row =
+                            FinishRow::new(&lease, Transition::Release, params.now, self.states());
+                        if let Err(error) = self.finish_on_pool(row).await {
+                            tracing::warn!(%error, id = %lease.id, "could not hand the job back; the resetter will");
+                        }
+                        continue;
+                    }
+                },
+            };
+            claimed.push(Claimed {
+                lease,
+                record,
+                job_store: PgJobStore {
+                    tx,
+                    pool: self.inner.pool.clone(),
+                },
+            });
+        }
+        Ok(claimed)
+    }
+
+    async fn finish(
+        &self,
+        job_store: PgJobStore,
+        lease: &Lease<R::Id>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        let transition = self.adapt(transition);
+        let complete = transition == Transition::Complete;
+        let row = FinishRow::new(lease, transition, now, self.states());
+        if let Some(mut tx) = job_store.tx {
+            if complete {
+                // The handler's writes and the completion commit together.
+                let applied =
+                    run_finish(&self.inner.sql.finish, self.states(), &mut *tx, vec![row]).await?;
+                tx.commit()
+                    .await
+                    .map_err(|e| store_error("committing a job's transaction", e))?;
+                return Ok(if applied.contains(&lease.id) {
+                    WriteResult::Applied
+                } else {
+                    WriteResult::Stale
+                });
+            }
+            // A failed attempt leaves no trace of the handler's writes.
+            if let Err(error) = tx.rollback().await {
+                tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is discarded");
+            }
+            return self.finish_on_pool(row).await;
+        }
+        match &self.inner.completer {
+            Some(completer) => {
+                let (reply, answer) = oneshot::channel();
+                completer
+                    .send(Completion { row, reply })
+                    .map_err(|_| StoreError::Unavailable {
+                        context: "recording a job outcome".into(),
+                        source: "the store's completer has stopped".into(),
+                    })?;
+                answer.await.map_err(|_| StoreError::Unavailable {
+                    context: "recording a job outcome".into(),
+                    source: "the store's completer dropped the request".into(),
+                })?
+            }
+            None => self.finish_on_pool(row).await,
+        }
+    }
+
+    async fn heartbeat(
+        &self,
+        leases: &[Lease<R::Id>],
+        now: DateTime<Utc>,
+    ) -> Result<HeartbeatReport<R::Id>, StoreError> {
+        if leases.is_empty() {
+            return Ok(HeartbeatReport::default());
+        }
+        let mut ids = Some(leases.iter().map(|l| l.id.clone()).collect::<Vec<_>>());
+        let mut tokens = Some(leases.iter().map(|l| l.token).collect::<Vec<_>>());
+        let rows = query(&self.inner.sql.heartbeat, |p| match p {
+            Param::Ids => ids.take().map(Value::Keys),
+            Param::Tokens => tokens.take().map(Value::Ints),
+            Param::State(s) => Some(state(self.states(), s)),
+            Param::Now => Some(Value::Time(now)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("heartbeating running jobs", e))?;
+        let mut held = HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: R::Id = read(row, "id")?;
+            let cancel: bool = read(row, "cancel")?;
+            held.insert(id, cancel);
+        }
+        let mut report = HeartbeatReport::default();
+        for lease in leases {
+            match held.get(&lease.id) {
+                Some(true) => report.cancel_requested.push(lease.id.clone()),
+                Some(false) => {}
+                None => report.gone.push(lease.id.clone()),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn append_log(
+        &self,
+        lease: &Lease<R::Id>,
+        entry: LogEntry,
+    ) -> Result<WriteResult, StoreError> {
+        let Some(statement) = &self.inner.sql.append_log else {
+            tracing::debug!(id = %lease.id, "execution log entry dropped: the table has no execution_logs column");
+            return Ok(WriteResult::Applied);
+        };
+        // Written outside the job's transaction (whose key-share lock does
+        // not block it), so the log of a failed attempt survives.
+        let json = serde_json::to_value(&entry).map_err(|e| StoreError::Backend {
+            context: "encoding an execution log entry".into(),
+            source: Box::new(e),
+        })?;
+        let mut json = Some(json);
+        let result = query(statement, |p| match p {
+            Param::Entry => json.take().map(Value::Json),
+            other => self.lease_value(lease, other),
+        })?
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("appending to an execution log", e))?;
+        Ok(if result.rows_affected() == 1 {
+            WriteResult::Applied
+        } else {
+            WriteResult::Stale
+        })
+    }
+
+    async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<R::Id>, StoreError> {
+        let Some(statement) = &self.inner.sql.reset else {
+            return Err(StoreError::Config(format!(
+                "table {} has neither last_heartbeat_at nor started_at, so stalled jobs cannot be recognised",
+                self.inner.options.table
+            )));
+        };
+        let rows = query(statement, |p| match p {
+            Param::State(s) => Some(state::<R::Id>(self.states(), s)),
+            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
+            Param::MaxResets => Some(Value::Int4(
+                i32::try_from(params.max_resets).unwrap_or(i32::MAX),
+            )),
+            Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
+            Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
+            Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
+            Param::Now => Some(Value::Time(params.now)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("resetting stalled jobs", e))?;
+        let mut report = ResetReport::default();
+        for row in &rows {
+            let id: R::Id = read(row, "id")?;
+            if read::<bool>(row, "failed")? {
+                report.failed.push(id);
+            } else {
+                report.reset.push(id);
+            }
+        }
+        Ok(report)
+    }
+
+    async fn wait_for_jobs(&self, max_wait: Duration) {
+        let _ = tokio::time::timeout(max_wait, self.inner.wake.notified()).await;
+    }
+}

@@ -1,0 +1,34 @@
+//! The store conformance suite of `queue-core`, unchanged, against the
+//! Postgres store in both execution modes; each case in its own schema.
+
+mod support;
+
+mod lease {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::connect(
+        ExecutionMode::Lease,
+        "conformance (lease)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod transactional {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::connect(
+        ExecutionMode::Transactional,
+        "conformance (transactional)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}

@@ -1,0 +1,142 @@
+//! Shared by the Postgres tests: the database from `DATABASE_URL`, a fresh
+//! schema per test (with an awkward name, so isolation also exercises
+//! quoting), and the conformance harness.
+//!
+//! Without `DATABASE_URL` a test announces that it is skipped and passes,
+//! unless `QUEUE_TEST_REQUIRE_POSTGRES=1` (set by `cargo xtask test-pg`),
+//! which makes a missing database a failure.
+
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use async_trait::async_trait;
+use queue_core::testkit::conformance::{Harness, Snapshot};
+use queue_core::{Job, NewJob};
+use queue_store_postgres::{
+    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgStore,
+};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+/// A pool on the test database, or `None` (announced) when there is none.
+pub async fn pool(test: &str) -> Option<PgPool> {
+    let url = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            assert!(
+                std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "{test}: DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1; run the tests with `cargo xtask test-pg`"
+            );
+            eprintln!("{test}: skipped: DATABASE_URL is not set (run `cargo xtask test-pg` to include the Postgres tests)");
+            return None;
+        }
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(64)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{test}: cannot connect to DATABASE_URL: {e}"));
+    Some(pool)
+}
+
+static NEXT: AtomicUsize = AtomicUsize::new(0);
+
+/// A schema name no other test uses, with a quote, a space, upper case and
+/// a keyword in it.
+pub fn awkward_schema() -> String {
+    format!(
+        "Queue \"T\" select {}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::SeqCst)
+    )
+}
+
+/// The default table in a fresh awkward schema, migrated.
+pub async fn fresh_table(pool: &PgPool) -> JobTable {
+    let table = JobTable::new(&awkward_schema(), "jobs").expect("valid names");
+    table.migrate(pool).await.expect("migration");
+    table
+}
+
+/// Runs the conformance suite on the default table in one mode.
+pub struct PgHarness {
+    pub pool: PgPool,
+    pub mode: ExecutionMode,
+}
+
+impl PgHarness {
+    pub async fn connect(mode: ExecutionMode, test: &str) -> Option<PgHarness> {
+        Some(PgHarness {
+            pool: pool(test).await?,
+            mode,
+        })
+    }
+}
+
+fn table_of(store: &PgStore<Job>) -> JobTable {
+    let name = store.options().table_name();
+    JobTable::new(name.schema.as_str(), name.name.as_str()).expect("valid names")
+}
+
+#[async_trait]
+impl Harness for PgHarness {
+    type Store = PgStore<Job>;
+
+    async fn store(&self) -> PgStore<Job> {
+        let table = fresh_table(&self.pool).await;
+        PgStore::default_table(self.pool.clone(), table.store_options().mode(self.mode))
+            .await
+            .expect("store over a migrated table")
+    }
+
+    async fn enqueue(&self, store: &PgStore<Job>, job: NewJob) -> i64 {
+        table_of(store)
+            .enqueue(store.pool(), &job)
+            .await
+            .expect("enqueue")
+    }
+
+    async fn inspect(&self, store: &PgStore<Job>, id: &i64) -> Option<Snapshot> {
+        let sql = format!(
+            "SELECT * FROM {} WHERE id = $1",
+            store.options().table_name().quoted()
+        );
+        let row = sqlx::query(&sql)
+            .bind(id)
+            .fetch_optional(store.pool())
+            .await
+            .expect("inspect")?;
+        let job = queue_store_postgres::decode_job(&row).expect("decodable row");
+        Some(Snapshot {
+            state: job.state,
+            num_failures: job.num_failures as u32,
+            num_resets: job.num_resets as u32,
+            failure_message: job.failure_message,
+            process_after: job.process_after,
+            last_heartbeat_at: job.last_heartbeat_at,
+            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
+            worker_hostname: job.worker_hostname,
+        })
+    }
+
+    async fn cancel(&self, store: &PgStore<Job>, id: &i64) {
+        store.cancel(id).await.expect("cancel");
+    }
+
+    async fn delete(&self, store: &PgStore<Job>, id: &i64) {
+        store.delete(id).await.expect("delete");
+    }
+
+    fn only_kind(&self, kind: &str) -> PgConditions {
+        vec![PgCondition::new("\"jobs\".\"kind\" = {}").bind(kind)]
+    }
+
+    async fn detached_job_store(&self, store: &PgStore<Job>) -> PgJobStore {
+        PgJobStore::outside_transaction(store.pool().clone())
+    }
+
+    async fn crash(&self, job_store: PgJobStore) {
+        job_store.abandon().await;
+    }
+}
