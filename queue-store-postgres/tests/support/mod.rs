@@ -54,7 +54,12 @@ pub fn awkward_schema() -> String {
 
 /// The default table in a fresh awkward schema, migrated.
 pub async fn fresh_table(pool: &PgPool) -> JobTable {
-    let table = JobTable::new(&awkward_schema(), "jobs").expect("valid names");
+    fresh_table_named(pool, "jobs").await
+}
+
+/// A default-layout table named `name` in a fresh awkward schema, migrated.
+pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
+    let table = JobTable::new(&awkward_schema(), name).expect("valid names");
     table.migrate(pool).await.expect("migration");
     table
 }
