@@ -565,6 +565,7 @@ async fn handle<S: Store, H: Handler<S>>(
                 (Ok(Ok(())), Some(StopReason::Lost)) => AttemptEnd::Lost,
                 (Ok(Ok(())), _) => AttemptEnd::Succeeded,
                 // The handler gave up because it was asked to stop.
+                (Ok(Err(error)), Some(StopReason::Canceled)) => AttemptEnd::Canceled(error.message()),
                 (Ok(Err(error)), reason @ Some(_)) => {
                     tracing::debug!(%error, "handler stopped on request");
                     stopped(reason)
