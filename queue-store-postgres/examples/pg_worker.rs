@@ -1,0 +1,190 @@
+//! A Postgres worker process: a worker and a resetter over a default-layout
+//! table. Each job records a row in a `runs` table (in the job's transaction
+//! in transactional mode), then sleeps for `--sleep-ms`. The concurrency
+//! tests start several of these and kill some with SIGKILL.
+//!
+//! ```text
+//! DATABASE_URL=postgres://... cargo run -p queue-store-postgres --example pg_worker -- \
+//!     --schema app --table jobs --mode lease --handlers 16 --sleep-ms 0 --until-drained
+//! ```
+//!
+//! The runs table is `<schema>.runs (job_id bigint, pid int)`; it is created
+//! if missing.
+
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use async_trait::async_trait;
+use queue_core::{CancellationToken, Handler, Job, JobContext, JobError};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
+use sqlx::postgres::PgPoolOptions;
+
+struct Args {
+    schema: String,
+    table: String,
+    mode: ExecutionMode,
+    handlers: usize,
+    sleep: Duration,
+    until_drained: bool,
+    stalled_max_age: Duration,
+}
+
+fn parse() -> Result<Args> {
+    let mut args = Args {
+        schema: "public".into(),
+        table: "queue_jobs".into(),
+        mode: ExecutionMode::Lease,
+        handlers: 16,
+        sleep: Duration::ZERO,
+        until_drained: false,
+        stalled_max_age: Duration::from_secs(60),
+    };
+    let mut it = std::env::args().skip(1);
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--schema" => args.schema = value()?,
+            "--table" => args.table = value()?,
+            "--mode" => {
+                args.mode = match value()?.as_str() {
+                    "lease" => ExecutionMode::Lease,
+                    "transactional" => ExecutionMode::Transactional,
+                    other => bail!("--mode takes lease or transactional, not {other:?}"),
+                }
+            }
+            "--handlers" => {
+                args.handlers = value()?.parse().context("--handlers takes a number")?
+            }
+            "--sleep-ms" => {
+                args.sleep =
+                    Duration::from_millis(value()?.parse().context("--sleep-ms takes a number")?)
+            }
+            "--stalled-max-age-ms" => {
+                args.stalled_max_age = Duration::from_millis(
+                    value()?
+                        .parse()
+                        .context("--stalled-max-age-ms takes a number")?,
+                )
+            }
+            "--until-drained" => args.until_drained = true,
+            other => bail!("unknown flag {other}"),
+        }
+    }
+    Ok(args)
+}
+
+/// Records the run, then sleeps.
+struct Record {
+    runs: String,
+    sleep: Duration,
+}
+
+#[async_trait]
+impl Handler<PgStore<Job>> for Record {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        store: &mut PgJobStore,
+        job: &Job,
+    ) -> Result<(), JobError> {
+        let insert = format!("INSERT INTO {} (job_id, pid) VALUES ($1, $2)", self.runs);
+        let pid = std::process::id() as i32;
+        let pool = store.pool().clone();
+        match store.connection() {
+            Some(conn) => {
+                sqlx::query(&insert)
+                    .bind(job.id)
+                    .bind(pid)
+                    .execute(conn)
+                    .await?
+            }
+            None => {
+                sqlx::query(&insert)
+                    .bind(job.id)
+                    .bind(pid)
+                    .execute(&pool)
+                    .await?
+            }
+        };
+        if !self.sleep.is_zero() {
+            tokio::select! {
+                _ = tokio::time::sleep(self.sleep) => {}
+                _ = ctx.cancelled() => return Err(JobError::cancel("stopped while sleeping")),
+            }
+        }
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let args = parse()?;
+    let url = std::env::var("DATABASE_URL").context("DATABASE_URL must point at the database")?;
+    let pool = PgPoolOptions::new()
+        .max_connections(args.handlers as u32 + 8)
+        .connect(&url)
+        .await
+        .context("connecting to DATABASE_URL")?;
+    let table = JobTable::new(&args.schema, &args.table)?;
+    let runs = format!("{}.\"runs\"", table.name().schema.quoted());
+    sqlx::query(&format!(
+        "CREATE TABLE IF NOT EXISTS {runs} (job_id bigint NOT NULL, pid integer NOT NULL)"
+    ))
+    .execute(&pool)
+    .await?;
+    let store = PgStore::default_table(pool.clone(), table.store_options().mode(args.mode)).await?;
+    let shutdown = queue_worker::shutdown::on_signals();
+    let options = WorkerOptions {
+        poll_interval: Duration::from_millis(200),
+        heartbeat_interval: Duration::from_millis(200),
+        ..WorkerOptions::default().handlers(args.handlers)
+    };
+    let worker = Worker::new(
+        store.clone(),
+        Record {
+            runs,
+            sleep: args.sleep,
+        },
+        options,
+    )?;
+    let resetter = Resetter::new(
+        store.clone(),
+        ResetterOptions {
+            interval: Duration::from_millis(200),
+            stalled_max_age: args.stalled_max_age,
+            ..ResetterOptions::default()
+        },
+    )?;
+    let resetting = tokio::spawn(resetter.run(shutdown.clone()));
+    let working = tokio::spawn(worker.run(shutdown.clone()));
+    println!("ready {}", std::process::id());
+    if args.until_drained {
+        wait_until_drained(&pool, &table, &shutdown).await?;
+        shutdown.cancel();
+    }
+    let report = working.await??;
+    resetting.await??;
+    println!("report ok={} total={}", report.count("ok"), report.total());
+    Ok(())
+}
+
+/// Returns once no job is queued, errored or processing.
+async fn wait_until_drained(
+    pool: &sqlx::PgPool,
+    table: &JobTable,
+    shutdown: &CancellationToken,
+) -> Result<()> {
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE state IN ('queued', 'errored', 'processing')",
+        table.name().quoted()
+    );
+    while !shutdown.is_cancelled() {
+        let left: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await?;
+        if left == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    Ok(())
+}

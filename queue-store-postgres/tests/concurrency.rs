@@ -1,0 +1,401 @@
+//! Concurrency and crashes on a real server: two worker processes draining
+//! 20,000 jobs (each completed exactly once), a worker process killed with
+//! SIGKILL mid-job (its jobs recovered by the resetter, nothing lost, and in
+//! transactional mode no trace of the killed attempts), several resetters at
+//! once, and completion racing the resetter.
+
+mod support;
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use chrono::Utc;
+use queue_core::{ClaimParams, Delivery, Job, NewJob, ResetParams, Store, Transition};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use sqlx::PgPool;
+use support::{fresh_table, pool};
+use tokio::io::{AsyncBufReadExt, BufReader};
+use tokio::process::{Child, Command};
+
+/// The `pg_worker` example, which `cargo test` builds next to this test
+/// binary; built here when only this test target was compiled.
+fn worker_binary() -> PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let debug = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory");
+    let path = debug.join("examples").join("pg_worker");
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "queue-store-postgres",
+                "--example",
+                "pg_worker",
+            ])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the pg_worker example failed");
+    }
+    assert!(
+        path.exists(),
+        "{} is missing after building it",
+        path.display()
+    );
+    path
+}
+
+/// Starts a worker process and waits until it is ready.
+async fn spawn_worker(
+    table: &JobTable,
+    mode: &str,
+    handlers: usize,
+    sleep_ms: u64,
+    extra: &[&str],
+) -> Child {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut child = Command::new(worker_binary())
+        .args([
+            "--schema",
+            table.name().schema.as_str(),
+            "--table",
+            table.name().name.as_str(),
+        ])
+        .args([
+            "--mode",
+            mode,
+            "--handlers",
+            &handlers.to_string(),
+            "--sleep-ms",
+            &sleep_ms.to_string(),
+        ])
+        .args(extra)
+        .env("DATABASE_URL", url)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the worker process");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = BufReader::new(stdout).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await;
+    let line = ready
+        .expect("worker ready within 30 s")
+        .expect("read stdout")
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("ready"),
+        "unexpected first line from the worker: {line:?}"
+    );
+    // Keep draining its output so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
+
+async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+}
+
+fn runs_of(table: &JobTable) -> String {
+    format!("{}.\"runs\"", table.name().schema.quoted())
+}
+
+async fn enqueue(pool: &PgPool, table: &JobTable, n: usize) {
+    for chunk in (0..n).collect::<Vec<_>>().chunks(5000) {
+        let jobs: Vec<NewJob> = chunk
+            .iter()
+            .map(|i| NewJob::new("noop", serde_json::json!(i)))
+            .collect();
+        table.enqueue_many(pool, &jobs).await.expect("enqueue");
+    }
+}
+
+async fn two_processes_drain_each_job_exactly_once(mode: &str, test: &str) {
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    const JOBS: usize = 20_000;
+    enqueue(&pool, &table, JOBS).await;
+    let started = Instant::now();
+    let mut a = spawn_worker(&table, mode, 16, 0, &["--until-drained"]).await;
+    let mut b = spawn_worker(&table, mode, 16, 0, &["--until-drained"]).await;
+    let (sa, sb) = tokio::join!(
+        tokio::time::timeout(Duration::from_secs(300), a.wait()),
+        tokio::time::timeout(Duration::from_secs(300), b.wait())
+    );
+    assert!(sa
+        .expect("worker a finished in time")
+        .expect("wait")
+        .success());
+    assert!(sb
+        .expect("worker b finished in time")
+        .expect("wait")
+        .success());
+    eprintln!(
+        "{test}: {JOBS} jobs drained by two processes in {:?}",
+        started.elapsed()
+    );
+
+    let t = table.name().quoted();
+    let runs = runs_of(&table);
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("SELECT count(*) FROM {t} WHERE state = 'completed'")
+        )
+        .await,
+        JOBS as i64
+    );
+    assert_eq!(
+        scalar(&pool, &format!("SELECT count(*) FROM {runs}")).await,
+        JOBS as i64,
+        "one run per job"
+    );
+    assert_eq!(
+        scalar(&pool, &format!("SELECT count(DISTINCT job_id) FROM {runs}")).await,
+        JOBS as i64,
+        "no job ran twice"
+    );
+    let processes = scalar(&pool, &format!("SELECT count(DISTINCT pid) FROM {runs}")).await;
+    assert_eq!(processes, 2, "both processes took part");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_lease_mode_processes_drain_20000_jobs_exactly_once() {
+    two_processes_drain_each_job_exactly_once(
+        "lease",
+        "two_lease_mode_processes_drain_20000_jobs_exactly_once",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_transactional_processes_drain_20000_jobs_exactly_once() {
+    two_processes_drain_each_job_exactly_once(
+        "transactional",
+        "two_transactional_processes_drain_20000_jobs_exactly_once",
+    )
+    .await;
+}
+
+async fn sigkill_mid_job_loses_nothing(mode: &str, test: &str) {
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    const JOBS: i64 = 40;
+    enqueue(&pool, &table, JOBS as usize).await;
+    let t = table.name().quoted();
+    let runs = runs_of(&table);
+
+    // A slow worker takes 8 jobs, then dies without a chance to clean up.
+    let mut doomed = spawn_worker(&table, mode, 8, 60_000, &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar(
+        &pool,
+        &format!("SELECT count(*) FROM {t} WHERE state = 'processing'"),
+    )
+    .await
+        < 8
+    {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed worker never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    doomed.start_kill().expect("SIGKILL");
+    doomed.wait().await.expect("reaped");
+
+    // A healthy worker with a short stalled age recovers and finishes all.
+    let mut healthy = spawn_worker(
+        &table,
+        mode,
+        8,
+        0,
+        &["--until-drained", "--stalled-max-age-ms", "1000"],
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
+    assert!(status.expect("drained in time").expect("wait").success());
+
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("SELECT count(*) FROM {t} WHERE state = 'completed'")
+        )
+        .await,
+        JOBS,
+        "nothing was lost"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("SELECT count(*) FROM {t} WHERE num_resets = 1")
+        )
+        .await,
+        8,
+        "the killed worker's jobs were reset once"
+    );
+    let run_rows = scalar(&pool, &format!("SELECT count(*) FROM {runs}")).await;
+    if mode == "transactional" {
+        assert_eq!(
+            run_rows, JOBS,
+            "no side effect of a killed attempt is visible"
+        );
+    } else {
+        assert_eq!(
+            run_rows,
+            JOBS + 8,
+            "lease mode is at least once: the killed attempts' writes remain"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_job_in_lease_mode_loses_nothing() {
+    sigkill_mid_job_loses_nothing("lease", "sigkill_mid_job_in_lease_mode_loses_nothing").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_mid_job_in_transactional_mode_leaves_no_trace() {
+    sigkill_mid_job_loses_nothing(
+        "transactional",
+        "sigkill_mid_job_in_transactional_mode_leaves_no_trace",
+    )
+    .await;
+}
+
+async fn stalled_jobs(
+    pool: &PgPool,
+    mode: ExecutionMode,
+    n: usize,
+) -> (PgStore<Job>, chrono::DateTime<Utc>) {
+    let table = fresh_table(pool).await;
+    enqueue(pool, &table, n).await;
+    let store = PgStore::default_table(pool.clone(), table.store_options().mode(mode))
+        .await
+        .unwrap();
+    let now = Utc::now();
+    let claimed = store
+        .claim(ClaimParams {
+            limit: n,
+            worker: "dead",
+            conditions: None,
+            now,
+        })
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), n);
+    for c in claimed {
+        c.job_store.abandon().await;
+    }
+    (store, now)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn several_resetters_reset_each_stalled_job_once() {
+    let Some(pool) = pool("several_resetters_reset_each_stalled_job_once").await else {
+        return;
+    };
+    let (store, now) = stalled_jobs(&pool, ExecutionMode::Lease, 200).await;
+    let params = ResetParams {
+        stalled_before: now + chrono::Duration::seconds(1),
+        max_resets: 5,
+        delivery: Delivery::AtLeastOnce,
+        now,
+    };
+    let (a, b, c, d) = tokio::join!(
+        store.reset_stalled(params),
+        store.reset_stalled(params),
+        store.reset_stalled(params),
+        store.reset_stalled(params)
+    );
+    let mut all: Vec<i64> = [a, b, c, d]
+        .into_iter()
+        .flat_map(|r| r.unwrap().reset)
+        .collect();
+    assert_eq!(
+        all.len(),
+        200,
+        "every stalled job was reset by exactly one resetter"
+    );
+    all.sort();
+    all.dedup();
+    assert_eq!(all.len(), 200);
+    let t = store.options().table_name().quoted();
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("SELECT count(*) FROM {t} WHERE num_resets = 1 AND state = 'queued'")
+        )
+        .await,
+        200
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn completion_racing_the_resetter_never_ends_both_ways() {
+    let Some(pool) = pool("completion_racing_the_resetter_never_ends_both_ways").await else {
+        return;
+    };
+    let (store, now) = stalled_jobs(&pool, ExecutionMode::Lease, 1).await;
+    let t = store.options().table_name().quoted();
+    for round in 0..100 {
+        let claimed = store
+            .claim(ClaimParams {
+                limit: 1,
+                worker: "racer",
+                conditions: None,
+                now: now + chrono::Duration::seconds(round),
+            })
+            .await
+            .unwrap();
+        let lease = match claimed.into_iter().next() {
+            Some(c) => c.lease,
+            None => {
+                // Still processing from an earlier round: let the resetter free it.
+                store
+                    .reset_stalled(ResetParams {
+                        stalled_before: Utc::now() + chrono::Duration::days(1),
+                        max_resets: 1000,
+                        delivery: Delivery::AtLeastOnce,
+                        now,
+                    })
+                    .await
+                    .unwrap();
+                continue;
+            }
+        };
+        let params = ResetParams {
+            stalled_before: Utc::now() + chrono::Duration::days(1),
+            max_resets: 1000,
+            delivery: Delivery::AtLeastOnce,
+            now,
+        };
+        let job_store = PgJobStore::outside_transaction(pool.clone());
+        let (finished, reset) = tokio::join!(
+            store.finish(job_store, &lease, Transition::Complete, now),
+            store.reset_stalled(params)
+        );
+        let completed = finished.unwrap().is_applied();
+        let was_reset = !reset.unwrap().reset.is_empty();
+        assert!(completed != was_reset, "round {round}: exactly one of completion and reset wins (completed {completed}, reset {was_reset})");
+        let state: String = sqlx::query_scalar(&format!("SELECT state FROM {t}"))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            state,
+            if completed { "completed" } else { "queued" },
+            "round {round}"
+        );
+        if completed {
+            sqlx::query(&format!("UPDATE {t} SET state = 'queued'"))
+                .execute(&pool)
+                .await
+                .unwrap();
+        }
+    }
+}
