@@ -3,7 +3,9 @@
 
 use std::io::Write;
 
+use anyhow::Context;
 use clap::{Parser, Subcommand};
+use queue_store_postgres::JobTable;
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
@@ -19,12 +21,37 @@ pub struct Cli {
 pub enum Command {
     /// Print the version of the queue crates this binary was built with.
     Version,
+    /// Create (or complete) the default jobs table: columns, indexes and the
+    /// notify trigger. Idempotent.
+    Migrate {
+        /// The database.
+        #[arg(long, env = "DATABASE_URL")]
+        database_url: String,
+        /// The schema of the table.
+        #[arg(long, default_value = "public")]
+        schema: String,
+        /// The table name.
+        #[arg(long, default_value = "queue_jobs")]
+        table: String,
+    },
 }
 
 /// Runs `cli`, writing its output to `out`.
-pub fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
+pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
     match cli.command {
         Command::Version => writeln!(out, "queue {}", env!("CARGO_PKG_VERSION"))?,
+        Command::Migrate {
+            database_url,
+            schema,
+            table,
+        } => {
+            let table = JobTable::new(&schema, &table)?;
+            let pool = sqlx::PgPool::connect(&database_url)
+                .await
+                .context("connecting to the database (check --database-url / DATABASE_URL)")?;
+            table.migrate(&pool).await?;
+            writeln!(out, "migrated {}", table.name())?;
+        }
     }
     Ok(())
 }
@@ -33,10 +60,12 @@ pub fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
 mod tests {
     use super::*;
 
-    #[test]
-    fn version_prints_the_crate_version() {
+    #[tokio::test]
+    async fn version_prints_the_crate_version() {
         let mut out = Vec::new();
-        run(Cli::parse_from(["queue", "version"]), &mut out).unwrap();
+        run(Cli::parse_from(["queue", "version"]), &mut out)
+            .await
+            .unwrap();
         assert_eq!(
             String::from_utf8(out).unwrap(),
             format!("queue {}\n", env!("CARGO_PKG_VERSION"))
@@ -46,6 +75,52 @@ mod tests {
     #[test]
     fn help_lists_the_commands() {
         let err = Cli::try_parse_from(["queue", "--help"]).unwrap_err();
-        assert!(err.to_string().contains("version"));
+        let help = err.to_string();
+        assert!(
+            help.contains("version") && help.contains("migrate"),
+            "{help}"
+        );
+    }
+
+    #[tokio::test]
+    async fn migrate_creates_the_default_table() {
+        let url = match std::env::var("DATABASE_URL") {
+            Ok(url) if !url.is_empty() => url,
+            _ => {
+                assert!(
+                    std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                    "DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1"
+                );
+                eprintln!("migrate_creates_the_default_table: skipped: DATABASE_URL is not set");
+                return;
+            }
+        };
+        let schema = format!("cli migrate {}", std::process::id());
+        let args = [
+            "queue",
+            "migrate",
+            "--database-url",
+            &url,
+            "--schema",
+            &schema,
+        ];
+        for _ in 0..2 {
+            let mut out = Vec::new();
+            run(Cli::parse_from(args), &mut out).await.unwrap();
+            assert_eq!(
+                String::from_utf8(out).unwrap(),
+                format!("migrated \"{schema}\".\"queue_jobs\"\n"),
+                "migrate is idempotent"
+            );
+        }
+        let pool = sqlx::PgPool::connect(&url).await.unwrap();
+        let exists: bool = sqlx::query_scalar(
+            "SELECT to_regclass(format('%I.%I', $1::text, 'queue_jobs')) IS NOT NULL",
+        )
+        .bind(&schema)
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+        assert!(exists);
     }
 }

@@ -2,7 +2,8 @@
 
 use clap::Parser;
 
-fn main() -> anyhow::Result<()> {
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> anyhow::Result<()> {
     let cli = queue_cli::Cli::parse();
-    queue_cli::run(cli, &mut std::io::stdout().lock())
+    queue_cli::run(cli, &mut std::io::stdout().lock()).await
 }

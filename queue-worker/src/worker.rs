@@ -29,8 +29,11 @@ pub struct WorkerOptions {
     pub name: String,
     /// How many jobs run at once. Default 4.
     pub num_handlers: usize,
-    /// How long to wait between claims when no job is available (a store
-    /// notification ends the wait early). Default 1 s.
+    /// How long to wait between claims when no job is available: the
+    /// backstop poll. A store notification (Postgres LISTEN/NOTIFY, the
+    /// memory store's enqueue) ends the wait early, so this only bounds how
+    /// late a dropped notification or a scheduled job is noticed.
+    /// Default 5 s.
     pub poll_interval: Duration,
     /// The most jobs one claim takes. Default: `num_handlers`.
     pub claim_batch: usize,
@@ -73,7 +76,7 @@ impl Default for WorkerOptions {
         WorkerOptions {
             name: default_worker_name(),
             num_handlers: 4,
-            poll_interval: Duration::from_secs(1),
+            poll_interval: Duration::from_secs(5),
             claim_batch: 4,
             heartbeat_interval: Duration::from_secs(5),
             job_timeout: Some(Duration::from_secs(300)),

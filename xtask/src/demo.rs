@@ -1,7 +1,7 @@
-//! `cargo xtask demo`: enqueues a few thousand jobs of three kinds, runs a
-//! worker with a resetter over them, shows progress and prints a summary.
-//!
-//! It runs on the in-memory store until the Postgres store lands.
+//! `cargo xtask demo`: starts a throwaway Postgres (or uses `DATABASE_URL`),
+//! migrates the default table, enqueues jobs of three kinds (or no-op jobs
+//! with `--noop`), runs a worker and a resetter over them with a progress
+//! bar, prints a summary, and cleans up.
 
 use std::io::{IsTerminal, Write};
 use std::time::{Duration, Instant};
@@ -9,20 +9,24 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
 use queue_core::{
-    CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob, OutcomePolicy,
-    RetryPolicy,
+    CancellationToken, Handler, Job, JobContext, JobError, NewJob, OutcomePolicy, RetryPolicy,
 };
-use queue_store_memory::MemoryStore;
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Resetter, ResetterOptions, Router, Worker, WorkerOptions};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::pg::{ClusterOptions, Postgres};
+
+type Store = PgStore<Job>;
 
 /// Succeeds after a little simulated work.
 struct Thumbnail;
 
 #[async_trait]
-impl Handler<MemoryStore> for Thumbnail {
-    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
-        let size: u64 = job.payload_as()?;
-        tokio::time::sleep(Duration::from_micros(size)).await;
+impl Handler<Store> for Thumbnail {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+        let micros: u64 = job.payload_as()?;
+        tokio::time::sleep(Duration::from_micros(micros)).await;
         Ok(())
     }
 }
@@ -31,10 +35,13 @@ impl Handler<MemoryStore> for Thumbnail {
 struct FlakyUpload;
 
 #[async_trait]
-impl Handler<MemoryStore> for FlakyUpload {
-    async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+impl Handler<Store> for FlakyUpload {
+    async fn handle(&self, ctx: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
         if ctx.attempt() == 1 {
-            return Err(JobError::retry("upload endpoint busy"));
+            return Err(JobError::retry_after(
+                "upload endpoint busy",
+                Duration::ZERO,
+            ));
         }
         Ok(())
     }
@@ -44,47 +51,112 @@ impl Handler<MemoryStore> for FlakyUpload {
 struct Validate;
 
 #[async_trait]
-impl Handler<MemoryStore> for Validate {
-    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+impl Handler<Store> for Validate {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
         Err(JobError::poison(format!("invalid address {}", job.payload)))
     }
 }
 
-fn parse_jobs(args: &[String]) -> Result<usize> {
-    match args {
-        [] => Ok(5000),
-        [flag, n] if flag == "--jobs" => n
-            .parse()
-            .with_context(|| format!("--jobs takes a number, got {n:?}")),
-        _ => bail!("usage: cargo xtask demo [--jobs N]"),
+/// Does nothing: measures the queue itself.
+struct Noop;
+
+#[async_trait]
+impl Handler<Store> for Noop {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+struct Args {
+    jobs: usize,
+    handlers: usize,
+    mode: ExecutionMode,
+    noop: bool,
+}
+
+const USAGE: &str =
+    "usage: cargo xtask demo [--jobs N] [--handlers N] [--mode lease|transactional] [--noop]";
+
+fn parse(args: &[String]) -> Result<Args> {
+    let mut out = Args {
+        jobs: 10_000,
+        handlers: 16,
+        mode: ExecutionMode::Lease,
+        noop: false,
+    };
+    let mut it = args.iter();
+    while let Some(flag) = it.next() {
+        let mut value = || {
+            it.next()
+                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
+        };
+        match flag.as_str() {
+            "--jobs" => out.jobs = value()?.parse().context("--jobs takes a number")?,
+            "--handlers" => out.handlers = value()?.parse().context("--handlers takes a number")?,
+            "--mode" => {
+                out.mode = match value()?.as_str() {
+                    "lease" => ExecutionMode::Lease,
+                    "transactional" => ExecutionMode::Transactional,
+                    other => bail!("--mode takes lease or transactional, not {other:?}"),
+                }
+            }
+            "--noop" => out.noop = true,
+            other => bail!("unknown flag {other}\n{USAGE}"),
+        }
+    }
+    Ok(out)
+}
+
+fn new_job(i: usize, noop: bool) -> NewJob {
+    if noop {
+        return NewJob::new("noop", serde_json::json!(i));
+    }
+    match i % 20 {
+        0 => NewJob::new("upload", serde_json::json!({ "file": i })),
+        7 => NewJob::new("validate", serde_json::json!(format!("user{i}@"))),
+        _ => NewJob::new("thumbnail", serde_json::json!(50 + i % 100)),
     }
 }
 
 pub async fn run(args: &[String]) -> Result<()> {
-    let total = parse_jobs(args)?;
-    let store = MemoryStore::new();
+    let args = parse(args)?;
+    let pg = Postgres::start(ClusterOptions { durable: true })?;
+    println!("demo: Postgres from {}", pg.origin);
+    let pool = PgPoolOptions::new()
+        .max_connections(args.handlers as u32 + 8)
+        .connect(&pg.url)
+        .await
+        .context("connecting to Postgres")?;
+    let table = JobTable::new("queue_demo", "jobs")?;
+    sqlx::query("DROP SCHEMA IF EXISTS queue_demo CASCADE")
+        .execute(&pool)
+        .await?;
+    table.migrate(&pool).await?;
+
     let started = Instant::now();
-    store.enqueue_many((0..total).map(|i| match i % 20 {
-        0 => NewJob::new("upload", serde_json::json!({ "file": i })),
-        7 => NewJob::new("validate", serde_json::json!(format!("user{i}@"))),
-        _ => NewJob::new("thumbnail", serde_json::json!(50 + i % 100)),
-    }));
+    let jobs: Vec<NewJob> = (0..args.jobs).map(|i| new_job(i, args.noop)).collect();
+    for chunk in jobs.chunks(5000) {
+        table.enqueue_many(&pool, chunk).await?;
+    }
+    let enqueue_time = started.elapsed();
     println!(
-        "demo: enqueued {total} jobs on the in-memory store in {:?}",
-        started.elapsed()
+        "demo: enqueued {} jobs in {enqueue_time:.2?} ({:.0} jobs/s, batches of 5000)",
+        args.jobs,
+        args.jobs as f64 / enqueue_time.as_secs_f64()
     );
 
+    let store = PgStore::default_table(pool.clone(), table.store_options().mode(args.mode)).await?;
     let router = Router::new()
         .route("thumbnail", Thumbnail)
         .route("upload", FlakyUpload)
-        .route("validate", Validate);
+        .route("validate", Validate)
+        .route("noop", Noop);
     let options = WorkerOptions {
-        poll_interval: Duration::from_millis(50),
         outcome_policy: OutcomePolicy {
-            retry: RetryPolicy::fixed(3, Duration::from_millis(20)),
+            retry: RetryPolicy::fixed(3, Duration::ZERO),
             ..OutcomePolicy::default()
         },
-        ..WorkerOptions::default().handlers(16)
+        ..WorkerOptions::default().handlers(args.handlers)
     };
     let shutdown = CancellationToken::new();
     let worker = Worker::new(store.clone(), router, options)?;
@@ -93,37 +165,37 @@ pub async fn run(args: &[String]) -> Result<()> {
     let started = Instant::now();
     let working = tokio::spawn(worker.run(shutdown.clone()));
 
+    let finished_sql = format!(
+        "SELECT count(*) FROM {} WHERE state IN ('completed', 'failed', 'canceled')",
+        table.name().quoted()
+    );
     let tty = std::io::stdout().is_terminal();
-    let done = |s: &MemoryStore| {
-        let counts = s.count_by_state();
-        [JobState::Completed, JobState::Failed, JobState::Canceled]
-            .iter()
-            .map(|st| counts.get(st).copied().unwrap_or(0))
-            .sum::<usize>()
-    };
-    let mut last_print = Instant::now();
+    let mut last_line = Instant::now();
     loop {
-        let finished = done(&store);
+        let finished = sqlx::query_scalar::<_, i64>(&finished_sql)
+            .fetch_one(&pool)
+            .await? as usize;
         if tty {
             let width = 40;
-            let filled = finished * width / total.max(1);
+            let filled = finished * width / args.jobs.max(1);
             print!(
-                "\r[{}{}] {finished}/{total}",
+                "\r[{}{}] {finished}/{} jobs",
                 "#".repeat(filled),
-                ".".repeat(width - filled)
+                ".".repeat(width - filled),
+                args.jobs
             );
             std::io::stdout().flush()?;
-        } else if last_print.elapsed() >= Duration::from_secs(1) || finished == total {
-            println!("progress: {finished}/{total} jobs finished");
-            last_print = Instant::now();
+        } else if last_line.elapsed() >= Duration::from_secs(1) || finished == args.jobs {
+            println!("progress: {finished}/{} jobs finished", args.jobs);
+            last_line = Instant::now();
         }
-        if finished == total {
+        if finished >= args.jobs {
             break;
         }
         if working.is_finished() {
             bail!("the worker stopped before all jobs finished");
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
     }
     let elapsed = started.elapsed();
     if tty {
@@ -133,30 +205,52 @@ pub async fn run(args: &[String]) -> Result<()> {
     let report = working.await??;
     resetting.await??;
 
-    let counts = store.count_by_state();
-    let count = |s: JobState| counts.get(&s).copied().unwrap_or(0);
-    println!("summary:");
+    let states: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT state, count(*) FROM {} GROUP BY state ORDER BY state",
+        table.name().quoted()
+    ))
+    .fetch_all(&pool)
+    .await?;
     println!(
-        "  jobs:        {total}, drained in {elapsed:.2?} ({:.0} jobs/s)",
-        total as f64 / elapsed.as_secs_f64()
+        "summary ({:?} mode, {} handlers):",
+        args.mode, args.handlers
     );
     println!(
-        "  states:      completed {}, failed {}",
-        count(JobState::Completed),
-        count(JobState::Failed)
+        "  drained:  {} jobs in {elapsed:.2?}: {:.0} jobs/s",
+        args.jobs,
+        args.jobs as f64 / elapsed.as_secs_f64()
     );
     println!(
-        "  attempts:    ok {}, retry {}, failed {}, poison {}",
+        "  states:   {}",
+        states
+            .iter()
+            .map(|(s, n)| format!("{s} {n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    println!(
+        "  attempts: ok {}, retry {}, failed {}, poison {}",
         report.count("ok"),
         report.count("retry"),
         report.count("failed"),
         report.count("poison")
     );
-    let expected_failed = (0..total).filter(|i| i % 20 == 7).count();
-    if count(JobState::Failed) != expected_failed
-        || count(JobState::Completed) != total - expected_failed
-    {
-        bail!("unexpected final states: {counts:?}");
+    let expected_failed = if args.noop {
+        0
+    } else {
+        (0..args.jobs).filter(|i| i % 20 == 7).count()
+    };
+    let count = |state: &str| {
+        states
+            .iter()
+            .find(|(s, _)| s == state)
+            .map(|(_, n)| *n as usize)
+            .unwrap_or(0)
+    };
+    if count("failed") != expected_failed || count("completed") != args.jobs - expected_failed {
+        bail!("unexpected final states: {states:?}");
     }
+    pool.close().await;
+    drop(pg);
     Ok(())
 }

@@ -1,8 +1,8 @@
 //! Project automation, run as `cargo xtask <command>`:
 //!
 //! - `test-pg [cargo test args]`: every test, with a real Postgres;
-//! - `demo [--jobs N]`: runs the worker on a few thousand jobs and prints a
-//!   summary.
+//! - `demo [flags]`: runs a worker on a throwaway Postgres over thousands of
+//!   jobs and prints a summary.
 
 mod demo;
 mod pg;
@@ -16,7 +16,9 @@ commands:
   test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL, or a
                    throwaway cluster from the local PostgreSQL binaries);
                    ARGS go to `cargo test`
-  demo [--jobs N]  run a worker over N jobs (default 5000) and print a summary";
+  demo [FLAGS]     on a throwaway Postgres, run a worker over jobs and print
+                   a summary; FLAGS: --jobs N (10000), --handlers N (16),
+                   --mode lease|transactional (lease), --noop";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
