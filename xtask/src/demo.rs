@@ -120,7 +120,7 @@ fn new_job(i: usize, noop: bool) -> NewJob {
 
 pub async fn run(args: &[String]) -> Result<()> {
     let args = parse(args)?;
-    let pg = Postgres::start(ClusterOptions { durable: true })?;
+    let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     println!("demo: Postgres from {}", pg.origin);
     let pool = PgPoolOptions::new()
         .max_connections(args.handlers as u32 + 8)

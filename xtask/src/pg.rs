@@ -1,7 +1,13 @@
-//! A Postgres server for tests, demos and benchmarks: `DATABASE_URL` when
-//! set, otherwise a throwaway cluster started from the local PostgreSQL
-//! binaries in a temporary directory on a free port, stopped and removed on
-//! drop (also after a failure or Ctrl-C, which xtask catches).
+//! A Postgres server for tests, demos and benchmarks, in this order:
+//!
+//! 1. `DATABASE_URL` when set;
+//! 2. a container through testcontainers when a Docker engine answers
+//!    (xtask re-runs itself with its `docker` feature to get it);
+//! 3. a throwaway cluster started from the local PostgreSQL binaries in a
+//!    temporary directory on a free port.
+//!
+//! Containers and clusters are stopped and removed on drop (also after a
+//! failure or Ctrl-C, which xtask catches).
 
 use std::net::TcpListener;
 use std::path::PathBuf;
@@ -25,19 +31,49 @@ pub struct Postgres {
     pub origin: String,
     /// Held so that the throwaway cluster is stopped and removed on drop.
     _cluster: Option<Cluster>,
+    /// Held so that the container is stopped and removed on drop.
+    #[cfg(feature = "docker")]
+    _container: Option<testcontainers::ContainerAsync<testcontainers::GenericImage>>,
+}
+
+/// Whether a Docker engine answers (not just the client being installed).
+pub fn docker_answers() -> bool {
+    Command::new("docker")
+        .args(["info", "--format", "{{.ServerVersion}}"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .map(|s| s.success())
+        .unwrap_or(false)
+}
+
+/// Whether xtask should re-run itself with the `docker` feature: a Docker
+/// engine answers, no `DATABASE_URL` is set, and this build lacks the
+/// feature.
+pub fn wants_docker_build() -> bool {
+    !cfg!(feature = "docker")
+        && std::env::var("DATABASE_URL").map_or(true, |u| u.is_empty())
+        && std::env::var_os("QUEUE_XTASK_NO_DOCKER").is_none()
+        && docker_answers()
 }
 
 impl Postgres {
     /// Uses `DATABASE_URL`, or starts a throwaway cluster.
-    pub fn start(options: ClusterOptions) -> Result<Postgres> {
+    pub async fn start(options: ClusterOptions) -> Result<Postgres> {
         if let Ok(url) = std::env::var("DATABASE_URL") {
             if !url.is_empty() {
                 return Ok(Postgres {
                     url,
                     origin: "DATABASE_URL".into(),
                     _cluster: None,
+                    #[cfg(feature = "docker")]
+                    _container: None,
                 });
             }
+        }
+        #[cfg(feature = "docker")]
+        if docker_answers() {
+            return container::start(options).await;
         }
         let cluster = Cluster::start(options)?;
         Ok(Postgres {
@@ -49,6 +85,8 @@ impl Postgres {
                 cluster.dir.display()
             ),
             _cluster: Some(cluster),
+            #[cfg(feature = "docker")]
+            _container: None,
         })
     }
 }
@@ -265,4 +303,38 @@ fn fastrand_suffix() -> u64 {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.subsec_nanos() as u64)
         .unwrap_or(0)
+}
+
+#[cfg(feature = "docker")]
+mod container {
+    use anyhow::{Context, Result};
+    use testcontainers::core::{IntoContainerPort, WaitFor};
+    use testcontainers::runners::AsyncRunner;
+    use testcontainers::{GenericImage, ImageExt};
+
+    use super::{ClusterOptions, Postgres};
+
+    /// Postgres 16 in a container, on a random host port.
+    pub async fn start(options: ClusterOptions) -> Result<Postgres> {
+        let (container, port) = {
+            let mut image = GenericImage::new("postgres", "16-alpine")
+                .with_exposed_port(5432.tcp())
+                .with_wait_for(WaitFor::message_on_stderr("database system is ready to accept connections"))
+                .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust");
+            if !options.durable {
+                image = image.with_cmd(["postgres", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=300"]);
+            } else {
+                image = image.with_cmd(["postgres", "-c", "max_connections=300"]);
+            }
+            let container = image.start().await.context("starting the Postgres container")?;
+            let port = container.get_host_port_ipv4(5432).await.context("reading the container's port")?;
+            (container, port)
+        };
+        Ok(Postgres {
+            url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            origin: format!("a testcontainers container (postgres:16-alpine) on port {port}"),
+            _cluster: None,
+            _container: Some(container),
+        })
+    }
 }

@@ -11,16 +11,18 @@ use anyhow::{bail, Context, Result};
 
 use crate::pg::{ClusterOptions, Postgres};
 
-pub fn run(extra: &[String]) -> Result<()> {
-    let pg = Postgres::start(ClusterOptions { durable: false })?;
+pub async fn run(extra: &[String]) -> Result<()> {
+    let pg = Postgres::start(ClusterOptions { durable: false }).await?;
     eprintln!("test-pg: Postgres from {}", pg.origin);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let status = Command::new(cargo)
+    let mut command = Command::new(cargo);
+    command
         .args(["test", "--workspace"])
         .args(extra)
         .env("DATABASE_URL", &pg.url)
-        .env("QUEUE_TEST_REQUIRE_POSTGRES", "1")
-        .status()
+        .env("QUEUE_TEST_REQUIRE_POSTGRES", "1");
+    let status = tokio::task::spawn_blocking(move || command.status())
+        .await?
         .context("running cargo test")?;
     drop(pg);
     if !status.success() {
