@@ -22,13 +22,23 @@ commands:
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if matches!(args.first().map(String::as_str), Some("test-pg" | "demo")) && pg::wants_docker_build() {
+    if matches!(args.first().map(String::as_str), Some("test-pg" | "demo"))
+        && pg::wants_docker_build()
+    {
         // A Docker engine answers: run this command again from a build with
         // testcontainers in it.
         eprintln!("xtask: a Docker engine answers; using testcontainers");
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let status = std::process::Command::new(cargo)
-            .args(["run", "--quiet", "--package", "xtask", "--features", "docker", "--"])
+            .args([
+                "run",
+                "--quiet",
+                "--package",
+                "xtask",
+                "--features",
+                "docker",
+                "--",
+            ])
             .args(&args)
             .status()?;
         std::process::exit(status.code().unwrap_or(1));

@@ -319,15 +319,31 @@ mod container {
         let (container, port) = {
             let mut image = GenericImage::new("postgres", "16-alpine")
                 .with_exposed_port(5432.tcp())
-                .with_wait_for(WaitFor::message_on_stderr("database system is ready to accept connections"))
+                .with_wait_for(WaitFor::message_on_stderr(
+                    "database system is ready to accept connections",
+                ))
                 .with_env_var("POSTGRES_HOST_AUTH_METHOD", "trust");
             if !options.durable {
-                image = image.with_cmd(["postgres", "-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "max_connections=300"]);
+                image = image.with_cmd([
+                    "postgres",
+                    "-c",
+                    "fsync=off",
+                    "-c",
+                    "synchronous_commit=off",
+                    "-c",
+                    "max_connections=300",
+                ]);
             } else {
                 image = image.with_cmd(["postgres", "-c", "max_connections=300"]);
             }
-            let container = image.start().await.context("starting the Postgres container")?;
-            let port = container.get_host_port_ipv4(5432).await.context("reading the container's port")?;
+            let container = image
+                .start()
+                .await
+                .context("starting the Postgres container")?;
+            let port = container
+                .get_host_port_ipv4(5432)
+                .await
+                .context("reading the container's port")?;
             (container, port)
         };
         Ok(Postgres {
