@@ -2,8 +2,10 @@
 //!
 //! - `test-pg [cargo test args]`: every test, with a real Postgres;
 //! - `demo [flags]`: runs a worker on a throwaway Postgres over thousands of
-//!   jobs and prints a summary.
+//!   jobs and prints a summary;
+//! - `bench [--quick] [--peers]`: the benchmark program.
 
+mod bench;
 mod demo;
 mod pg;
 mod test_pg;
@@ -13,34 +15,38 @@ use anyhow::{bail, Result};
 const USAGE: &str = "usage: cargo xtask <command>
 
 commands:
-  test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL, or a
-                   throwaway cluster from the local PostgreSQL binaries);
-                   ARGS go to `cargo test`
+  test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL,
+                   testcontainers, or a throwaway cluster from the local
+                   PostgreSQL binaries); ARGS go to `cargo test`
   demo [FLAGS]     on a throwaway Postgres, run a worker over jobs and print
                    a summary; FLAGS: --jobs N (10000), --handlers N (16),
-                   --mode lease|transactional (lease), --noop";
+                   --mode lease|transactional (lease), --noop
+  bench [--quick] [--peers]
+                   measure throughput, wake latency, memory and table growth
+                   against pgbench's ceiling (and peer queues with --peers);
+                   the full run writes docs/benchmarks.md";
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    if matches!(args.first().map(String::as_str), Some("test-pg" | "demo"))
-        && pg::wants_docker_build()
-    {
-        // A Docker engine answers: run this command again from a build with
-        // testcontainers in it.
-        eprintln!("xtask: a Docker engine answers; using testcontainers");
+    let command = args.first().map(String::as_str);
+    let docker = matches!(command, Some("test-pg" | "demo" | "bench")) && pg::wants_docker_build();
+    // Benchmarks measure optimised code.
+    let release = command == Some("bench") && cfg!(debug_assertions);
+    if docker || release {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-        let status = std::process::Command::new(cargo)
-            .args([
-                "run",
-                "--quiet",
-                "--package",
-                "xtask",
-                "--features",
-                "docker",
-                "--",
-            ])
-            .args(&args)
-            .status()?;
+        let mut rerun = std::process::Command::new(cargo);
+        rerun.args(["run", "--quiet", "--package", "xtask"]);
+        if docker {
+            // A Docker engine answers: run again from a build with
+            // testcontainers in it.
+            eprintln!("xtask: a Docker engine answers; using testcontainers");
+            rerun.args(["--features", "docker"]);
+        }
+        if release {
+            eprintln!("xtask: building in release mode for the benchmarks");
+            rerun.arg("--release");
+        }
+        let status = rerun.arg("--").args(&args).status()?;
         std::process::exit(status.code().unwrap_or(1));
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
@@ -53,9 +59,11 @@ fn main() -> Result<()> {
             eprintln!("xtask: interrupted; cleaning up");
         }
     });
-    match args.first().map(String::as_str) {
+    match command {
         Some("test-pg") => runtime.block_on(test_pg::run(&args[1..])),
         Some("demo") => runtime.block_on(demo::run(&args[1..])),
+        Some("bench") => runtime.block_on(bench::run(&args[1..])),
+        Some("bench-memory-worker") => runtime.block_on(bench::memory_worker(&args[1..])),
         Some("help" | "--help" | "-h") | None => {
             println!("{USAGE}");
             Ok(())

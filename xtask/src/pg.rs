@@ -103,17 +103,32 @@ struct Cluster {
 /// Finds the directory holding `initdb` and `pg_ctl`: on `PATH`, or the
 /// newest `/usr/lib/postgresql/*/bin`.
 fn find_binaries() -> Result<PathBuf> {
+    let initdb = find_tool("initdb")?;
+    let dir = initdb
+        .parent()
+        .map(|p| p.to_path_buf())
+        .context("initdb has no parent directory")?;
+    if dir.join("pg_ctl").is_file() {
+        Ok(dir)
+    } else {
+        bail!("found {} but no pg_ctl beside it", initdb.display())
+    }
+}
+
+/// Finds a PostgreSQL program: on `PATH` (symlinks resolved, so that the
+/// server's sibling programs are found too), or in the newest
+/// `/usr/lib/postgresql/*/bin`.
+pub fn find_tool(name: &str) -> Result<PathBuf> {
     if let Some(paths) = std::env::var_os("PATH") {
         for dir in std::env::split_paths(&paths) {
-            if dir.join("initdb").is_file() && dir.join("pg_ctl").is_file() {
-                // Resolve symlinks so the server's sibling binaries are found.
-                let initdb = std::fs::canonicalize(dir.join("initdb"))?;
-                if let Some(parent) = initdb.parent() {
-                    if parent.join("pg_ctl").is_file() && parent.join("postgres").is_file() {
-                        return Ok(parent.to_path_buf());
-                    }
+            let candidate = dir.join(name);
+            if candidate.is_file() {
+                let resolved = std::fs::canonicalize(&candidate).unwrap_or(candidate);
+                // Debian's pg_wrapper picks a cluster of its own; skip it for
+                // the versioned binaries below.
+                if !resolved.ends_with("pg_wrapper") {
+                    return Ok(resolved);
                 }
-                return Ok(dir);
             }
         }
     }
@@ -123,16 +138,16 @@ fn find_binaries() -> Result<PathBuf> {
         .flatten()
         .filter_map(|entry| {
             let version = entry.file_name().to_string_lossy().parse::<u32>().ok()?;
-            let bin = entry.path().join("bin");
-            bin.join("initdb").is_file().then_some((version, bin))
+            let tool = entry.path().join("bin").join(name);
+            tool.is_file().then_some((version, tool))
         })
         .collect();
     versions.sort();
     match versions.pop() {
-        Some((_, bin)) => Ok(bin),
+        Some((_, tool)) => Ok(tool),
         None => bail!(
-            "no PostgreSQL server binaries found (initdb, pg_ctl on PATH or under /usr/lib/postgresql/*/bin), \
-             and DATABASE_URL is not set. Install them with `apt-get install -y postgresql` \
+            "no PostgreSQL program `{name}` found (on PATH or under /usr/lib/postgresql/*/bin), \
+             and DATABASE_URL is not set. Install the server with `apt-get install -y postgresql` \
              or point DATABASE_URL at a server"
         ),
     }

@@ -1,0 +1,833 @@
+//! `cargo xtask bench [--quick] [--peers]`: measures the queue, a physical
+//! ceiling (pgbench) and, with `--peers`, other Rust job queues, in one run
+//! on the same Postgres, and prints one table of figures and ratios. The
+//! full run also writes it to `docs/benchmarks.md`. Figures are printed,
+//! never asserted, except correctness: every drain verifies that each job
+//! ran exactly once and fails loudly otherwise.
+
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+use async_trait::async_trait;
+use queue_core::{
+    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Store,
+};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_worker::{Worker, WorkerOptions};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+use tokio::io::{AsyncBufReadExt, BufReader};
+
+use crate::pg::{ClusterOptions, Postgres};
+
+/// How big each scenario is.
+struct Sizes {
+    drain_jobs: usize,
+    pgbench_seconds: u32,
+    wake_jobs: usize,
+    memory_jobs: usize,
+    growth_rows: [u64; 3],
+    single_enqueues: usize,
+}
+
+const FULL: Sizes = Sizes {
+    drain_jobs: 100_000,
+    pgbench_seconds: 10,
+    wake_jobs: 500,
+    memory_jobs: 10_000,
+    growth_rows: [0, 1_000_000, 10_000_000],
+    single_enqueues: 5_000,
+};
+
+const QUICK: Sizes = Sizes {
+    drain_jobs: 2_000,
+    pgbench_seconds: 2,
+    wake_jobs: 40,
+    memory_jobs: 200,
+    growth_rows: [0, 10_000, 50_000],
+    single_enqueues: 500,
+};
+
+/// One line of the results table.
+struct Row {
+    section: &'static str,
+    what: String,
+    value: f64,
+    unit: &'static str,
+    note: String,
+}
+
+#[derive(Default)]
+struct Results {
+    rows: Vec<Row>,
+}
+
+impl Results {
+    fn add(
+        &mut self,
+        section: &'static str,
+        what: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        note: impl Into<String>,
+    ) {
+        let row = Row {
+            section,
+            what: what.into(),
+            value,
+            unit,
+            note: note.into(),
+        };
+        println!(
+            "  {:<11} {:<48} {:>12.1} {:<6} {}",
+            row.section, row.what, row.value, row.unit, row.note
+        );
+        self.rows.push(row);
+    }
+
+    fn get(&self, what: &str) -> Option<f64> {
+        self.rows.iter().find(|r| r.what == what).map(|r| r.value)
+    }
+}
+
+pub async fn run(args: &[String]) -> Result<()> {
+    let quick = args.iter().any(|a| a == "--quick");
+    let peers = args.iter().any(|a| a == "--peers");
+    if let Some(other) = args.iter().find(|a| *a != "--quick" && *a != "--peers") {
+        bail!("unknown flag {other}\nusage: cargo xtask bench [--quick] [--peers]");
+    }
+    let sizes = if quick { &QUICK } else { &FULL };
+    let pg = Postgres::start(ClusterOptions { durable: true }).await?;
+    let pool = PgPoolOptions::new()
+        .max_connections(100)
+        .connect(&pg.url)
+        .await
+        .context("connecting to Postgres")?;
+    let machine = machine(&pool, &pg).await?;
+    println!("{machine}");
+    let mut results = Results::default();
+
+    let ceiling = pgbench(&pg, sizes.pgbench_seconds).await?;
+    results.add(
+        "ceiling",
+        "pgbench single-row UPDATE, 8 clients",
+        ceiling,
+        "tps",
+        format!("{} s", sizes.pgbench_seconds),
+    );
+
+    for (mode, name) in [
+        (ExecutionMode::Lease, "lease"),
+        (ExecutionMode::Transactional, "transactional"),
+    ] {
+        for handlers in [16, 64] {
+            let drained = drain(&pool, mode, handlers, sizes.drain_jobs).await?;
+            results.add(
+                "drain",
+                format!("{name}, {handlers} handlers"),
+                drained.jobs_per_second,
+                "jobs/s",
+                format!(
+                    "{} jobs, exactly once; {:.0} WAL bytes/job, {:.2} commits/job",
+                    sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
+                ),
+            );
+        }
+    }
+
+    let (single, batch) = enqueue(&pool, sizes.single_enqueues, sizes.drain_jobs).await?;
+    results.add(
+        "enqueue",
+        "single inserts (one transaction each)",
+        single,
+        "jobs/s",
+        format!("{} jobs", sizes.single_enqueues),
+    );
+    results.add(
+        "enqueue",
+        "batch inserts (5,000 per statement)",
+        batch,
+        "jobs/s",
+        format!("{} jobs", sizes.drain_jobs),
+    );
+
+    let wake = wake_latency(&pool, sizes.wake_jobs).await?;
+    results.add(
+        "wake",
+        "enqueue commit to handler start, p50",
+        wake.p50,
+        "ms",
+        format!("{} jobs at ~50/s, idle workers", sizes.wake_jobs),
+    );
+    results.add(
+        "wake",
+        "enqueue commit to handler start, p99",
+        wake.p99,
+        "ms",
+        "",
+    );
+    results.add(
+        "wake",
+        "enqueue commit to handler start, max",
+        wake.max,
+        "ms",
+        "",
+    );
+
+    let memory = memory(&pg, &pool, sizes.memory_jobs).await?;
+    results.add(
+        "memory",
+        format!("peak RSS, {} in-flight jobs (lease)", sizes.memory_jobs),
+        memory.peak_mb,
+        "MB",
+        format!("idle worker {:.1} MB", memory.idle_mb),
+    );
+    results.add(
+        "memory",
+        "RSS per in-flight job",
+        (memory.peak_mb - memory.idle_mb) * 1024.0 / sizes.memory_jobs as f64,
+        "KB",
+        "",
+    );
+
+    for rows in sizes.growth_rows {
+        let p50 = claim_latency(&pool, rows).await?;
+        results.add(
+            "growth",
+            format!("claim p50 with {} finished rows", thousands(rows)),
+            p50,
+            "ms",
+            "",
+        );
+    }
+
+    if peers {
+        run_peers(&pg, sizes, &mut results).await?;
+    }
+
+    let report = report(&machine, &results, quick, peers);
+    println!("\n{report}");
+    if !quick {
+        let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+        std::fs::write(&path, benchmarks_doc(&report))
+            .with_context(|| format!("writing {}", path.display()))?;
+        println!("written to docs/benchmarks.md");
+    }
+    pool.close().await;
+    drop(pg);
+    Ok(())
+}
+
+fn thousands(n: u64) -> String {
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+async fn machine(pool: &PgPool, pg: &Postgres) -> Result<String> {
+    let cores = std::thread::available_parallelism()
+        .map(|n| n.get())
+        .unwrap_or(0);
+    let memory = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal"))
+                .map(|l| l.to_owned())
+        })
+        .and_then(|l| {
+            l.split_whitespace()
+                .nth(1)
+                .and_then(|kb| kb.parse::<u64>().ok())
+        })
+        .map(|kb| format!("{:.1} GiB", kb as f64 / 1024.0 / 1024.0))
+        .unwrap_or_else(|| "?".into());
+    let version: String = sqlx::query_scalar("SHOW server_version")
+        .fetch_one(pool)
+        .await?;
+    let mut settings = Vec::new();
+    for name in [
+        "fsync",
+        "synchronous_commit",
+        "shared_buffers",
+        "max_connections",
+        "wal_level",
+    ] {
+        let value: String = sqlx::query_scalar(&format!("SHOW {name}"))
+            .fetch_one(pool)
+            .await?;
+        settings.push(format!("{name}={value}"));
+    }
+    Ok(format!(
+        "machine: {cores} cores, {memory}; PostgreSQL {version} ({}); {}",
+        pg.origin,
+        settings.join(", ")
+    ))
+}
+
+/// pgbench's single-row UPDATE by key at 8 clients: what a design that
+/// spends one transaction per job can reach at best.
+async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
+    let pgbench = crate::pg::find_tool("pgbench")?;
+    let init = tokio::process::Command::new(&pgbench)
+        .args(["-i", "-q", "-s", "1", &pg.url])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .output()
+        .await
+        .context("running pgbench -i")?;
+    ensure!(
+        init.status.success(),
+        "pgbench -i failed: {}",
+        String::from_utf8_lossy(&init.stderr)
+    );
+    let script = std::env::temp_dir().join(format!("queue-bench-{}.sql", std::process::id()));
+    std::fs::write(
+        &script,
+        "\\set aid random(1, 100000)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n",
+    )?;
+    let out = tokio::process::Command::new(&pgbench)
+        .args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
+        .arg(&script)
+        .arg(&pg.url)
+        .output()
+        .await
+        .context("running pgbench")?;
+    let _ = std::fs::remove_file(&script);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "pgbench failed: {stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tps = stdout
+        .lines()
+        .find(|l| l.starts_with("tps = "))
+        .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("no tps in pgbench's output: {stdout}"))?;
+    Ok(tps)
+}
+
+async fn fresh_table(pool: &PgPool, name: &str) -> Result<JobTable> {
+    let table = JobTable::new("queue_bench", name)?;
+    sqlx::query(&format!(
+        "DROP TABLE IF EXISTS {} CASCADE",
+        table.name().quoted()
+    ))
+    .execute(pool)
+    .await?;
+    table.migrate(pool).await?;
+    Ok(table)
+}
+
+async fn enqueue_all(pool: &PgPool, table: &JobTable, n: usize, kind: &str) -> Result<i64> {
+    let mut first = None;
+    let jobs: Vec<NewJob> = (0..n)
+        .map(|i| NewJob::new(kind, serde_json::json!(i)))
+        .collect();
+    for chunk in jobs.chunks(5000) {
+        let ids = table.enqueue_many(pool, chunk).await?;
+        first = first.or(ids.first().copied());
+    }
+    first.context("no jobs enqueued")
+}
+
+/// Counts the runs of each job, to prove exactly-once.
+struct Counted {
+    first_id: i64,
+    runs: Arc<Vec<AtomicU32>>,
+}
+
+#[async_trait]
+impl Handler<PgStore<Job>> for Counted {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+        let slot = usize::try_from(job.id - self.first_id)
+            .map_err(|_| JobError::poison("job id below the first"))?;
+        match self.runs.get(slot) {
+            Some(runs) => {
+                runs.fetch_add(1, Ordering::Relaxed);
+                Ok(())
+            }
+            None => Err(JobError::poison("job id beyond the last")),
+        }
+    }
+}
+
+struct Drained {
+    jobs_per_second: f64,
+    wal_bytes_per_job: f64,
+    commits_per_job: f64,
+}
+
+async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
+    let wal: i64 = sqlx::query_scalar("SELECT pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::int8")
+        .fetch_one(pool)
+        .await?;
+    let commits: i64 = sqlx::query_scalar(
+        "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()",
+    )
+    .fetch_one(pool)
+    .await?;
+    Ok((wal, commits))
+}
+
+async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) -> Result<Drained> {
+    let table = fresh_table(pool, "drain").await?;
+    let first_id = enqueue_all(pool, &table, n, "noop").await?;
+    sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
+        .execute(pool)
+        .await?;
+    let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
+    let store_pool = PgPoolOptions::new()
+        .max_connections(handlers as u32 + 10)
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
+    let store =
+        PgStore::default_table(store_pool.clone(), table.store_options().mode(mode)).await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // let statistics settle
+    let (wal0, commits0) = wal_and_commits(pool).await?;
+    let shutdown = CancellationToken::new();
+    let worker = Worker::new(
+        store,
+        Counted {
+            first_id,
+            runs: runs.clone(),
+        },
+        WorkerOptions::default().handlers(handlers),
+    )?;
+    let started = Instant::now();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let done_sql = format!(
+        "SELECT count(*) FROM {} WHERE state = 'completed'",
+        table.name().quoted()
+    );
+    loop {
+        let done: i64 = sqlx::query_scalar(&done_sql).fetch_one(pool).await?;
+        if done as usize >= n {
+            break;
+        }
+        ensure!(
+            !running.is_finished(),
+            "the worker stopped during the drain"
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "the drain took over 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let elapsed = started.elapsed();
+    shutdown.cancel();
+    running.await??;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let (wal1, commits1) = wal_and_commits(pool).await?;
+    let twice: Vec<usize> = runs
+        .iter()
+        .enumerate()
+        .filter(|(_, r)| r.load(Ordering::Relaxed) != 1)
+        .map(|(i, _)| i)
+        .take(5)
+        .collect();
+    ensure!(
+        twice.is_empty(),
+        "EXACTLY-ONCE VIOLATED: jobs at offsets {twice:?} ran other than once"
+    );
+    store_pool.close().await;
+    Ok(Drained {
+        jobs_per_second: n as f64 / elapsed.as_secs_f64(),
+        wal_bytes_per_job: (wal1 - wal0) as f64 / n as f64,
+        commits_per_job: (commits1 - commits0) as f64 / n as f64,
+    })
+}
+
+async fn enqueue(pool: &PgPool, singles: usize, batched: usize) -> Result<(f64, f64)> {
+    let table = fresh_table(pool, "enqueue").await?;
+    let started = Instant::now();
+    for i in 0..singles {
+        table
+            .enqueue(pool, &NewJob::new("noop", serde_json::json!(i)))
+            .await?;
+    }
+    let single = singles as f64 / started.elapsed().as_secs_f64();
+    let started = Instant::now();
+    enqueue_all(pool, &table, batched, "noop").await?;
+    let batch = batched as f64 / started.elapsed().as_secs_f64();
+    Ok((single, batch))
+}
+
+struct Latency {
+    p50: f64,
+    p99: f64,
+    max: f64,
+}
+
+fn percentiles(mut ms: Vec<f64>) -> Latency {
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    Latency {
+        p50: at(0.5),
+        p99: at(0.99),
+        max: *ms.last().unwrap_or(&0.0),
+    }
+}
+
+/// Records when each job's handler started.
+struct Stamp {
+    started: Arc<Mutex<BTreeMap<i64, Instant>>>,
+}
+
+#[async_trait]
+impl Handler<PgStore<Job>> for Stamp {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+        let now = Instant::now();
+        self.started
+            .lock()
+            .map_err(|_| JobError::poison("poisoned"))?
+            .insert(job.id, now);
+        Ok(())
+    }
+}
+
+async fn wake_latency(pool: &PgPool, n: usize) -> Result<Latency> {
+    let table = fresh_table(pool, "wake").await?;
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await?;
+    let started = Arc::new(Mutex::new(BTreeMap::new()));
+    let shutdown = CancellationToken::new();
+    let worker = Worker::new(
+        store,
+        Stamp {
+            started: started.clone(),
+        },
+        WorkerOptions::default().handlers(16),
+    )?;
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(500)).await; // idle
+    let mut committed = BTreeMap::new();
+    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    for i in 0..n {
+        ticks.tick().await;
+        let id = table
+            .enqueue(pool, &NewJob::new("noop", serde_json::json!(i)))
+            .await?;
+        committed.insert(id, Instant::now());
+    }
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while started.lock().map(|s| s.len()).unwrap_or(0) < n {
+        ensure!(
+            Instant::now() < deadline,
+            "not every job started within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    shutdown.cancel();
+    running.await??;
+    let started = started.lock().map(|s| s.clone()).unwrap_or_default();
+    let ms = committed
+        .iter()
+        .map(|(id, at)| {
+            started
+                .get(id)
+                .map(|s| s.saturating_duration_since(*at).as_secs_f64() * 1000.0)
+                .unwrap_or(f64::INFINITY)
+        })
+        .collect();
+    Ok(percentiles(ms))
+}
+
+struct Memory {
+    idle_mb: f64,
+    peak_mb: f64,
+}
+
+fn status_kb(pid: u32, field: &str) -> Result<f64> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status"))?;
+    status
+        .lines()
+        .find(|l| l.starts_with(field))
+        .and_then(|l| l.split_whitespace().nth(1))
+        .and_then(|v| v.parse::<f64>().ok())
+        .with_context(|| format!("no {field} in /proc/{pid}/status"))
+}
+
+/// Peak RSS of a separate worker process holding `n` in-flight jobs.
+async fn memory(pg: &Postgres, pool: &PgPool, n: usize) -> Result<Memory> {
+    let table = fresh_table(pool, "memory").await?;
+    let exe = std::env::current_exe()?;
+    let mut child = tokio::process::Command::new(exe)
+        .args(["bench-memory-worker", &n.to_string()])
+        .env("DATABASE_URL", &pg.url)
+        .stdout(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting the memory worker")?;
+    let pid = child.id().context("memory worker pid")?;
+    let mut lines = BufReader::new(child.stdout.take().context("stdout")?).lines();
+    let ready = tokio::time::timeout(Duration::from_secs(30), lines.next_line()).await??;
+    ensure!(
+        ready.as_deref() == Some("ready"),
+        "memory worker said {ready:?}"
+    );
+    let idle_mb = status_kb(pid, "VmRSS:")? / 1024.0;
+    enqueue_all(pool, &table, n, "sleep").await?;
+    let processing = format!(
+        "SELECT count(*) FROM {} WHERE state = 'processing'",
+        table.name().quoted()
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while (sqlx::query_scalar::<_, i64>(&processing)
+        .fetch_one(pool)
+        .await? as usize)
+        < n
+    {
+        ensure!(
+            Instant::now() < deadline,
+            "the memory worker did not take all jobs"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let peak_mb = status_kb(pid, "VmHWM:")? / 1024.0;
+    child.start_kill()?;
+    let _ = child.wait().await;
+    Ok(Memory { idle_mb, peak_mb })
+}
+
+/// Sleeps until cancelled.
+struct SleepForever;
+
+#[async_trait]
+impl Handler<PgStore<Job>> for SleepForever {
+    async fn handle(&self, ctx: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+        ctx.cancelled().await;
+        Err(JobError::cancel("stopped"))
+    }
+}
+
+/// The process `memory` measures: a lease-mode worker with `n` handlers.
+pub async fn memory_worker(args: &[String]) -> Result<()> {
+    let n: usize = args.first().context("bench-memory-worker N")?.parse()?;
+    let url = std::env::var("DATABASE_URL").context("DATABASE_URL")?;
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&url)
+        .await?;
+    let table = JobTable::new("queue_bench", "memory")?;
+    let store =
+        PgStore::default_table(pool, table.store_options().mode(ExecutionMode::Lease)).await?;
+    let options = WorkerOptions {
+        poll_interval: Duration::from_millis(100),
+        claim_batch: 500,
+        ..WorkerOptions::default().handlers(n)
+    };
+    let worker = Worker::new(store, SleepForever, options)?;
+    println!("ready");
+    worker.run(CancellationToken::new()).await?;
+    Ok(())
+}
+
+/// Median latency of a one-job claim with `finished` completed rows in the
+/// table.
+async fn claim_latency(pool: &PgPool, finished: u64) -> Result<f64> {
+    let table = fresh_table(pool, "growth").await?;
+    if finished > 0 {
+        sqlx::query(&format!(
+            "INSERT INTO {} (kind, payload, state, finished_at) \
+             SELECT 'done', '{{}}', 'completed', now() FROM generate_series(1, $1::int8)",
+            table.name().quoted()
+        ))
+        .bind(finished as i64)
+        .execute(pool)
+        .await?;
+    }
+    enqueue_all(pool, &table, 500, "noop").await?;
+    sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
+        .execute(pool)
+        .await?;
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await?;
+    let mut ms = Vec::with_capacity(300);
+    for _ in 0..300 {
+        let started = Instant::now();
+        let claimed = store
+            .claim(ClaimParams {
+                limit: 1,
+                worker: "bench",
+                conditions: None,
+                now: chrono::Utc::now(),
+            })
+            .await?;
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+        ensure!(claimed.len() == 1, "the growth table ran out of jobs");
+    }
+    Ok(percentiles(ms).p50)
+}
+
+/// Runs the peer benchmarks (a separate cargo package) and adds their rows.
+async fn run_peers(pg: &Postgres, sizes: &Sizes, results: &mut Results) -> Result<()> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/peers/Cargo.toml");
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    println!("peers: building {}", manifest.display());
+    let build = tokio::process::Command::new(&cargo)
+        .args(["build", "--release", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .status()
+        .await?;
+    ensure!(build.success(), "building the peer benchmarks failed");
+    let out = tokio::process::Command::new(&cargo)
+        .args(["run", "--release", "--quiet", "--manifest-path"])
+        .arg(&manifest)
+        .args([
+            "--",
+            "--jobs",
+            &sizes.drain_jobs.min(20_000).to_string(),
+            "--wake-jobs",
+            &sizes.wake_jobs.to_string(),
+        ])
+        .env("DATABASE_URL", &pg.url)
+        .stderr(Stdio::inherit())
+        .output()
+        .await?;
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    ensure!(
+        out.status.success(),
+        "the peer benchmarks failed:\n{stdout}"
+    );
+    // Lines: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
+    for line in stdout.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        if let [peer, scenario, value, unit, note] = fields[..] {
+            let value: f64 = value
+                .parse()
+                .with_context(|| format!("bad figure in {line:?}"))?;
+            let unit: &'static str = match unit {
+                "jobs/s" => "jobs/s",
+                "ms" => "ms",
+                _ => "",
+            };
+            results.add(
+                "peer",
+                format!("{peer}: {scenario}"),
+                value,
+                unit,
+                note.to_owned(),
+            );
+        }
+    }
+    Ok(())
+}
+
+fn ratio(results: &Results, a: &str, b: &str) -> Option<f64> {
+    Some(results.get(a)? / results.get(b)?)
+}
+
+fn report(machine: &str, results: &Results, quick: bool, peers: bool) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "{machine}");
+    if quick {
+        let _ = writeln!(out, "(quick run: tiny sizes, figures are not comparable)");
+    }
+    let _ = writeln!(
+        out,
+        "\n| section | measurement | value | unit | notes |\n|---|---|---:|---|---|"
+    );
+    for r in &results.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {:.1} | {} | {} |",
+            r.section, r.what, r.value, r.unit, r.note
+        );
+    }
+    let ceiling = "pgbench single-row UPDATE, 8 clients";
+    let _ = writeln!(out, "\n| ratio | value | target |\n|---|---:|---|");
+    let mut ratio_row = |name: &str, value: Option<f64>, target: &str| {
+        if let Some(v) = value {
+            let _ = writeln!(out, "| {name} | {v:.2}× | {target} |");
+        }
+    };
+    ratio_row(
+        "lease drain (16) ÷ pgbench ceiling",
+        ratio(results, "lease, 16 handlers", ceiling),
+        "≥ 2×",
+    );
+    ratio_row(
+        "transactional drain (16) ÷ pgbench ceiling",
+        ratio(results, "transactional, 16 handlers", ceiling),
+        "≥ 0.5×",
+    );
+    ratio_row(
+        "claim p50, largest table ÷ empty table",
+        results
+            .rows
+            .iter()
+            .filter(|r| r.section == "growth")
+            .last()
+            .zip(results.rows.iter().find(|r| r.section == "growth"))
+            .map(|(last, first)| last.value / first.value),
+        "≤ 1.2×",
+    );
+    if peers {
+        for peer in ["graphile_worker", "sqlxmq", "apalis"] {
+            ratio_row(
+                &format!("lease drain (16) ÷ {peer} drain (16)"),
+                ratio(
+                    results,
+                    "lease, 16 handlers",
+                    &format!("{peer}: drain, 16 handlers"),
+                ),
+                if peer == "graphile_worker" {
+                    "≥ 2×"
+                } else {
+                    ""
+                },
+            );
+        }
+    }
+    out
+}
+
+fn benchmarks_doc(report: &str) -> String {
+    format!(
+        "# Benchmarks\n\n\
+         Produced by `cargo xtask bench --peers` (the figures below) on the machine it names; \
+         `cargo xtask bench` measures everything but the peers, and `cargo xtask bench --quick` \
+         (tiny sizes, run by CI so the program never rots) checks that it still works. \
+         All scenarios run against the same throwaway PostgreSQL cluster with default \
+         durability (fsync and synchronous_commit on), one after the other.\n\n\
+         - **ceiling**: pgbench, single-row `UPDATE` by key, 8 clients: the best a design that \
+         spends one transaction per job can do.\n\
+         - **drain**: 100,000 no-op jobs enqueued in batches, then drained by one worker process; \
+         every job is checked to have run exactly once. WAL bytes and commits per job come from \
+         `pg_current_wal_lsn()` and `pg_stat_database`.\n\
+         - **wake**: idle workers; 500 jobs enqueued one by one at ~50/s; time from the enqueue's \
+         commit to the handler's start.\n\
+         - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
+         - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the table.\n\n\
+         {report}\n\
+         ## Table design for growth\n\n\
+         The default table keeps claiming independent of finished rows: the claim reads the \
+         partial index `(priority DESC, id) WHERE state IN ('queued', 'errored')`, which holds only \
+         claimable rows however many finished ones pile up, and heartbeats and the resetter read \
+         the partial index on `last_heartbeat_at WHERE state = 'processing'`. The table has \
+         `fillfactor = 80`, leaving room on each page so that state updates can stay on the page.\n"
+    )
+}
