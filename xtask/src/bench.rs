@@ -779,8 +779,7 @@ fn report(machine: &str, results: &Results, quick: bool, peers: bool) -> String 
         results
             .rows
             .iter()
-            .filter(|r| r.section == "growth")
-            .last()
+            .rfind(|r| r.section == "growth")
             .zip(results.rows.iter().find(|r| r.section == "growth"))
             .map(|(last, first)| last.value / first.value),
         "≤ 1.2×",
