@@ -204,6 +204,7 @@ pub struct PgStoreOptions {
     pub(crate) states: StateValues,
     pub(crate) mode: ExecutionMode,
     pub(crate) channel: Option<String>,
+    pub(crate) completion_delay: std::time::Duration,
 }
 
 impl PgStoreOptions {
@@ -225,6 +226,7 @@ impl PgStoreOptions {
             states: StateValues::default(),
             mode: ExecutionMode::default(),
             channel: None,
+            completion_delay: std::time::Duration::from_millis(2),
         })
     }
 
@@ -329,6 +331,16 @@ impl PgStoreOptions {
     /// the insert trigger notifies (the migrations install it).
     pub fn channel(mut self, channel: impl Into<String>) -> Self {
         self.channel = Some(channel.into());
+        self
+    }
+
+    /// Lease mode: how long the completer gathers outcomes before writing
+    /// them in one statement (it also writes at once when 500 are waiting).
+    /// Handlers do not wait for it; only the row's final state lands this
+    /// much later. Default 2 ms; zero writes whatever has queued up while
+    /// the previous statement ran.
+    pub fn completion_delay(mut self, delay: std::time::Duration) -> Self {
+        self.completion_delay = delay;
         self
     }
 

@@ -26,6 +26,9 @@ use crate::sql::{catalog, Param, Statement, Statements};
 
 /// The most attempts one batched completion statement finishes.
 const MAX_COMPLETION_BATCH: usize = 1000;
+/// With this many outcomes waiting, the completer writes without waiting
+/// out its delay.
+const EAGER_COMPLETION_BATCH: usize = 500;
 
 /// The store as a handler sees it for one job.
 ///
@@ -72,7 +75,9 @@ impl PgJobStore {
 /// A value bound to a statement parameter.
 enum Value<K> {
     Text(String),
+    OptText(Option<String>),
     Time(DateTime<Utc>),
+    OptTime(Option<DateTime<Utc>>),
     Int(i64),
     Int4(i32),
     Bool(bool),
@@ -89,7 +94,9 @@ impl<K: PgKey> Value<K> {
     fn bind<'q>(self, q: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
         match self {
             Value::Text(v) => q.bind(v),
+            Value::OptText(v) => q.bind(v),
             Value::Time(v) => q.bind(v),
+            Value::OptTime(v) => q.bind(v),
             Value::Int(v) => q.bind(v),
             Value::Int4(v) => q.bind(v),
             Value::Bool(v) => q.bind(v),
@@ -182,13 +189,48 @@ impl<K: PgKey> FinishRow<K> {
     }
 }
 
-/// Runs the batched finish statement; returns the keys it applied to.
+/// Runs the finish statement (the single-row one for one attempt); returns
+/// the keys it applied to.
 async fn run_finish<'c, K: PgKey>(
-    statement: &Statement,
+    sql: &Statements,
     states: &StateValues,
     executor: impl sqlx::PgExecutor<'c>,
-    rows: Vec<FinishRow<K>>,
+    mut rows: Vec<FinishRow<K>>,
 ) -> Result<HashSet<K>, StoreError> {
+    if rows.len() == 1 {
+        let Some(row) = rows.pop() else {
+            return Ok(HashSet::new());
+        };
+        let FinishRow {
+            id,
+            token,
+            target,
+            finished_at,
+            message,
+            process_after,
+            failed,
+        } = row;
+        let (mut target, mut message) = (Some(target), Some(message));
+        let key = id.clone();
+        let mut id = Some(id);
+        let q = query(&sql.finish_one, |p| match p {
+            Param::Id => id.take().map(Value::Key),
+            Param::Token => Some(Value::Int(token)),
+            Param::TargetState => target.take().map(Value::Text),
+            Param::FinishedAt => Some(Value::OptTime(finished_at)),
+            Param::Message => message.take().map(Value::OptText),
+            Param::ProcessAfter => Some(Value::OptTime(process_after)),
+            Param::FailureIncrement => Some(Value::Int4(failed)),
+            Param::State(s) => Some(state(states, s)),
+            _ => None,
+        })?;
+        let applied = q
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| store_error("recording a job outcome", e))?;
+        return Ok(applied.map(|_| key).into_iter().collect());
+    }
+    let statement = &sql.finish;
     let n = rows.len();
     let (mut ids, mut tokens, mut targets, mut finished, mut messages, mut afters, mut failed) = (
         Vec::with_capacity(n),
@@ -251,12 +293,23 @@ struct Completion<K> {
 /// delay when idle.
 async fn complete_batches<K: PgKey>(
     pool: PgPool,
-    statement: Statement,
+    sql: Statements,
     states: StateValues,
+    delay: Duration,
     mut rx: mpsc::UnboundedReceiver<Completion<K>>,
 ) {
     while let Some(first) = rx.recv().await {
         let mut batch = vec![first];
+        if !delay.is_zero() {
+            // Gather for up to `delay`, or until a batch is big enough.
+            let deadline = tokio::time::Instant::now() + delay;
+            while batch.len() < EAGER_COMPLETION_BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(next)) => batch.push(next),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
         while batch.len() < MAX_COMPLETION_BATCH {
             match rx.try_recv() {
                 Ok(next) => batch.push(next),
@@ -268,7 +321,7 @@ async fn complete_batches<K: PgKey>(
             .map(|c| ((c.row.id.clone(), c.row), c.reply))
             .unzip();
         let (ids, rows): (Vec<K>, Vec<FinishRow<K>>) = rows.into_iter().unzip();
-        match run_finish(&statement, &states, &pool, rows).await {
+        match run_finish(&sql, &states, &pool, rows).await {
             Ok(applied) => {
                 for (id, reply) in ids.iter().zip(replies) {
                     let result = if applied.contains(id) {
@@ -398,8 +451,9 @@ where
             let (tx, rx) = mpsc::unbounded_channel();
             tokio::spawn(complete_batches(
                 pool.clone(),
-                sql.finish.clone(),
+                sql.clone(),
                 options.states.clone(),
+                options.completion_delay,
                 rx,
             ));
             tx
@@ -510,13 +564,8 @@ where
 
     async fn finish_on_pool(&self, row: FinishRow<R::Id>) -> Result<WriteResult, StoreError> {
         let id = row.id.clone();
-        let applied = run_finish(
-            &self.inner.sql.finish,
-            self.states(),
-            &self.inner.pool,
-            vec![row],
-        )
-        .await?;
+        let applied =
+            run_finish(&self.inner.sql, self.states(), &self.inner.pool, vec![row]).await?;
         Ok(if applied.contains(&id) {
             WriteResult::Applied
         } else {
@@ -679,27 +728,43 @@ where
                     .collect()
             }
         };
-        let mut claimed = Vec::with_capacity(leases.len());
-        for (lease, record) in leases.into_iter().zip(records) {
-            let tx = match self.inner.options.mode {
-                ExecutionMode::Lease => None,
-                ExecutionMode::Transactional => match self.lock(&lease).await {
-                    Ok(Some(tx)) => Some(tx),
-                    Ok(None) => {
-                        tracing::warn!(id = %lease.id, "job moved on between its claim and its lock; skipped");
-                        continue;
-                    }
-                    Err(error) => {
-                        // Hand it back rather than leave it for the resetter.
-                        tracing::warn!(%error, id = %lease.id, "could not open the job's transaction; handing the job back");
-                        let row =
-                            FinishRow::new(&lease, Transition::Release, params.now, self.states());
-                        if let Err(error) = self.finish_on_pool(row).await {
-                            tracing::warn!(%error, id = %lease.id, "could not hand the job back; the resetter will");
+        // Transactional mode: open and lock every job's transaction at once.
+        let locks: Vec<Option<Option<Transaction<'static, Postgres>>>> = match self
+            .inner
+            .options
+            .mode
+        {
+            ExecutionMode::Lease => leases.iter().map(|_| None).collect(),
+            ExecutionMode::Transactional => {
+                futures_util::future::join_all(leases.iter().map(|lease| async move {
+                    match self.lock(lease).await {
+                        Ok(Some(tx)) => Some(Some(tx)),
+                        Ok(None) => {
+                            tracing::warn!(id = %lease.id, "job moved on between its claim and its lock; skipped");
+                            Some(None)
                         }
-                        continue;
+                        Err(error) => {
+                            // Hand it back rather than leave it for the resetter.
+                            tracing::warn!(%error, id = %lease.id, "could not open the job's transaction; handing the job back");
+                            let row = FinishRow::new(lease, Transition::Release, params.now, self.states());
+                            if let Err(error) = self.finish_on_pool(row).await {
+                                tracing::warn!(%error, id = %lease.id, "could not hand the job back; the resetter will");
+                            }
+                            Some(None)
+                        }
                     }
-                },
+                }))
+                .await
+            }
+        };
+        let mut claimed = Vec::with_capacity(leases.len());
+        for ((lease, record), lock) in leases.into_iter().zip(records).zip(locks) {
+            let tx = match lock {
+                // Lease mode: nothing to lock.
+                None => None,
+                Some(Some(tx)) => Some(tx),
+                // The lock failed: the job was skipped or handed back.
+                Some(None) => continue,
             };
             claimed.push(Claimed {
                 lease,
@@ -727,7 +792,7 @@ where
             if complete {
                 // The handler's writes and the completion commit together.
                 let applied =
-                    run_finish(&self.inner.sql.finish, self.states(), &mut *tx, vec![row]).await?;
+                    run_finish(&self.inner.sql, self.states(), &mut *tx, vec![row]).await?;
                 tx.commit()
                     .await
                     .map_err(|e| store_error("committing a job's transaction", e))?;

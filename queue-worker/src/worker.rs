@@ -37,6 +37,13 @@ pub struct WorkerOptions {
     pub poll_interval: Duration,
     /// The most jobs one claim takes. Default: `num_handlers`.
     pub claim_batch: usize,
+    /// Jobs claimed beyond the free handler slots and held until a slot
+    /// frees, so that claims come in larger batches (graphile-worker's
+    /// local queue). They count as running: they are heartbeated, and at
+    /// shutdown the ones not started are handed back at once. In
+    /// transactional mode each holds a transaction, so a connection.
+    /// Default 0.
+    pub prefetch: usize,
     /// How often running jobs are heartbeated (and cancellations noticed).
     /// Default 5 s; keep it well below the resetter's stalled max age.
     pub heartbeat_interval: Duration,
@@ -62,6 +69,7 @@ impl std::fmt::Debug for WorkerOptions {
             .field("num_handlers", &self.num_handlers)
             .field("poll_interval", &self.poll_interval)
             .field("claim_batch", &self.claim_batch)
+            .field("prefetch", &self.prefetch)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("job_timeout", &self.job_timeout)
             .field("cancel_grace", &self.cancel_grace)
@@ -78,6 +86,7 @@ impl Default for WorkerOptions {
             num_handlers: 4,
             poll_interval: Duration::from_secs(5),
             claim_batch: 4,
+            prefetch: 0,
             heartbeat_interval: Duration::from_secs(5),
             job_timeout: Some(Duration::from_secs(300)),
             cancel_grace: Duration::from_secs(5),
@@ -89,10 +98,17 @@ impl Default for WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Sets `num_handlers`, and `claim_batch` to match.
+    /// Sets `num_handlers`, and `claim_batch` to match (plus `prefetch`).
     pub fn handlers(mut self, n: usize) -> Self {
         self.num_handlers = n;
-        self.claim_batch = n;
+        self.claim_batch = n + self.prefetch;
+        self
+    }
+
+    /// Sets `prefetch`, and `claim_batch` to `num_handlers + prefetch`.
+    pub fn prefetch(mut self, n: usize) -> Self {
+        self.prefetch = n;
+        self.claim_batch = self.num_handlers + n;
         self
     }
 
@@ -166,6 +182,8 @@ enum StopReason {
 struct JobControl {
     token: CancellationToken,
     reason: Mutex<Option<StopReason>>,
+    /// Whether the handler has a slot (a prefetched job waits for one).
+    started: std::sync::atomic::AtomicBool,
 }
 
 impl JobControl {
@@ -191,6 +209,10 @@ struct Shared<S: Store, H> {
     store: Arc<S>,
     handler: H,
     options: WorkerOptions,
+    /// One permit per handler: held while a handler runs.
+    run_slots: Arc<Semaphore>,
+    /// Claimed jobs waiting for a handler (prefetched).
+    waiting: std::sync::atomic::AtomicUsize,
     running: Mutex<RunningJobs<S::Id>>,
     report: Mutex<WorkerReport>,
 }
@@ -273,6 +295,8 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
         Ok(Worker {
             shared: Arc::new(Shared {
                 store: store.into(),
+                run_slots: Arc::new(Semaphore::new(options.num_handlers)),
+                waiting: std::sync::atomic::AtomicUsize::new(0),
                 handler,
                 options,
                 running: Mutex::new(HashMap::new()),
@@ -292,7 +316,8 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
         let shared = self.shared;
         let options = &shared.options;
-        let slots = Arc::new(Semaphore::new(options.num_handlers));
+        // One permit per job held: running, or prefetched and waiting.
+        let slots = Arc::new(Semaphore::new(options.num_handlers + options.prefetch));
         let mut tasks = JoinSet::new();
         let heartbeat_stop = CancellationToken::new();
         let heartbeats = tokio::spawn(heartbeat_loop(shared.clone(), heartbeat_stop.clone()));
@@ -300,14 +325,30 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
 
         while !shutdown.is_cancelled() {
             reap(&mut tasks);
-            let first = tokio::select! {
-                permit = slots.clone().acquire_owned() => match permit {
+            // While prefetched jobs still wait for a handler there is no
+            // hurry: wait for a good part of a batch of free slots, so that
+            // claims come in batches.
+            let waiting = shared.waiting.load(std::sync::atomic::Ordering::Acquire);
+            let want = if waiting > 0 {
+                (options.claim_batch / 2).min(options.prefetch).max(1)
+            } else {
+                1
+            };
+            let mut first = tokio::select! {
+                permit = slots.clone().acquire_many_owned(want as u32) => match permit {
                     Ok(permit) => permit,
                     Err(_) => break,
                 },
                 _ = shutdown.cancelled() => break,
             };
-            let mut permits = vec![first];
+            let mut permits = Vec::with_capacity(options.claim_batch);
+            while first.num_permits() > 1 {
+                match first.split(1) {
+                    Some(one) => permits.push(one),
+                    None => break,
+                }
+            }
+            permits.push(first);
             while permits.len() < options.claim_batch {
                 match slots.clone().try_acquire_owned() {
                     Ok(permit) => permits.push(permit),
@@ -467,6 +508,7 @@ async fn start_job<S: Store, H: Handler<S>>(
     let control = Arc::new(JobControl {
         token: CancellationToken::new(),
         reason: Mutex::new(None),
+        started: std::sync::atomic::AtomicBool::new(false),
     });
     let mut ctx = JobContext::new(lease.attempt, options.name.as_str())
         .with_cancellation(control.token.clone())
@@ -489,34 +531,78 @@ async fn start_job<S: Store, H: Handler<S>>(
         .err()
         .map(|panic| panic_message(&panic));
     let shared = shared.clone();
+    shared
+        .waiting
+        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
     tasks.spawn(
         async move {
-            run_job(&shared, ctx, control, lease, record, job_store, pre_handle).await;
-            drop(permit);
+            let job = JobRun {
+                ctx,
+                control,
+                lease,
+                record,
+                job_store,
+                pre_handle_panic: pre_handle,
+                claim_slot: permit,
+            };
+            run_job(&shared, job).await;
         }
         .instrument(span),
     );
 }
 
-/// Handle, record the outcome, PostHandle.
-async fn run_job<S: Store, H: Handler<S>>(
-    shared: &Shared<S, H>,
+/// A claimed job on its way through the worker.
+struct JobRun<S: Store> {
     ctx: JobContext,
     control: Arc<JobControl>,
     lease: Lease<S::Id>,
     record: S::Record,
-    mut job_store: S::JobStore,
+    job_store: S::JobStore,
     pre_handle_panic: Option<String>,
-) {
+    /// Held from the claim until the handler is done.
+    claim_slot: OwnedSemaphorePermit,
+}
+
+/// Waits for a handler slot, then Handle, record the outcome, PostHandle.
+async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>) {
+    let JobRun {
+        ctx,
+        control,
+        lease,
+        record,
+        mut job_store,
+        pre_handle_panic,
+        claim_slot,
+    } = job;
     let options = &shared.options;
     let kind = record.kind().to_owned();
+    // A prefetched job waits here for a handler; a stop request (shutdown,
+    // cancel, deletion) ends the wait.
+    let run_slot = tokio::select! {
+        biased;
+        slot = shared.run_slots.clone().acquire_owned() => slot.ok(),
+        _ = control.token.cancelled() => None,
+    };
+    shared
+        .waiting
+        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
     metrics::job_started(&kind);
     let started = Instant::now();
-    let end = match pre_handle_panic {
-        Some(panic) => AttemptEnd::Panicked(format!("in PreHandle: {panic}")),
-        None => handle(shared, &ctx, &control, &mut job_store, &record).await,
+    let end = match (run_slot.is_some(), pre_handle_panic) {
+        (false, _) => stopped(control.reason()),
+        (true, Some(panic)) => AttemptEnd::Panicked(format!("in PreHandle: {panic}")),
+        (true, None) => {
+            control
+                .started
+                .store(true, std::sync::atomic::Ordering::Release);
+            handle(shared, &ctx, &control, &mut job_store, &record).await
+        }
     };
     let duration = started.elapsed();
+    // The handler is done: its slots can take the next job while the
+    // outcome is recorded (which a batching store may hold briefly).
+    drop(run_slot);
+    drop(claim_slot);
     if !matches!(end, AttemptEnd::Succeeded) {
         // Let anything the handler spawned with the token stop too.
         control.token.cancel();
@@ -557,11 +643,6 @@ async fn handle<S: Store, H: Handler<S>>(
         control.token.cancelled().await;
         tokio::time::sleep(options.cancel_grace).await;
     };
-    let stopped = |reason: Option<StopReason>| match reason {
-        Some(StopReason::Canceled) | None => AttemptEnd::Canceled("canceled while running".into()),
-        Some(StopReason::Lost) => AttemptEnd::Lost,
-        Some(StopReason::Shutdown) => AttemptEnd::Released,
-    };
     tokio::select! {
         result = AssertUnwindSafe(shared.handler.handle(ctx, job_store, record)).catch_unwind() => {
             match (result, control.reason()) {
@@ -582,6 +663,15 @@ async fn handle<S: Store, H: Handler<S>>(
             tracing::warn!(grace = ?options.cancel_grace, "handler ignored the stop request; abandoned");
             stopped(control.reason())
         }
+    }
+}
+
+/// How a job asked to stop ends.
+fn stopped(reason: Option<StopReason>) -> AttemptEnd {
+    match reason {
+        Some(StopReason::Canceled) | None => AttemptEnd::Canceled("canceled while running".into()),
+        Some(StopReason::Lost) => AttemptEnd::Lost,
+        Some(StopReason::Shutdown) => AttemptEnd::Released,
     }
 }
 
@@ -654,6 +744,12 @@ async fn heartbeat_loop<S: Store, H>(shared: Arc<Shared<S, H>>, stop: Cancellati
 
 /// Graceful shutdown of the jobs still running.
 async fn drain<S: Store, H>(shared: &Shared<S, H>, tasks: &mut JoinSet<()>) {
+    // Prefetched jobs that never started go back at once.
+    for (_, control) in shared.running().values() {
+        if !control.started.load(std::sync::atomic::Ordering::Acquire) {
+            control.stop(StopReason::Shutdown);
+        }
+    }
     let timeout = shared.options.shutdown_timeout;
     if !tasks.is_empty() {
         tracing::info!(jobs = tasks.len(), ?timeout, "waiting for in-flight jobs");

@@ -435,3 +435,46 @@ async fn invalid_options_are_rejected_with_the_option_named() {
         "{err}"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn prefetched_jobs_wait_for_a_handler_and_go_back_at_shutdown() {
+    struct Slow;
+    #[async_trait]
+    impl Handler<MemoryStore> for Slow {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            Ok(())
+        }
+    }
+    let store = MemoryStore::new();
+    let ids = store.enqueue_many((0..4).map(|n| job("slow", serde_json::json!(n))));
+    let options = WorkerOptions {
+        shutdown_timeout: Duration::from_secs(5),
+        ..fast_options().handlers(1).prefetch(3)
+    };
+    let running = start(&store, Slow, options);
+    // One claim takes all four: one runs, three wait in memory.
+    eventually("all four are claimed", || async {
+        ids.iter()
+            .all(|&id| store.get(id).map(|j| j.state) == Some(JobState::Processing))
+    })
+    .await;
+    let report = running.stop().await;
+    let states: Vec<JobState> = ids.iter().map(|&id| store.get(id).unwrap().state).collect();
+    assert_eq!(
+        states.iter().filter(|s| **s == JobState::Completed).count(),
+        1,
+        "the started job finished: {states:?}"
+    );
+    assert_eq!(
+        states.iter().filter(|s| **s == JobState::Queued).count(),
+        3,
+        "the waiting ones went back: {states:?}"
+    );
+    assert_eq!((report.count("ok"), report.count("released")), (1, 3));
+}

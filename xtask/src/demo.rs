@@ -72,10 +72,11 @@ struct Args {
     handlers: usize,
     mode: ExecutionMode,
     noop: bool,
+    prefetch: usize,
 }
 
 const USAGE: &str =
-    "usage: cargo xtask demo [--jobs N] [--handlers N] [--mode lease|transactional] [--noop]";
+    "usage: cargo xtask demo [--jobs N] [--handlers N] [--mode lease|transactional] [--noop] [--prefetch N]";
 
 fn parse(args: &[String]) -> Result<Args> {
     let mut out = Args {
@@ -83,6 +84,7 @@ fn parse(args: &[String]) -> Result<Args> {
         handlers: 16,
         mode: ExecutionMode::Lease,
         noop: false,
+        prefetch: 0,
     };
     let mut it = args.iter();
     while let Some(flag) = it.next() {
@@ -101,6 +103,7 @@ fn parse(args: &[String]) -> Result<Args> {
                 }
             }
             "--noop" => out.noop = true,
+            "--prefetch" => out.prefetch = value()?.parse().context("--prefetch takes a number")?,
             other => bail!("unknown flag {other}\n{USAGE}"),
         }
     }
@@ -123,7 +126,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     println!("demo: Postgres from {}", pg.origin);
     let pool = PgPoolOptions::new()
-        .max_connections(args.handlers as u32 + 8)
+        .max_connections(2 * (args.handlers + args.prefetch) as u32 + 8)
         .connect(&pg.url)
         .await
         .context("connecting to Postgres")?;
@@ -156,7 +159,9 @@ pub async fn run(args: &[String]) -> Result<()> {
             retry: RetryPolicy::fixed(3, Duration::ZERO),
             ..OutcomePolicy::default()
         },
-        ..WorkerOptions::default().handlers(args.handlers)
+        ..WorkerOptions::default()
+            .handlers(args.handlers)
+            .prefetch(args.prefetch)
     };
     let shutdown = CancellationToken::new();
     let worker = Worker::new(store.clone(), router, options)?;
@@ -195,7 +200,7 @@ pub async fn run(args: &[String]) -> Result<()> {
         if working.is_finished() {
             bail!("the worker stopped before all jobs finished");
         }
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let elapsed = started.elapsed();
     if tty {

@@ -29,6 +29,12 @@ pub(crate) enum Param {
     /// Batched finish columns.
     TargetStates,
     FinishedAts,
+    /// Single-row finish columns.
+    TargetState,
+    FinishedAt,
+    Message,
+    ProcessAfter,
+    FailureIncrement,
     Messages,
     ProcessAfters,
     FailureIncrements,
@@ -103,6 +109,8 @@ pub(crate) struct Statements {
     pub select_view: Option<Statement>,
     pub lock: Statement,
     pub finish: Statement,
+    /// The same for one attempt, without arrays (cheaper to plan and run).
+    pub finish_one: Statement,
     pub heartbeat: Statement,
     pub append_log: Option<Statement>,
     pub reset: Option<Statement>,
@@ -253,7 +261,47 @@ impl Statements {
         ));
         let lock = b.build();
 
-        // Finish: many attempts in one statement, each guarded by its lease.
+        // Finish: many attempts in one statement, each guarded by its lease,
+        // or one attempt with plain parameters.
+        let finish_sets = |b: &mut Builder, batch: bool| {
+            let mut value = |one: Param, field: &str| {
+                if batch {
+                    format!("u.{field}")
+                } else {
+                    b.p(one)
+                }
+            };
+            let target = value(Param::TargetState, "target");
+            let mut sets = vec![format!("{state_name} = CAST({target} AS {st})")];
+            if let (Some(n), Some(at)) =
+                (names.get(Column::FinishedAt), names.at(Column::FinishedAt))
+            {
+                let v = value(Param::FinishedAt, "finished_at");
+                sets.push(format!("{n} = COALESCE({v}, {at})"));
+            }
+            if let (Some(n), Some(at)) = (
+                names.get(Column::FailureMessage),
+                names.at(Column::FailureMessage),
+            ) {
+                let v = value(Param::Message, "message");
+                sets.push(format!("{n} = COALESCE({v}, {at})"));
+            }
+            if let (Some(n), Some(at)) = (
+                names.get(Column::ProcessAfter),
+                names.at(Column::ProcessAfter),
+            ) {
+                let v = value(Param::ProcessAfter, "process_after");
+                sets.push(format!("{n} = COALESCE({v}, {at})"));
+            }
+            if let (Some(n), Some(at)) = (
+                names.get(Column::NumFailures),
+                names.at(Column::NumFailures),
+            ) {
+                let v = value(Param::FailureIncrement, "failed");
+                sets.push(format!("{n} = {at} + {v}"));
+            }
+            sets.join(", ")
+        };
         let mut b = Builder::default();
         let (ids, tokens, targets, finished, messages, afters, incs, processing) = (
             b.p(Param::Ids),
@@ -265,38 +313,24 @@ impl Statements {
             b.p(Param::FailureIncrements),
             b.p(Param::State(JobState::Processing)),
         );
-        let mut sets = vec![format!("{state_name} = CAST(u.target AS {st})")];
-        if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
-            sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
-        }
-        if let (Some(n), Some(at)) = (
-            names.get(Column::FailureMessage),
-            names.at(Column::FailureMessage),
-        ) {
-            sets.push(format!("{n} = COALESCE(u.message, {at})"));
-        }
-        if let (Some(n), Some(at)) = (
-            names.get(Column::ProcessAfter),
-            names.at(Column::ProcessAfter),
-        ) {
-            sets.push(format!("{n} = COALESCE(u.process_after, {at})"));
-        }
-        if let (Some(n), Some(at)) = (
-            names.get(Column::NumFailures),
-            names.at(Column::NumFailures),
-        ) {
-            sets.push(format!("{n} = {at} + u.failed"));
-        }
+        let sets = finish_sets(&mut b, true);
         b.push(&format!(
             "UPDATE {table} AS {a} SET {sets} \
              FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({targets} AS text[]), CAST({finished} AS timestamptz[]), \
              CAST({messages} AS text[]), CAST({afters} AS timestamptz[]), CAST({incs} AS int4[])) \
              AS u(id, token, target, finished_at, message, process_after, failed) \
              WHERE {id} = u.id AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
-             RETURNING {id}",
-            sets = sets.join(", ")
+             RETURNING {id}"
         ));
         let finish = b.build();
+
+        let mut b = Builder::default();
+        let guard = held(&mut b);
+        let sets = finish_sets(&mut b, false);
+        b.push(&format!(
+            "UPDATE {table} AS {a} SET {sets} WHERE {guard} RETURNING {id}"
+        ));
+        let finish_one = b.build();
 
         // Heartbeat: report which leases still hold (and their cancel flag);
         // bump the heartbeat of those no transaction has locked (a locked
@@ -426,6 +460,7 @@ impl Statements {
             select_view,
             lock,
             finish,
+            finish_one,
             heartbeat,
             append_log,
             reset,
