@@ -78,6 +78,7 @@ fn parse() -> Result<Args> {
 struct Record {
     runs: String,
     sleep: Duration,
+    transactional: bool,
 }
 
 #[async_trait]
@@ -90,23 +91,21 @@ impl Handler<PgStore<Job>> for Record {
     ) -> Result<(), JobError> {
         let insert = format!("INSERT INTO {} (job_id, pid) VALUES ($1, $2)", self.runs);
         let pid = std::process::id() as i32;
-        let pool = store.pool().clone();
-        match store.connection() {
-            Some(conn) => {
-                sqlx::query(&insert)
-                    .bind(job.id)
-                    .bind(pid)
-                    .execute(conn)
-                    .await?
-            }
-            None => {
-                sqlx::query(&insert)
-                    .bind(job.id)
-                    .bind(pid)
-                    .execute(&pool)
-                    .await?
-            }
-        };
+        if self.transactional {
+            // Written in the job's transaction: visible only if the job completes.
+            let conn = store.transaction().await.map_err(JobError::retry)?;
+            sqlx::query(&insert)
+                .bind(job.id)
+                .bind(pid)
+                .execute(conn)
+                .await?;
+        } else {
+            sqlx::query(&insert)
+                .bind(job.id)
+                .bind(pid)
+                .execute(store.pool())
+                .await?;
+        }
         if !self.sleep.is_zero() {
             tokio::select! {
                 _ = tokio::time::sleep(self.sleep) => {}
@@ -145,6 +144,7 @@ async fn main() -> Result<()> {
         Record {
             runs,
             sleep: args.sleep,
+            transactional: args.mode == ExecutionMode::Transactional,
         },
         options,
     )?;

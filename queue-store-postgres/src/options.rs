@@ -121,15 +121,18 @@ impl fmt::Display for Column {
 /// How claimed jobs are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum ExecutionMode {
-    /// The spec's mode: the claim is visible at once, then each job runs in
-    /// a transaction that row-locks it. The handler's writes and the job's
-    /// final state commit together; a failed attempt rolls the handler's
-    /// writes back. Row locks prove liveness, so the resetter skips locked
-    /// rows. Holds one connection per running job.
+    /// The spec's mode: the claim is visible at once (processing), and the
+    /// handler gets the job's transaction ([`PgJobStore::transaction`](crate::PgJobStore::transaction)),
+    /// which holds a `FOR KEY SHARE` lock on the job's row (proving the
+    /// worker alive to the resetter) and commits the handler's writes
+    /// together with the completion, or rolls them back if the attempt
+    /// fails. It is opened when the handler first asks for it, so a handler
+    /// that writes nothing costs no transaction.
     #[default]
     Transactional,
-    /// No transaction is held: heartbeats keep the lease, and completions
-    /// are batched. For long jobs and high throughput.
+    /// No job transaction: the handler writes through the pool, heartbeats
+    /// keep the job, and completions are batched. For long jobs and
+    /// throughput.
     Lease,
 }
 

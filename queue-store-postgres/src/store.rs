@@ -32,23 +32,75 @@ const EAGER_COMPLETION_BATCH: usize = 500;
 
 /// The store as a handler sees it for one job.
 ///
-/// In transactional mode it holds the transaction that row-locks the job:
-/// run the handler's own writes on [`PgJobStore::connection`] and they commit
-/// together with the job's completion, or roll back if the attempt fails. In
-/// lease mode there is no transaction; use [`PgJobStore::pool`].
+/// In transactional mode, [`PgJobStore::transaction`] opens the job's
+/// transaction on first use: `BEGIN`, then a `FOR KEY SHARE` lock on the
+/// job's row (checked to still be this claim's). The handler's writes on it
+/// commit together with the job's completion, or roll back if the attempt
+/// fails or the job moved on. A handler that never asks for it costs no
+/// transaction at all. In lease mode there is no job transaction; write
+/// through [`PgJobStore::pool`].
 #[derive(Debug)]
-pub struct PgJobStore {
-    tx: Option<Transaction<'static, Postgres>>,
+pub struct PgJobStore<K = i64> {
     pool: PgPool,
+    tx: Option<Transaction<'static, Postgres>>,
+    /// What opening the transaction needs; `None` in lease mode and for
+    /// job stores outside any claim.
+    claim: Option<JobClaim<K>>,
 }
 
-impl PgJobStore {
-    /// The connection of the job's transaction (transactional mode), or
-    /// `None` in lease mode.
-    pub fn connection(&mut self) -> Option<&mut PgConnection> {
-        self.tx.as_deref_mut()
-    }
+/// The claim a job store's transaction locks.
+#[derive(Debug)]
+struct JobClaim<K> {
+    sql: Arc<Statements>,
+    states: Arc<StateValues>,
+    lease: Lease<K>,
+}
 
+impl<K: PgKey> PgJobStore<K> {
+    /// The job's transaction (transactional mode), opened and row-locked on
+    /// first use. Fails if the job was reset, reclaimed or deleted before
+    /// the lock, or in lease mode (which has none: use [`PgJobStore::pool`]).
+    pub async fn transaction(&mut self) -> Result<&mut PgConnection, StoreError> {
+        if self.tx.is_none() {
+            let Some(claim) = &self.claim else {
+                return Err(StoreError::Config(
+                    "this job has no transaction: the store runs in lease mode (write through pool())".into(),
+                ));
+            };
+            let mut tx = self
+                .pool
+                .begin()
+                .await
+                .map_err(|e| store_error("opening a job's transaction", e))?;
+            let lease = &claim.lease;
+            let locked = query(&claim.sql.lock, |p| match p {
+                Param::Id => Some(Value::Key(lease.id.clone())),
+                Param::Token => Some(Value::Int(lease.token)),
+                Param::State(s) => Some(state(&claim.states, s)),
+                _ => None,
+            })?
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_error("locking a claimed job", e))?;
+            if locked.is_none() {
+                return Err(StoreError::Conflict {
+                    context: format!("locking job {}", lease.id),
+                    source: "the job was reset, reclaimed or deleted before its transaction could lock it".into(),
+                });
+            }
+            self.tx = Some(tx);
+        }
+        match self.tx.as_deref_mut() {
+            Some(conn) => Ok(conn),
+            None => Err(StoreError::Backend {
+                context: "opening a job's transaction".into(),
+                source: "the transaction vanished".into(),
+            }),
+        }
+    }
+}
+
+impl<K> PgJobStore<K> {
     /// The store's pool (outside the job's transaction).
     pub fn pool(&self) -> &PgPool {
         &self.pool
@@ -65,10 +117,14 @@ impl PgJobStore {
         }
     }
 
-    /// A job store bound to no transaction, writing through `pool`: what a
-    /// late writer outside any claim would use (tests of stale writes).
+    /// A job store bound to no claim, writing through `pool`: what a late
+    /// writer outside any claim would use (tests of stale writes).
     pub fn outside_transaction(pool: PgPool) -> Self {
-        PgJobStore { tx: None, pool }
+        PgJobStore {
+            pool,
+            tx: None,
+            claim: None,
+        }
     }
 }
 
@@ -293,8 +349,8 @@ struct Completion<K> {
 /// delay when idle.
 async fn complete_batches<K: PgKey>(
     pool: PgPool,
-    sql: Statements,
-    states: StateValues,
+    sql: Arc<Statements>,
+    states: Arc<StateValues>,
     delay: Duration,
     mut rx: mpsc::UnboundedReceiver<Completion<K>>,
 ) {
@@ -356,11 +412,13 @@ fn copy_error(error: &StoreError) -> StoreError {
 struct Inner<R: JobRecord> {
     pool: PgPool,
     options: PgStoreOptions,
-    sql: Statements,
+    sql: Arc<Statements>,
+    states: Arc<StateValues>,
     decode: Decoder<R>,
     wake: Arc<Notify>,
     listener: JoinHandle<()>,
-    completer: Option<mpsc::UnboundedSender<Completion<R::Id>>>,
+    /// The batched completer: outcomes that need no job transaction.
+    completer: mpsc::UnboundedSender<Completion<R::Id>>,
     absent: Vec<Column>,
 }
 
@@ -444,25 +502,24 @@ where
         for column in &absent {
             tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
         }
-        let sql = Statements::new(&options, &shape);
+        let sql = Arc::new(Statements::new(&options, &shape));
+        let states = Arc::new(options.states.clone());
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
-        let completer = (options.mode == ExecutionMode::Lease).then(|| {
-            let (tx, rx) = mpsc::unbounded_channel();
-            tokio::spawn(complete_batches(
-                pool.clone(),
-                sql.clone(),
-                options.states.clone(),
-                options.completion_delay,
-                rx,
-            ));
-            tx
-        });
+        let (completer, outcomes) = mpsc::unbounded_channel();
+        tokio::spawn(complete_batches(
+            pool.clone(),
+            sql.clone(),
+            states.clone(),
+            options.completion_delay,
+            outcomes,
+        ));
         Ok(PgStore {
             inner: Arc::new(Inner {
                 pool,
                 options,
                 sql,
+                states,
                 decode,
                 wake,
                 listener,
@@ -562,17 +619,6 @@ where
         }
     }
 
-    async fn finish_on_pool(&self, row: FinishRow<R::Id>) -> Result<WriteResult, StoreError> {
-        let id = row.id.clone();
-        let applied =
-            run_finish(&self.inner.sql, self.states(), &self.inner.pool, vec![row]).await?;
-        Ok(if applied.contains(&id) {
-            WriteResult::Applied
-        } else {
-            WriteResult::Stale
-        })
-    }
-
     /// Reads the claimed records through the view, by key.
     async fn records_from_view(
         &self,
@@ -595,26 +641,6 @@ where
             by_id.insert(id, row);
         }
         Ok(by_id)
-    }
-
-    /// Transactional mode: opens the job's transaction and row-locks it,
-    /// checking it is still this claim's. `None` if the job moved on.
-    async fn lock(
-        &self,
-        lease: &Lease<R::Id>,
-    ) -> Result<Option<Transaction<'static, Postgres>>, StoreError> {
-        let mut tx = self
-            .inner
-            .pool
-            .begin()
-            .await
-            .map_err(|e| store_error("opening a job's transaction", e))?;
-        let q = query(&self.inner.sql.lock, |p| self.lease_value(lease, p))?;
-        let row = q
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| store_error("locking a claimed job", e))?;
-        Ok(row.map(|_| tx))
     }
 
     fn lease_value(&self, lease: &Lease<R::Id>, p: Param) -> Option<Value<R::Id>> {
@@ -644,7 +670,7 @@ where
     type Id = R::Id;
     type Record = R;
     type Conditions = PgConditions;
-    type JobStore = PgJobStore;
+    type JobStore = PgJobStore<R::Id>;
 
     async fn claim(
         &self,
@@ -728,59 +754,33 @@ where
                     .collect()
             }
         };
-        // Transactional mode: open and lock every job's transaction at once.
-        let locks: Vec<Option<Option<Transaction<'static, Postgres>>>> = match self
-            .inner
-            .options
-            .mode
-        {
-            ExecutionMode::Lease => leases.iter().map(|_| None).collect(),
-            ExecutionMode::Transactional => {
-                futures_util::future::join_all(leases.iter().map(|lease| async move {
-                    match self.lock(lease).await {
-                        Ok(Some(tx)) => Some(Some(tx)),
-                        Ok(None) => {
-                            tracing::warn!(id = %lease.id, "job moved on between its claim and its lock; skipped");
-                            Some(None)
-                        }
-                        Err(error) => {
-                            // Hand it back rather than leave it for the resetter.
-                            tracing::warn!(%error, id = %lease.id, "could not open the job's transaction; handing the job back");
-                            let row = FinishRow::new(lease, Transition::Release, params.now, self.states());
-                            if let Err(error) = self.finish_on_pool(row).await {
-                                tracing::warn!(%error, id = %lease.id, "could not hand the job back; the resetter will");
-                            }
-                            Some(None)
-                        }
-                    }
-                }))
-                .await
-            }
-        };
-        let mut claimed = Vec::with_capacity(leases.len());
-        for ((lease, record), lock) in leases.into_iter().zip(records).zip(locks) {
-            let tx = match lock {
-                // Lease mode: nothing to lock.
-                None => None,
-                Some(Some(tx)) => Some(tx),
-                // The lock failed: the job was skipped or handed back.
-                Some(None) => continue,
-            };
-            claimed.push(Claimed {
-                lease,
-                record,
-                job_store: PgJobStore {
-                    tx,
-                    pool: self.inner.pool.clone(),
-                },
-            });
-        }
+        let transactional = self.inner.options.mode == ExecutionMode::Transactional;
+        let claimed = leases
+            .into_iter()
+            .zip(records)
+            .map(|(lease, record)| {
+                let claim = transactional.then(|| JobClaim {
+                    sql: self.inner.sql.clone(),
+                    states: self.inner.states.clone(),
+                    lease: lease.clone(),
+                });
+                Claimed {
+                    lease,
+                    record,
+                    job_store: PgJobStore {
+                        pool: self.inner.pool.clone(),
+                        tx: None,
+                        claim,
+                    },
+                }
+            })
+            .collect();
         Ok(claimed)
     }
 
     async fn finish(
         &self,
-        job_store: PgJobStore,
+        job_store: PgJobStore<R::Id>,
         lease: &Lease<R::Id>,
         transition: Transition,
         now: DateTime<Utc>,
@@ -790,40 +790,39 @@ where
         let row = FinishRow::new(lease, transition, now, self.states());
         if let Some(mut tx) = job_store.tx {
             if complete {
-                // The handler's writes and the completion commit together.
+                // The handler's writes and the completion commit together;
+                // if the job moved on, the writes are rolled back.
                 let applied =
                     run_finish(&self.inner.sql, self.states(), &mut *tx, vec![row]).await?;
+                if !applied.contains(&lease.id) {
+                    if let Err(error) = tx.rollback().await {
+                        tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is discarded");
+                    }
+                    return Ok(WriteResult::Stale);
+                }
                 tx.commit()
                     .await
                     .map_err(|e| store_error("committing a job's transaction", e))?;
-                return Ok(if applied.contains(&lease.id) {
-                    WriteResult::Applied
-                } else {
-                    WriteResult::Stale
-                });
+                return Ok(WriteResult::Applied);
             }
             // A failed attempt leaves no trace of the handler's writes.
             if let Err(error) = tx.rollback().await {
                 tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is discarded");
             }
-            return self.finish_on_pool(row).await;
         }
-        match &self.inner.completer {
-            Some(completer) => {
-                let (reply, answer) = oneshot::channel();
-                completer
-                    .send(Completion { row, reply })
-                    .map_err(|_| StoreError::Unavailable {
-                        context: "recording a job outcome".into(),
-                        source: "the store's completer has stopped".into(),
-                    })?;
-                answer.await.map_err(|_| StoreError::Unavailable {
-                    context: "recording a job outcome".into(),
-                    source: "the store's completer dropped the request".into(),
-                })?
-            }
-            None => self.finish_on_pool(row).await,
-        }
+        // No job transaction: the batched completer records it.
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .completer
+            .send(Completion { row, reply })
+            .map_err(|_| StoreError::Unavailable {
+                context: "recording a job outcome".into(),
+                source: "the store's completer has stopped".into(),
+            })?;
+        answer.await.map_err(|_| StoreError::Unavailable {
+            context: "recording a job outcome".into(),
+            source: "the store's completer dropped the request".into(),
+        })?
     }
 
     async fn heartbeat(

@@ -94,7 +94,7 @@ impl Handler<PgStore<Task>> for ByBody {
     async fn handle(
         &self,
         ctx: &JobContext,
-        _: &mut PgJobStore,
+        _: &mut PgJobStore<Uuid>,
         task: &Task,
     ) -> Result<(), JobError> {
         match task.body["do"].as_str() {

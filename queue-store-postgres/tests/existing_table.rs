@@ -69,7 +69,7 @@ impl Handler<PgStore<ExampleJob>> for Indexer {
     async fn handle(
         &self,
         ctx: &JobContext,
-        store: &mut PgJobStore,
+        store: &mut PgJobStore<i32>,
         job: &ExampleJob,
     ) -> Result<(), JobError> {
         // The view shows the row as claimed.
@@ -89,9 +89,7 @@ impl Handler<PgStore<ExampleJob>> for Indexer {
             .log("index", format!("indexing {}", job.repository_name))
             .await?;
         assert!(logged.is_applied());
-        let conn = store
-            .connection()
-            .ok_or_else(|| JobError::poison("transactional mode expected"))?;
+        let conn = store.transaction().await.map_err(JobError::poison)?;
         sqlx::query(&format!(
             "INSERT INTO {} (job_id, repository) VALUES ($1, $2)",
             self.processed

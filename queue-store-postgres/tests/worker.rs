@@ -152,9 +152,7 @@ impl Handler<PgStore<Job>> for SideEffect {
         store: &mut PgJobStore,
         job: &Job,
     ) -> Result<(), JobError> {
-        let conn = store
-            .connection()
-            .ok_or_else(|| JobError::poison("expected transactional mode"))?;
+        let conn = store.transaction().await.map_err(JobError::poison)?;
         sqlx::query(&format!("INSERT INTO {} (job_id) VALUES ($1)", self.side))
             .bind(job.id)
             .execute(conn)
@@ -423,4 +421,95 @@ async fn worker_works_through_arc_store() {
     .await;
     shutdown.cancel();
     assert_eq!(task.await.unwrap().unwrap().count("ok"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
+    use queue_core::{ClaimParams, ResetParams, Store, Transition};
+    let Some(pool) =
+        pool("the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let side = format!("{}.\"side\"", table.name().schema.quoted());
+    sqlx::query(&format!("CREATE TABLE {side} (job_id bigint)"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let id = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Transactional),
+    )
+    .await
+    .unwrap();
+    let now = chrono::Utc::now();
+    let mut claimed = store
+        .claim(ClaimParams {
+            limit: 1,
+            worker: "w",
+            conditions: None,
+            now,
+        })
+        .await
+        .unwrap();
+    let mut job = claimed.pop().expect("claimed");
+    let conn = job
+        .job_store
+        .transaction()
+        .await
+        .expect("the job's transaction opens");
+    sqlx::query(&format!("INSERT INTO {side} VALUES ($1)"))
+        .bind(id)
+        .execute(conn)
+        .await
+        .unwrap();
+
+    // However old its heartbeat, a row the job's transaction locks is alive.
+    let later = ResetParams {
+        stalled_before: now + chrono::Duration::hours(1),
+        max_resets: 5,
+        delivery: Default::default(),
+        now,
+    };
+    assert!(
+        store.reset_stalled(later).await.unwrap().reset.is_empty(),
+        "a locked row is not stalled"
+    );
+
+    // The key-share lock lets cancel flags through; then another claim takes
+    // the job over (simulated by moving its claim token on).
+    assert!(
+        store.cancel(&id).await.unwrap(),
+        "cancel flags go through the key-share lock"
+    );
+    sqlx::query(&format!(
+        "UPDATE {} SET claim_token = claim_token + 1 WHERE id = $1",
+        table.name().quoted()
+    ))
+    .bind(id)
+    .execute(&pool)
+    .await
+    .unwrap();
+    let result = store
+        .finish(job.job_store, &job.lease, Transition::Complete, now)
+        .await
+        .unwrap();
+    assert_eq!(
+        result,
+        queue_core::WriteResult::Stale,
+        "the attempt no longer holds the job"
+    );
+    let written: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {side}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(
+        written, 0,
+        "a stale attempt's writes are rolled back, not committed"
+    );
 }
