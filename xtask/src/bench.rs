@@ -725,19 +725,23 @@ async fn run_peers(pg: &Postgres, sizes: &Sizes, results: &mut Results) -> Resul
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/peers/Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     println!("peers: building {}", manifest.display());
+    // Their own target directory inside the workspace's, reused across runs.
+    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/peers");
     let build = tokio::process::Command::new(&cargo)
         .args(["build", "--release", "--quiet", "--manifest-path"])
         .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &target)
         .status()
         .await?;
     ensure!(build.success(), "building the peer benchmarks failed");
     let out = tokio::process::Command::new(&cargo)
         .args(["run", "--release", "--quiet", "--manifest-path"])
         .arg(&manifest)
+        .env("CARGO_TARGET_DIR", &target)
         .args([
             "--",
             "--jobs",
-            &sizes.drain_jobs.min(20_000).to_string(),
+            &sizes.drain_jobs.to_string(),
             "--wake-jobs",
             &sizes.wake_jobs.to_string(),
         ])

@@ -1,0 +1,417 @@
+//! The peers of `cargo xtask bench --peers`: the same drain and wake-latency
+//! scenarios as the project's own, for graphile_worker 0.14 (local queue of
+//! 64, 5 ms batched completion), sqlxmq 0.6 and apalis-postgres 1.0, each in
+//! a database of its own on the server `DATABASE_URL` names. Every drain
+//! verifies that each job ran exactly once.
+//!
+//! Output, one line per figure: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, ensure, Context, Result};
+
+const HANDLERS: usize = 16;
+
+/// What the handlers record, for the running scenario.
+struct Scenario {
+    runs: Vec<AtomicU32>,
+    started: Mutex<Vec<Option<Instant>>>,
+    total: AtomicUsize,
+}
+
+static CURRENT: Mutex<Option<Arc<Scenario>>> = Mutex::new(None);
+
+fn begin_scenario(n: usize) -> Arc<Scenario> {
+    let scenario = Arc::new(Scenario {
+        runs: (0..n).map(|_| AtomicU32::new(0)).collect(),
+        started: Mutex::new(vec![None; n]),
+        total: AtomicUsize::new(0),
+    });
+    *CURRENT.lock().unwrap_or_else(|e| e.into_inner()) = Some(scenario.clone());
+    scenario
+}
+
+/// Called by every peer's handler with the job's index.
+fn record(i: usize) {
+    let current = CURRENT.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    if let Some(s) = current {
+        if let Some(runs) = s.runs.get(i) {
+            runs.fetch_add(1, Ordering::Relaxed);
+            if let Some(slot) = s.started.lock().unwrap_or_else(|e| e.into_inner()).get_mut(i) {
+                slot.get_or_insert_with(Instant::now);
+            }
+            s.total.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
+fn check_exactly_once(peer: &str, s: &Scenario) -> Result<()> {
+    let wrong: Vec<(usize, u32)> = s
+        .runs
+        .iter()
+        .enumerate()
+        .map(|(i, r)| (i, r.load(Ordering::Relaxed)))
+        .filter(|(_, r)| *r != 1)
+        .take(5)
+        .collect();
+    ensure!(wrong.is_empty(), "{peer}: EXACTLY-ONCE VIOLATED: (job, runs) {wrong:?}");
+    Ok(())
+}
+
+async fn wait_for_handlers(s: &Scenario, n: usize, limit: Duration) -> Result<()> {
+    let started = Instant::now();
+    while s.total.load(Ordering::Relaxed) < n {
+        ensure!(started.elapsed() < limit, "only {} of {n} jobs ran within {limit:?}", s.total.load(Ordering::Relaxed));
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    Ok(())
+}
+
+/// Waits until `pending_sql` counts no unfinished job.
+async fn wait_for_completions(pool: &sqlx::PgPool, pending_sql: &str) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        let pending: i64 = sqlx::query_scalar(pending_sql).fetch_one(pool).await?;
+        if pending == 0 {
+            return Ok(());
+        }
+        ensure!(started.elapsed() < Duration::from_secs(300), "{pending} jobs never finished");
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+fn latencies(committed: &[Instant], s: &Scenario) -> (f64, f64, f64) {
+    let started = s.started.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let mut ms: Vec<f64> = committed
+        .iter()
+        .zip(started)
+        .map(|(c, s)| s.map(|s| s.saturating_duration_since(*c).as_secs_f64() * 1000.0).unwrap_or(f64::INFINITY))
+        .collect();
+    ms.sort_by(f64::total_cmp);
+    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
+    (at(0.5), at(0.99), ms.last().copied().unwrap_or(0.0))
+}
+
+fn report(peer: &str, scenario: &str, value: f64, unit: &str, note: &str) {
+    println!("{peer}\t{scenario}\t{value:.1}\t{unit}\t{note}");
+}
+
+fn report_wake(peer: &str, n: usize, (p50, p99, max): (f64, f64, f64)) {
+    let note = format!("{n} jobs at ~50/s, idle workers");
+    report(peer, "wake p50", p50, "ms", &note);
+    report(peer, "wake p99", p99, "ms", "");
+    report(peer, "wake max", max, "ms", "");
+}
+
+/// A fresh database for one peer; returns its URL.
+async fn fresh_database(admin: &sqlx::PgPool, url: &str, name: &str) -> Result<String> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(admin).await?;
+    sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin).await?;
+    let (base, _) = url.rsplit_once('/').context("DATABASE_URL has no database name")?;
+    Ok(format!("{base}/{name}"))
+}
+
+mod graphile {
+    use super::*;
+    use graphile_worker::{IntoTaskHandlerResult, JobSpec, LocalQueueConfig, TaskHandler, WorkerContext, WorkerOptions};
+    use serde::{Deserialize, Serialize};
+
+    #[derive(Clone, Deserialize, Serialize)]
+    pub struct Noop {
+        i: usize,
+    }
+
+    impl TaskHandler for Noop {
+        const IDENTIFIER: &'static str = "noop";
+
+        async fn run(self, _ctx: WorkerContext) -> impl IntoTaskHandlerResult {
+            record(self.i);
+            Ok::<(), String>(())
+        }
+    }
+
+    async fn worker(url: &str) -> Result<Arc<graphile_worker::Worker>> {
+        let worker = WorkerOptions::default()
+            .concurrency(HANDLERS)
+            .schema("graphile_worker")
+            .local_queue(LocalQueueConfig::default().with_size(64))
+            .complete_job_batch_delay(Duration::from_millis(5))
+            .define_job::<Noop>()
+            .database_url(url)
+            .max_pg_conn(40)
+            .init()
+            .await?;
+        Ok(Arc::new(worker))
+    }
+
+    pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect(url).await?;
+        // Drain.
+        let w = worker(url).await?;
+        let utils = w.create_utils();
+        let spec = JobSpec::default();
+        let all: Vec<(Noop, &JobSpec)> = (0..jobs).map(|i| (Noop { i }, &spec)).collect();
+        for chunk in all.chunks(5000) {
+            utils.add_jobs::<Noop>(chunk).await?;
+        }
+        let s = begin_scenario(jobs);
+        let started = Instant::now();
+        let running = tokio::spawn({
+            let w = w.clone();
+            async move { w.run().await }
+        });
+        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
+        wait_for_completions(&pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
+        let elapsed = started.elapsed();
+        w.request_shutdown();
+        let _ = running.await?;
+        check_exactly_once("graphile_worker", &s)?;
+        report(
+            "graphile_worker",
+            "drain, 16 handlers",
+            jobs as f64 / elapsed.as_secs_f64(),
+            "jobs/s",
+            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion"),
+        );
+        // Wake latency.
+        let w = worker(url).await?;
+        let utils = w.create_utils();
+        let s = begin_scenario(wake_jobs);
+        let running = tokio::spawn({
+            let w = w.clone();
+            async move { w.run().await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut committed = Vec::with_capacity(wake_jobs);
+        let mut ticks = tokio::time::interval(Duration::from_millis(20));
+        for i in 0..wake_jobs {
+            ticks.tick().await;
+            utils.add_job(Noop { i }, JobSpec::default()).await?;
+            committed.push(Instant::now());
+        }
+        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        w.request_shutdown();
+        let _ = running.await?;
+        report_wake("graphile_worker", wake_jobs, latencies(&committed, &s));
+        Ok(())
+    }
+}
+
+mod mq {
+    use super::*;
+    use sqlxmq::{job, CurrentJob, JobRegistry};
+
+    #[job(name = "noop")]
+    pub async fn noop(mut current: CurrentJob) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+        let i: usize = current.json()?.unwrap_or(usize::MAX);
+        record(i);
+        current.complete().await?;
+        Ok(())
+    }
+
+    /// sqlxmq ships its schema as migration files in its package; apply them.
+    async fn migrate(pool: &sqlx::PgPool) -> Result<()> {
+        let dir = sqlxmq_migrations()?;
+        let mut files: Vec<_> = std::fs::read_dir(&dir)?
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.to_string_lossy().ends_with(".up.sql"))
+            .collect();
+        files.sort();
+        for file in files {
+            let sql = std::fs::read_to_string(&file)?;
+            sqlx::raw_sql(&sql).execute(pool).await.with_context(|| format!("applying {}", file.display()))?;
+        }
+        Ok(())
+    }
+
+    /// The `migrations` folder of the sqlxmq package, found through cargo.
+    fn sqlxmq_migrations() -> Result<std::path::PathBuf> {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let out = std::process::Command::new(cargo)
+            .args(["metadata", "--format-version", "1", "--manifest-path"])
+            .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml"))
+            .output()?;
+        ensure!(out.status.success(), "cargo metadata failed");
+        let metadata: serde_json::Value = serde_json::from_slice(&out.stdout)?;
+        let manifest = metadata["packages"]
+            .as_array()
+            .and_then(|ps| ps.iter().find(|p| p["name"] == "sqlxmq"))
+            .and_then(|p| p["manifest_path"].as_str())
+            .context("sqlxmq is not among the dependencies")?;
+        let dir = std::path::Path::new(manifest).with_file_name("migrations");
+        ensure!(dir.is_dir(), "{} is missing", dir.display());
+        Ok(dir)
+    }
+
+    const PENDING: &str = "SELECT count(*) FROM mq_msgs WHERE id <> '00000000-0000-0000-0000-000000000000'";
+
+    async fn start(pool: &sqlx::PgPool) -> Result<sqlxmq::JobRunnerHandle> {
+        let mut runner = JobRegistry::new(&[noop]).runner(pool);
+        runner.set_concurrency(HANDLERS / 2, HANDLERS);
+        Ok(runner.run().await?)
+    }
+
+    async fn spawn_all(pool: &sqlx::PgPool, from: usize, to: usize) -> Result<()> {
+        // sqlxmq enqueues one job per statement; 16 at a time.
+        let mut next = from;
+        while next < to {
+            let end = (next + 16).min(to);
+            let batch = (next..end).map(|i| {
+                let pool = pool.clone();
+                async move {
+                    noop.builder().set_json(&i)?.spawn(&pool).await?;
+                    Ok::<(), anyhow::Error>(())
+                }
+            });
+            for r in futures::future::join_all(batch).await {
+                r?;
+            }
+            next = end;
+        }
+        Ok(())
+    }
+
+    pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
+        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect(url).await?;
+        migrate(&pool).await?;
+        spawn_all(&pool, 0, jobs).await?;
+        let s = begin_scenario(jobs);
+        let started = Instant::now();
+        let handle = start(&pool).await?;
+        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
+        wait_for_completions(&pool, PENDING).await?;
+        let elapsed = started.elapsed();
+        let mut handle = handle;
+        handle.stop().await;
+        check_exactly_once("sqlxmq", &s)?;
+        report("sqlxmq", "drain, 16 handlers", jobs as f64 / elapsed.as_secs_f64(), "jobs/s", &format!("{jobs} jobs, exactly once"));
+
+        let s = begin_scenario(wake_jobs);
+        let handle = start(&pool).await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut committed = Vec::with_capacity(wake_jobs);
+        let mut ticks = tokio::time::interval(Duration::from_millis(20));
+        for i in 0..wake_jobs {
+            ticks.tick().await;
+            noop.builder().set_json(&i)?.spawn(&pool).await?;
+            committed.push(Instant::now());
+        }
+        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        let mut handle = handle;
+        handle.stop().await;
+        report_wake("sqlxmq", wake_jobs, latencies(&committed, &s));
+        Ok(())
+    }
+}
+
+mod apalis_pg {
+    use super::*;
+    use apalis::prelude::*;
+    use apalis_postgres::{Config, PostgresStorage};
+    use futures::stream;
+
+    async fn handler(i: usize) -> Result<(), BoxDynError> {
+        record(i);
+        Ok(())
+    }
+
+    const PENDING: &str = "SELECT count(*) FROM apalis.jobs WHERE done_at IS NULL";
+
+    async fn run_worker(pool: &apalis_postgres::PgPool, stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
+        let backend = PostgresStorage::new(pool).with_config(Config::default().queue("bench")).with_pubsub();
+        let worker = WorkerBuilder::new("bench").backend(backend).concurrency(HANDLERS).build(handler);
+        worker
+            .run_until(async move {
+                let _ = stop.await;
+                Ok::<(), std::io::Error>(())
+            })
+            .await
+            .map_err(|e| anyhow::anyhow!("apalis worker: {e}"))
+    }
+
+    pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
+        let pool = apalis_postgres::PgPool::connect(url).await?;
+        PostgresStorage::setup(&pool).await?;
+        let checker = sqlx::PgPool::connect(url).await?;
+        let mut backend = PostgresStorage::new(&pool).with_config(Config::default().queue("bench"));
+        for start in (0..jobs).step_by(5000) {
+            let end = (start + 5000).min(jobs);
+            let mut items = stream::iter((start..end).map(|i| TaskBuilder::new(i).build()));
+            backend.push_all(&mut items).await?;
+        }
+        let s = begin_scenario(jobs);
+        let started = Instant::now();
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let running = tokio::spawn({
+            let pool = pool.clone();
+            async move { run_worker(&pool, stopped).await }
+        });
+        wait_for_handlers(&s, jobs, Duration::from_secs(900)).await?;
+        wait_for_completions(&checker, PENDING).await?;
+        let elapsed = started.elapsed();
+        let _ = stop.send(());
+        let _ = running.await?;
+        check_exactly_once("apalis", &s)?;
+        report("apalis", "drain, 16 handlers", jobs as f64 / elapsed.as_secs_f64(), "jobs/s", &format!("{jobs} jobs, exactly once; pubsub"));
+
+        let s = begin_scenario(wake_jobs);
+        let (stop, stopped) = tokio::sync::oneshot::channel();
+        let running = tokio::spawn({
+            let pool = pool.clone();
+            async move { run_worker(&pool, stopped).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut committed = Vec::with_capacity(wake_jobs);
+        let mut ticks = tokio::time::interval(Duration::from_millis(20));
+        for i in 0..wake_jobs {
+            ticks.tick().await;
+            let mut one = stream::iter([TaskBuilder::new(i).build()]);
+            backend.push_all(&mut one).await?;
+            committed.push(Instant::now());
+        }
+        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        let _ = stop.send(());
+        let _ = running.await?;
+        report_wake("apalis", wake_jobs, latencies(&committed, &s));
+        Ok(())
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<()> {
+    let mut jobs = 20_000;
+    let mut wake_jobs = 500;
+    let mut only: Option<String> = None;
+    let mut args = std::env::args().skip(1);
+    while let Some(flag) = args.next() {
+        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
+        match flag.as_str() {
+            "--jobs" => jobs = value()?.parse()?,
+            "--wake-jobs" => wake_jobs = value()?.parse()?,
+            "--only" => only = Some(value()?),
+            other => bail!("unknown flag {other}; usage: queue-bench-peers [--jobs N] [--wake-jobs N] [--only PEER]"),
+        }
+    }
+    let url = std::env::var("DATABASE_URL").context("DATABASE_URL must name the server")?;
+    let admin = sqlx::PgPool::connect(&url).await?;
+    let wanted = |peer: &str| only.as_deref().is_none_or(|o| o == peer);
+    if wanted("graphile_worker") {
+        let db = fresh_database(&admin, &url, "peer_graphile").await?;
+        eprintln!("peers: graphile_worker");
+        graphile::run(&db, jobs, wake_jobs).await?;
+    }
+    if wanted("sqlxmq") {
+        let db = fresh_database(&admin, &url, "peer_sqlxmq").await?;
+        eprintln!("peers: sqlxmq");
+        mq::run(&db, jobs, wake_jobs).await?;
+    }
+    if wanted("apalis") {
+        let db = fresh_database(&admin, &url, "peer_apalis").await?;
+        eprintln!("peers: apalis");
+        apalis_pg::run(&db, jobs, wake_jobs).await?;
+    }
+    Ok(())
+}
