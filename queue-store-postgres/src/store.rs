@@ -700,10 +700,12 @@ where
                 q = bind_arg(q, arg.clone());
             }
         }
-        let rows = q
+        let mut rows = q
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
+        // Back into claim order (the update returns rows in key order).
+        rows.sort_by_cached_key(|row| row.try_get::<i32, _>("__queue_rank").unwrap_or(i32::MAX));
         if rows.is_empty() {
             return Ok(Vec::new());
         }

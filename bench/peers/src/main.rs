@@ -39,7 +39,12 @@ fn record(i: usize) {
     if let Some(s) = current {
         if let Some(runs) = s.runs.get(i) {
             runs.fetch_add(1, Ordering::Relaxed);
-            if let Some(slot) = s.started.lock().unwrap_or_else(|e| e.into_inner()).get_mut(i) {
+            if let Some(slot) = s
+                .started
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .get_mut(i)
+            {
                 slot.get_or_insert_with(Instant::now);
             }
             s.total.fetch_add(1, Ordering::Relaxed);
@@ -56,14 +61,21 @@ fn check_exactly_once(peer: &str, s: &Scenario) -> Result<()> {
         .filter(|(_, r)| *r != 1)
         .take(5)
         .collect();
-    ensure!(wrong.is_empty(), "{peer}: EXACTLY-ONCE VIOLATED: (job, runs) {wrong:?}");
+    ensure!(
+        wrong.is_empty(),
+        "{peer}: EXACTLY-ONCE VIOLATED: (job, runs) {wrong:?}"
+    );
     Ok(())
 }
 
 async fn wait_for_handlers(s: &Scenario, n: usize, limit: Duration) -> Result<()> {
     let started = Instant::now();
     while s.total.load(Ordering::Relaxed) < n {
-        ensure!(started.elapsed() < limit, "only {} of {n} jobs ran within {limit:?}", s.total.load(Ordering::Relaxed));
+        ensure!(
+            started.elapsed() < limit,
+            "only {} of {n} jobs ran within {limit:?}",
+            s.total.load(Ordering::Relaxed)
+        );
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
     Ok(())
@@ -77,7 +89,10 @@ async fn wait_for_completions(pool: &sqlx::PgPool, pending_sql: &str) -> Result<
         if pending == 0 {
             return Ok(());
         }
-        ensure!(started.elapsed() < Duration::from_secs(300), "{pending} jobs never finished");
+        ensure!(
+            started.elapsed() < Duration::from_secs(300),
+            "{pending} jobs never finished"
+        );
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
 }
@@ -87,7 +102,10 @@ fn latencies(committed: &[Instant], s: &Scenario) -> (f64, f64, f64) {
     let mut ms: Vec<f64> = committed
         .iter()
         .zip(started)
-        .map(|(c, s)| s.map(|s| s.saturating_duration_since(*c).as_secs_f64() * 1000.0).unwrap_or(f64::INFINITY))
+        .map(|(c, s)| {
+            s.map(|s| s.saturating_duration_since(*c).as_secs_f64() * 1000.0)
+                .unwrap_or(f64::INFINITY)
+        })
         .collect();
     ms.sort_by(f64::total_cmp);
     let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
@@ -107,15 +125,23 @@ fn report_wake(peer: &str, n: usize, (p50, p99, max): (f64, f64, f64)) {
 
 /// A fresh database for one peer; returns its URL.
 async fn fresh_database(admin: &sqlx::PgPool, url: &str, name: &str) -> Result<String> {
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)")).execute(admin).await?;
-    sqlx::query(&format!("CREATE DATABASE {name}")).execute(admin).await?;
-    let (base, _) = url.rsplit_once('/').context("DATABASE_URL has no database name")?;
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {name}"))
+        .execute(admin)
+        .await?;
+    let (base, _) = url
+        .rsplit_once('/')
+        .context("DATABASE_URL has no database name")?;
     Ok(format!("{base}/{name}"))
 }
 
 mod graphile {
     use super::*;
-    use graphile_worker::{IntoTaskHandlerResult, JobSpec, LocalQueueConfig, TaskHandler, WorkerContext, WorkerOptions};
+    use graphile_worker::{
+        IntoTaskHandlerResult, JobSpec, LocalQueueConfig, TaskHandler, WorkerContext, WorkerOptions,
+    };
     use serde::{Deserialize, Serialize};
 
     #[derive(Clone, Deserialize, Serialize)]
@@ -147,7 +173,10 @@ mod graphile {
     }
 
     pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
-        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect(url).await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(40)
+            .connect(url)
+            .await?;
         // Drain.
         let w = worker(url).await?;
         let utils = w.create_utils();
@@ -204,7 +233,9 @@ mod mq {
     use sqlxmq::{job, CurrentJob, JobRegistry};
 
     #[job(name = "noop")]
-    pub async fn noop(mut current: CurrentJob) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
+    pub async fn noop(
+        mut current: CurrentJob,
+    ) -> Result<(), Box<dyn std::error::Error + Send + Sync + 'static>> {
         let i: usize = current.json()?.unwrap_or(usize::MAX);
         record(i);
         current.complete().await?;
@@ -222,7 +253,10 @@ mod mq {
         files.sort();
         for file in files {
             let sql = std::fs::read_to_string(&file)?;
-            sqlx::raw_sql(&sql).execute(pool).await.with_context(|| format!("applying {}", file.display()))?;
+            sqlx::raw_sql(&sql)
+                .execute(pool)
+                .await
+                .with_context(|| format!("applying {}", file.display()))?;
         }
         Ok(())
     }
@@ -246,7 +280,8 @@ mod mq {
         Ok(dir)
     }
 
-    const PENDING: &str = "SELECT count(*) FROM mq_msgs WHERE id <> '00000000-0000-0000-0000-000000000000'";
+    const PENDING: &str =
+        "SELECT count(*) FROM mq_msgs WHERE id <> '00000000-0000-0000-0000-000000000000'";
 
     async fn start(pool: &sqlx::PgPool) -> Result<sqlxmq::JobRunnerHandle> {
         let mut runner = JobRegistry::new(&[noop]).runner(pool);
@@ -275,7 +310,10 @@ mod mq {
     }
 
     pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
-        let pool = sqlx::postgres::PgPoolOptions::new().max_connections(40).connect(url).await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(40)
+            .connect(url)
+            .await?;
         migrate(&pool).await?;
         spawn_all(&pool, 0, jobs).await?;
         let s = begin_scenario(jobs);
@@ -287,7 +325,13 @@ mod mq {
         let mut handle = handle;
         handle.stop().await;
         check_exactly_once("sqlxmq", &s)?;
-        report("sqlxmq", "drain, 16 handlers", jobs as f64 / elapsed.as_secs_f64(), "jobs/s", &format!("{jobs} jobs, exactly once"));
+        report(
+            "sqlxmq",
+            "drain, 16 handlers",
+            jobs as f64 / elapsed.as_secs_f64(),
+            "jobs/s",
+            &format!("{jobs} jobs, exactly once"),
+        );
 
         let s = begin_scenario(wake_jobs);
         let handle = start(&pool).await?;
@@ -320,9 +364,17 @@ mod apalis_pg {
 
     const PENDING: &str = "SELECT count(*) FROM apalis.jobs WHERE done_at IS NULL";
 
-    async fn run_worker(pool: &apalis_postgres::PgPool, stop: tokio::sync::oneshot::Receiver<()>) -> Result<()> {
-        let backend = PostgresStorage::new(pool).with_config(Config::default().queue("bench")).with_pubsub();
-        let worker = WorkerBuilder::new("bench").backend(backend).concurrency(HANDLERS).build(handler);
+    async fn run_worker(
+        pool: &apalis_postgres::PgPool,
+        stop: tokio::sync::oneshot::Receiver<()>,
+    ) -> Result<()> {
+        let backend = PostgresStorage::new(pool)
+            .with_config(Config::default().queue("bench"))
+            .with_pubsub();
+        let worker = WorkerBuilder::new("bench")
+            .backend(backend)
+            .concurrency(HANDLERS)
+            .build(handler);
         worker
             .run_until(async move {
                 let _ = stop.await;
@@ -355,7 +407,13 @@ mod apalis_pg {
         let _ = stop.send(());
         let _ = running.await?;
         check_exactly_once("apalis", &s)?;
-        report("apalis", "drain, 16 handlers", jobs as f64 / elapsed.as_secs_f64(), "jobs/s", &format!("{jobs} jobs, exactly once; pubsub"));
+        report(
+            "apalis",
+            "drain, 16 handlers",
+            jobs as f64 / elapsed.as_secs_f64(),
+            "jobs/s",
+            &format!("{jobs} jobs, exactly once; pubsub"),
+        );
 
         let s = begin_scenario(wake_jobs);
         let (stop, stopped) = tokio::sync::oneshot::channel();

@@ -182,7 +182,10 @@ impl Statements {
             });
 
         // Claim: lock up to $limit eligible rows, skipping locked ones, and
-        // mark them processing in the same statement.
+        // mark them processing in the same statement. The update finds the
+        // rows by key (`= ANY(ARRAY(..))`), which keeps large batches on the
+        // primary key instead of a join the planner may turn into a scan of
+        // the table; `__queue_rank` restores the claim order.
         let mut b = Builder::default();
         let (queued, errored) = (
             b.p(Param::State(JobState::Queued)),
@@ -224,8 +227,9 @@ impl Statements {
         };
         b.push(&format!(
             " ORDER BY {order} LIMIT {limit} FOR UPDATE SKIP LOCKED) \
-             UPDATE {table} AS {a} SET {sets} FROM candidates WHERE {id} = candidates.{id_name} \
-             RETURNING {id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\"{returning_record}",
+             UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
+             RETURNING {id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\", \
+             array_position(ARRAY(SELECT {id_name} FROM candidates), {id}) AS \"__queue_rank\"{returning_record}",
             sets = sets.join(", ")
         ));
         let claim_tail = b.text;
@@ -410,7 +414,7 @@ impl Statements {
             b.push(&format!(
                 "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {state} = CAST({processing} AS {st}) \
                  AND ({since} IS NULL OR {since} < {before}) ORDER BY {id} FOR UPDATE SKIP LOCKED) \
-                 UPDATE {table} AS {a} SET {sets} FROM stalled WHERE {id} = stalled.{id_name} \
+                 UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM stalled)) \
                  RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
                 sets = sets.join(", ")
             ));
@@ -512,9 +516,10 @@ mod tests {
              ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT $4 FOR UPDATE SKIP LOCKED) \
              UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($5 AS text), \"started_at\" = $3, \
              \"last_heartbeat_at\" = $3, \"worker_hostname\" = $6, \"claim_token\" = \"jobs\".\"claim_token\" + 1, \
-             \"execution_logs\" = '{}' FROM candidates WHERE \"jobs\".\"id\" = candidates.\"id\" \
+             \"execution_logs\" = '{}' WHERE \"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates)) \
              RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
-             \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \"jobs\".*"
+             \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
+             array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*"
         );
         assert_eq!(
             claim.params,
