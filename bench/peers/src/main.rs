@@ -112,6 +112,25 @@ fn latencies(committed: &[Instant], s: &Scenario) -> (f64, f64, f64) {
     (at(0.5), at(0.99), ms.last().copied().unwrap_or(0.0))
 }
 
+/// The wake scenario's load: `n` jobs enqueued one by one at ~50/s (each
+/// committed by `enqueue`), then waits for all handlers; returns when each
+/// enqueue committed.
+async fn trickle<F, Fut>(s: &Scenario, n: usize, mut enqueue: F) -> Result<Vec<Instant>>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: std::future::Future<Output = Result<()>>,
+{
+    let mut committed = Vec::with_capacity(n);
+    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    for i in 0..n {
+        ticks.tick().await;
+        enqueue(i).await?;
+        committed.push(Instant::now());
+    }
+    wait_for_handlers(s, n, Duration::from_secs(60)).await?;
+    Ok(committed)
+}
+
 fn report(peer: &str, scenario: &str, value: f64, unit: &str, note: &str) {
     println!("{peer}\t{scenario}\t{value:.1}\t{unit}\t{note}");
 }
@@ -213,14 +232,14 @@ mod graphile {
             async move { w.run().await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut committed = Vec::with_capacity(wake_jobs);
-        let mut ticks = tokio::time::interval(Duration::from_millis(20));
-        for i in 0..wake_jobs {
-            ticks.tick().await;
-            utils.add_job(Noop { i }, JobSpec::default()).await?;
-            committed.push(Instant::now());
-        }
-        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        let committed = trickle(&s, wake_jobs, |i| {
+            let utils = &utils;
+            async move {
+                utils.add_job(Noop { i }, JobSpec::default()).await?;
+                Ok(())
+            }
+        })
+        .await?;
         w.request_shutdown();
         let _ = running.await?;
         report_wake("graphile_worker", wake_jobs, latencies(&committed, &s));
@@ -336,14 +355,14 @@ mod mq {
         let s = begin_scenario(wake_jobs);
         let handle = start(&pool).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut committed = Vec::with_capacity(wake_jobs);
-        let mut ticks = tokio::time::interval(Duration::from_millis(20));
-        for i in 0..wake_jobs {
-            ticks.tick().await;
-            noop.builder().set_json(&i)?.spawn(&pool).await?;
-            committed.push(Instant::now());
-        }
-        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        let committed = trickle(&s, wake_jobs, |i| {
+            let pool = &pool;
+            async move {
+                noop.builder().set_json(&i)?.spawn(pool).await?;
+                Ok(())
+            }
+        })
+        .await?;
         let mut handle = handle;
         handle.stop().await;
         report_wake("sqlxmq", wake_jobs, latencies(&committed, &s));
@@ -422,15 +441,15 @@ mod apalis_pg {
             async move { run_worker(&pool, stopped).await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let mut committed = Vec::with_capacity(wake_jobs);
-        let mut ticks = tokio::time::interval(Duration::from_millis(20));
-        for i in 0..wake_jobs {
-            ticks.tick().await;
-            let mut one = stream::iter([TaskBuilder::new(i).build()]);
-            backend.push_all(&mut one).await?;
-            committed.push(Instant::now());
-        }
-        wait_for_handlers(&s, wake_jobs, Duration::from_secs(60)).await?;
+        let committed = trickle(&s, wake_jobs, |i| {
+            let mut backend = backend.clone();
+            async move {
+                let mut one = stream::iter([TaskBuilder::new(i).build()]);
+                backend.push_all(&mut one).await?;
+                Ok(())
+            }
+        })
+        .await?;
         let _ = stop.send(());
         let _ = running.await?;
         report_wake("apalis", wake_jobs, latencies(&committed, &s));
