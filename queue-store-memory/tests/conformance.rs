@@ -20,16 +20,7 @@ impl Harness for MemoryHarness {
     }
 
     async fn inspect(&self, store: &MemoryStore, id: &i64) -> Option<Snapshot> {
-        store.get(*id).map(|job| Snapshot {
-            state: job.state,
-            num_failures: job.num_failures as u32,
-            num_resets: job.num_resets as u32,
-            failure_message: job.failure_message,
-            process_after: job.process_after,
-            last_heartbeat_at: job.last_heartbeat_at,
-            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
-            worker_hostname: job.worker_hostname,
-        })
+        store.get(*id).map(Snapshot::from)
     }
 
     async fn cancel(&self, store: &MemoryStore, id: &i64) {

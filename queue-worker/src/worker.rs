@@ -213,6 +213,8 @@ struct Shared<S: Store, H> {
     run_slots: Arc<Semaphore>,
     /// Claimed jobs waiting for a handler (prefetched).
     waiting: std::sync::atomic::AtomicUsize,
+    /// The worker's name, shared by every job's context.
+    name: Arc<str>,
     running: Mutex<RunningJobs<S::Id>>,
     report: Mutex<WorkerReport>,
 }
@@ -297,6 +299,7 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
                 store: store.into(),
                 run_slots: Arc::new(Semaphore::new(options.num_handlers)),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
+                name: Arc::from(options.name.as_str()),
                 handler,
                 options,
                 running: Mutex::new(HashMap::new()),
@@ -510,7 +513,7 @@ async fn start_job<S: Store, H: Handler<S>>(
         reason: Mutex::new(None),
         started: std::sync::atomic::AtomicBool::new(false),
     });
-    let mut ctx = JobContext::new(lease.attempt, options.name.as_str())
+    let mut ctx = JobContext::new(lease.attempt, shared.name.clone())
         .with_cancellation(control.token.clone())
         .with_log_sink(Arc::new(StoreLogSink {
             store: shared.store.clone(),

@@ -47,6 +47,22 @@ pub struct Snapshot {
     pub worker_hostname: Option<String>,
 }
 
+impl From<crate::job::Job> for Snapshot {
+    /// What the suite observes of a default-table [`Job`](crate::Job).
+    fn from(job: crate::job::Job) -> Self {
+        Snapshot {
+            state: job.state,
+            num_failures: u32::try_from(job.num_failures).unwrap_or(0),
+            num_resets: u32::try_from(job.num_resets).unwrap_or(0),
+            failure_message: job.failure_message,
+            process_after: job.process_after,
+            last_heartbeat_at: job.last_heartbeat_at,
+            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
+            worker_hostname: job.worker_hostname,
+        }
+    }
+}
+
 /// Adapts a store to the suite: creates isolated stores and performs the
 /// operations that are not part of [`Store`] (enqueue, inspect, operator
 /// actions).

@@ -113,16 +113,7 @@ impl Harness for PgHarness {
             .await
             .expect("inspect")?;
         let job = queue_store_postgres::decode_job(&row).expect("decodable row");
-        Some(Snapshot {
-            state: job.state,
-            num_failures: job.num_failures as u32,
-            num_resets: job.num_resets as u32,
-            failure_message: job.failure_message,
-            process_after: job.process_after,
-            last_heartbeat_at: job.last_heartbeat_at,
-            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
-            worker_hostname: job.worker_hostname,
-        })
+        Some(Snapshot::from(job))
     }
 
     async fn cancel(&self, store: &PgStore<Job>, id: &i64) {
