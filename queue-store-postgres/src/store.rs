@@ -73,15 +73,10 @@ impl<K: PgKey> PgJobStore<K> {
                 .await
                 .map_err(|e| store_error("opening a job's transaction", e))?;
             let lease = &claim.lease;
-            let locked = query(&claim.sql.lock, |p| match p {
-                Param::Id => Some(Value::Key(lease.id.clone())),
-                Param::Token => Some(Value::Int(lease.token)),
-                Param::State(s) => Some(state(&claim.states, s)),
-                _ => None,
-            })?
-            .fetch_optional(&mut *tx)
-            .await
-            .map_err(|e| store_error("locking a claimed job", e))?;
+            let locked = query(&claim.sql.lock, |p| lease_value(lease, &claim.states, p))?
+                .fetch_optional(&mut *tx)
+                .await
+                .map_err(|e| store_error("locking a claimed job", e))?;
             if locked.is_none() {
                 return Err(StoreError::Conflict {
                     context: format!("locking job {}", lease.id),
@@ -205,6 +200,16 @@ fn state<K>(states: &StateValues, s: JobState) -> Value<K> {
     Value::Text(states.get(s).to_owned())
 }
 
+/// The values a statement guarded by a lease binds: key, token and states.
+fn lease_value<K: PgKey>(lease: &Lease<K>, states: &StateValues, p: Param) -> Option<Value<K>> {
+    match p {
+        Param::Id => Some(Value::Key(lease.id.clone())),
+        Param::Token => Some(Value::Int(lease.token)),
+        Param::State(s) => Some(state(states, s)),
+        _ => None,
+    }
+}
+
 /// One attempt's end, as a row of the batched finish statement.
 struct FinishRow<K> {
     id: K,
@@ -251,32 +256,17 @@ async fn run_finish<'c, K: PgKey>(
     sql: &Statements,
     states: &StateValues,
     executor: impl sqlx::PgExecutor<'c>,
-    mut rows: Vec<FinishRow<K>>,
+    rows: &[FinishRow<K>],
 ) -> Result<HashSet<K>, StoreError> {
-    if rows.len() == 1 {
-        let Some(row) = rows.pop() else {
-            return Ok(HashSet::new());
-        };
-        let FinishRow {
-            id,
-            token,
-            target,
-            finished_at,
-            message,
-            process_after,
-            failed,
-        } = row;
-        let (mut target, mut message) = (Some(target), Some(message));
-        let key = id.clone();
-        let mut id = Some(id);
+    if let [row] = rows {
         let q = query(&sql.finish_one, |p| match p {
-            Param::Id => id.take().map(Value::Key),
-            Param::Token => Some(Value::Int(token)),
-            Param::TargetState => target.take().map(Value::Text),
-            Param::FinishedAt => Some(Value::OptTime(finished_at)),
-            Param::Message => message.take().map(Value::OptText),
-            Param::ProcessAfter => Some(Value::OptTime(process_after)),
-            Param::FailureIncrement => Some(Value::Int4(failed)),
+            Param::TargetState => Some(Value::Text(row.target.clone())),
+            Param::FinishedAt => Some(Value::OptTime(row.finished_at)),
+            Param::Message => Some(Value::OptText(row.message.clone())),
+            Param::ProcessAfter => Some(Value::OptTime(row.process_after)),
+            Param::FailureIncrement => Some(Value::Int4(row.failed)),
+            Param::Id => Some(Value::Key(row.id.clone())),
+            Param::Token => Some(Value::Int(row.token)),
             Param::State(s) => Some(state(states, s)),
             _ => None,
         })?;
@@ -284,47 +274,22 @@ async fn run_finish<'c, K: PgKey>(
             .fetch_optional(executor)
             .await
             .map_err(|e| store_error("recording a job outcome", e))?;
-        return Ok(applied.map(|_| key).into_iter().collect());
+        return Ok(applied.map(|_| row.id.clone()).into_iter().collect());
     }
-    let statement = &sql.finish;
-    let n = rows.len();
-    let (mut ids, mut tokens, mut targets, mut finished, mut messages, mut afters, mut failed) = (
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-        Vec::with_capacity(n),
-    );
-    for row in rows {
-        ids.push(row.id);
-        tokens.push(row.token);
-        targets.push(Some(row.target));
-        finished.push(row.finished_at);
-        messages.push(row.message);
-        afters.push(row.process_after);
-        failed.push(row.failed);
-    }
-    let (mut ids, mut tokens, mut targets, mut finished, mut messages, mut afters, mut failed) = (
-        Some(ids),
-        Some(tokens),
-        Some(targets),
-        Some(finished),
-        Some(messages),
-        Some(afters),
-        Some(failed),
-    );
-    let q = query(statement, |p| match p {
-        Param::Ids => ids.take().map(Value::Keys),
-        Param::Tokens => tokens.take().map(Value::Ints),
-        Param::TargetStates => targets.take().map(Value::Texts),
-        Param::FinishedAts => finished.take().map(Value::Times),
-        Param::Messages => messages.take().map(Value::Texts),
-        Param::ProcessAfters => afters.take().map(Value::Times),
-        Param::FailureIncrements => failed.take().map(Value::Int4s),
-        Param::State(s) => Some(state(states, s)),
-        _ => None,
+    let q = query(&sql.finish, |p| {
+        Some(match p {
+            Param::Ids => Value::Keys(rows.iter().map(|r| r.id.clone()).collect()),
+            Param::Tokens => Value::Ints(rows.iter().map(|r| r.token).collect()),
+            Param::TargetStates => {
+                Value::Texts(rows.iter().map(|r| Some(r.target.clone())).collect())
+            }
+            Param::FinishedAts => Value::Times(rows.iter().map(|r| r.finished_at).collect()),
+            Param::Messages => Value::Texts(rows.iter().map(|r| r.message.clone()).collect()),
+            Param::ProcessAfters => Value::Times(rows.iter().map(|r| r.process_after).collect()),
+            Param::FailureIncrements => Value::Int4s(rows.iter().map(|r| r.failed).collect()),
+            Param::State(s) => state(states, s),
+            _ => return None,
+        })
     })?;
     let rows = q
         .fetch_all(executor)
@@ -372,15 +337,11 @@ async fn complete_batches<K: PgKey>(
                 Err(_) => break,
             }
         }
-        let (rows, replies): (Vec<_>, Vec<_>) = batch
-            .into_iter()
-            .map(|c| ((c.row.id.clone(), c.row), c.reply))
-            .unzip();
-        let (ids, rows): (Vec<K>, Vec<FinishRow<K>>) = rows.into_iter().unzip();
-        match run_finish(&sql, &states, &pool, rows).await {
+        let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
+        match run_finish(&sql, &states, &pool, &rows).await {
             Ok(applied) => {
-                for (id, reply) in ids.iter().zip(replies) {
-                    let result = if applied.contains(id) {
+                for (row, reply) in rows.iter().zip(replies) {
+                    let result = if applied.contains(&row.id) {
                         WriteResult::Applied
                     } else {
                         WriteResult::Stale
@@ -558,7 +519,7 @@ where
         let waiting = query(&self.inner.sql.cancel_waiting, |p| match p {
             Param::Id => Some(Value::Key(id.clone())),
             Param::State(s) => Some(state(self.states(), s)),
-            Param::Messages => Some(Value::Text(
+            Param::Message => Some(Value::Text(
                 queue_core::CANCELED_BEFORE_RUN_MESSAGE.to_owned(),
             )),
             Param::Now => Some(Value::Time(now)),
@@ -641,15 +602,6 @@ where
             by_id.insert(id, row);
         }
         Ok(by_id)
-    }
-
-    fn lease_value(&self, lease: &Lease<R::Id>, p: Param) -> Option<Value<R::Id>> {
-        match p {
-            Param::Id => Some(Value::Key(lease.id.clone())),
-            Param::Token => Some(Value::Int(lease.token)),
-            Param::State(s) => Some(state(self.states(), s)),
-            _ => None,
-        }
     }
 }
 
@@ -794,8 +746,13 @@ where
             if complete {
                 // The handler's writes and the completion commit together;
                 // if the job moved on, the writes are rolled back.
-                let applied =
-                    run_finish(&self.inner.sql, self.states(), &mut *tx, vec![row]).await?;
+                let applied = run_finish(
+                    &self.inner.sql,
+                    self.states(),
+                    &mut *tx,
+                    std::slice::from_ref(&row),
+                )
+                .await?;
                 if !applied.contains(&lease.id) {
                     if let Err(error) = tx.rollback().await {
                         tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is discarded");
@@ -882,7 +839,7 @@ where
         let mut json = Some(json);
         let result = query(statement, |p| match p {
             Param::Entry => json.take().map(Value::Json),
-            other => self.lease_value(lease, other),
+            other => lease_value(lease, self.states(), other),
         })?
         .execute(&self.inner.pool)
         .await

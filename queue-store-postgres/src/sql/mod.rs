@@ -430,7 +430,7 @@ impl Statements {
         );
         let mut sets = vec![format!("{state_name} = CAST({canceled} AS {st})")];
         if let Some(n) = names.get(Column::FailureMessage) {
-            let message = b.p(Param::Messages);
+            let message = b.p(Param::Message);
             sets.push(format!("{n} = {message}"));
         }
         if let Some(n) = names.get(Column::FinishedAt) {
