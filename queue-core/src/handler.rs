@@ -67,6 +67,12 @@ pub struct DequeueContext<'a> {
     pub worker: &'a str,
     /// How many more jobs the worker can run now.
     pub free_slots: usize,
+    /// How many claims of this worker are still on their way (see
+    /// `WorkerOptions::concurrent_claims` in queue-worker): their jobs are
+    /// not through PreHandle yet. A hook whose answer depends on what
+    /// PreHandle records (a budget) should say `NotNow` while this is not
+    /// zero; it is asked again as soon as a claim comes back.
+    pub claims_in_flight: usize,
 }
 
 /// Writes execution-log entries for the running job.

@@ -121,6 +121,7 @@ async fn main() -> Result<()> {
     let args = parse()?;
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must point at the database")?;
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(args.handlers as u32 + 8)
         .connect(&url)
         .await

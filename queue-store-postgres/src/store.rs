@@ -393,11 +393,21 @@ impl<R: JobRecord> Drop for Inner<R> {
 /// values, key type, view and order are all configurable
 /// ([`PgStoreOptions`]), and checked against the catalog at start-up.
 ///
+/// Build the store's pool with `test_before_acquire(false)`: by default
+/// sqlx pings every connection before handing it out, a round trip more for
+/// each claim and completion (measured: a claim's wait for its connection
+/// went from 0.01 to 0.25-0.5 ms, throughput down by about a tenth). A
+/// broken connection still surfaces as a retryable error and is replaced.
+///
 /// ```no_run
 /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 /// use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+/// use sqlx::postgres::PgPoolOptions;
 ///
-/// let pool = sqlx::PgPool::connect("postgres://localhost/app").await?;
+/// let pool = PgPoolOptions::new()
+///     .test_before_acquire(false)
+///     .connect("postgres://localhost/app")
+///     .await?;
 /// let jobs = JobTable::default();
 /// jobs.migrate(&pool).await?;
 /// let store = PgStore::default_table(pool.clone(), jobs.store_options().mode(ExecutionMode::Lease)).await?;
@@ -459,6 +469,12 @@ where
         decode: Decoder<R>,
     ) -> Result<Self, StoreError> {
         options.check()?;
+        if pool.options().get_test_before_acquire() {
+            tracing::info!(
+                "the pool pings each connection before handing it out, a round trip more per \
+                 claim and completion; build it with PgPoolOptions::test_before_acquire(false)"
+            );
+        }
         let (shape, absent) = catalog::inspect(&pool, &options, R::Id::PG_TYPES).await?;
         for column in &absent {
             tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());

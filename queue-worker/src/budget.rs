@@ -4,9 +4,10 @@
 //! A worker running several jobs must not exceed its resource capacity. When
 //! each job's cost can be estimated from its record, the budget:
 //!
-//! 1. in PreDequeue, claims nothing when no headroom is left, and otherwise
-//!    claims one job at a time with extra conditions admitting only jobs that
-//!    fit the remaining headroom;
+//! 1. in PreDequeue, claims nothing when no headroom is left or another
+//!    claim is still on its way (its jobs' costs are not known yet), and
+//!    otherwise claims one job at a time with extra conditions admitting only
+//!    jobs that fit the remaining headroom;
 //! 2. in PreHandle (which the worker runs before its next claim), takes the
 //!    job's cost from the headroom;
 //! 3. in PostHandle, gives it back.
@@ -88,7 +89,7 @@ impl<S: Store, H: Handler<S>> Handler<S> for Budget<S, H> {
         ctx: &DequeueContext<'_>,
     ) -> Result<Dequeue<S::Conditions>, BoxError> {
         let headroom = self.headroom();
-        if headroom == 0 {
+        if headroom == 0 || ctx.claims_in_flight > 0 {
             return Ok(Dequeue::NotNow);
         }
         Ok(match self.inner.pre_dequeue(ctx).await? {

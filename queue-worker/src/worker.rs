@@ -3,11 +3,15 @@
 //! graceful shutdown.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
+use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
 use queue_core::{
     AttemptEnd, CancellationToken, ClaimParams, Claimed, Clock, Dequeue, DequeueContext, Handler,
@@ -37,12 +41,20 @@ pub struct WorkerOptions {
     pub poll_interval: Duration,
     /// The most jobs one claim takes. Default: `num_handlers`.
     pub claim_batch: usize,
+    /// How many claims may be on their way at once. With 2 (the default)
+    /// the next claim goes out while the previous one's round trip and
+    /// commit are still under way, so handlers do not sit idle waiting for
+    /// it. PreDequeue then may run while a claim is in flight
+    /// ([`DequeueContext::claims_in_flight`] says so). 1 claims strictly one
+    /// batch at a time.
+    pub concurrent_claims: usize,
     /// Jobs claimed beyond the free handler slots and held until a slot
     /// frees, so that claims come in larger batches (graphile-worker's
     /// local queue). They count as running: they are heartbeated, and at
-    /// shutdown the ones not started are handed back at once. In
-    /// transactional mode each holds a transaction, so a connection.
-    /// Default 0.
+    /// shutdown the ones not started are handed back at once. A store may
+    /// tie resources to a claimed job (a transaction opened at claim time);
+    /// the Postgres store opens a job's transaction only when its handler
+    /// asks, so prefetched jobs hold no connection. Default 0.
     pub prefetch: usize,
     /// How often running jobs are heartbeated (and cancellations noticed).
     /// Default 5 s; keep it well below the resetter's stalled max age.
@@ -69,6 +81,7 @@ impl std::fmt::Debug for WorkerOptions {
             .field("num_handlers", &self.num_handlers)
             .field("poll_interval", &self.poll_interval)
             .field("claim_batch", &self.claim_batch)
+            .field("concurrent_claims", &self.concurrent_claims)
             .field("prefetch", &self.prefetch)
             .field("heartbeat_interval", &self.heartbeat_interval)
             .field("job_timeout", &self.job_timeout)
@@ -86,6 +99,7 @@ impl Default for WorkerOptions {
             num_handlers: 4,
             poll_interval: Duration::from_secs(5),
             claim_batch: 4,
+            concurrent_claims: 2,
             prefetch: 0,
             heartbeat_interval: Duration::from_secs(5),
             job_timeout: Some(Duration::from_secs(300)),
@@ -122,6 +136,9 @@ impl WorkerOptions {
         }
         if self.claim_batch == 0 {
             return fail("claim_batch must be at least 1");
+        }
+        if self.concurrent_claims == 0 {
+            return fail("concurrent_claims must be at least 1");
         }
         if self.poll_interval.is_zero() {
             return fail("poll_interval must be longer than zero");
@@ -213,6 +230,9 @@ struct Shared<S: Store, H> {
     run_slots: Arc<Semaphore>,
     /// Claimed jobs waiting for a handler (prefetched).
     waiting: std::sync::atomic::AtomicUsize,
+    /// Signalled when a job is through PostHandle: a PreDequeue that said
+    /// not now may say otherwise.
+    job_finished: tokio::sync::Notify,
     /// The worker's name, shared by every job's context.
     name: Arc<str>,
     running: Mutex<RunningJobs<S::Id>>,
@@ -299,6 +319,7 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
                 store: store.into(),
                 run_slots: Arc::new(Semaphore::new(options.num_handlers)),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
+                job_finished: tokio::sync::Notify::new(),
                 name: Arc::from(options.name.as_str()),
                 handler,
                 options,
@@ -318,78 +339,10 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
     /// an error.
     pub async fn run(self, shutdown: CancellationToken) -> Result<WorkerReport, WorkerError> {
         let shared = self.shared;
-        let options = &shared.options;
-        // One permit per job held: running, or prefetched and waiting.
-        let slots = Arc::new(Semaphore::new(options.num_handlers + options.prefetch));
-        let mut tasks = JoinSet::new();
         let heartbeat_stop = CancellationToken::new();
         let heartbeats = tokio::spawn(heartbeat_loop(shared.clone(), heartbeat_stop.clone()));
-        let mut result = Ok(());
-
-        while !shutdown.is_cancelled() {
-            reap(&mut tasks);
-            // While prefetched jobs still wait for a handler there is no
-            // hurry: wait for a good part of a batch of free slots, so that
-            // claims come in batches.
-            let waiting = shared.waiting.load(std::sync::atomic::Ordering::Acquire);
-            let want = if waiting > 0 {
-                (options.claim_batch / 2).min(options.prefetch).max(1)
-            } else {
-                1
-            };
-            let mut first = tokio::select! {
-                permit = slots.clone().acquire_many_owned(want as u32) => match permit {
-                    Ok(permit) => permit,
-                    Err(_) => break,
-                },
-                _ = shutdown.cancelled() => break,
-            };
-            let mut permits = Vec::with_capacity(options.claim_batch);
-            while first.num_permits() > 1 {
-                match first.split(1) {
-                    Some(one) => permits.push(one),
-                    None => break,
-                }
-            }
-            permits.push(first);
-            while permits.len() < options.claim_batch {
-                match slots.clone().try_acquire_owned() {
-                    Ok(permit) => permits.push(permit),
-                    Err(_) => break,
-                }
-            }
-            match claim_round(&shared, &mut permits, &mut tasks).await {
-                Ok(Round::Claimed(n)) if n > 0 => continue,
-                Ok(Round::Claimed(_)) => {
-                    drop(permits);
-                    tokio::select! {
-                        _ = shared.store.wait_for_jobs(options.poll_interval) => {}
-                        _ = shutdown.cancelled() => {}
-                    }
-                }
-                Ok(Round::NotNow) => {
-                    drop(permits);
-                    tokio::select! {
-                        _ = tokio::time::sleep(options.poll_interval) => {}
-                        _ = shutdown.cancelled() => {}
-                    }
-                }
-                Err(error) if error.is_retryable() => {
-                    drop(permits);
-                    tracing::warn!(%error, "claim failed; retrying after the poll interval");
-                    tokio::select! {
-                        _ = tokio::time::sleep(options.poll_interval) => {}
-                        _ = shutdown.cancelled() => {}
-                    }
-                }
-                Err(error) => {
-                    tracing::error!(%error, "claim failed permanently; the worker stops");
-                    result = Err(WorkerError::Store(error));
-                    break;
-                }
-            }
-        }
-
+        let mut tasks = JoinSet::new();
+        let result = claim_loop(&shared, &mut tasks, &shutdown).await;
         drain(&shared, &mut tasks).await;
         heartbeat_stop.cancel();
         let _ = heartbeats.await;
@@ -403,66 +356,221 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
     }
 }
 
-enum Round {
-    /// The PreDequeue hook said not now.
-    NotNow,
-    /// This many jobs were claimed and started.
-    Claimed(usize),
+/// A claim on its way: what the store answered, and the slots reserved for
+/// its jobs.
+type ClaimInFlight<S> = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Result<Vec<Claimed<S>>, StoreError>,
+                    Vec<OwnedSemaphorePermit>,
+                ),
+            > + Send,
+    >,
+>;
+
+/// Why the claim loop is not claiming for now.
+enum Pause {
+    /// The last claim found nothing: until the store signals new jobs or the
+    /// poll interval passes.
+    Idle(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// PreDequeue said not now: until a job finishes, a claim comes back or
+    /// the poll interval passes.
+    NotNow(Pin<Box<tokio::time::Sleep>>),
+    /// A claim failed: until the poll interval passes.
+    Backoff(Pin<Box<tokio::time::Sleep>>),
 }
 
-/// One round: PreDequeue, claim, PreHandle, start the jobs.
-async fn claim_round<S: Store, H: Handler<S>>(
+impl Pause {
+    async fn over<S: Store, H>(&mut self, shared: &Shared<S, H>) {
+        match self {
+            Pause::Idle(wait) => wait.await,
+            Pause::NotNow(sleep) => {
+                tokio::select! {
+                    _ = sleep => {}
+                    _ = shared.job_finished.notified() => {}
+                }
+            }
+            Pause::Backoff(sleep) => sleep.await,
+        }
+    }
+}
+
+/// Claims jobs and starts them until `shutdown`, with up to
+/// `concurrent_claims` claims in flight; then settles the claims still on
+/// their way, handing their jobs back.
+async fn claim_loop<S: Store, H: Handler<S>>(
     shared: &Arc<Shared<S, H>>,
-    permits: &mut Vec<OwnedSemaphorePermit>,
     tasks: &mut JoinSet<()>,
-) -> Result<Round, StoreError> {
+    shutdown: &CancellationToken,
+) -> Result<(), WorkerError> {
     let options = &shared.options;
+    // One permit per job held: running, or prefetched and waiting.
+    let slots = Arc::new(Semaphore::new(options.num_handlers + options.prefetch));
+    let mut claims: FuturesUnordered<ClaimInFlight<S>> = FuturesUnordered::new();
+    let mut pause: Option<Pause> = None;
+    let mut result = Ok(());
+
+    loop {
+        reap(tasks);
+        let may_claim = pause.is_none() && claims.len() < options.concurrent_claims;
+        // While prefetched jobs still wait for a handler there is no hurry:
+        // wait for half a batch of free slots, so that claims come in
+        // batches (a claim's cost is mostly per statement, not per row).
+        let want = if shared.waiting.load(Ordering::Acquire) > 0 {
+            (options.claim_batch / 2).min(options.prefetch).max(1)
+        } else {
+            1
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some((claimed, permits)) = claims.next(), if !claims.is_empty() => {
+                match claimed {
+                    Ok(jobs) => {
+                        if jobs.is_empty() {
+                            if pause.is_none() {
+                                let store = shared.store.clone();
+                                let wait = options.poll_interval;
+                                pause = Some(Pause::Idle(Box::pin(async move {
+                                    store.wait_for_jobs(wait).await
+                                })));
+                            }
+                        } else if matches!(pause, Some(Pause::Idle(_))) {
+                            // Another claim found jobs: there may be more.
+                            pause = None;
+                        }
+                        start_jobs(shared, jobs, permits, tasks).await;
+                    }
+                    Err(error) if error.is_retryable() => {
+                        tracing::warn!(%error, "claim failed; retrying after the poll interval");
+                        pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(options.poll_interval))));
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "claim failed permanently; the worker stops");
+                        result = Err(WorkerError::Store(error));
+                        break;
+                    }
+                }
+                // A claim came back: PreDequeue may answer differently now.
+                if matches!(pause, Some(Pause::NotNow(_))) {
+                    pause = None;
+                }
+            }
+            _ = async { pause.as_mut().expect("guarded").over(shared).await }, if pause.is_some() => {
+                pause = None;
+            }
+            permit = slots.clone().acquire_many_owned(want as u32), if may_claim => {
+                let Ok(first) = permit else { break };
+                let permits = split_and_top_up(first, &slots, options.claim_batch);
+                match dequeue(shared, permits, claims.len()).await {
+                    Some(claim) => claims.push(claim),
+                    None => pause = Some(Pause::NotNow(Box::pin(tokio::time::sleep(options.poll_interval)))),
+                }
+            }
+        }
+    }
+
+    // Jobs claimed by claims still on their way go back unstarted.
+    while let Some((claimed, _permits)) = claims.next().await {
+        for job in claimed.unwrap_or_default() {
+            release(shared, job).await;
+        }
+    }
+    result
+}
+
+/// One permit per job: `first` split up, topped up with the free ones up to
+/// `batch`.
+fn split_and_top_up(
+    mut first: OwnedSemaphorePermit,
+    slots: &Arc<Semaphore>,
+    batch: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = Vec::with_capacity(batch);
+    while first.num_permits() > 1 {
+        match first.split(1) {
+            Some(one) => permits.push(one),
+            None => break,
+        }
+    }
+    permits.push(first);
+    while permits.len() < batch {
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => permits.push(permit),
+            Err(_) => break,
+        }
+    }
+    permits
+}
+
+/// Asks PreDequeue and, unless it says not now, sends the claim off with the
+/// slots it may fill (the others are freed at once).
+async fn dequeue<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    mut permits: Vec<OwnedSemaphorePermit>,
+    claims_in_flight: usize,
+) -> Option<ClaimInFlight<S>> {
     let ctx = DequeueContext {
-        worker: &options.name,
+        worker: &shared.options.name,
         free_slots: permits.len(),
+        claims_in_flight,
     };
     let dequeue = AssertUnwindSafe(shared.handler.pre_dequeue(&ctx))
         .catch_unwind()
         .await;
     let (conditions, limit) = match dequeue {
         Ok(Ok(Dequeue::Go { conditions, limit })) => (conditions, limit),
-        Ok(Ok(Dequeue::NotNow)) => return Ok(Round::NotNow),
+        Ok(Ok(Dequeue::NotNow)) => return None,
         Ok(Err(error)) => {
             tracing::warn!(%error, "PreDequeue hook failed; not claiming this round");
-            return Ok(Round::NotNow);
+            return None;
         }
         Err(panic) => {
             tracing::error!(panic = %panic_message(&panic), "PreDequeue hook panicked; not claiming this round");
-            return Ok(Round::NotNow);
+            return None;
         }
     };
-    let limit = limit.unwrap_or(usize::MAX).min(permits.len());
-    if limit == 0 {
-        return Ok(Round::NotNow);
+    permits.truncate(limit.unwrap_or(usize::MAX));
+    if permits.is_empty() {
+        return None;
     }
-    let claimed = shared
-        .store
-        .claim(ClaimParams {
-            limit,
-            worker: &options.name,
-            conditions: conditions.as_ref(),
-            now: options.clock.now(),
-        })
-        .await?;
-    let n = claimed.len();
-    for job in claimed {
-        let Some(permit) = permits.pop() else {
-            // A store returned more than the limit: hand the extra back.
-            tracing::error!(id = %job.lease.id, "store returned more jobs than asked for; releasing the extra");
-            release_extra(shared, job).await;
-            continue;
-        };
-        start_job(shared, job, permit, tasks).await;
-    }
-    Ok(Round::Claimed(n))
+    let shared = shared.clone();
+    Some(Box::pin(async move {
+        let claimed = shared
+            .store
+            .claim(ClaimParams {
+                limit: permits.len(),
+                worker: &shared.options.name,
+                conditions: conditions.as_ref(),
+                now: shared.options.clock.now(),
+            })
+            .await;
+        (claimed, permits)
+    }))
 }
 
-async fn release_extra<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
+/// Starts the jobs a claim returned, one slot each.
+async fn start_jobs<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    jobs: Vec<Claimed<S>>,
+    mut permits: Vec<OwnedSemaphorePermit>,
+    tasks: &mut JoinSet<()>,
+) {
+    for job in jobs {
+        match permits.pop() {
+            Some(permit) => start_job(shared, job, permit, tasks).await,
+            None => {
+                // A store returned more than the limit: hand the extra back.
+                tracing::error!(id = %job.lease.id, "store returned more jobs than asked for; releasing the extra");
+                release(shared, job).await;
+            }
+        }
+    }
+}
+
+/// Hands a claimed job back unstarted.
+async fn release<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
     let now = shared.options.clock.now();
     if let Err(error) = shared
         .store
@@ -474,7 +582,7 @@ async fn release_extra<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
         )
         .await
     {
-        tracing::warn!(%error, id = %job.lease.id, "could not hand back an extra job; the resetter will");
+        tracing::warn!(%error, id = %job.lease.id, "could not hand back a claimed job; the resetter will");
     }
 }
 
@@ -534,9 +642,7 @@ async fn start_job<S: Store, H: Handler<S>>(
         .err()
         .map(|panic| panic_message(&panic));
     let shared = shared.clone();
-    shared
-        .waiting
-        .fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+    shared.waiting.fetch_add(1, Ordering::AcqRel);
     tasks.spawn(
         async move {
             let job = JobRun {
@@ -586,18 +692,14 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
         slot = shared.run_slots.clone().acquire_owned() => slot.ok(),
         _ = control.token.cancelled() => None,
     };
-    shared
-        .waiting
-        .fetch_sub(1, std::sync::atomic::Ordering::AcqRel);
+    shared.waiting.fetch_sub(1, Ordering::AcqRel);
     metrics::job_started(&kind);
     let started = Instant::now();
     let end = match (run_slot.is_some(), pre_handle_panic) {
         (false, _) => stopped(control.reason()),
         (true, Some(panic)) => AttemptEnd::Panicked(format!("in PreHandle: {panic}")),
         (true, None) => {
-            control
-                .started
-                .store(true, std::sync::atomic::Ordering::Release);
+            control.started.store(true, Ordering::Release);
             handle(shared, &ctx, &control, &mut job_store, &record).await
         }
     };
@@ -625,6 +727,7 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
     {
         tracing::error!(panic = %panic_message(&panic), "PostHandle hook panicked");
     }
+    shared.job_finished.notify_one();
 }
 
 /// Runs Handle under the timeout, the cancellation grace and panic capture.
@@ -749,7 +852,7 @@ async fn heartbeat_loop<S: Store, H>(shared: Arc<Shared<S, H>>, stop: Cancellati
 async fn drain<S: Store, H>(shared: &Shared<S, H>, tasks: &mut JoinSet<()>) {
     // Prefetched jobs that never started go back at once.
     for (_, control) in shared.running().values() {
-        if !control.started.load(std::sync::atomic::Ordering::Acquire) {
+        if !control.started.load(Ordering::Acquire) {
             control.stop(StopReason::Shutdown);
         }
     }

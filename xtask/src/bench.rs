@@ -1,4 +1,4 @@
-//! `cargo xtask bench [--quick] [--peers]`: measures the queue, a physical
+//! `cargo xtask bench [--quick] [--peers] [--only S,..]`: measures the queue, a physical
 //! ceiling (pgbench) and, with `--peers`, other Rust job queues, in one run
 //! on the same Postgres, and prints one table of figures and ratios. The
 //! full run also writes it to `docs/benchmarks.md`. Figures are printed,
@@ -96,15 +96,74 @@ impl Results {
     }
 }
 
-pub async fn run(args: &[String]) -> Result<()> {
-    let quick = args.iter().any(|a| a == "--quick");
-    let peers = args.iter().any(|a| a == "--peers");
-    if let Some(other) = args.iter().find(|a| *a != "--quick" && *a != "--peers") {
-        bail!("unknown flag {other}\nusage: cargo xtask bench [--quick] [--peers]");
+/// The scenarios `--only` can pick, in the order they run.
+const SCENARIOS: [&str; 8] = [
+    "ceiling",
+    "drain-lease",
+    "drain-transactional",
+    "enqueue",
+    "wake",
+    "memory",
+    "growth",
+    "peers",
+];
+
+const USAGE: &str = "usage: cargo xtask bench [--quick] [--peers] [--only SCENARIO,...]\n\
+                     scenarios (a prefix picks all that start with it): ceiling, drain-lease, \
+                     drain-transactional, enqueue, wake, memory, growth, peers";
+
+/// Which scenarios run: all of them (peers only with `--peers`), or those
+/// `--only` names.
+struct Selection {
+    only: Option<Vec<String>>,
+    peers: bool,
+}
+
+impl Selection {
+    fn runs(&self, scenario: &str) -> bool {
+        match &self.only {
+            Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
+            None => scenario != "peers" || self.peers,
+        }
     }
+}
+
+fn parse_args(args: &[String]) -> Result<(bool, Selection)> {
+    let mut quick = false;
+    let mut selection = Selection {
+        only: None,
+        peers: false,
+    };
+    let mut args = args.iter();
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--peers" => selection.peers = true,
+            "--only" => {
+                let list = args
+                    .next()
+                    .with_context(|| format!("--only needs a list\n{USAGE}"))?;
+                let names: Vec<String> = list.split(',').map(|s| s.trim().to_owned()).collect();
+                for name in &names {
+                    ensure!(
+                        !name.is_empty() && SCENARIOS.iter().any(|s| s.starts_with(name.as_str())),
+                        "--only: no scenario starts with {name:?}\n{USAGE}"
+                    );
+                }
+                selection.only = Some(names);
+            }
+            other => bail!("unknown flag {other}\n{USAGE}"),
+        }
+    }
+    Ok((quick, selection))
+}
+
+pub async fn run(args: &[String]) -> Result<()> {
+    let (quick, selection) = parse_args(args)?;
     let sizes = if quick { &QUICK } else { &FULL };
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(100)
         .connect(&pg.url)
         .await
@@ -113,107 +172,129 @@ pub async fn run(args: &[String]) -> Result<()> {
     println!("{machine}");
     let mut results = Results::default();
 
-    let ceiling = pgbench(&pg, sizes.pgbench_seconds).await?;
-    results.add(
-        "ceiling",
-        "pgbench single-row UPDATE, 8 clients",
-        ceiling,
-        "tps",
-        format!("{} s", sizes.pgbench_seconds),
-    );
+    if selection.runs("ceiling") {
+        let ceiling = pgbench(&pg, sizes.pgbench_seconds).await?;
+        results.add(
+            "ceiling",
+            "pgbench single-row UPDATE, 8 clients",
+            ceiling,
+            "tps",
+            format!("{} s", sizes.pgbench_seconds),
+        );
+    }
 
     for (mode, name) in [
         (ExecutionMode::Lease, "lease"),
         (ExecutionMode::Transactional, "transactional"),
     ] {
+        if !selection.runs(&format!("drain-{name}")) {
+            continue;
+        }
         for handlers in [16, 64] {
             let drained = drain(&pool, mode, handlers, sizes.drain_jobs).await?;
+            let cpu = drained
+                .cpu
+                .map(|c| {
+                    format!(
+                        "; CPU/job: worker {:.0} µs, rest of machine {:.0} µs",
+                        c.worker_us, c.rest_us
+                    )
+                })
+                .unwrap_or_default();
             results.add(
                 "drain",
                 format!("{name}, {handlers} handlers"),
                 drained.jobs_per_second,
                 "jobs/s",
                 format!(
-                    "{} jobs, exactly once; {:.0} WAL bytes/job, {:.2} commits/job",
+                    "{} jobs, exactly once; {:.0} WAL bytes/job, {:.2} commits/job{cpu}",
                     sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
                 ),
             );
         }
     }
 
-    let (single, batch) = enqueue(&pool, sizes.single_enqueues, sizes.drain_jobs).await?;
-    results.add(
-        "enqueue",
-        "single inserts (one transaction each)",
-        single,
-        "jobs/s",
-        format!("{} jobs", sizes.single_enqueues),
-    );
-    results.add(
-        "enqueue",
-        "batch inserts (5,000 per statement)",
-        batch,
-        "jobs/s",
-        format!("{} jobs", sizes.drain_jobs),
-    );
-
-    let wake = wake_latency(&pool, sizes.wake_jobs).await?;
-    results.add(
-        "wake",
-        "enqueue commit to handler start, p50",
-        wake.p50,
-        "ms",
-        format!("{} jobs at ~50/s, idle workers", sizes.wake_jobs),
-    );
-    results.add(
-        "wake",
-        "enqueue commit to handler start, p99",
-        wake.p99,
-        "ms",
-        "",
-    );
-    results.add(
-        "wake",
-        "enqueue commit to handler start, max",
-        wake.max,
-        "ms",
-        "",
-    );
-
-    let memory = memory(&pg, &pool, sizes.memory_jobs).await?;
-    results.add(
-        "memory",
-        format!("peak RSS, {} in-flight jobs (lease)", sizes.memory_jobs),
-        memory.peak_mb,
-        "MB",
-        format!("idle worker {:.1} MB", memory.idle_mb),
-    );
-    results.add(
-        "memory",
-        "RSS per in-flight job",
-        (memory.peak_mb - memory.idle_mb) * 1024.0 / sizes.memory_jobs as f64,
-        "KB",
-        "",
-    );
-
-    for rows in sizes.growth_rows {
-        let p50 = claim_latency(&pool, rows).await?;
+    if selection.runs("enqueue") {
+        let (single, batch) = enqueue(&pool, sizes.single_enqueues, sizes.drain_jobs).await?;
         results.add(
-            "growth",
-            format!("claim p50 with {} finished rows", thousands(rows)),
-            p50,
+            "enqueue",
+            "single inserts (one transaction each)",
+            single,
+            "jobs/s",
+            format!("{} jobs", sizes.single_enqueues),
+        );
+        results.add(
+            "enqueue",
+            "batch inserts (5,000 per statement)",
+            batch,
+            "jobs/s",
+            format!("{} jobs", sizes.drain_jobs),
+        );
+    }
+
+    if selection.runs("wake") {
+        let wake = wake_latency(&pool, sizes.wake_jobs).await?;
+        results.add(
+            "wake",
+            "enqueue commit to handler start, p50",
+            wake.p50,
+            "ms",
+            format!("{} jobs at ~50/s, idle workers", sizes.wake_jobs),
+        );
+        results.add(
+            "wake",
+            "enqueue commit to handler start, p99",
+            wake.p99,
+            "ms",
+            "",
+        );
+        results.add(
+            "wake",
+            "enqueue commit to handler start, max",
+            wake.max,
             "ms",
             "",
         );
     }
 
-    if peers {
+    if selection.runs("memory") {
+        let memory = memory(&pg, &pool, sizes.memory_jobs).await?;
+        results.add(
+            "memory",
+            format!("peak RSS, {} in-flight jobs (lease)", sizes.memory_jobs),
+            memory.peak_mb,
+            "MB",
+            format!("idle worker {:.1} MB", memory.idle_mb),
+        );
+        results.add(
+            "memory",
+            "RSS per in-flight job",
+            (memory.peak_mb - memory.idle_mb) * 1024.0 / sizes.memory_jobs as f64,
+            "KB",
+            "",
+        );
+    }
+
+    if selection.runs("growth") {
+        for rows in sizes.growth_rows {
+            let p50 = claim_latency(&pool, rows).await?;
+            results.add(
+                "growth",
+                format!("claim p50 with {} finished rows", thousands(rows)),
+                p50,
+                "ms",
+                "",
+            );
+        }
+    }
+
+    if selection.runs("peers") {
         run_peers(&pg, sizes, &mut results).await?;
     }
 
-    let report = report(&machine, &results, quick, peers);
+    let report = report(&machine, &results, quick, selection.runs("peers"));
     println!("\n{report}");
-    if !quick {
+    if !quick && selection.only.is_none() {
         let path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
         std::fs::write(&path, benchmarks_doc(&report))
             .with_context(|| format!("writing {}", path.display()))?;
@@ -383,6 +464,59 @@ struct Drained {
     jobs_per_second: f64,
     wal_bytes_per_job: f64,
     commits_per_job: f64,
+    cpu: Option<CpuPerJob>,
+}
+
+/// CPU time per job: this process (the worker) and the rest of the machine
+/// (Postgres, mostly), from `/proc`.
+struct CpuPerJob {
+    worker_us: f64,
+    rest_us: f64,
+}
+
+/// Busy CPU ticks of the whole machine and of this process.
+#[derive(Clone, Copy)]
+struct CpuSample {
+    machine: u64,
+    this_process: u64,
+}
+
+impl CpuSample {
+    /// `None` where `/proc` is not Linux's.
+    fn now() -> Option<CpuSample> {
+        let stat = std::fs::read_to_string("/proc/stat").ok()?;
+        let cpu: Vec<u64> = stat
+            .lines()
+            .next()?
+            .split_whitespace()
+            .skip(1)
+            .filter_map(|v| v.parse().ok())
+            .collect();
+        // user nice system idle iowait irq softirq steal ...
+        let busy = cpu.iter().sum::<u64>() - cpu.get(3)? - cpu.get(4)?;
+        let own = std::fs::read_to_string("/proc/self/stat").ok()?;
+        // Fields after the parenthesised command name; utime and stime are
+        // the 14th and 15th of the whole line.
+        let rest = own.rsplit_once(')')?.1;
+        let fields: Vec<&str> = rest.split_whitespace().collect();
+        let utime: u64 = fields.get(11)?.parse().ok()?;
+        let stime: u64 = fields.get(12)?.parse().ok()?;
+        Some(CpuSample {
+            machine: busy,
+            this_process: utime + stime,
+        })
+    }
+
+    /// Per job between `self` and `later`, in µs (USER_HZ is 100 on Linux).
+    fn per_job(self, later: CpuSample, jobs: usize) -> CpuPerJob {
+        let us = |ticks: u64| ticks as f64 * 10_000.0 / jobs as f64;
+        let worker = later.this_process.saturating_sub(self.this_process);
+        let machine = later.machine.saturating_sub(self.machine);
+        CpuPerJob {
+            worker_us: us(worker),
+            rest_us: us(machine.saturating_sub(worker)),
+        }
+    }
 }
 
 async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
@@ -398,11 +532,12 @@ async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
 }
 
 /// The worker settings the drains use: lease mode claims ahead of its
-/// handlers (a local queue of twice their number); transactional mode, whose
-/// prefetched jobs would wait holding nothing, claims one batch ahead.
+/// handlers (a local queue of four times their number: 64 for 16 handlers,
+/// the size the graphile_worker peer runs with); transactional mode one
+/// batch ahead.
 fn drain_options(mode: ExecutionMode, handlers: usize) -> WorkerOptions {
     let prefetch = match mode {
-        ExecutionMode::Lease => 2 * handlers,
+        ExecutionMode::Lease => 4 * handlers,
         ExecutionMode::Transactional => handlers,
     };
     WorkerOptions::default()
@@ -419,6 +554,7 @@ async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) ->
     let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
     let total = Arc::new(AtomicUsize::new(0));
     let store_pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(2 * handlers as u32 + 10)
         .connect_with((*pool.connect_options()).clone())
         .await?;
@@ -438,6 +574,7 @@ async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) ->
         drain_options(mode, handlers),
     )?;
     let started = Instant::now();
+    let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     // Watch the handlers in memory (polling the table would load the server
     // being measured), then wait for the last completions to land.
@@ -468,6 +605,7 @@ async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) ->
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
+    let cpu = cpu0.zip(CpuSample::now()).map(|(a, b)| a.per_job(b, n));
     shutdown.cancel();
     running.await??;
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -488,6 +626,7 @@ async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) ->
         jobs_per_second: n as f64 / elapsed.as_secs_f64(),
         wal_bytes_per_job: (wal1 - wal0) as f64 / n as f64,
         commits_per_job: (commits1 - commits0) as f64 / n as f64,
+        cpu,
     })
 }
 
@@ -663,6 +802,7 @@ pub async fn memory_worker(args: &[String]) -> Result<()> {
     let n: usize = args.first().context("bench-memory-worker N")?.parse()?;
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL")?;
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(8)
         .connect(&url)
         .await?;

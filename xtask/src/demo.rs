@@ -126,6 +126,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     println!("demo: Postgres from {}", pg.origin);
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(2 * (args.handlers + args.prefetch) as u32 + 8)
         .connect(&pg.url)
         .await

@@ -67,9 +67,17 @@ pub(crate) fn migration(table: &QualifiedName, channel: &str) -> Vec<String> {
             "CREATE INDEX IF NOT EXISTS {idx} ON {t} (\"priority\" DESC, \"id\") WHERE \"state\" IN ('queued', 'errored')",
             idx = derived(name, "claimable_idx")
         ),
-        // Heartbeats and the resetter look only at processing rows.
+        // Completions, heartbeats and the resetter look only at processing
+        // rows, by key: whatever plan the planner picks for them, it finds
+        // each row by its key instead of reading every processing row. The
+        // heartbeat column is not indexed, so heartbeats are HOT updates.
         format!(
-            "CREATE INDEX IF NOT EXISTS {idx} ON {t} (\"last_heartbeat_at\") WHERE \"state\" = 'processing'",
+            "CREATE INDEX IF NOT EXISTS {idx} ON {t} (\"id\") WHERE \"state\" = 'processing'",
+            idx = derived(name, "processing_key_idx")
+        ),
+        // Replaced by the index above (tables created by earlier versions).
+        format!(
+            "DROP INDEX IF EXISTS {schema}.{idx}",
             idx = derived(name, "processing_idx")
         ),
         format!(

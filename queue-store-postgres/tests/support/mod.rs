@@ -33,6 +33,7 @@ pub async fn pool(test: &str) -> Option<PgPool> {
         }
     };
     let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
         .max_connections(64)
         .connect(&url)
         .await

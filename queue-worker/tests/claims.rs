@@ -1,0 +1,258 @@
+//! How the worker claims: claims overlap up to `concurrent_claims`, a
+//! PreDequeue that said not now is asked again as soon as a job finishes,
+//! and jobs whose claim comes back after shutdown go back to the queue.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use common::{eventually, fast_options};
+use queue_core::{
+    BoxError, CancellationToken, ClaimParams, Claimed, Dequeue, DequeueContext, Handler,
+    HeartbeatReport, Job, JobContext, JobError, JobState, Lease, LogEntry, NewJob, ResetParams,
+    ResetReport, Store, StoreError, Transition, WriteResult,
+};
+use queue_store_memory::{JobFilter, MemoryStore};
+use queue_worker::{Worker, WorkerOptions};
+
+/// The memory store with claims that take `delay`, counting how many are
+/// in flight at once.
+#[derive(Clone)]
+struct SlowClaims {
+    inner: MemoryStore,
+    delay: Duration,
+    in_flight: Arc<AtomicUsize>,
+    most_in_flight: Arc<AtomicUsize>,
+}
+
+impl SlowClaims {
+    fn new(inner: MemoryStore, delay: Duration) -> Self {
+        SlowClaims {
+            inner,
+            delay,
+            in_flight: Arc::default(),
+            most_in_flight: Arc::default(),
+        }
+    }
+}
+
+#[async_trait]
+impl Store for SlowClaims {
+    type Id = i64;
+    type Record = Job;
+    type Conditions = JobFilter;
+    type JobStore = MemoryStore;
+
+    async fn claim(
+        &self,
+        params: ClaimParams<'_, JobFilter>,
+    ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        // The rows are claimed at once; the answer takes `delay` to arrive,
+        // like a round trip.
+        let claimed = self.inner.claim(params).await;
+        tokio::time::sleep(self.delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Ok(claimed?
+            .into_iter()
+            .map(|c| Claimed {
+                lease: c.lease,
+                record: c.record,
+                job_store: c.job_store,
+            })
+            .collect())
+    }
+
+    async fn finish(
+        &self,
+        job_store: MemoryStore,
+        lease: &Lease<i64>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        self.inner.finish(job_store, lease, transition, now).await
+    }
+
+    async fn heartbeat(
+        &self,
+        leases: &[Lease<i64>],
+        now: DateTime<Utc>,
+    ) -> Result<HeartbeatReport<i64>, StoreError> {
+        self.inner.heartbeat(leases, now).await
+    }
+
+    async fn append_log(
+        &self,
+        lease: &Lease<i64>,
+        entry: LogEntry,
+    ) -> Result<WriteResult, StoreError> {
+        self.inner.append_log(lease, entry).await
+    }
+
+    async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
+        self.inner.reset_stalled(params).await
+    }
+
+    async fn wait_for_jobs(&self, max_wait: Duration) {
+        self.inner.wait_for_jobs(max_wait).await
+    }
+}
+
+struct Quick;
+
+#[async_trait]
+impl Handler<SlowClaims> for Quick {
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+fn jobs(n: usize) -> impl Iterator<Item = NewJob> {
+    (0..n).map(|i| NewJob::new("quick", serde_json::json!(i)))
+}
+
+async fn drain_and_count_overlap(concurrent_claims: usize) -> usize {
+    let memory = MemoryStore::new();
+    memory.enqueue_many(jobs(200));
+    let store = SlowClaims::new(memory.clone(), Duration::from_millis(20));
+    let options = WorkerOptions {
+        concurrent_claims,
+        ..fast_options().handlers(2).prefetch(6)
+    };
+    let worker = Worker::new(store.clone(), Quick, options).unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    eventually("all jobs complete", || async {
+        memory.count_by_state().get(&JobState::Completed) == Some(&200)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    store.most_in_flight.load(Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_overlap_up_to_the_configured_number() {
+    assert_eq!(
+        drain_and_count_overlap(1).await,
+        1,
+        "one claim at a time when concurrent_claims is 1"
+    );
+    assert_eq!(
+        drain_and_count_overlap(2).await,
+        2,
+        "the next claim goes out while one is on its way"
+    );
+}
+
+/// Says not now while its gate is closed.
+struct Gated {
+    open: AtomicBool,
+    closed_once: AtomicBool,
+}
+
+struct GatedHandler(Arc<Gated>);
+
+#[async_trait]
+impl Handler<MemoryStore> for GatedHandler {
+    async fn pre_dequeue(&self, _: &DequeueContext<'_>) -> Result<Dequeue<JobFilter>, BoxError> {
+        Ok(if self.0.open.load(Ordering::SeqCst) {
+            Dequeue::go()
+        } else {
+            Dequeue::NotNow
+        })
+    }
+
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+        if job.kind == "closes" {
+            self.0.open.store(false, Ordering::SeqCst);
+            self.0.closed_once.store(true, Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // Opening the gate again is only noticed when asked again.
+            self.0.open.store(true, Ordering::SeqCst);
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn not_now_is_asked_again_when_a_job_finishes_not_after_the_poll_interval() {
+    let store = MemoryStore::new();
+    store.enqueue(NewJob::new("closes", serde_json::json!(null)));
+    let gated = Arc::new(Gated {
+        open: AtomicBool::new(true),
+        closed_once: AtomicBool::new(false),
+    });
+    let options = WorkerOptions {
+        // Far longer than the test: only a finished job can end the pause.
+        poll_interval: Duration::from_secs(60),
+        ..fast_options().handlers(2)
+    };
+    let worker = Worker::new(store.clone(), GatedHandler(gated.clone()), options).unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    eventually("the first job closed the gate", || async {
+        gated.closed_once.load(Ordering::SeqCst)
+    })
+    .await;
+    // Enqueued while the gate is closed: the worker's PreDequeue says not
+    // now until the first job finishes and reopens it.
+    let second = store.enqueue(NewJob::new("quick", serde_json::json!(null)));
+    let started = Instant::now();
+    common::wait_for_state(&store, second, JobState::Completed).await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the second job waited {:?}: the pause lasted the poll interval",
+        started.elapsed()
+    );
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_of_a_claim_that_returns_after_shutdown_go_back_unstarted() {
+    let memory = MemoryStore::new();
+    let ids = memory.enqueue_many(jobs(3));
+    let store = SlowClaims::new(memory.clone(), Duration::from_millis(300));
+    let ran = Arc::new(AtomicUsize::new(0));
+    struct Counting(Arc<AtomicUsize>);
+    #[async_trait]
+    impl Handler<SlowClaims> for Counting {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            self.0.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }
+    }
+    let worker = Worker::new(store.clone(), Counting(ran.clone()), fast_options()).unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    // The claim has taken the rows and is still on its way back.
+    eventually("the claim is in flight", || async {
+        store.in_flight.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        ran.load(Ordering::SeqCst),
+        0,
+        "no job started after shutdown"
+    );
+    for id in ids {
+        assert_eq!(
+            memory.get(id).unwrap().state,
+            JobState::Queued,
+            "job {id} went back to the queue"
+        );
+    }
+}
