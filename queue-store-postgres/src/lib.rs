@@ -9,6 +9,7 @@ mod listen;
 mod options;
 mod record;
 mod sql;
+mod stash;
 mod store;
 
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};

@@ -11,9 +11,10 @@ use queue_core::{
     ClaimParams, Claimed, DecodeError, Delivery, HeartbeatReport, Job, JobRecord, JobState, Lease,
     LogEntry, ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
 };
-use sqlx::postgres::{PgArguments, PgRow};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::{PgArguments, PgRow, PgTransactionManager};
 use sqlx::query::Query;
-use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row, Transaction};
+use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row, TransactionManager};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
@@ -23,6 +24,7 @@ use crate::listen;
 use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{decode_job, Decoder, PgKey};
 use crate::sql::{catalog, Param, Statement, Statements};
+use crate::stash::Stash;
 
 /// The most attempts one batched completion statement finishes.
 const MAX_COMPLETION_BATCH: usize = 1000;
@@ -42,7 +44,10 @@ const EAGER_COMPLETION_BATCH: usize = 500;
 #[derive(Debug)]
 pub struct PgJobStore<K = i64> {
     pool: PgPool,
-    tx: Option<Transaction<'static, Postgres>>,
+    /// The connection holding the job's transaction, once opened (sqlx
+    /// tracks the transaction on the connection, so a handler's own
+    /// `begin()` on it makes a savepoint).
+    tx: Option<PoolConnection<Postgres>>,
     /// What opening the transaction needs; `None` in lease mode and for
     /// job stores outside any claim.
     claim: Option<JobClaim<K>>,
@@ -54,6 +59,55 @@ struct JobClaim<K> {
     sql: Arc<Statements>,
     states: Arc<StateValues>,
     lease: Lease<K>,
+    stash: Arc<Stash>,
+}
+
+impl<K> Drop for PgJobStore<K> {
+    fn drop(&mut self) {
+        // A job store dropped with its transaction open (an abandoned
+        // attempt): the rollback goes out when the pool next pings the
+        // connection, which is at once.
+        if let Some(mut conn) = self.tx.take() {
+            PgTransactionManager::start_rollback(&mut conn);
+        }
+    }
+}
+
+/// Commits the job's transaction on `conn` and hands the connection back;
+/// a connection that fails to commit is closed (the server rolls back).
+async fn commit(mut conn: PoolConnection<Postgres>, stash: &Stash) -> Result<(), sqlx::Error> {
+    match PgTransactionManager::commit(&mut conn).await {
+        Ok(()) => {
+            stash.put(conn);
+            Ok(())
+        }
+        Err(error) => {
+            conn.close_on_drop();
+            Err(error)
+        }
+    }
+}
+
+/// Rolls back the job's transaction on `conn` and hands the connection
+/// back; a connection that fails to roll back is closed.
+async fn roll_back(mut conn: PoolConnection<Postgres>, stash: &Stash) -> Result<(), sqlx::Error> {
+    match PgTransactionManager::rollback(&mut conn).await {
+        Ok(()) => {
+            stash.put(conn);
+            Ok(())
+        }
+        Err(error) => {
+            conn.close_on_drop();
+            Err(error)
+        }
+    }
+}
+
+/// Gives up a connection whose transaction failed midway: closed, so the
+/// server rolls back and the pool never sees it again.
+fn discard(mut conn: PoolConnection<Postgres>) {
+    PgTransactionManager::start_rollback(&mut conn);
+    conn.close_on_drop();
 }
 
 impl<K: PgKey> PgJobStore<K> {
@@ -67,23 +121,33 @@ impl<K: PgKey> PgJobStore<K> {
                     "this job has no transaction: the store runs in lease mode (write through pool())".into(),
                 ));
             };
-            let mut tx = self
-                .pool
-                .begin()
+            let mut conn = claim
+                .stash
+                .take()
                 .await
                 .map_err(|e| store_error("opening a job's transaction", e))?;
-            let lease = &claim.lease;
-            let locked = query(&claim.sql.lock, |p| lease_value(lease, &claim.states, p))?
-                .fetch_optional(&mut *tx)
-                .await
-                .map_err(|e| store_error("locking a claimed job", e))?;
-            if locked.is_none() {
-                return Err(StoreError::Conflict {
-                    context: format!("locking job {}", lease.id),
-                    source: "the job was reset, reclaimed or deleted before its transaction could lock it".into(),
-                });
+            if let Err(error) = PgTransactionManager::begin(&mut conn, None).await {
+                conn.close_on_drop();
+                return Err(store_error("opening a job's transaction", error));
             }
-            self.tx = Some(tx);
+            let lease = &claim.lease;
+            let lock = query(&claim.sql.lock, |p| lease_value(lease, &claim.states, p))?;
+            match lock.fetch_optional(&mut *conn).await {
+                Ok(Some(_)) => self.tx = Some(conn),
+                Ok(None) => {
+                    if let Err(error) = roll_back(conn, &claim.stash).await {
+                        tracing::warn!(%error, "rolling back a stale job's transaction failed; the connection is closed");
+                    }
+                    return Err(StoreError::Conflict {
+                        context: format!("locking job {}", lease.id),
+                        source: "the job was reset, reclaimed or deleted before its transaction could lock it".into(),
+                    });
+                }
+                Err(error) => {
+                    discard(conn);
+                    return Err(store_error("locking a claimed job", error));
+                }
+            }
         }
         match self.tx.as_deref_mut() {
             Some(conn) => Ok(conn),
@@ -104,11 +168,12 @@ impl<K> PgJobStore<K> {
     /// Gives up the job now: rolls its transaction back at once, as the
     /// server would for a worker that died. (Dropping a job store also rolls
     /// back, but only once its connection is next used.)
-    pub async fn abandon(self) {
-        if let Some(tx) = self.tx {
-            if let Err(error) = tx.rollback().await {
-                tracing::warn!(%error, "rolling back an abandoned job failed; its connection is discarded");
-            }
+    pub async fn abandon(mut self) {
+        let (Some(conn), Some(claim)) = (self.tx.take(), &self.claim) else {
+            return;
+        };
+        if let Err(error) = roll_back(conn, &claim.stash).await {
+            tracing::warn!(%error, "rolling back an abandoned job failed; its connection is closed");
         }
     }
 
@@ -313,7 +378,7 @@ struct Completion<K> {
 /// statement ran in one statement, so batches grow with load and add no
 /// delay when idle.
 async fn complete_batches<K: PgKey>(
-    pool: PgPool,
+    stash: Arc<Stash>,
     sql: Arc<Statements>,
     states: Arc<StateValues>,
     delay: Duration,
@@ -338,7 +403,17 @@ async fn complete_batches<K: PgKey>(
             }
         }
         let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
-        match run_finish(&sql, &states, &pool, &rows).await {
+        let written = match stash.take().await {
+            Ok(mut conn) => {
+                let written = run_finish(&sql, &states, &mut *conn, &rows).await;
+                if written.is_ok() {
+                    stash.put(conn);
+                }
+                written
+            }
+            Err(error) => Err(store_error("recording job outcomes", error)),
+        };
+        match written {
             Ok(applied) => {
                 for (row, reply) in rows.iter().zip(replies) {
                     let result = if applied.contains(&row.id) {
@@ -372,6 +447,9 @@ fn copy_error(error: &StoreError) -> StoreError {
 
 struct Inner<R: JobRecord> {
     pool: PgPool,
+    /// Connections of the claims, completions and job transactions.
+    stash: Arc<Stash>,
+    sweeper: JoinHandle<()>,
     options: PgStoreOptions,
     sql: Arc<Statements>,
     states: Arc<StateValues>,
@@ -386,6 +464,7 @@ struct Inner<R: JobRecord> {
 impl<R: JobRecord> Drop for Inner<R> {
     fn drop(&mut self) {
         self.listener.abort();
+        self.sweeper.abort();
     }
 }
 
@@ -483,9 +562,10 @@ where
         let states = Arc::new(options.states.clone());
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
+        let (stash, sweeper) = Stash::new(pool.clone());
         let (completer, outcomes) = mpsc::unbounded_channel();
         tokio::spawn(complete_batches(
-            pool.clone(),
+            stash.clone(),
             sql.clone(),
             states.clone(),
             options.completion_delay,
@@ -494,6 +574,8 @@ where
         Ok(PgStore {
             inner: Arc::new(Inner {
                 pool,
+                stash,
+                sweeper,
                 options,
                 sql,
                 states,
@@ -668,10 +750,17 @@ where
                 q = bind_arg(q, arg.clone());
             }
         }
-        let mut rows = q
-            .fetch_all(&self.inner.pool)
+        let mut conn = self
+            .inner
+            .stash
+            .take()
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
+        let mut rows = q
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| store_error("claiming jobs", e))?;
+        self.inner.stash.put(conn);
         // Back into claim order (the update returns rows in key order).
         rows.sort_by_cached_key(|row| row.try_get::<i32, _>("__queue_rank").unwrap_or(i32::MAX));
         if rows.is_empty() {
@@ -733,6 +822,7 @@ where
                     sql: self.inner.sql.clone(),
                     states: self.inner.states.clone(),
                     lease: lease.clone(),
+                    stash: self.inner.stash.clone(),
                 });
                 Claimed {
                     lease,
@@ -758,31 +848,40 @@ where
         let transition = self.adapt(transition);
         let complete = transition == Transition::Complete;
         let row = FinishRow::new(lease, transition, now, self.states());
-        if let Some(mut tx) = job_store.tx {
+        let mut job_store = job_store;
+        if let Some(mut conn) = job_store.tx.take() {
+            let stash = &self.inner.stash;
             if complete {
                 // The handler's writes and the completion commit together;
                 // if the job moved on, the writes are rolled back.
-                let applied = run_finish(
+                let applied = match run_finish(
                     &self.inner.sql,
                     self.states(),
-                    &mut *tx,
+                    &mut *conn,
                     std::slice::from_ref(&row),
                 )
-                .await?;
+                .await
+                {
+                    Ok(applied) => applied,
+                    Err(error) => {
+                        discard(conn);
+                        return Err(error);
+                    }
+                };
                 if !applied.contains(&lease.id) {
-                    if let Err(error) = tx.rollback().await {
-                        tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is discarded");
+                    if let Err(error) = roll_back(conn, stash).await {
+                        tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is closed");
                     }
                     return Ok(WriteResult::Stale);
                 }
-                tx.commit()
+                commit(conn, stash)
                     .await
                     .map_err(|e| store_error("committing a job's transaction", e))?;
                 return Ok(WriteResult::Applied);
             }
             // A failed attempt leaves no trace of the handler's writes.
-            if let Err(error) = tx.rollback().await {
-                tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is discarded");
+            if let Err(error) = roll_back(conn, stash).await {
+                tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is closed");
             }
         }
         // No job transaction: the batched completer records it.

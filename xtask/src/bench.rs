@@ -531,18 +531,15 @@ async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
     Ok((wal, commits))
 }
 
-/// The worker settings the drains use: lease mode claims ahead of its
-/// handlers (a local queue of four times their number: 64 for 16 handlers,
-/// the size the graphile_worker peer runs with); transactional mode one
-/// batch ahead.
-fn drain_options(mode: ExecutionMode, handlers: usize) -> WorkerOptions {
-    let prefetch = match mode {
-        ExecutionMode::Lease => 4 * handlers,
-        ExecutionMode::Transactional => handlers,
-    };
+/// The worker settings the drains use: both modes claim ahead of their
+/// handlers, a local queue of four times their number (64 for 16 handlers,
+/// the size the graphile_worker peer runs with). A prefetched job holds no
+/// connection in either mode: a job's transaction opens when its handler
+/// asks for it.
+fn drain_options(handlers: usize) -> WorkerOptions {
     WorkerOptions::default()
         .handlers(handlers)
-        .prefetch(prefetch)
+        .prefetch(4 * handlers)
 }
 
 async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) -> Result<Drained> {
@@ -571,7 +568,7 @@ async fn drain(pool: &PgPool, mode: ExecutionMode, handlers: usize, n: usize) ->
             total: total.clone(),
             open_transaction: mode == ExecutionMode::Transactional,
         },
-        drain_options(mode, handlers),
+        drain_options(handlers),
     )?;
     let started = Instant::now();
     let cpu0 = CpuSample::now();

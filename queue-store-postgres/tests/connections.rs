@@ -1,0 +1,213 @@
+//! How the store uses its pool's connections: a job store dropped with its
+//! transaction open rolls back and leaves no connection idle in a
+//! transaction, a handler's own `begin()` inside the job's transaction is a
+//! savepoint, and connections the store keeps between its statements go
+//! back to the pool once unused for a second.
+
+mod support;
+
+use std::time::Duration;
+
+use queue_core::{ClaimParams, Job, NewJob, Store, Transition, WriteResult};
+use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+use sqlx::{Acquire, PgPool};
+use support::{fresh_table, pool};
+
+async fn claim_one(store: &PgStore<Job>) -> queue_core::Claimed<PgStore<Job>> {
+    store
+        .claim(ClaimParams {
+            limit: 1,
+            worker: "w",
+            conditions: None,
+            now: chrono::Utc::now(),
+        })
+        .await
+        .unwrap()
+        .pop()
+        .expect("a job to claim")
+}
+
+async fn side_table(pool: &PgPool, table: &JobTable) -> String {
+    let side = format!("{}.\"side\"", table.name().schema.quoted());
+    sqlx::query(&format!("CREATE TABLE {side} (note text)"))
+        .execute(pool)
+        .await
+        .unwrap();
+    side
+}
+
+async fn notes(pool: &PgPool, side: &str) -> Vec<String> {
+    sqlx::query_scalar(&format!("SELECT note FROM {side} ORDER BY note"))
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+/// Whether session `pid` is idle inside a transaction.
+async fn idle_in_transaction(pool: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 \
+         AND state LIKE 'idle in transaction%'",
+    )
+    .bind(pid)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_store_dropped_mid_transaction_rolls_back_and_frees_its_connection() {
+    let Some(pool) =
+        pool("a_job_store_dropped_mid_transaction_rolls_back_and_frees_its_connection").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let side = side_table(&pool, &table).await;
+    table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Transactional),
+    )
+    .await
+    .unwrap();
+    let mut job = claim_one(&store).await;
+    let conn = job.job_store.transaction().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {side} VALUES ('dropped')"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert!(idle_in_transaction(&pool, pid).await);
+    drop(job);
+    // The rollback goes out as the connection returns to the pool. Watched
+    // from a pool of its own, which cannot be handed the leaked connection.
+    let observer = support::pool("observer").await.expect("the same database");
+    let mut waited = Duration::ZERO;
+    while idle_in_transaction(&observer, pid).await {
+        assert!(
+            waited < Duration::from_secs(5),
+            "a connection stayed idle in a transaction"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    assert!(
+        notes(&observer, &side).await.is_empty(),
+        "the dropped attempt's write was rolled back"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint() {
+    let Some(pool) = pool("a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let side = side_table(&pool, &table).await;
+    table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Transactional),
+    )
+    .await
+    .unwrap();
+    let mut job = claim_one(&store).await;
+    let conn = job.job_store.transaction().await.unwrap();
+    sqlx::query(&format!("INSERT INTO {side} VALUES ('kept')"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    {
+        let mut nested = conn.begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {side} VALUES ('undone')"))
+            .execute(&mut *nested)
+            .await
+            .unwrap();
+        nested.rollback().await.unwrap();
+    }
+    {
+        let mut nested = conn.begin().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {side} VALUES ('nested')"))
+            .execute(&mut *nested)
+            .await
+            .unwrap();
+        nested.commit().await.unwrap();
+    }
+    assert!(
+        notes(&pool, &side).await.is_empty(),
+        "nothing is visible before the job commits: the nested commit released a savepoint"
+    );
+    let result = store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result, WriteResult::Applied);
+    assert_eq!(notes(&pool, &side).await, ["kept", "nested"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
+    let Some(pool) =
+        pool("connections_kept_between_statements_go_back_to_the_pool_when_unused").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    table
+        .enqueue_many(
+            &pool,
+            &(0..3)
+                .map(|i| NewJob::new("k", serde_json::json!(i)))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .unwrap();
+    let job = claim_one(&store).await;
+    let result = store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(result, WriteResult::Applied);
+    // The claim's and the completion's connection is kept for the next
+    // statement: the pool has one connection fewer idle than open.
+    assert!(
+        pool.num_idle() < pool.size() as usize,
+        "the store keeps its connection between statements"
+    );
+    let mut waited = Duration::ZERO;
+    while pool.num_idle() < pool.size() as usize {
+        assert!(
+            waited < Duration::from_secs(5),
+            "a connection unused for over a second stayed out of the pool"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        waited += Duration::from_millis(50);
+    }
+}
