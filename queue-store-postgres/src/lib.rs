@@ -16,6 +16,6 @@ pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
-pub use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
+pub use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 pub use crate::record::{decode_job, Decoder, PgKey};
 pub use crate::store::{PgJobStore, PgStore};

@@ -39,7 +39,7 @@ pub enum Column {
     WorkerHostname,
     /// Set by an operator to cancel a running job.
     Cancel,
-    /// A counter incremented by every claim, the fencing token of leases.
+    /// A number every claim increases, the fencing token of leases.
     /// Without it, `started_at` (set to the claim time) is the token.
     ClaimToken,
     /// Used only by the default order (`priority DESC, id`).
@@ -136,6 +136,27 @@ pub enum ExecutionMode {
     Lease,
 }
 
+/// Whether a claim's commit waits for its WAL to reach disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ClaimCommit {
+    /// The claim's own transaction commits with `synchronous_commit = off`
+    /// (set for that transaction only): it does not wait for the WAL
+    /// flush, which takes a claim's round trip down by the flush's wait.
+    /// A crash of the database server can forget the claims of its last
+    /// moments (at most about three `wal_writer_delay`s); those jobs are
+    /// queued again and run again, as after any crash of a worker, so
+    /// delivery stays at least once. Nothing else is relaxed: completions,
+    /// heartbeats, resets and job transactions commit durably, and a
+    /// durable commit flushes every claim before it, so a job whose
+    /// transaction committed never loses its claim. Fencing tokens grow by
+    /// a random step, so a claim made again after a forgotten one never
+    /// hands out the same token.
+    #[default]
+    Async,
+    /// Every claim waits for its WAL flush, like every other write.
+    Durable,
+}
+
 /// The value each state is stored as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateValues(BTreeMap<StateKey, String>);
@@ -208,6 +229,7 @@ pub struct PgStoreOptions {
     pub(crate) mode: ExecutionMode,
     pub(crate) channel: Option<String>,
     pub(crate) completion_delay: std::time::Duration,
+    pub(crate) claim_commit: ClaimCommit,
 }
 
 impl PgStoreOptions {
@@ -230,6 +252,7 @@ impl PgStoreOptions {
             mode: ExecutionMode::default(),
             channel: None,
             completion_delay: std::time::Duration::from_millis(2),
+            claim_commit: ClaimCommit::default(),
         })
     }
 
@@ -344,6 +367,13 @@ impl PgStoreOptions {
     /// the previous statement ran.
     pub fn completion_delay(mut self, delay: std::time::Duration) -> Self {
         self.completion_delay = delay;
+        self
+    }
+
+    /// Whether claims wait for their WAL flush; default
+    /// [`ClaimCommit::Async`] (see there for what a server crash does).
+    pub fn claim_commit(mut self, commit: ClaimCommit) -> Self {
+        self.claim_commit = commit;
         self
     }
 

@@ -211,3 +211,45 @@ async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
         waited += Duration::from_millis(50);
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_async_claim_leaves_its_connection_committing_durably() {
+    let Some(shared) = pool("an_async_claim_leaves_its_connection_committing_durably").await else {
+        return;
+    };
+    let table = fresh_table(&shared).await;
+    table
+        .enqueue(&shared, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    // One connection: whatever the claim ran on is what SHOW runs on. Its
+    // session commits durably whatever the server's default (test clusters
+    // run without).
+    let single = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with(
+            (*shared.connect_options())
+                .clone()
+                .options([("synchronous_commit", "on")]),
+        )
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        single.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .unwrap();
+    let claimed = claim_one(&store).await;
+    // The store keeps the connection for up to a second, then returns it.
+    let setting: String = sqlx::query_scalar("SHOW synchronous_commit")
+        .fetch_one(&single)
+        .await
+        .unwrap();
+    assert_eq!(
+        setting, "on",
+        "synchronous_commit = off lasted only for the claim's transaction"
+    );
+    drop(claimed);
+}

@@ -12,7 +12,7 @@ use std::collections::BTreeMap;
 use queue_core::JobState;
 
 use crate::conditions::PgCondition;
-use crate::options::{Column, PgStoreOptions};
+use crate::options::{ClaimCommit, Column, PgStoreOptions};
 
 /// A named input of a statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -194,6 +194,12 @@ impl Statements {
         b.push(&format!(
             "WITH candidates AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN (CAST({queued} AS {st}), CAST({errored} AS {st}))"
         ));
+        if options.claim_commit == ClaimCommit::Async {
+            // An initplan run once per claim; `true`: for the statement's
+            // own transaction only, so it holds at its commit and is gone
+            // after.
+            b.push(" AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'");
+        }
         if let Some(after) = names.at(Column::ProcessAfter) {
             let now = b.p(Param::Now);
             b.push(&format!(" AND ({after} IS NULL OR {after} <= {now})"));
@@ -215,7 +221,11 @@ impl Statements {
         if let (Some(name), Some(at)) =
             (names.get(Column::ClaimToken), names.at(Column::ClaimToken))
         {
-            sets.push(format!("{name} = {at} + 1"));
+            // A random step (up to 2^30): a claim made again after a claim
+            // the server forgot in a crash gets a token of its own.
+            sets.push(format!(
+                "{name} = {at} + 1 + floor(random() * 1073741824)::int8"
+            ));
         }
         if let Some(name) = names.get(Column::ExecutionLogs) {
             sets.push(format!("{name} = '{{}}'"));
@@ -512,10 +522,11 @@ mod tests {
             claim.text,
             "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
              WHERE \"jobs\".\"state\" IN (CAST($1 AS text), CAST($2 AS text)) \
+             AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
              AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $3) \
              ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT $4 FOR UPDATE SKIP LOCKED) \
              UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($5 AS text), \"started_at\" = $3, \
-             \"last_heartbeat_at\" = $3, \"worker_hostname\" = $6, \"claim_token\" = \"jobs\".\"claim_token\" + 1, \
+             \"last_heartbeat_at\" = $3, \"worker_hostname\" = $6, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
              \"execution_logs\" = '{}' WHERE \"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates)) \
              RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
              \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
@@ -532,6 +543,17 @@ mod tests {
                 Param::Worker
             ]
         );
+    }
+
+    #[test]
+    fn only_async_claims_turn_synchronous_commit_off() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let asynchronous = Statements::new(&options, &shape()).claim(&[]).text;
+        let durable = Statements::new(&options.claim_commit(ClaimCommit::Durable), &shape())
+            .claim(&[])
+            .text;
+        assert!(asynchronous.contains("set_config('synchronous_commit', 'off', true)"));
+        assert!(!durable.contains("synchronous_commit"), "{durable}");
     }
 
     #[test]
