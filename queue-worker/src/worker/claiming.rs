@@ -1,0 +1,250 @@
+//! The claim loop: waits for free slots, asks PreDequeue, sends claims off
+//! (up to `concurrent_claims` at once) and starts the jobs they bring back;
+//! pauses when the queue is empty, PreDequeue says not now, or a claim
+//! failed.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use futures_util::stream::{FuturesUnordered, StreamExt};
+use futures_util::FutureExt;
+use queue_core::{ClaimParams, Claimed, Dequeue, DequeueContext, Handler, Store, StoreError};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+use tokio::task::JoinSet;
+use tokio_util::sync::CancellationToken;
+
+use super::{panic_message, reap, start_job, Shared};
+use crate::error::WorkerError;
+
+/// A claim on its way: what the store answered, and the slots reserved for
+/// its jobs.
+type ClaimInFlight<S> = Pin<
+    Box<
+        dyn Future<
+                Output = (
+                    Result<Vec<Claimed<S>>, StoreError>,
+                    Vec<OwnedSemaphorePermit>,
+                ),
+            > + Send,
+    >,
+>;
+
+/// Why the claim loop is not claiming for now.
+enum Pause {
+    /// The last claim found nothing: until the store signals new jobs or the
+    /// poll interval passes.
+    Idle(Pin<Box<dyn Future<Output = ()> + Send>>),
+    /// PreDequeue said not now: until a job finishes, a claim comes back or
+    /// the poll interval passes.
+    NotNow(Pin<Box<tokio::time::Sleep>>),
+    /// A claim failed: until the poll interval passes.
+    Backoff(Pin<Box<tokio::time::Sleep>>),
+}
+
+impl Pause {
+    async fn over<S: Store, H>(&mut self, shared: &Shared<S, H>) {
+        match self {
+            Pause::Idle(wait) => wait.await,
+            Pause::NotNow(sleep) => {
+                tokio::select! {
+                    _ = sleep => {}
+                    _ = shared.job_finished.notified() => {}
+                }
+            }
+            Pause::Backoff(sleep) => sleep.await,
+        }
+    }
+}
+
+/// Claims jobs and starts them until `shutdown`, with up to
+/// `concurrent_claims` claims in flight; then settles the claims still on
+/// their way, handing their jobs back.
+pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    tasks: &mut JoinSet<()>,
+    shutdown: &CancellationToken,
+) -> Result<(), WorkerError> {
+    let options = &shared.options;
+    // One permit per job held: running, or prefetched and waiting.
+    let slots = Arc::new(Semaphore::new(options.num_handlers + options.prefetch));
+    let mut claims: FuturesUnordered<ClaimInFlight<S>> = FuturesUnordered::new();
+    let mut pause: Option<Pause> = None;
+    let mut result = Ok(());
+
+    loop {
+        reap(tasks);
+        let may_claim = pause.is_none() && claims.len() < options.concurrent_claims;
+        // While prefetched jobs still wait for a handler there is no hurry:
+        // wait for half a batch of free slots, so that claims come in
+        // batches (a claim's cost is mostly per statement, not per row).
+        let want = if shared.waiting.load(Ordering::Acquire) > 0 {
+            (options.claim_batch / 2).min(options.prefetch).max(1)
+        } else {
+            1
+        };
+        tokio::select! {
+            biased;
+            _ = shutdown.cancelled() => break,
+            Some((claimed, permits)) = claims.next(), if !claims.is_empty() => {
+                match claimed {
+                    Ok(jobs) => {
+                        if jobs.is_empty() {
+                            if pause.is_none() {
+                                let store = shared.store.clone();
+                                let wait = options.poll_interval;
+                                pause = Some(Pause::Idle(Box::pin(async move {
+                                    store.wait_for_jobs(wait).await
+                                })));
+                            }
+                        } else if matches!(pause, Some(Pause::Idle(_))) {
+                            // Another claim found jobs: there may be more.
+                            pause = None;
+                        }
+                        start_jobs(shared, jobs, permits, tasks).await;
+                    }
+                    Err(error) if error.is_retryable() => {
+                        tracing::warn!(%error, "claim failed; retrying after the poll interval");
+                        pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(options.poll_interval))));
+                    }
+                    Err(error) => {
+                        tracing::error!(%error, "claim failed permanently; the worker stops");
+                        result = Err(WorkerError::Store(error));
+                        break;
+                    }
+                }
+                // A claim came back: PreDequeue may answer differently now.
+                if matches!(pause, Some(Pause::NotNow(_))) {
+                    pause = None;
+                }
+            }
+            _ = async { pause.as_mut().expect("guarded").over(shared).await }, if pause.is_some() => {
+                pause = None;
+            }
+            permit = slots.clone().acquire_many_owned(want as u32), if may_claim => {
+                let Ok(first) = permit else { break };
+                let permits = split_and_top_up(first, &slots, options.claim_batch);
+                match dequeue(shared, permits, claims.len()).await {
+                    Some(claim) => claims.push(claim),
+                    None => pause = Some(Pause::NotNow(Box::pin(tokio::time::sleep(options.poll_interval)))),
+                }
+            }
+        }
+    }
+
+    // Jobs claimed by claims still on their way go back unstarted.
+    while let Some((claimed, _permits)) = claims.next().await {
+        for job in claimed.unwrap_or_default() {
+            release(shared, job).await;
+        }
+    }
+    result
+}
+
+/// One permit per job: `first` split up, topped up with the free ones up to
+/// `batch`.
+fn split_and_top_up(
+    mut first: OwnedSemaphorePermit,
+    slots: &Arc<Semaphore>,
+    batch: usize,
+) -> Vec<OwnedSemaphorePermit> {
+    let mut permits = Vec::with_capacity(batch);
+    while first.num_permits() > 1 {
+        match first.split(1) {
+            Some(one) => permits.push(one),
+            None => break,
+        }
+    }
+    permits.push(first);
+    while permits.len() < batch {
+        match slots.clone().try_acquire_owned() {
+            Ok(permit) => permits.push(permit),
+            Err(_) => break,
+        }
+    }
+    permits
+}
+
+/// Asks PreDequeue and, unless it says not now, sends the claim off with the
+/// slots it may fill (the others are freed at once).
+async fn dequeue<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    mut permits: Vec<OwnedSemaphorePermit>,
+    claims_in_flight: usize,
+) -> Option<ClaimInFlight<S>> {
+    let ctx = DequeueContext {
+        worker: &shared.options.name,
+        free_slots: permits.len(),
+        claims_in_flight,
+    };
+    let dequeue = AssertUnwindSafe(shared.handler.pre_dequeue(&ctx))
+        .catch_unwind()
+        .await;
+    let (conditions, limit) = match dequeue {
+        Ok(Ok(Dequeue::Go { conditions, limit })) => (conditions, limit),
+        Ok(Ok(Dequeue::NotNow)) => return None,
+        Ok(Err(error)) => {
+            tracing::warn!(%error, "PreDequeue hook failed; not claiming this round");
+            return None;
+        }
+        Err(panic) => {
+            tracing::error!(panic = %panic_message(&panic), "PreDequeue hook panicked; not claiming this round");
+            return None;
+        }
+    };
+    permits.truncate(limit.unwrap_or(usize::MAX));
+    if permits.is_empty() {
+        return None;
+    }
+    let shared = shared.clone();
+    Some(Box::pin(async move {
+        let claimed = shared
+            .store
+            .claim(ClaimParams {
+                limit: permits.len(),
+                worker: &shared.options.name,
+                conditions: conditions.as_ref(),
+                now: shared.options.clock.now(),
+            })
+            .await;
+        (claimed, permits)
+    }))
+}
+
+/// Starts the jobs a claim returned, one slot each.
+async fn start_jobs<S: Store, H: Handler<S>>(
+    shared: &Arc<Shared<S, H>>,
+    jobs: Vec<Claimed<S>>,
+    mut permits: Vec<OwnedSemaphorePermit>,
+    tasks: &mut JoinSet<()>,
+) {
+    for job in jobs {
+        match permits.pop() {
+            Some(permit) => start_job(shared, job, permit, tasks).await,
+            None => {
+                // A store returned more than the limit: hand the extra back.
+                tracing::error!(id = %job.lease.id, "store returned more jobs than asked for; releasing the extra");
+                release(shared, job).await;
+            }
+        }
+    }
+}
+
+/// Hands a claimed job back unstarted.
+async fn release<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
+    let now = shared.options.clock.now();
+    if let Err(error) = shared
+        .store
+        .finish(
+            job.job_store,
+            &job.lease,
+            queue_core::Transition::Release,
+            now,
+        )
+        .await
+    {
+        tracing::warn!(%error, id = %job.lease.id, "could not hand back a claimed job; the resetter will");
+    }
+}
