@@ -73,34 +73,29 @@ impl<K> Drop for PgJobStore<K> {
     }
 }
 
-/// Commits the job's transaction on `conn` and hands the connection back;
-/// a connection that fails to commit is closed (the server rolls back).
-async fn commit(mut conn: PoolConnection<Postgres>, stash: &Stash) -> Result<(), sqlx::Error> {
-    match PgTransactionManager::commit(&mut conn).await {
-        Ok(()) => {
-            stash.put(conn);
-            Ok(())
-        }
-        Err(error) => {
-            conn.close_on_drop();
-            Err(error)
-        }
-    }
+/// How a job's transaction ends.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Commit,
+    RollBack,
 }
 
-/// Rolls back the job's transaction on `conn` and hands the connection
-/// back; a connection that fails to roll back is closed.
-async fn roll_back(mut conn: PoolConnection<Postgres>, stash: &Stash) -> Result<(), sqlx::Error> {
-    match PgTransactionManager::rollback(&mut conn).await {
-        Ok(()) => {
-            stash.put(conn);
-            Ok(())
-        }
-        Err(error) => {
-            conn.close_on_drop();
-            Err(error)
-        }
+/// Ends the job's transaction on `conn` and hands the connection back; a
+/// connection that fails to end it is closed (the server then rolls back).
+async fn end_transaction(
+    mut conn: PoolConnection<Postgres>,
+    stash: &Stash,
+    ending: Ending,
+) -> Result<(), sqlx::Error> {
+    let ended = match ending {
+        Ending::Commit => PgTransactionManager::commit(&mut conn).await,
+        Ending::RollBack => PgTransactionManager::rollback(&mut conn).await,
+    };
+    match ended {
+        Ok(()) => stash.put(conn),
+        Err(_) => conn.close_on_drop(),
     }
+    ended
 }
 
 /// Gives up a connection whose transaction failed midway: closed, so the
@@ -135,7 +130,8 @@ impl<K: PgKey> PgJobStore<K> {
             match lock.fetch_optional(&mut *conn).await {
                 Ok(Some(_)) => self.tx = Some(conn),
                 Ok(None) => {
-                    if let Err(error) = roll_back(conn, &claim.stash).await {
+                    if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await
+                    {
                         tracing::warn!(%error, "rolling back a stale job's transaction failed; the connection is closed");
                     }
                     return Err(StoreError::Conflict {
@@ -172,7 +168,7 @@ impl<K> PgJobStore<K> {
         let (Some(conn), Some(claim)) = (self.tx.take(), &self.claim) else {
             return;
         };
-        if let Err(error) = roll_back(conn, &claim.stash).await {
+        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
             tracing::warn!(%error, "rolling back an abandoned job failed; its connection is closed");
         }
     }
@@ -869,18 +865,18 @@ where
                     }
                 };
                 if !applied.contains(&lease.id) {
-                    if let Err(error) = roll_back(conn, stash).await {
+                    if let Err(error) = end_transaction(conn, stash, Ending::RollBack).await {
                         tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is closed");
                     }
                     return Ok(WriteResult::Stale);
                 }
-                commit(conn, stash)
+                end_transaction(conn, stash, Ending::Commit)
                     .await
                     .map_err(|e| store_error("committing a job's transaction", e))?;
                 return Ok(WriteResult::Applied);
             }
             // A failed attempt leaves no trace of the handler's writes.
-            if let Err(error) = roll_back(conn, stash).await {
+            if let Err(error) = end_transaction(conn, stash, Ending::RollBack).await {
                 tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is closed");
             }
         }

@@ -27,6 +27,18 @@ async fn claim_one(store: &PgStore<Job>) -> queue_core::Claimed<PgStore<Job>> {
         .expect("a job to claim")
 }
 
+async fn complete(store: &PgStore<Job>, job: queue_core::Claimed<PgStore<Job>>) -> WriteResult {
+    store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap()
+}
+
 async fn side_table(pool: &PgPool, table: &JobTable) -> String {
     let side = format!("{}.\"side\"", table.name().schema.quoted());
     sqlx::query(&format!("CREATE TABLE {side} (note text)"))
@@ -34,6 +46,27 @@ async fn side_table(pool: &PgPool, table: &JobTable) -> String {
         .await
         .unwrap();
     side
+}
+
+/// A transactional store over a fresh table holding one job, a side table
+/// for the handler's writes, and the job claimed.
+async fn transactional_job(
+    pool: &PgPool,
+) -> (PgStore<Job>, String, queue_core::Claimed<PgStore<Job>>) {
+    let table = fresh_table(pool).await;
+    let side = side_table(pool, &table).await;
+    table
+        .enqueue(pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Transactional),
+    )
+    .await
+    .unwrap();
+    let job = claim_one(&store).await;
+    (store, side, job)
 }
 
 async fn notes(pool: &PgPool, side: &str) -> Vec<String> {
@@ -62,19 +95,7 @@ async fn a_job_store_dropped_mid_transaction_rolls_back_and_frees_its_connection
     else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    let side = side_table(&pool, &table).await;
-    table
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Transactional),
-    )
-    .await
-    .unwrap();
-    let mut job = claim_one(&store).await;
+    let (_store, side, mut job) = transactional_job(&pool).await;
     let conn = job.job_store.transaction().await.unwrap();
     sqlx::query(&format!("INSERT INTO {side} VALUES ('dropped')"))
         .execute(&mut *conn)
@@ -110,19 +131,7 @@ async fn a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint() {
     else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    let side = side_table(&pool, &table).await;
-    table
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Transactional),
-    )
-    .await
-    .unwrap();
-    let mut job = claim_one(&store).await;
+    let (store, side, mut job) = transactional_job(&pool).await;
     let conn = job.job_store.transaction().await.unwrap();
     sqlx::query(&format!("INSERT INTO {side} VALUES ('kept')"))
         .execute(&mut *conn)
@@ -148,16 +157,7 @@ async fn a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint() {
         notes(&pool, &side).await.is_empty(),
         "nothing is visible before the job commits: the nested commit released a savepoint"
     );
-    let result = store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(result, WriteResult::Applied);
+    assert_eq!(complete(&store, job).await, WriteResult::Applied);
     assert_eq!(notes(&pool, &side).await, ["kept", "nested"]);
 }
 
@@ -185,16 +185,7 @@ async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
     .await
     .unwrap();
     let job = claim_one(&store).await;
-    let result = store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(result, WriteResult::Applied);
+    assert_eq!(complete(&store, job).await, WriteResult::Applied);
     // The claim's and the completion's connection is kept for the next
     // statement: the pool has one connection fewer idle than open.
     assert!(
