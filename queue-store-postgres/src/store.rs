@@ -732,12 +732,10 @@ where
                 )));
             }
         }
-        let statement = self.inner.sql.claim(conditions);
-        let limit = i64::try_from(params.limit).unwrap_or(i64::MAX);
+        let statement = self.inner.sql.claim(conditions, params.limit);
         let mut q = query(&statement, |p| match p {
             Param::State(s) => Some(state::<R::Id>(self.states(), s)),
             Param::Now => Some(Value::Time(params.now)),
-            Param::Limit => Some(Value::Int(limit)),
             Param::Worker => Some(Value::Text(params.worker.to_owned())),
             _ => None,
         })?;

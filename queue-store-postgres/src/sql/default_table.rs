@@ -3,6 +3,7 @@
 //! fast as finished rows pile up, and the statement-level notify trigger)
 //! and the insert statements of enqueue.
 
+use super::literal;
 use crate::ident::{Ident, QualifiedName};
 
 /// An identifier derived from the table name (`<table>_<suffix>`), cut to
@@ -15,12 +16,6 @@ fn derived(table: &Ident, suffix: &str) -> String {
     Ident::new(format!("{base}_{suffix}"))
         .map(|i| i.quoted())
         .unwrap_or_else(|_| format!("\"{suffix}\""))
-}
-
-/// A string literal: single quotes doubled. Only used inside DDL, where
-/// binds are impossible (a function body).
-fn literal(value: &str) -> String {
-    format!("'{}'", value.replace('\'', "''"))
 }
 
 /// The statements that create (or complete) the default table, in order.
@@ -136,6 +131,6 @@ mod tests {
     fn the_channel_is_a_literal_even_with_quotes() {
         let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
         let ddl = migration(&table, "it's");
-        assert!(ddl.iter().any(|s| s.contains("pg_notify('it''s', '')")));
+        assert!(ddl.iter().any(|s| s.contains("pg_notify(E'it''s', '')")));
     }
 }

@@ -194,7 +194,8 @@ async fn dequeue<S: Store, H: Handler<S>>(
             return None;
         }
     };
-    permits.truncate(limit.unwrap_or(usize::MAX));
+    let limit = limit.unwrap_or(usize::MAX).min(permits.len());
+    permits.truncate(claim_size(limit));
     if permits.is_empty() {
         return None;
     }
@@ -246,5 +247,40 @@ async fn release<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
         .await
     {
         tracing::warn!(%error, id = %job.lease.id, "could not hand back a claimed job; the resetter will");
+    }
+}
+
+/// The size of a claim for up to `wanted` jobs: `wanted` itself below 8,
+/// above it the largest of four steps per doubling (8, 10, 12, 14, 16, 20,
+/// 24, 28, 32, 40, ...) not above it. Claims come in these few sizes (at
+/// most a fifth below what was free) so that a store can keep one prepared,
+/// planned statement per size: the Postgres store spells the limit out in
+/// its claim, where a cached plan can use it.
+fn claim_size(wanted: usize) -> usize {
+    if wanted < 8 {
+        return wanted;
+    }
+    let power = 1usize << (usize::BITS - 1 - wanted.leading_zeros());
+    let step = power / 4;
+    wanted / step * step
+}
+
+#[cfg(test)]
+mod tests {
+    use super::claim_size;
+
+    #[test]
+    fn claims_come_in_few_sizes_at_most_a_fifth_below_the_free_slots() {
+        let sizes: Vec<usize> = [0, 1, 7, 8, 9, 11, 15, 16, 39, 40, 47, 48, 64, 80, 1000]
+            .into_iter()
+            .map(claim_size)
+            .collect();
+        assert_eq!(
+            sizes,
+            [0, 1, 7, 8, 8, 10, 14, 16, 32, 40, 40, 48, 64, 80, 896]
+        );
+        let distinct: std::collections::BTreeSet<usize> = (1..=1024).map(claim_size).collect();
+        assert_eq!(distinct.len(), 36, "{distinct:?}");
+        assert!((1..=1024).all(|n| claim_size(n) <= n && claim_size(n) * 5 >= n * 4));
     }
 }

@@ -39,7 +39,10 @@ pub struct WorkerOptions {
     /// late a dropped notification or a scheduled job is noticed.
     /// Default 5 s.
     pub poll_interval: Duration,
-    /// The most jobs one claim takes. Default: `num_handlers`.
+    /// The most jobs one claim takes. Default: `num_handlers`. A claim asks
+    /// for one of a few sizes (1 to 7, then 8, 10, 12, 14, 16, 20, 24, ...),
+    /// the largest not above its free slots, so that a store can keep one
+    /// prepared statement per size.
     pub claim_batch: usize,
     /// How many claims may be on their way at once. With 2 (the default)
     /// the next claim goes out while the previous one's round trip and
