@@ -1023,14 +1023,17 @@ fn benchmarks_doc(report: &str) -> String {
          and completions of about 100 per statement. On an idle server a claim costs about 8 µs \
          of executor time per row (index scan, row lock, the new row version, its primary-key and \
          processing-index entries; no update can be HOT, since the state is in the partial \
-         indexes' predicates) plus 0.15 ms of planning per statement (a custom plan: only the \
-         state values let the planner use the partial claim index). At 16 handlers the cores are \
-         still about 30 % idle: a job's slot is held while its claim is on the way, and a claim \
-         of 40 rows takes 1-2 ms under load (executor, WAL flush at commit, waiting for a core), \
-         so throughput is about slots ÷ claim round trip. Two claims in flight and the local \
-         queue hide part of it; with 64 handlers (claims of ~160) the same machine drains more. \
-         graphile_worker deletes a job when it completes (no new row version, no index entry); \
-         this store keeps it, in the spec's `completed` state.\n\
+         indexes' predicates). Three things took a claim's round trip down: it commits without \
+         waiting for its WAL flush (`ClaimCommit::Async`; completions still wait), it spells out \
+         its state values and its size so each size is planned a few times per connection and \
+         then runs a cached plan (planning every claim cost 0.1-0.15 ms), and its connection \
+         stays with the store between statements (sqlx pings every connection it takes back). \
+         At 16 handlers the cores are still about a quarter idle: a job's slot is held while its \
+         claim is on the way, so throughput is about slots ÷ claim round trip (1-2 ms for 40 rows \
+         under load); two claims in flight and the local queue hide part of it, and with 64 \
+         handlers (bigger claims, more slots) the same machine drains more. graphile_worker \
+         deletes a job when it completes (no new row version, no index entry); this store keeps \
+         it, in the spec's `completed` state.\n\
          - **Transactional mode** pays, per job, `BEGIN`, the `FOR KEY SHARE` lock, the \
          completion and `COMMIT`: four round trips and a WAL flush. pgbench running that same \
          four-statement transaction (prepared) reaches about 6,200-7,200 tps here against \
@@ -1040,6 +1043,10 @@ fn benchmarks_doc(report: &str) -> String {
          query was measured slower (it is planned every time). A handler that does not ask for \
          the job's transaction pays none of this and drains like lease mode.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
-         sent at commit and the worker claims at once.\n"
+         sent at commit and the worker claims at once.\n\
+         - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
+         by up to ±20 % (pgbench alone moved between 9,400 and 11,300 tps in one day), and the \
+         peers run minutes after the drains, so a ratio to a peer moves between runs by more than \
+         either figure's own noise; judge it over several runs.\n"
     )
 }
