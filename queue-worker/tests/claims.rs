@@ -1,6 +1,7 @@
 //! How the worker claims: claims overlap up to `concurrent_claims`, a
-//! PreDequeue that said not now is asked again as soon as a job finishes,
-//! and jobs whose claim comes back after shutdown go back to the queue.
+//! PreDequeue that said not now is asked again as soon as a job finishes, a
+//! retry due before the next poll wakes an idle worker, and jobs whose claim
+//! comes back after shutdown go back to the queue.
 
 mod common;
 
@@ -20,13 +21,15 @@ use queue_store_memory::{JobFilter, MemoryStore};
 use queue_worker::{Worker, WorkerOptions};
 
 /// The memory store with claims that take `delay`, counting how many are
-/// in flight at once.
+/// in flight at once; `deaf`, it never signals new jobs (like a table whose
+/// updates notify nobody), so only the poll interval ends a wait.
 #[derive(Clone)]
 struct SlowClaims {
     inner: MemoryStore,
     delay: Duration,
     in_flight: Arc<AtomicUsize>,
     most_in_flight: Arc<AtomicUsize>,
+    deaf: bool,
 }
 
 impl SlowClaims {
@@ -36,6 +39,7 @@ impl SlowClaims {
             delay,
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
+            deaf: false,
         }
     }
 }
@@ -99,7 +103,11 @@ impl Store for SlowClaims {
     }
 
     async fn wait_for_jobs(&self, max_wait: Duration) {
-        self.inner.wait_for_jobs(max_wait).await
+        if self.deaf {
+            tokio::time::sleep(max_wait).await
+        } else {
+            self.inner.wait_for_jobs(max_wait).await
+        }
     }
 }
 
@@ -255,4 +263,47 @@ async fn jobs_of_a_claim_that_returns_after_shutdown_go_back_unstarted() {
             "job {id} went back to the queue"
         );
     }
+}
+
+/// Fails its first attempt with a retry due shortly.
+struct RetriesOnce;
+
+#[async_trait]
+impl Handler<SlowClaims> for RetriesOnce {
+    async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        if ctx.attempt() == 1 {
+            return Err(JobError::retry_after("busy", Duration::from_millis(100)));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_due_before_the_next_poll_wakes_the_worker() {
+    let memory = MemoryStore::new();
+    let id = memory.enqueue(NewJob::new("flaky", serde_json::json!(null)));
+    let store = SlowClaims {
+        deaf: true,
+        ..SlowClaims::new(memory.clone(), Duration::ZERO)
+    };
+    let options = WorkerOptions {
+        // Far longer than the test: only the retry's own wake-up can help.
+        poll_interval: Duration::from_secs(60),
+        ..fast_options()
+    };
+    let worker = Worker::new(store, RetriesOnce, options).unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let started = Instant::now();
+    eventually("the retried job completes", || async {
+        memory.get(id).map(|j| j.state) == Some(JobState::Completed)
+    })
+    .await;
+    assert!(
+        started.elapsed() < Duration::from_secs(5),
+        "the retry waited {:?}: for the poll interval",
+        started.elapsed()
+    );
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
 }

@@ -34,8 +34,8 @@ type ClaimInFlight<S> = Pin<
 
 /// Why the claim loop is not claiming for now.
 enum Pause {
-    /// The last claim found nothing: until the store signals new jobs or the
-    /// poll interval passes.
+    /// The last claim found nothing: until the store signals new jobs, a
+    /// retry this worker recorded comes due, or the poll interval passes.
     Idle(Pin<Box<dyn Future<Output = ()> + Send>>),
     /// PreDequeue said not now: until a job finishes, a claim comes back or
     /// the poll interval passes.
@@ -47,7 +47,12 @@ enum Pause {
 impl Pause {
     async fn over<S: Store, H>(&mut self, shared: &Shared<S, H>) {
         match self {
-            Pause::Idle(wait) => wait.await,
+            Pause::Idle(wait) => {
+                tokio::select! {
+                    _ = wait => {}
+                    _ = shared.retry_due.notified() => {}
+                }
+            }
             Pause::NotNow(sleep) => {
                 tokio::select! {
                     _ = sleep => {}

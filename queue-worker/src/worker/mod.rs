@@ -236,6 +236,9 @@ struct Shared<S: Store, H> {
     /// Signalled when a job is through PostHandle: a PreDequeue that said
     /// not now may say otherwise.
     job_finished: tokio::sync::Notify,
+    /// Signalled when a retry this worker recorded comes due before the
+    /// next poll (retries update a row, which notifies nobody).
+    retry_due: Arc<tokio::sync::Notify>,
     /// The worker's name, shared by every job's context.
     name: Arc<str>,
     running: Mutex<RunningJobs<S::Id>>,
@@ -323,6 +326,7 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
                 run_slots: Arc::new(Semaphore::new(options.num_handlers)),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
                 job_finished: tokio::sync::Notify::new(),
+                retry_due: Arc::new(tokio::sync::Notify::new()),
                 name: Arc::from(options.name.as_str()),
                 handler,
                 options,
@@ -490,6 +494,9 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
             .outcome_policy
             .decide(end, lease.attempt, options.clock.now(), fastrand::f64());
     let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
+    if let Outcome::Retried { retry_at, .. } = &outcome {
+        wake_when_due(shared, *retry_at);
+    }
     shared.running().remove(&lease.id);
     metrics::job_finished(&kind, &outcome, duration);
     shared.count(&outcome);
@@ -552,6 +559,25 @@ fn stopped(reason: Option<StopReason>) -> AttemptEnd {
         Some(StopReason::Lost) => AttemptEnd::Lost,
         Some(StopReason::Shutdown) => AttemptEnd::Released,
     }
+}
+
+/// Ends an idle claim loop's wait when a retry comes due within the poll
+/// interval, so a quick retry does not wait for the backstop poll.
+fn wake_when_due<S: Store, H>(shared: &Shared<S, H>, retry_at: chrono::DateTime<chrono::Utc>) {
+    let options = &shared.options;
+    let Ok(delay) = (retry_at - options.clock.now()).to_std() else {
+        // Already due.
+        shared.retry_due.notify_one();
+        return;
+    };
+    if delay >= options.poll_interval {
+        return;
+    }
+    let retry_due = shared.retry_due.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(delay).await;
+        retry_due.notify_one();
+    });
 }
 
 /// Writes the outcome's transition; a stale write turns it into `Lost`.
