@@ -676,7 +676,7 @@ where
 
     /// Reads the claimed records through the view, by key.
     async fn records_from_view(
-        &self,
+        conn: &mut PgConnection,
         statement: &Statement,
         ids: Vec<R::Id>,
     ) -> Result<HashMap<R::Id, PgRow>, StoreError> {
@@ -685,7 +685,7 @@ where
             Param::Ids => ids.take().map(Value::Keys),
             _ => None,
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(conn)
         .await
         .map_err(|e| store_error("reading claimed jobs through the view", e))?;
         let mut by_id = HashMap::with_capacity(rows.len());
@@ -754,10 +754,10 @@ where
             .fetch_all(&mut *conn)
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
-        self.inner.stash.put(conn);
         // Back into claim order (the update returns rows in key order).
         rows.sort_by_cached_key(|row| row.try_get::<i32, _>("__queue_rank").unwrap_or(i32::MAX));
         if rows.is_empty() {
+            self.inner.stash.put(conn);
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
@@ -784,7 +784,8 @@ where
                 .collect(),
             Some(statement) => {
                 let ids = leases.iter().map(|l| l.id.clone()).collect();
-                let mut by_id = self.records_from_view(statement, ids).await?;
+                // On the claim's connection: no second checkout.
+                let mut by_id = Self::records_from_view(&mut conn, statement, ids).await?;
                 leases
                     .iter()
                     .map(|lease| match by_id.remove(&lease.id) {
@@ -829,6 +830,7 @@ where
                 }
             })
             .collect();
+        self.inner.stash.put(conn);
         Ok(claimed)
     }
 

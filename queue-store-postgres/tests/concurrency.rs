@@ -274,9 +274,7 @@ async fn stalled_jobs(
 ) -> (PgStore<Job>, chrono::DateTime<Utc>) {
     let table = fresh_table(pool).await;
     enqueue(pool, &table, n).await;
-    let store = PgStore::default_table(pool.clone(), table.store_options().mode(mode))
-        .await
-        .unwrap();
+    let store = support::store(pool, &table, mode).await;
     let now = Utc::now();
     let claimed = store
         .claim(ClaimParams {

@@ -59,12 +59,7 @@ async fn transactional_job(
         .enqueue(pool, &NewJob::new("k", serde_json::json!(null)))
         .await
         .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Transactional),
-    )
-    .await
-    .unwrap();
+    let store = support::store(pool, &table, ExecutionMode::Transactional).await;
     let job = claim_one(&store).await;
     (store, side, job)
 }
@@ -178,12 +173,7 @@ async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
         )
         .await
         .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&pool, &table, ExecutionMode::Lease).await;
     let job = claim_one(&store).await;
     assert_eq!(complete(&store, job).await, WriteResult::Applied);
     // The claim's and the completion's connection is kept for the next
@@ -226,12 +216,7 @@ async fn an_async_claim_leaves_its_connection_committing_durably() {
         )
         .await
         .unwrap();
-    let store = PgStore::default_table(
-        single.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&single, &table, ExecutionMode::Lease).await;
     let claimed = claim_one(&store).await;
     // The store keeps the connection for up to a second, then returns it.
     let setting: String = sqlx::query_scalar("SHOW synchronous_commit")

@@ -107,9 +107,7 @@ async fn drains_all_jobs(mode: ExecutionMode, test: &str) {
         .map(|n| NewJob::new("noop", serde_json::json!(n)))
         .collect();
     table.enqueue_many(&pool, &jobs).await.expect("enqueue");
-    let store = PgStore::default_table(pool.clone(), table.store_options().mode(mode))
-        .await
-        .expect("store");
+    let store = support::store(&pool, &table, mode).await;
     let running = start(&store, Noop, options(8));
     let deadline = Instant::now() + Duration::from_secs(60);
     while count_in(&pool, &table, "completed").await < 500 {
@@ -194,12 +192,7 @@ async fn a_failed_attempt_leaves_no_visible_change() {
         )
         .await
         .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Transactional),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&pool, &table, ExecutionMode::Transactional).await;
     let running = start(&store, SideEffect { side: side.clone() }, options(2));
     wait_for(
         &pool,
@@ -260,9 +253,7 @@ async fn cancelling_a_running_job_stops_it_in_both_modes() {
             .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
             .await
             .unwrap();
-        let store = PgStore::default_table(pool.clone(), table.store_options().mode(mode))
-            .await
-            .unwrap();
+        let store = support::store(&pool, &table, mode).await;
         let running = start(&store, UntilCancelled, options(1));
         wait_for(
             &pool,
@@ -295,12 +286,7 @@ async fn notify_wakes_idle_workers_only_after_commit() {
         return;
     };
     let table = fresh_table(&pool).await;
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&pool, &table, ExecutionMode::Lease).await;
     // The poll interval is 30 s: only a notification can wake the worker in time.
     let running = start(&store, Noop, options(2));
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -340,12 +326,7 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     // affects no other test.
     let table = fresh_table_named(&pool, &format!("reconnect_{}", std::process::id())).await;
     let channel = table.store_options().notify_channel();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&pool, &table, ExecutionMode::Lease).await;
     let running = start(&store, Noop, options(2));
     let listeners = || async {
         sqlx::query_scalar::<_, i32>(
@@ -441,12 +422,7 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
         .await
         .unwrap();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Transactional),
-    )
-    .await
-    .unwrap();
+    let store = support::store(&pool, &table, ExecutionMode::Transactional).await;
     let now = chrono::Utc::now();
     let mut claimed = store
         .claim(ClaimParams {

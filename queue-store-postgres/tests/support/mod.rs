@@ -65,6 +65,13 @@ pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
     table
 }
 
+/// A store over `table` (default layout) in `mode`.
+pub async fn store(pool: &PgPool, table: &JobTable, mode: ExecutionMode) -> PgStore<Job> {
+    PgStore::default_table(pool.clone(), table.store_options().mode(mode))
+        .await
+        .expect("a store over the test table")
+}
+
 /// Runs the conformance suite on the default table in one mode.
 pub struct PgHarness {
     pub pool: PgPool,

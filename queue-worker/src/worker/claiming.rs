@@ -20,16 +20,9 @@ use super::{panic_message, reap, start_job, Shared};
 use crate::error::WorkerError;
 
 /// A claim on its way: what the store answered, and the slots reserved for
-/// its jobs.
+/// its jobs (one permit each, held as one).
 type ClaimInFlight<S> = Pin<
-    Box<
-        dyn Future<
-                Output = (
-                    Result<Vec<Claimed<S>>, StoreError>,
-                    Vec<OwnedSemaphorePermit>,
-                ),
-            > + Send,
-    >,
+    Box<dyn Future<Output = (Result<Vec<Claimed<S>>, StoreError>, OwnedSemaphorePermit)> + Send>,
 >;
 
 /// Why the claim loop is not claiming for now.
@@ -129,8 +122,8 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                 pause = None;
             }
             permit = slots.clone().acquire_many_owned(want as u32), if may_claim => {
-                let Ok(first) = permit else { break };
-                let permits = split_and_top_up(first, &slots, options.claim_batch);
+                let Ok(mut permits) = permit else { break };
+                top_up(&mut permits, &slots, options.claim_batch);
                 match dequeue(shared, permits, claims.len()).await {
                     Some(claim) => claims.push(claim),
                     None => pause = Some(Pause::NotNow(Box::pin(tokio::time::sleep(options.poll_interval)))),
@@ -148,40 +141,26 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
     result
 }
 
-/// One permit per job: `first` split up, topped up with the free ones up to
-/// `batch`.
-fn split_and_top_up(
-    mut first: OwnedSemaphorePermit,
-    slots: &Arc<Semaphore>,
-    batch: usize,
-) -> Vec<OwnedSemaphorePermit> {
-    let mut permits = Vec::with_capacity(batch);
-    while first.num_permits() > 1 {
-        match first.split(1) {
-            Some(one) => permits.push(one),
-            None => break,
-        }
+/// Adds the free slots to `permits`, up to `batch` in all.
+fn top_up(permits: &mut OwnedSemaphorePermit, slots: &Arc<Semaphore>, batch: usize) {
+    let more = batch
+        .saturating_sub(permits.num_permits())
+        .min(slots.available_permits());
+    if let Ok(more) = slots.clone().try_acquire_many_owned(more as u32) {
+        permits.merge(more);
     }
-    permits.push(first);
-    while permits.len() < batch {
-        match slots.clone().try_acquire_owned() {
-            Ok(permit) => permits.push(permit),
-            Err(_) => break,
-        }
-    }
-    permits
 }
 
 /// Asks PreDequeue and, unless it says not now, sends the claim off with the
 /// slots it may fill (the others are freed at once).
 async fn dequeue<S: Store, H: Handler<S>>(
     shared: &Arc<Shared<S, H>>,
-    mut permits: Vec<OwnedSemaphorePermit>,
+    mut permits: OwnedSemaphorePermit,
     claims_in_flight: usize,
 ) -> Option<ClaimInFlight<S>> {
     let ctx = DequeueContext {
         worker: &shared.options.name,
-        free_slots: permits.len(),
+        free_slots: permits.num_permits(),
         claims_in_flight,
     };
     let dequeue = AssertUnwindSafe(shared.handler.pre_dequeue(&ctx))
@@ -199,17 +178,18 @@ async fn dequeue<S: Store, H: Handler<S>>(
             return None;
         }
     };
-    let limit = limit.unwrap_or(usize::MAX).min(permits.len());
-    permits.truncate(claim_size(limit));
-    if permits.is_empty() {
+    let limit = claim_size(limit.unwrap_or(usize::MAX).min(permits.num_permits()));
+    if limit == 0 {
         return None;
     }
+    // The slots this claim cannot fill are free at once.
+    drop(permits.split(permits.num_permits() - limit));
     let shared = shared.clone();
     Some(Box::pin(async move {
         let claimed = shared
             .store
             .claim(ClaimParams {
-                limit: permits.len(),
+                limit,
                 worker: &shared.options.name,
                 conditions: conditions.as_ref(),
                 now: shared.options.clock.now(),
@@ -223,11 +203,11 @@ async fn dequeue<S: Store, H: Handler<S>>(
 async fn start_jobs<S: Store, H: Handler<S>>(
     shared: &Arc<Shared<S, H>>,
     jobs: Vec<Claimed<S>>,
-    mut permits: Vec<OwnedSemaphorePermit>,
+    mut permits: OwnedSemaphorePermit,
     tasks: &mut JoinSet<()>,
 ) {
     for job in jobs {
-        match permits.pop() {
+        match permits.split(1) {
             Some(permit) => start_job(shared, job, permit, tasks).await,
             None => {
                 // A store returned more than the limit: hand the extra back.
