@@ -1,10 +1,13 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod bind;
+mod completer;
 mod conditions;
 mod enqueue;
 mod error;
 mod ident;
+mod job_store;
 mod listen;
 mod options;
 mod record;
@@ -16,6 +19,7 @@ pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
+pub use crate::job_store::PgJobStore;
 pub use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 pub use crate::record::{decode_job, Decoder, PgKey};
-pub use crate::store::{PgJobStore, PgStore};
+pub use crate::store::PgStore;

@@ -230,6 +230,7 @@ pub struct PgStoreOptions {
     pub(crate) channel: Option<String>,
     pub(crate) completion_delay: std::time::Duration,
     pub(crate) claim_commit: ClaimCommit,
+    pub(crate) prepared_job_statements: bool,
 }
 
 impl PgStoreOptions {
@@ -253,6 +254,7 @@ impl PgStoreOptions {
             channel: None,
             completion_delay: std::time::Duration::from_millis(2),
             claim_commit: ClaimCommit::default(),
+            prepared_job_statements: true,
         })
     }
 
@@ -374,6 +376,18 @@ impl PgStoreOptions {
     /// [`ClaimCommit::Async`] (see there for what a server crash does).
     pub fn claim_commit(mut self, commit: ClaimCommit) -> Self {
         self.claim_commit = commit;
+        self
+    }
+
+    /// Transactional mode: whether a job's transaction runs on statements
+    /// the store prepares in SQL on each connection (`PREPARE`), which
+    /// takes it from four round trips to two; default on. Turn it off
+    /// behind a pooler in transaction mode (PgBouncer), where a statement
+    /// prepared in SQL does not follow the client to its next server
+    /// connection. (The store also turns it off by itself, with a warning,
+    /// the first time a statement it just prepared is missing.)
+    pub fn prepared_job_statements(mut self, on: bool) -> Self {
+        self.prepared_job_statements = on;
         self
     }
 

@@ -75,8 +75,9 @@ impl Stash {
         }
     }
 
-    /// Hands back a connection that finished its statements cleanly (no
-    /// transaction open, nothing left unread).
+    /// Hands back a connection that finished its statements cleanly: no
+    /// transaction open, or only an empty one whose rollback is queued on
+    /// the connection (it goes out before the connection's next statement).
     pub(crate) fn put(&self, conn: PoolConnection<Postgres>) {
         let mut idle = self.lock();
         if idle.len() < self.capacity {

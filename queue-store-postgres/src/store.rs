@@ -1,6 +1,6 @@
 //! [`PgStore`]: the store contract on a Postgres table.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -8,444 +8,38 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ClaimParams, Claimed, DecodeError, Delivery, HeartbeatReport, Job, JobRecord, JobState, Lease,
-    LogEntry, ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
+    ClaimParams, Claimed, DecodeError, Delivery, HeartbeatReport, Job, JobRecord, Lease, LogEntry,
+    ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
 };
-use sqlx::pool::PoolConnection;
-use sqlx::postgres::{PgArguments, PgRow, PgTransactionManager};
-use sqlx::query::Query;
-use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row, TransactionManager};
+use sqlx::postgres::PgRow;
+use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
-use crate::conditions::{PgArg, PgConditions};
+use crate::bind::{bind_arg, lease_value, query, state, Value};
+use crate::completer::{complete_batches, Completion, FinishRow};
+use crate::conditions::PgConditions;
 use crate::error::store_error;
+use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
 use crate::listen;
 use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{decode_job, Decoder, PgKey};
 use crate::sql::{catalog, Param, Statement, Statements};
 use crate::stash::Stash;
 
-/// The most attempts one batched completion statement finishes.
-const MAX_COMPLETION_BATCH: usize = 1000;
-/// With this many outcomes waiting, the completer writes without waiting
-/// out its delay.
-const EAGER_COMPLETION_BATCH: usize = 500;
-
-/// The store as a handler sees it for one job.
-///
-/// In transactional mode, [`PgJobStore::transaction`] opens the job's
-/// transaction on first use: `BEGIN`, then a `FOR KEY SHARE` lock on the
-/// job's row (checked to still be this claim's). The handler's writes on it
-/// commit together with the job's completion, or roll back if the attempt
-/// fails or the job moved on. A handler that never asks for it costs no
-/// transaction at all. In lease mode there is no job transaction; write
-/// through [`PgJobStore::pool`].
-#[derive(Debug)]
-pub struct PgJobStore<K = i64> {
-    pool: PgPool,
-    /// The connection holding the job's transaction, once opened (sqlx
-    /// tracks the transaction on the connection, so a handler's own
-    /// `begin()` on it makes a savepoint).
-    tx: Option<PoolConnection<Postgres>>,
-    /// What opening the transaction needs; `None` in lease mode and for
-    /// job stores outside any claim.
-    claim: Option<JobClaim<K>>,
-}
-
-/// The claim a job store's transaction locks.
-#[derive(Debug)]
-struct JobClaim<K> {
-    sql: Arc<Statements>,
-    states: Arc<StateValues>,
-    lease: Lease<K>,
-    stash: Arc<Stash>,
-}
-
-impl<K> Drop for PgJobStore<K> {
-    fn drop(&mut self) {
-        // A job store dropped with its transaction open (an abandoned
-        // attempt): the rollback goes out when the pool next pings the
-        // connection, which is at once.
-        if let Some(mut conn) = self.tx.take() {
-            PgTransactionManager::start_rollback(&mut conn);
-        }
-    }
-}
-
-/// How a job's transaction ends.
-#[derive(Debug, Clone, Copy)]
-enum Ending {
-    Commit,
-    RollBack,
-}
-
-/// Ends the job's transaction on `conn` and hands the connection back; a
-/// connection that fails to end it is closed (the server then rolls back).
-async fn end_transaction(
-    mut conn: PoolConnection<Postgres>,
-    stash: &Stash,
-    ending: Ending,
-) -> Result<(), sqlx::Error> {
-    let ended = match ending {
-        Ending::Commit => PgTransactionManager::commit(&mut conn).await,
-        Ending::RollBack => PgTransactionManager::rollback(&mut conn).await,
-    };
-    match ended {
-        Ok(()) => stash.put(conn),
-        Err(_) => conn.close_on_drop(),
-    }
-    ended
-}
-
-/// Gives up a connection whose transaction failed midway: closed, so the
-/// server rolls back and the pool never sees it again.
-fn discard(mut conn: PoolConnection<Postgres>) {
-    PgTransactionManager::start_rollback(&mut conn);
-    conn.close_on_drop();
-}
-
-impl<K: PgKey> PgJobStore<K> {
-    /// The job's transaction (transactional mode), opened and row-locked on
-    /// first use. Fails if the job was reset, reclaimed or deleted before
-    /// the lock, or in lease mode (which has none: use [`PgJobStore::pool`]).
-    pub async fn transaction(&mut self) -> Result<&mut PgConnection, StoreError> {
-        if self.tx.is_none() {
-            let Some(claim) = &self.claim else {
-                return Err(StoreError::Config(
-                    "this job has no transaction: the store runs in lease mode (write through pool())".into(),
-                ));
-            };
-            let mut conn = claim
-                .stash
-                .take()
-                .await
-                .map_err(|e| store_error("opening a job's transaction", e))?;
-            if let Err(error) = PgTransactionManager::begin(&mut conn, None).await {
-                conn.close_on_drop();
-                return Err(store_error("opening a job's transaction", error));
-            }
-            let lease = &claim.lease;
-            let lock = query(&claim.sql.lock, |p| lease_value(lease, &claim.states, p))?;
-            match lock.fetch_optional(&mut *conn).await {
-                Ok(Some(_)) => self.tx = Some(conn),
-                Ok(None) => {
-                    if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await
-                    {
-                        tracing::warn!(%error, "rolling back a stale job's transaction failed; the connection is closed");
-                    }
-                    return Err(StoreError::Conflict {
-                        context: format!("locking job {}", lease.id),
-                        source: "the job was reset, reclaimed or deleted before its transaction could lock it".into(),
-                    });
-                }
-                Err(error) => {
-                    discard(conn);
-                    return Err(store_error("locking a claimed job", error));
-                }
-            }
-        }
-        match self.tx.as_deref_mut() {
-            Some(conn) => Ok(conn),
-            None => Err(StoreError::Backend {
-                context: "opening a job's transaction".into(),
-                source: "the transaction vanished".into(),
-            }),
-        }
-    }
-}
-
-impl<K> PgJobStore<K> {
-    /// The store's pool (outside the job's transaction).
-    pub fn pool(&self) -> &PgPool {
-        &self.pool
-    }
-
-    /// Gives up the job now: rolls its transaction back at once, as the
-    /// server would for a worker that died. (Dropping a job store also rolls
-    /// back, but only once its connection is next used.)
-    pub async fn abandon(mut self) {
-        let (Some(conn), Some(claim)) = (self.tx.take(), &self.claim) else {
-            return;
-        };
-        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
-            tracing::warn!(%error, "rolling back an abandoned job failed; its connection is closed");
-        }
-    }
-
-    /// A job store bound to no claim, writing through `pool`: what a late
-    /// writer outside any claim would use (tests of stale writes).
-    pub fn outside_transaction(pool: PgPool) -> Self {
-        PgJobStore {
-            pool,
-            tx: None,
-            claim: None,
-        }
-    }
-}
-
-/// A value bound to a statement parameter.
-enum Value<K> {
-    Text(String),
-    OptText(Option<String>),
-    Time(DateTime<Utc>),
-    OptTime(Option<DateTime<Utc>>),
-    Int(i64),
-    Int4(i32),
-    Bool(bool),
-    Key(K),
-    Keys(Vec<K>),
-    Ints(Vec<i64>),
-    Texts(Vec<Option<String>>),
-    Times(Vec<Option<DateTime<Utc>>>),
-    Int4s(Vec<i32>),
-    Json(serde_json::Value),
-}
-
-impl<K: PgKey> Value<K> {
-    fn bind<'q>(self, q: Query<'q, Postgres, PgArguments>) -> Query<'q, Postgres, PgArguments> {
-        match self {
-            Value::Text(v) => q.bind(v),
-            Value::OptText(v) => q.bind(v),
-            Value::Time(v) => q.bind(v),
-            Value::OptTime(v) => q.bind(v),
-            Value::Int(v) => q.bind(v),
-            Value::Int4(v) => q.bind(v),
-            Value::Bool(v) => q.bind(v),
-            Value::Key(v) => q.bind(v),
-            Value::Keys(v) => q.bind(v),
-            Value::Ints(v) => q.bind(v),
-            Value::Texts(v) => q.bind(v),
-            Value::Times(v) => q.bind(v),
-            Value::Int4s(v) => q.bind(v),
-            Value::Json(v) => q.bind(v),
-        }
-    }
-}
-
-fn bind_arg<'q>(
-    q: Query<'q, Postgres, PgArguments>,
-    arg: PgArg,
-) -> Query<'q, Postgres, PgArguments> {
-    match arg {
-        PgArg::Int(v) => q.bind(v),
-        PgArg::Float(v) => q.bind(v),
-        PgArg::Bool(v) => q.bind(v),
-        PgArg::Text(v) => q.bind(v),
-        PgArg::Uuid(v) => q.bind(v),
-        PgArg::Json(v) => q.bind(v),
-        PgArg::Timestamp(v) => q.bind(v),
-        PgArg::TextArray(v) => q.bind(v),
-        PgArg::IntArray(v) => q.bind(v),
-    }
-}
-
-/// Binds every parameter of `statement` from `value`; a parameter without a
-/// value is a bug in this crate, reported rather than panicking.
-fn query<'q, K: PgKey>(
-    statement: &'q Statement,
-    mut value: impl FnMut(Param) -> Option<Value<K>>,
-) -> Result<Query<'q, Postgres, PgArguments>, StoreError> {
-    let mut q = sqlx::query(&statement.text);
-    for param in &statement.params {
-        let v = value(*param).ok_or_else(|| StoreError::Backend {
-            context: format!("internal error: no value for statement parameter {param:?}"),
-            source: "statement and binder disagree".into(),
-        })?;
-        q = v.bind(q);
-    }
-    Ok(q)
-}
-
-fn state<K>(states: &StateValues, s: JobState) -> Value<K> {
-    Value::Text(states.get(s).to_owned())
-}
-
-/// The values a statement guarded by a lease binds: key, token and states.
-fn lease_value<K: PgKey>(lease: &Lease<K>, states: &StateValues, p: Param) -> Option<Value<K>> {
-    match p {
-        Param::Id => Some(Value::Key(lease.id.clone())),
-        Param::Token => Some(Value::Int(lease.token)),
-        Param::State(s) => Some(state(states, s)),
-        _ => None,
-    }
-}
-
-/// One attempt's end, as a row of the batched finish statement.
-struct FinishRow<K> {
-    id: K,
-    token: i64,
-    target: String,
-    finished_at: Option<DateTime<Utc>>,
-    message: Option<String>,
-    process_after: Option<DateTime<Utc>>,
-    failed: i32,
-}
-
-impl<K: PgKey> FinishRow<K> {
-    fn new(
-        lease: &Lease<K>,
-        transition: Transition,
-        now: DateTime<Utc>,
-        states: &StateValues,
-    ) -> Self {
-        let target = states.get(transition.target()).to_owned();
-        let (finished_at, message, process_after, failed) = match transition {
-            Transition::Complete => (Some(now), None, None, 0),
-            Transition::Error { message, retry_at } => {
-                (Some(now), Some(message), Some(retry_at), 1)
-            }
-            Transition::Fail { message } => (Some(now), Some(message), None, 1),
-            Transition::Cancel { message } => (Some(now), Some(message), None, 0),
-            Transition::Release => (None, None, None, 0),
-        };
-        FinishRow {
-            id: lease.id.clone(),
-            token: lease.token,
-            target,
-            finished_at,
-            message,
-            process_after,
-            failed,
-        }
-    }
-}
-
-/// Runs the finish statement (the single-row one for one attempt); returns
-/// the keys it applied to.
-async fn run_finish<'c, K: PgKey>(
-    sql: &Statements,
-    states: &StateValues,
-    executor: impl sqlx::PgExecutor<'c>,
-    rows: &[FinishRow<K>],
-) -> Result<HashSet<K>, StoreError> {
-    if let [row] = rows {
-        let q = query(&sql.finish_one, |p| match p {
-            Param::TargetState => Some(Value::Text(row.target.clone())),
-            Param::FinishedAt => Some(Value::OptTime(row.finished_at)),
-            Param::Message => Some(Value::OptText(row.message.clone())),
-            Param::ProcessAfter => Some(Value::OptTime(row.process_after)),
-            Param::FailureIncrement => Some(Value::Int4(row.failed)),
-            Param::Id => Some(Value::Key(row.id.clone())),
-            Param::Token => Some(Value::Int(row.token)),
-            Param::State(s) => Some(state(states, s)),
-            _ => None,
-        })?;
-        let applied = q
-            .fetch_optional(executor)
-            .await
-            .map_err(|e| store_error("recording a job outcome", e))?;
-        return Ok(applied.map(|_| row.id.clone()).into_iter().collect());
-    }
-    let q = query(&sql.finish, |p| {
-        Some(match p {
-            Param::Ids => Value::Keys(rows.iter().map(|r| r.id.clone()).collect()),
-            Param::Tokens => Value::Ints(rows.iter().map(|r| r.token).collect()),
-            Param::TargetStates => {
-                Value::Texts(rows.iter().map(|r| Some(r.target.clone())).collect())
-            }
-            Param::FinishedAts => Value::Times(rows.iter().map(|r| r.finished_at).collect()),
-            Param::Messages => Value::Texts(rows.iter().map(|r| r.message.clone()).collect()),
-            Param::ProcessAfters => Value::Times(rows.iter().map(|r| r.process_after).collect()),
-            Param::FailureIncrements => Value::Int4s(rows.iter().map(|r| r.failed).collect()),
-            Param::State(s) => state(states, s),
-            _ => return None,
-        })
-    })?;
-    let rows = q
-        .fetch_all(executor)
-        .await
-        .map_err(|e| store_error("recording job outcomes", e))?;
-    rows.iter()
-        .map(|r| {
-            r.try_get::<K, _>(0)
-                .map_err(|e| store_error("reading finished job keys", e))
-        })
-        .collect()
-}
-
-/// A finish waiting for the completer.
-struct Completion<K> {
-    row: FinishRow<K>,
-    reply: oneshot::Sender<Result<WriteResult, StoreError>>,
-}
-
-/// Lease mode's completer: finishes everything queued while the previous
-/// statement ran in one statement, so batches grow with load and add no
-/// delay when idle.
-async fn complete_batches<K: PgKey>(
-    stash: Arc<Stash>,
-    sql: Arc<Statements>,
-    states: Arc<StateValues>,
-    delay: Duration,
-    mut rx: mpsc::UnboundedReceiver<Completion<K>>,
-) {
-    while let Some(first) = rx.recv().await {
-        let mut batch = vec![first];
-        if !delay.is_zero() {
-            // Gather for up to `delay`, or until a batch is big enough.
-            let deadline = tokio::time::Instant::now() + delay;
-            while batch.len() < EAGER_COMPLETION_BATCH {
-                match tokio::time::timeout_at(deadline, rx.recv()).await {
-                    Ok(Some(next)) => batch.push(next),
-                    Ok(None) | Err(_) => break,
-                }
-            }
-        }
-        while batch.len() < MAX_COMPLETION_BATCH {
-            match rx.try_recv() {
-                Ok(next) => batch.push(next),
-                Err(_) => break,
-            }
-        }
-        let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
-        let written = match stash.take().await {
-            Ok(mut conn) => {
-                let written = run_finish(&sql, &states, &mut *conn, &rows).await;
-                if written.is_ok() {
-                    stash.put(conn);
-                }
-                written
-            }
-            Err(error) => Err(store_error("recording job outcomes", error)),
-        };
-        match written {
-            Ok(applied) => {
-                for (row, reply) in rows.iter().zip(replies) {
-                    let result = if applied.contains(&row.id) {
-                        WriteResult::Applied
-                    } else {
-                        WriteResult::Stale
-                    };
-                    let _ = reply.send(Ok(result));
-                }
-            }
-            Err(error) => {
-                for reply in replies {
-                    let _ = reply.send(Err(copy_error(&error)));
-                }
-            }
-        }
-    }
-}
-
-/// The same failure for each waiter of a failed batch (errors do not clone).
-fn copy_error(error: &StoreError) -> StoreError {
-    let source = std::io::Error::other(error.to_string()).into();
-    let context = "recording job outcomes (batched)".to_owned();
-    match error {
-        StoreError::Unavailable { .. } => StoreError::Unavailable { context, source },
-        StoreError::Conflict { .. } => StoreError::Conflict { context, source },
-        StoreError::Config(message) => StoreError::Config(message.clone()),
-        _ => StoreError::Backend { context, source },
-    }
-}
-
 struct Inner<R: JobRecord> {
     pool: PgPool,
     /// Connections of the claims, completions and job transactions.
     stash: Arc<Stash>,
+    /// Connections of job transactions, kept apart: a committed one still
+    /// has its chained transaction's rollback queued, which goes out in the
+    /// same round trip as the next job's `BEGIN`, but would cost a round
+    /// trip of its own before any other statement.
+    job_stash: Arc<Stash>,
+    /// Whether job transactions use statements prepared in SQL.
+    prepared: Arc<PreparedStatements>,
     sweeper: JoinHandle<()>,
+    job_sweeper: JoinHandle<()>,
     options: PgStoreOptions,
     sql: Arc<Statements>,
     states: Arc<StateValues>,
@@ -461,6 +55,7 @@ impl<R: JobRecord> Drop for Inner<R> {
     fn drop(&mut self) {
         self.listener.abort();
         self.sweeper.abort();
+        self.job_sweeper.abort();
     }
 }
 
@@ -559,6 +154,7 @@ where
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
         let (stash, sweeper) = Stash::new(pool.clone());
+        let (job_stash, job_sweeper) = Stash::new(pool.clone());
         let (completer, outcomes) = mpsc::unbounded_channel();
         tokio::spawn(complete_batches(
             stash.clone(),
@@ -571,6 +167,9 @@ where
             inner: Arc::new(Inner {
                 pool,
                 stash,
+                job_stash,
+                job_sweeper,
+                prepared: PreparedStatements::new(options.prepared_job_statements),
                 sweeper,
                 options,
                 sql,
@@ -817,16 +416,13 @@ where
                     sql: self.inner.sql.clone(),
                     states: self.inner.states.clone(),
                     lease: lease.clone(),
-                    stash: self.inner.stash.clone(),
+                    stash: self.inner.job_stash.clone(),
+                    prepared: self.inner.prepared.clone(),
                 });
                 Claimed {
                     lease,
                     record,
-                    job_store: PgJobStore {
-                        pool: self.inner.pool.clone(),
-                        tx: None,
-                        claim,
-                    },
+                    job_store: PgJobStore::claimed(self.inner.pool.clone(), claim),
                 }
             })
             .collect();
@@ -844,41 +440,8 @@ where
         let transition = self.adapt(transition);
         let complete = transition == Transition::Complete;
         let row = FinishRow::new(lease, transition, now, self.states());
-        let mut job_store = job_store;
-        if let Some(mut conn) = job_store.tx.take() {
-            let stash = &self.inner.stash;
-            if complete {
-                // The handler's writes and the completion commit together;
-                // if the job moved on, the writes are rolled back.
-                let applied = match run_finish(
-                    &self.inner.sql,
-                    self.states(),
-                    &mut *conn,
-                    std::slice::from_ref(&row),
-                )
-                .await
-                {
-                    Ok(applied) => applied,
-                    Err(error) => {
-                        discard(conn);
-                        return Err(error);
-                    }
-                };
-                if !applied.contains(&lease.id) {
-                    if let Err(error) = end_transaction(conn, stash, Ending::RollBack).await {
-                        tracing::warn!(%error, id = %lease.id, "rolling back a stale attempt failed; the connection is closed");
-                    }
-                    return Ok(WriteResult::Stale);
-                }
-                end_transaction(conn, stash, Ending::Commit)
-                    .await
-                    .map_err(|e| store_error("committing a job's transaction", e))?;
-                return Ok(WriteResult::Applied);
-            }
-            // A failed attempt leaves no trace of the handler's writes.
-            if let Err(error) = end_transaction(conn, stash, Ending::RollBack).await {
-                tracing::warn!(%error, id = %lease.id, "rolling back a failed attempt failed; the connection is closed");
-            }
+        if let Some(recorded) = job_store.end(&row, complete).await {
+            return recorded;
         }
         // No job transaction: the batched completer records it.
         let (reply, answer) = oneshot::channel();

@@ -6,6 +6,7 @@
 
 pub(crate) mod catalog;
 pub(crate) mod default_table;
+pub(crate) mod prepared;
 
 use std::collections::BTreeMap;
 
@@ -13,6 +14,7 @@ use queue_core::JobState;
 
 use crate::conditions::PgCondition;
 use crate::options::{ClaimCommit, Column, PgStoreOptions};
+use prepared::{exactly_one, Prepared};
 
 /// A named input of a statement.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -116,6 +118,12 @@ pub(crate) struct Statements {
     claim_params: Vec<Param>,
     pub select_view: Option<Statement>,
     pub lock: Statement,
+    /// The lock of a job's transaction, prepared: fails ([`prepared::NOT_HELD`])
+    /// unless it locked the claim's row.
+    pub held_lock: Prepared,
+    /// The completion inside a job's transaction, prepared: fails
+    /// ([`prepared::NOT_HELD`]) unless it completed the claim's row.
+    pub held_complete: Prepared,
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
@@ -290,6 +298,35 @@ impl Statements {
             "SELECT 1 FROM {table} AS {a} WHERE {guard} FOR KEY SHARE"
         ));
         let lock = b.build();
+
+        // The same guard with the processing state spelled out, for the
+        // prepared statements of a job's transaction (their arguments are
+        // the key, the token and the time only).
+        let processing = literal(options.states.get(JobState::Processing));
+        let held_literally = |b: &mut Builder| {
+            let (i, t) = (b.p(Param::Id), b.p(Param::Token));
+            format!("{id} = {i} AND {state} = CAST({processing} AS {st}) AND {token} = {t}")
+        };
+        let mut b = Builder::default();
+        let guard = held_literally(&mut b);
+        b.push(&exactly_one(&format!(
+            "(SELECT 1 FROM {table} AS {a} WHERE {guard} FOR KEY SHARE) AS \"__queue_held\""
+        )));
+        let held_lock = Prepared::new("lock", b.build());
+
+        let mut b = Builder::default();
+        let guard = held_literally(&mut b);
+        let completed = literal(options.states.get(JobState::Completed));
+        let mut sets = vec![format!("{state_name} = CAST({completed} AS {st})")];
+        if let Some(n) = names.get(Column::FinishedAt) {
+            sets.push(format!("{n} = {}", b.p(Param::FinishedAt)));
+        }
+        b.push(&format!(
+            "WITH \"__queue_done\" AS (UPDATE {table} AS {a} SET {sets} WHERE {guard} RETURNING 1) {}",
+            exactly_one("\"__queue_done\""),
+            sets = sets.join(", ")
+        ));
+        let held_complete = Prepared::new("complete", b.build());
 
         // Finish: many attempts in one statement, each guarded by its lease,
         // or one attempt with plain parameters.
@@ -490,6 +527,8 @@ impl Statements {
             claim_params,
             select_view,
             lock,
+            held_lock,
+            held_complete,
             finish,
             finish_one,
             heartbeat,
@@ -532,6 +571,32 @@ mod tests {
             key_type: "bigint".into(),
             log_element: "json".into(),
         }
+    }
+
+    #[test]
+    fn job_transaction_statements_spell_out_states_and_take_key_token_and_time() {
+        let options = PgStoreOptions::new("jobs")
+            .unwrap()
+            .state_value(JobState::Processing, "it's");
+        let s = Statements::new(&options, &shape());
+        let lock = s.held_lock.text();
+        assert!(lock.contains("CAST(E'it''s' AS text)"), "{lock}");
+        assert!(lock.contains("FOR KEY SHARE"), "{lock}");
+        let args = |p: Param| Some(format!("{p:?}"));
+        assert_eq!(
+            s.held_lock.execute(args).unwrap(),
+            format!("EXECUTE {}(Id, Token)", s.held_lock.name)
+        );
+        let complete = s.held_complete.text();
+        assert!(
+            complete.contains("SET \"state\" = CAST(E'completed' AS text), \"finished_at\" = $3"),
+            "{complete}"
+        );
+        assert_eq!(
+            s.held_complete.execute(args).unwrap(),
+            format!("EXECUTE {}(Id, Token, FinishedAt)", s.held_complete.name)
+        );
+        assert_ne!(s.held_lock.name, s.held_complete.name);
     }
 
     #[test]

@@ -1,0 +1,194 @@
+//! Recording attempts' outcomes: the finish statements and lease mode's
+//! batched completer.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use queue_core::{Lease, StoreError, Transition, WriteResult};
+use sqlx::Row;
+use tokio::sync::{mpsc, oneshot};
+
+use crate::bind::{query, state, Value};
+use crate::error::store_error;
+use crate::options::StateValues;
+use crate::record::PgKey;
+use crate::sql::{Param, Statements};
+use crate::stash::Stash;
+
+/// The most attempts one batched completion statement finishes.
+const MAX_COMPLETION_BATCH: usize = 1000;
+/// With this many outcomes waiting, the completer writes without waiting
+/// out its delay.
+const EAGER_COMPLETION_BATCH: usize = 500;
+
+/// One attempt's end, as a row of the batched finish statement.
+pub(crate) struct FinishRow<K> {
+    pub id: K,
+    pub token: i64,
+    target: String,
+    pub finished_at: Option<DateTime<Utc>>,
+    message: Option<String>,
+    process_after: Option<DateTime<Utc>>,
+    failed: i32,
+}
+
+impl<K: PgKey> FinishRow<K> {
+    pub(crate) fn new(
+        lease: &Lease<K>,
+        transition: Transition,
+        now: DateTime<Utc>,
+        states: &StateValues,
+    ) -> Self {
+        let target = states.get(transition.target()).to_owned();
+        let (finished_at, message, process_after, failed) = match transition {
+            Transition::Complete => (Some(now), None, None, 0),
+            Transition::Error { message, retry_at } => {
+                (Some(now), Some(message), Some(retry_at), 1)
+            }
+            Transition::Fail { message } => (Some(now), Some(message), None, 1),
+            Transition::Cancel { message } => (Some(now), Some(message), None, 0),
+            Transition::Release => (None, None, None, 0),
+        };
+        FinishRow {
+            id: lease.id.clone(),
+            token: lease.token,
+            target,
+            finished_at,
+            message,
+            process_after,
+            failed,
+        }
+    }
+}
+
+/// Runs the finish statement (the single-row one for one attempt); returns
+/// the keys it applied to.
+pub(crate) async fn run_finish<'c, K: PgKey>(
+    sql: &Statements,
+    states: &StateValues,
+    executor: impl sqlx::PgExecutor<'c>,
+    rows: &[FinishRow<K>],
+) -> Result<HashSet<K>, StoreError> {
+    if let [row] = rows {
+        let q = query(&sql.finish_one, |p| match p {
+            Param::TargetState => Some(Value::Text(row.target.clone())),
+            Param::FinishedAt => Some(Value::OptTime(row.finished_at)),
+            Param::Message => Some(Value::OptText(row.message.clone())),
+            Param::ProcessAfter => Some(Value::OptTime(row.process_after)),
+            Param::FailureIncrement => Some(Value::Int4(row.failed)),
+            Param::Id => Some(Value::Key(row.id.clone())),
+            Param::Token => Some(Value::Int(row.token)),
+            Param::State(s) => Some(state(states, s)),
+            _ => None,
+        })?;
+        let applied = q
+            .fetch_optional(executor)
+            .await
+            .map_err(|e| store_error("recording a job outcome", e))?;
+        return Ok(applied.map(|_| row.id.clone()).into_iter().collect());
+    }
+    let q = query(&sql.finish, |p| {
+        Some(match p {
+            Param::Ids => Value::Keys(rows.iter().map(|r| r.id.clone()).collect()),
+            Param::Tokens => Value::Ints(rows.iter().map(|r| r.token).collect()),
+            Param::TargetStates => {
+                Value::Texts(rows.iter().map(|r| Some(r.target.clone())).collect())
+            }
+            Param::FinishedAts => Value::Times(rows.iter().map(|r| r.finished_at).collect()),
+            Param::Messages => Value::Texts(rows.iter().map(|r| r.message.clone()).collect()),
+            Param::ProcessAfters => Value::Times(rows.iter().map(|r| r.process_after).collect()),
+            Param::FailureIncrements => Value::Int4s(rows.iter().map(|r| r.failed).collect()),
+            Param::State(s) => state(states, s),
+            _ => return None,
+        })
+    })?;
+    let rows = q
+        .fetch_all(executor)
+        .await
+        .map_err(|e| store_error("recording job outcomes", e))?;
+    rows.iter()
+        .map(|r| {
+            r.try_get::<K, _>(0)
+                .map_err(|e| store_error("reading finished job keys", e))
+        })
+        .collect()
+}
+
+/// A finish waiting for the completer.
+pub(crate) struct Completion<K> {
+    pub row: FinishRow<K>,
+    pub reply: oneshot::Sender<Result<WriteResult, StoreError>>,
+}
+
+/// Lease mode's completer: finishes everything queued while the previous
+/// statement ran in one statement, so batches grow with load and add no
+/// delay when idle.
+pub(crate) async fn complete_batches<K: PgKey>(
+    stash: Arc<Stash>,
+    sql: Arc<Statements>,
+    states: Arc<StateValues>,
+    delay: Duration,
+    mut rx: mpsc::UnboundedReceiver<Completion<K>>,
+) {
+    while let Some(first) = rx.recv().await {
+        let mut batch = vec![first];
+        if !delay.is_zero() {
+            // Gather for up to `delay`, or until a batch is big enough.
+            let deadline = tokio::time::Instant::now() + delay;
+            while batch.len() < EAGER_COMPLETION_BATCH {
+                match tokio::time::timeout_at(deadline, rx.recv()).await {
+                    Ok(Some(next)) => batch.push(next),
+                    Ok(None) | Err(_) => break,
+                }
+            }
+        }
+        while batch.len() < MAX_COMPLETION_BATCH {
+            match rx.try_recv() {
+                Ok(next) => batch.push(next),
+                Err(_) => break,
+            }
+        }
+        let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
+        let written = match stash.take().await {
+            Ok(mut conn) => {
+                let written = run_finish(&sql, &states, &mut *conn, &rows).await;
+                if written.is_ok() {
+                    stash.put(conn);
+                }
+                written
+            }
+            Err(error) => Err(store_error("recording job outcomes", error)),
+        };
+        match written {
+            Ok(applied) => {
+                for (row, reply) in rows.iter().zip(replies) {
+                    let result = if applied.contains(&row.id) {
+                        WriteResult::Applied
+                    } else {
+                        WriteResult::Stale
+                    };
+                    let _ = reply.send(Ok(result));
+                }
+            }
+            Err(error) => {
+                for reply in replies {
+                    let _ = reply.send(Err(copy_error(&error)));
+                }
+            }
+        }
+    }
+}
+
+/// The same failure for each waiter of a failed batch (errors do not clone).
+fn copy_error(error: &StoreError) -> StoreError {
+    let source = std::io::Error::other(error.to_string()).into();
+    let context = "recording job outcomes (batched)".to_owned();
+    match error {
+        StoreError::Unavailable { .. } => StoreError::Unavailable { context, source },
+        StoreError::Conflict { .. } => StoreError::Conflict { context, source },
+        StoreError::Config(message) => StoreError::Config(message.clone()),
+        _ => StoreError::Backend { context, source },
+    }
+}

@@ -1,0 +1,484 @@
+//! [`PgJobStore`]: the store as a handler sees it, and the job's transaction
+//! in transactional mode.
+//!
+//! A job's transaction takes two round trips: `BEGIN; EXECUTE lock(..)`
+//! when the handler first asks for it, and `EXECUTE complete(..); COMMIT AND
+//! CHAIN` when the attempt completes (see [`crate::sql::prepared`]). A
+//! connection prepares the two statements the first time it runs one; if
+//! they never stick (a pooler that hands out another server connection per
+//! transaction), the store goes back to four bound statements for good.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use chrono::{DateTime, SecondsFormat, Utc};
+use queue_core::{Lease, StoreError, WriteResult};
+use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgTransactionManager;
+use sqlx::{Executor, PgConnection, PgPool, Postgres, TransactionManager};
+
+use crate::bind::{lease_value, query};
+use crate::completer::{run_finish, FinishRow};
+use crate::error::store_error;
+use crate::options::StateValues;
+use crate::record::PgKey;
+use crate::sql::prepared::NOT_HELD;
+use crate::sql::{literal, Param, Statements};
+use crate::stash::Stash;
+
+/// The store as a handler sees it for one job.
+///
+/// In transactional mode, [`PgJobStore::transaction`] opens the job's
+/// transaction on first use: `BEGIN`, then a `FOR KEY SHARE` lock on the
+/// job's row (checked to still be this claim's). The handler's writes on it
+/// commit together with the job's completion, or roll back if the attempt
+/// fails or the job moved on. A handler that never asks for it costs no
+/// transaction at all. In lease mode there is no job transaction; write
+/// through [`PgJobStore::pool`].
+#[derive(Debug)]
+pub struct PgJobStore<K = i64> {
+    pool: PgPool,
+    /// The job's transaction, once opened.
+    tx: Option<OpenTransaction>,
+    /// What opening the transaction needs; `None` in lease mode and for
+    /// job stores outside any claim.
+    claim: Option<JobClaim<K>>,
+}
+
+/// A job's open transaction.
+#[derive(Debug)]
+struct OpenTransaction {
+    /// sqlx tracks the transaction on the connection, so a handler's own
+    /// `begin()` on it makes a savepoint.
+    conn: PoolConnection<Postgres>,
+    /// Whether the connection has the prepared statements (the transaction
+    /// was opened by one).
+    prepared: bool,
+}
+
+/// The claim a job store's transaction locks.
+#[derive(Debug)]
+pub(crate) struct JobClaim<K> {
+    pub sql: Arc<Statements>,
+    pub states: Arc<StateValues>,
+    pub lease: Lease<K>,
+    pub stash: Arc<Stash>,
+    pub prepared: Arc<PreparedStatements>,
+}
+
+/// Whether the store's job transactions use statements prepared in SQL.
+#[derive(Debug)]
+pub(crate) struct PreparedStatements {
+    usable: AtomicBool,
+}
+
+impl PreparedStatements {
+    /// `on`: as configured ([`crate::PgStoreOptions::prepared_job_statements`]).
+    pub(crate) fn new(on: bool) -> Arc<PreparedStatements> {
+        Arc::new(PreparedStatements {
+            usable: AtomicBool::new(on),
+        })
+    }
+
+    fn usable(&self) -> bool {
+        self.usable.load(Ordering::Relaxed)
+    }
+
+    fn give_up(&self) {
+        if self.usable.swap(false, Ordering::Relaxed) {
+            tracing::warn!(
+                "statements prepared with PREPARE do not stay on this pool's connections (a pooler \
+                 in transaction mode?); job transactions go back to four round trips"
+            );
+        }
+    }
+}
+
+impl<K> Drop for PgJobStore<K> {
+    fn drop(&mut self) {
+        // A job store dropped with its transaction open (an abandoned
+        // attempt): the rollback goes out when the pool next pings the
+        // connection, which is at once.
+        if let Some(mut tx) = self.tx.take() {
+            PgTransactionManager::start_rollback(&mut tx.conn);
+        }
+    }
+}
+
+/// How a job's transaction ends.
+#[derive(Debug, Clone, Copy)]
+enum Ending {
+    Commit,
+    RollBack,
+}
+
+/// Ends the job's transaction on `conn` and hands the connection back; a
+/// connection that fails to end it is closed (the server then rolls back).
+async fn end_transaction(
+    mut conn: PoolConnection<Postgres>,
+    stash: &Stash,
+    ending: Ending,
+) -> Result<(), sqlx::Error> {
+    let ended = match ending {
+        Ending::Commit => PgTransactionManager::commit(&mut conn).await,
+        Ending::RollBack => PgTransactionManager::rollback(&mut conn).await,
+    };
+    match ended {
+        Ok(()) => stash.put(conn),
+        Err(_) => conn.close_on_drop(),
+    }
+    ended
+}
+
+/// Gives up a connection whose transaction failed midway: closed, so the
+/// server rolls back and the pool never sees it again.
+fn discard(mut conn: PoolConnection<Postgres>) {
+    PgTransactionManager::start_rollback(&mut conn);
+    conn.close_on_drop();
+}
+
+/// How the prepared lock went.
+enum Locked {
+    Held,
+    NotHeld,
+    /// The connection lacks the prepared statements.
+    Unprepared,
+}
+
+/// Whether `error` is a prepared statement's [`NOT_HELD`] report.
+fn is_not_held(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if db.code().as_deref() == Some("22P02") && db.message().contains(NOT_HELD))
+}
+
+fn is_unprepared(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db) if db.code().as_deref() == Some("26000"))
+}
+
+/// A statement argument: any value as an escaped literal, which the
+/// prepared statement's parameter type reads.
+fn lease_argument<K: PgKey>(
+    lease: &Lease<K>,
+    finished_at: Option<DateTime<Utc>>,
+    p: Param,
+) -> Option<String> {
+    match p {
+        Param::Id => Some(literal(&lease.id.to_string())),
+        Param::Token => Some(literal(&lease.token.to_string())),
+        Param::FinishedAt => {
+            finished_at.map(|at| literal(&at.to_rfc3339_opts(SecondsFormat::Micros, true)))
+        }
+        _ => None,
+    }
+}
+
+/// A statement this crate built without a value for one of its parameters.
+fn unbound() -> StoreError {
+    StoreError::Backend {
+        context: "internal error: a prepared statement has a parameter without a value".into(),
+        source: "statement and binder disagree".into(),
+    }
+}
+
+/// `BEGIN; EXECUTE lock(..)` in one round trip. A failed lock leaves the
+/// connection out of any transaction.
+async fn begin_prepared<K: PgKey>(
+    conn: &mut PgConnection,
+    claim: &JobClaim<K>,
+) -> Result<Locked, StoreError> {
+    let lock = claim
+        .sql
+        .held_lock
+        .execute(|p| lease_argument(&claim.lease, None, p))
+        .ok_or_else(unbound)?;
+    let error = match PgTransactionManager::begin(conn, Some(format!("BEGIN; {lock}").into())).await
+    {
+        Ok(()) => return Ok(Locked::Held),
+        Err(error) => error,
+    };
+    let locked = if is_not_held(&error) {
+        Locked::NotHeld
+    } else if is_unprepared(&error) {
+        Locked::Unprepared
+    } else {
+        return Err(store_error("opening a job's transaction", error));
+    };
+    // The `BEGIN` took: the server waits in a failed transaction that
+    // sqlx, which counts only the begins that succeed, does not know of.
+    conn.execute(sqlx::raw_sql("ROLLBACK"))
+        .await
+        .map_err(|e| store_error("rolling back a job's failed lock", e))?;
+    Ok(locked)
+}
+
+/// Prepares the job transaction's statements on `conn` (each one that is
+/// not there already).
+async fn prepare(conn: &mut PgConnection, sql: &Statements) -> Result<(), StoreError> {
+    for statement in [&sql.held_lock, &sql.held_complete] {
+        match conn.execute(sqlx::raw_sql(&statement.prepare())).await {
+            Ok(_) => {}
+            // 42P05: prepared already.
+            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P05") => {}
+            Err(error) => {
+                return Err(store_error(
+                    "preparing a job transaction's statements",
+                    error,
+                ))
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Opens the job's transaction with the prepared lock, preparing the
+/// statements first if the connection lacks them. `Unprepared`: they did not
+/// stick; the caller falls back to bound statements.
+async fn open_prepared<K: PgKey>(
+    conn: &mut PgConnection,
+    claim: &JobClaim<K>,
+) -> Result<Locked, StoreError> {
+    match begin_prepared(conn, claim).await? {
+        Locked::Unprepared => {
+            prepare(conn, &claim.sql).await?;
+            begin_prepared(conn, claim).await
+        }
+        locked => Ok(locked),
+    }
+}
+
+/// Opens the job's transaction with bound statements: `BEGIN`, then the
+/// lock. `false`: the row is no longer this claim's (the transaction is
+/// rolled back).
+async fn open_bound<K: PgKey>(
+    conn: &mut PgConnection,
+    claim: &JobClaim<K>,
+) -> Result<bool, StoreError> {
+    PgTransactionManager::begin(conn, None)
+        .await
+        .map_err(|e| store_error("opening a job's transaction", e))?;
+    let lease = &claim.lease;
+    let lock = query(&claim.sql.lock, |p| lease_value(lease, &claim.states, p))?;
+    let held = lock
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| store_error("locking a claimed job", e))?
+        .is_some();
+    if !held {
+        PgTransactionManager::rollback(conn)
+            .await
+            .map_err(|e| store_error("rolling back a stale job's transaction", e))?;
+    }
+    Ok(held)
+}
+
+/// Opens the job's transaction on `conn`: `Some` once the row is locked
+/// (`true`: by the prepared lock), `None` if it is no longer this claim's.
+async fn open<K: PgKey>(
+    conn: &mut PgConnection,
+    claim: &JobClaim<K>,
+) -> Result<Option<bool>, StoreError> {
+    if claim.prepared.usable() {
+        match open_prepared(conn, claim).await? {
+            Locked::Held => return Ok(Some(true)),
+            Locked::NotHeld => return Ok(None),
+            Locked::Unprepared => claim.prepared.give_up(),
+        }
+    }
+    Ok(open_bound(conn, claim).await?.then_some(false))
+}
+
+fn not_held<K: PgKey>(lease: &Lease<K>) -> StoreError {
+    StoreError::Conflict {
+        context: format!("locking job {}", lease.id),
+        source: "the job was reset, reclaimed or deleted before its transaction could lock it"
+            .into(),
+    }
+}
+
+impl<K: PgKey> PgJobStore<K> {
+    /// A job store for a claimed job; `claim` is `None` in lease mode.
+    pub(crate) fn claimed(pool: PgPool, claim: Option<JobClaim<K>>) -> Self {
+        PgJobStore {
+            pool,
+            tx: None,
+            claim,
+        }
+    }
+
+    /// The job's transaction (transactional mode), opened and row-locked on
+    /// first use. Fails if the job was reset, reclaimed or deleted before
+    /// the lock, or in lease mode (which has none: use [`PgJobStore::pool`]).
+    pub async fn transaction(&mut self) -> Result<&mut PgConnection, StoreError> {
+        if self.tx.is_none() {
+            let Some(claim) = &self.claim else {
+                return Err(StoreError::Config(
+                    "this job has no transaction: the store runs in lease mode (write through pool())".into(),
+                ));
+            };
+            let mut conn = claim
+                .stash
+                .take()
+                .await
+                .map_err(|e| store_error("opening a job's transaction", e))?;
+            match open(&mut conn, claim).await {
+                Ok(Some(prepared)) => self.tx = Some(OpenTransaction { conn, prepared }),
+                Ok(None) => {
+                    // The lock's transaction is over already.
+                    claim.stash.put(conn);
+                    return Err(not_held(&claim.lease));
+                }
+                Err(error) => {
+                    discard(conn);
+                    return Err(error);
+                }
+            }
+        }
+        self.open_connection()
+    }
+
+    fn open_connection(&mut self) -> Result<&mut PgConnection, StoreError> {
+        match self.tx.as_mut() {
+            Some(tx) => Ok(&mut tx.conn),
+            None => Err(StoreError::Backend {
+                context: "opening a job's transaction".into(),
+                source: "the transaction vanished".into(),
+            }),
+        }
+    }
+
+    /// Ends the job's transaction, if the handler opened one, for an attempt
+    /// that ended with `row`: a completion commits with the handler's writes
+    /// (`Some`: recorded); any other outcome rolls them back and is the
+    /// caller's to record (`None`), as is every outcome of a job without a
+    /// transaction.
+    pub(crate) async fn end(
+        mut self,
+        row: &FinishRow<K>,
+        complete: bool,
+    ) -> Option<Result<WriteResult, StoreError>> {
+        let claim = self.claim.as_ref()?;
+        let tx = self.tx.take()?;
+        let stash = &claim.stash;
+        if !complete {
+            // A failed attempt leaves no trace of the handler's writes.
+            if let Err(error) = end_transaction(tx.conn, stash, Ending::RollBack).await {
+                tracing::warn!(%error, id = %row.id, "rolling back a failed attempt failed; the connection is closed");
+            }
+            return None;
+        }
+        if PgTransactionManager::get_transaction_depth(&tx.conn) != 1 {
+            discard(tx.conn);
+            return Some(Err(StoreError::Backend {
+                context: format!("committing job {}", row.id),
+                source: "the handler left a nested transaction (savepoint) open; the attempt's writes were rolled back".into(),
+            }));
+        }
+        Some(if tx.prepared {
+            commit_prepared(tx.conn, claim, row).await
+        } else {
+            commit_bound(tx.conn, claim, row).await
+        })
+    }
+}
+
+/// `EXECUTE complete(..); COMMIT AND CHAIN` in one round trip: the
+/// handler's writes and the completion commit together, or roll back if the
+/// job moved on.
+async fn commit_prepared<K: PgKey>(
+    mut conn: PoolConnection<Postgres>,
+    claim: &JobClaim<K>,
+    row: &FinishRow<K>,
+) -> Result<WriteResult, StoreError> {
+    let Some(complete) = claim
+        .sql
+        .held_complete
+        .execute(|p| lease_argument(&claim.lease, row.finished_at, p))
+    else {
+        discard(conn);
+        return Err(unbound());
+    };
+    match conn
+        .execute(sqlx::raw_sql(&format!("{complete}; COMMIT AND CHAIN")))
+        .await
+    {
+        Ok(_) => {
+            // Committed. sqlx still counts the job's transaction as open;
+            // its rollback ends the empty chained one, and goes out with
+            // the connection's next statement.
+            PgTransactionManager::start_rollback(&mut conn);
+            claim.stash.put(conn);
+            Ok(WriteResult::Applied)
+        }
+        Err(error) if is_not_held(&error) => {
+            if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+                tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
+            }
+            Ok(WriteResult::Stale)
+        }
+        Err(error) => {
+            discard(conn);
+            Err(store_error("committing a job's transaction", error))
+        }
+    }
+}
+
+/// The completion, then `COMMIT`, as bound statements.
+async fn commit_bound<K: PgKey>(
+    mut conn: PoolConnection<Postgres>,
+    claim: &JobClaim<K>,
+    row: &FinishRow<K>,
+) -> Result<WriteResult, StoreError> {
+    let applied = match run_finish(
+        &claim.sql,
+        &claim.states,
+        &mut *conn,
+        std::slice::from_ref(row),
+    )
+    .await
+    {
+        Ok(applied) => applied,
+        Err(error) => {
+            discard(conn);
+            return Err(error);
+        }
+    };
+    if !applied.contains(&row.id) {
+        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+            tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
+        }
+        return Ok(WriteResult::Stale);
+    }
+    end_transaction(conn, &claim.stash, Ending::Commit)
+        .await
+        .map_err(|e| store_error("committing a job's transaction", e))?;
+    Ok(WriteResult::Applied)
+}
+
+impl<K> PgJobStore<K> {
+    /// The store's pool (outside the job's transaction).
+    pub fn pool(&self) -> &PgPool {
+        &self.pool
+    }
+
+    /// Gives up the job now: rolls its transaction back at once, as the
+    /// server would for a worker that died. (Dropping a job store also rolls
+    /// back, but only once its connection is next used.)
+    pub async fn abandon(mut self) {
+        let (Some(tx), Some(claim)) = (self.tx.take(), &self.claim) else {
+            return;
+        };
+        if let Err(error) = end_transaction(tx.conn, &claim.stash, Ending::RollBack).await {
+            tracing::warn!(%error, "rolling back an abandoned job failed; its connection is closed");
+        }
+    }
+
+    /// A job store bound to no claim, writing through `pool`: what a late
+    /// writer outside any claim would use (tests of stale writes).
+    pub fn outside_transaction(pool: PgPool) -> Self {
+        PgJobStore {
+            pool,
+            tx: None,
+            claim: None,
+        }
+    }
+}

@@ -1,0 +1,314 @@
+//! A job's transaction in transactional mode runs on statements the store
+//! prepares in SQL, with the job's key, token and time as escaped literals:
+//! hostile text keys and state values stay values, a connection that lost
+//! the statements prepares them again, a completion that finds the row no
+//! longer held rolls the handler's writes back, and with the statements
+//! turned off the same jobs run on bound statements.
+
+mod support;
+
+use queue_core::{ClaimParams, Claimed, JobRecord, JobState, Store, Transition, WriteResult};
+use queue_store_postgres::{ExecutionMode, PgStore, PgStoreOptions};
+use sqlx::PgPool;
+use support::{awkward_schema, pool};
+
+/// A row of the keyed table: a text key and nothing else the handler needs.
+#[derive(Debug, sqlx::FromRow)]
+struct Keyed {
+    id: String,
+}
+
+impl JobRecord for Keyed {
+    type Id = String;
+    fn id(&self) -> &String {
+        &self.id
+    }
+    fn kind(&self) -> &str {
+        "keyed"
+    }
+}
+
+/// Keys and a state value written to break naive SQL text.
+const HOSTILE_KEYS: [&str; 5] = [
+    "plain",
+    "it's",
+    "back\\slash\\'",
+    "'); DROP TABLE victims; --",
+    "ünï $1 cödé",
+];
+const PROCESSING: &str = "in 'progress' \\";
+
+fn quoted(schema: &str) -> String {
+    format!("\"{}\"", schema.replace('"', "\"\""))
+}
+
+/// A text-keyed table holding one queued job per key, a side table for the
+/// handlers' writes and a table a successful injection would drop.
+async fn keyed_table(pool: &PgPool, keys: &[&str]) -> String {
+    let schema = awkward_schema();
+    let s = quoted(&schema);
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {s}.victims (x int);
+         CREATE TABLE {s}.side (note text);
+         CREATE TABLE {s}.keyed (id text PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
+            started_at timestamptz, finished_at timestamptz, claim_token bigint NOT NULL DEFAULT 0)"
+    ))
+    .execute(pool)
+    .await
+    .expect("keyed tables");
+    for key in keys {
+        sqlx::query(&format!("INSERT INTO {s}.keyed (id) VALUES ($1)"))
+            .bind(key)
+            .execute(pool)
+            .await
+            .expect("a keyed job");
+    }
+    schema
+}
+
+async fn keyed_store(pool: &PgPool, schema: &str, prepared: bool) -> PgStore<Keyed> {
+    let mut options = PgStoreOptions::new("keyed")
+        .unwrap()
+        .schema(schema)
+        .unwrap()
+        .state_value(JobState::Processing, PROCESSING)
+        .mode(ExecutionMode::Transactional)
+        .prepared_job_statements(prepared);
+    for column in queue_store_postgres::Column::ALL {
+        if !matches!(
+            column.standard_name(),
+            "id" | "state" | "started_at" | "finished_at" | "claim_token"
+        ) {
+            options = options.without(column).unwrap();
+        }
+    }
+    PgStore::new(pool.clone(), options)
+        .await
+        .expect("a store over the keyed table")
+}
+
+async fn claim_all(store: &PgStore<Keyed>, limit: usize) -> Vec<Claimed<PgStore<Keyed>>> {
+    store
+        .claim(ClaimParams {
+            limit,
+            worker: "w",
+            conditions: None,
+            now: chrono::Utc::now(),
+        })
+        .await
+        .expect("a claim")
+}
+
+/// Writes a note in the job's transaction and completes the job.
+async fn note_and_complete(
+    store: &PgStore<Keyed>,
+    schema: &str,
+    mut job: Claimed<PgStore<Keyed>>,
+) -> WriteResult {
+    let conn = job.job_store.transaction().await.expect("the job's lock");
+    sqlx::query(&format!("INSERT INTO {}.side VALUES ($1)", quoted(schema)))
+        .bind(&job.lease.id)
+        .execute(&mut *conn)
+        .await
+        .expect("the handler's write");
+    store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("the completion")
+}
+
+async fn column(pool: &PgPool, sql: &str) -> Vec<String> {
+    sqlx::query_scalar(sql).fetch_all(pool).await.unwrap()
+}
+
+/// Runs every hostile key through claim, lock, write and completion.
+async fn hostile_keys_complete(test: &str, prepared: bool) {
+    let Some(pool) = pool(test).await else {
+        return;
+    };
+    let schema = keyed_table(&pool, &HOSTILE_KEYS).await;
+    let store = keyed_store(&pool, &schema, prepared).await;
+    let jobs = claim_all(&store, HOSTILE_KEYS.len()).await;
+    assert_eq!(jobs.len(), HOSTILE_KEYS.len());
+    for job in jobs {
+        let id = job.lease.id.clone();
+        assert_eq!(
+            note_and_complete(&store, &schema, job).await,
+            WriteResult::Applied,
+            "{id:?}"
+        );
+    }
+    let s = quoted(&schema);
+    let mut keys: Vec<String> = HOSTILE_KEYS.iter().map(|k| k.to_string()).collect();
+    keys.sort();
+    assert_eq!(
+        column(
+            &pool,
+            &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' AND finished_at IS NOT NULL ORDER BY id")
+        )
+        .await,
+        keys,
+        "every key completed"
+    );
+    assert_eq!(
+        column(&pool, &format!("SELECT note FROM {s}.side ORDER BY note")).await,
+        keys,
+        "every handler's write committed with its job"
+    );
+    assert!(
+        column(&pool, &format!("SELECT 'x' FROM {s}.victims"))
+            .await
+            .is_empty(),
+        "the table a key tried to drop is still there"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_text_keys_and_state_values_stay_values_in_prepared_statements() {
+    hostile_keys_complete(
+        "hostile_text_keys_and_state_values_stay_values_in_prepared_statements",
+        true,
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_prepared_statements_off_jobs_run_on_bound_statements() {
+    hostile_keys_complete(
+        "with_prepared_statements_off_jobs_run_on_bound_statements",
+        false,
+    )
+    .await;
+}
+
+/// The store's statements prepared on the session `conn` is on.
+async fn prepared_here(conn: &mut sqlx::PgConnection) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT name FROM pg_prepared_statements WHERE name LIKE 'queue\\_%' ORDER BY name",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_that_lost_the_statements_prepares_them_again() {
+    let Some(pool) = pool("a_connection_that_lost_the_statements_prepares_them_again").await else {
+        return;
+    };
+    let schema = keyed_table(&pool, &["first", "second"]).await;
+    let store = keyed_store(&pool, &schema, true).await;
+    let mut jobs = claim_all(&store, 2).await;
+    let mut second = jobs.pop().expect("two jobs");
+    let mut first = jobs.pop().expect("two jobs");
+
+    let conn = first.job_store.transaction().await.unwrap();
+    let names = prepared_here(conn).await;
+    assert_eq!(names.len(), 2, "the lock and the completion: {names:?}");
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    // The lock goes missing (as after a `DEALLOCATE` or a pooler's switch).
+    let lock = names
+        .iter()
+        .find(|n| n.starts_with("queue_lock_"))
+        .expect("the lock");
+    sqlx::raw_sql(&format!("DEALLOCATE {lock}"))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let applied = store
+        .finish(
+            first.job_store,
+            &first.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, WriteResult::Applied);
+
+    // The next job's transaction takes the same connection back.
+    let conn = second.job_store.transaction().await.unwrap();
+    let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    assert_eq!(again, pid, "the job transaction's connection is reused");
+    assert_eq!(prepared_here(conn).await, names, "prepared again");
+    let applied = store
+        .finish(
+            second.job_store,
+            &second.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, WriteResult::Applied);
+    let s = quoted(&schema);
+    assert_eq!(
+        column(
+            &pool,
+            &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' ORDER BY id")
+        )
+        .await,
+        ["first", "second"]
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back() {
+    let Some(pool) =
+        pool("a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back").await
+    else {
+        return;
+    };
+    for prepared in [true, false] {
+        let schema = keyed_table(&pool, &["moved"]).await;
+        let s = quoted(&schema);
+        let store = keyed_store(&pool, &schema, prepared).await;
+        let mut job = claim_all(&store, 1).await.pop().expect("one job");
+        let conn = job.job_store.transaction().await.unwrap();
+        sqlx::query(&format!("INSERT INTO {s}.side VALUES ('lost')"))
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        // Inside the job's own transaction (the only writer the lock lets
+        // through): the claim token moves on.
+        sqlx::query(&format!(
+            "UPDATE {s}.keyed SET claim_token = claim_token + 1"
+        ))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        let result = store
+            .finish(
+                job.job_store,
+                &job.lease,
+                Transition::Complete,
+                chrono::Utc::now(),
+            )
+            .await
+            .unwrap();
+        assert_eq!(result, WriteResult::Stale, "prepared: {prepared}");
+        assert!(
+            column(&pool, &format!("SELECT note FROM {s}.side"))
+                .await
+                .is_empty(),
+            "prepared: {prepared}: the handler's write was rolled back"
+        );
+        assert_eq!(
+            column(&pool, &format!("SELECT state FROM {s}.keyed")).await,
+            [PROCESSING],
+            "prepared: {prepared}: the job is untouched (the resetter's to recover)"
+        );
+    }
+}
