@@ -289,7 +289,7 @@ pub async fn run(args: &[String]) -> Result<()> {
     }
 
     if selection.runs("peers") {
-        run_peers(&pg, sizes, &mut results).await?;
+        run_peers(&pg, &pool, sizes, &mut results).await?;
     }
 
     let report = report(&machine, &results, quick, selection.runs("peers"));
@@ -857,62 +857,181 @@ async fn claim_latency(pool: &PgPool, finished: u64) -> Result<f64> {
     Ok(percentiles(ms).p50)
 }
 
-/// Runs the peer benchmarks (a separate cargo package) and adds their rows.
-async fn run_peers(pg: &Postgres, sizes: &Sizes, results: &mut Results) -> Result<()> {
-    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../bench/peers/Cargo.toml");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    println!("peers: building {}", manifest.display());
-    // Their own target directory inside the workspace's, reused across runs.
-    let target = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/peers");
-    let build = tokio::process::Command::new(&cargo)
-        .args(["build", "--release", "--quiet", "--manifest-path"])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target)
-        .status()
-        .await?;
-    ensure!(build.success(), "building the peer benchmarks failed");
-    let out = tokio::process::Command::new(&cargo)
-        .args(["run", "--release", "--quiet", "--manifest-path"])
-        .arg(&manifest)
-        .env("CARGO_TARGET_DIR", &target)
-        .args([
-            "--",
-            "--jobs",
-            &sizes.drain_jobs.to_string(),
-            "--wake-jobs",
-            &sizes.wake_jobs.to_string(),
-        ])
-        .env("DATABASE_URL", &pg.url)
-        .stderr(Stdio::inherit())
-        .output()
-        .await?;
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    ensure!(
-        out.status.success(),
-        "the peer benchmarks failed:\n{stdout}"
-    );
-    // Lines: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
-    for line in stdout.lines() {
-        let fields: Vec<&str> = line.split('\t').collect();
-        if let [peer, scenario, value, unit, note] = fields[..] {
-            let value: f64 = value
-                .parse()
-                .with_context(|| format!("bad figure in {line:?}"))?;
-            let unit: &'static str = match unit {
-                "jobs/s" => "jobs/s",
-                "ms" => "ms",
-                _ => "",
-            };
-            results.add(
-                "peer",
-                format!("{peer}: {scenario}"),
-                value,
-                unit,
-                note.to_owned(),
-            );
-        }
+/// The peer benchmarks' package, built (their own target directory inside
+/// the workspace's, reused across runs).
+struct Peers {
+    cargo: String,
+    manifest: PathBuf,
+    target: PathBuf,
+}
+
+/// One figure a peer run printed.
+struct PeerRow {
+    peer: String,
+    scenario: String,
+    value: f64,
+    unit: &'static str,
+    note: String,
+}
+
+impl Peers {
+    async fn build() -> Result<Peers> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let peers = Peers {
+            cargo: std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+            manifest: root.join("../bench/peers/Cargo.toml"),
+            target: root.join("../target/peers"),
+        };
+        println!("peers: building {}", peers.manifest.display());
+        // Offline: with DATABASE_URL set, sqlx's macros in the peers would
+        // check their queries against our database instead of the data
+        // they ship.
+        let build = tokio::process::Command::new(&peers.cargo)
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&peers.manifest)
+            .env("CARGO_TARGET_DIR", &peers.target)
+            .env_remove("DATABASE_URL")
+            .env("SQLX_OFFLINE", "true")
+            .status()
+            .await?;
+        ensure!(build.success(), "building the peer benchmarks failed");
+        Ok(peers)
     }
+
+    /// Runs the peers (`only`: one of them) on `pg`; `wake_jobs` 0 skips
+    /// the wake scenario.
+    async fn run(
+        &self,
+        pg: &Postgres,
+        jobs: usize,
+        wake_jobs: usize,
+        only: Option<&str>,
+    ) -> Result<Vec<PeerRow>> {
+        let mut args = vec![
+            "--jobs".to_owned(),
+            jobs.to_string(),
+            "--wake-jobs".to_owned(),
+            wake_jobs.to_string(),
+        ];
+        if let Some(peer) = only {
+            args.extend(["--only".to_owned(), peer.to_owned()]);
+        }
+        let out = tokio::process::Command::new(self.target.join("release/queue-bench-peers"))
+            .args(&args)
+            .env("DATABASE_URL", &pg.url)
+            .stderr(Stdio::inherit())
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "the peer benchmarks failed:\n{stdout}"
+        );
+        // Lines: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
+        let mut rows = Vec::new();
+        for line in stdout.lines() {
+            let fields: Vec<&str> = line.split('\t').collect();
+            if let [peer, scenario, value, unit, note] = fields[..] {
+                rows.push(PeerRow {
+                    peer: peer.to_owned(),
+                    scenario: scenario.to_owned(),
+                    value: value
+                        .parse()
+                        .with_context(|| format!("bad figure in {line:?}"))?,
+                    unit: match unit {
+                        "jobs/s" => "jobs/s",
+                        "ms" => "ms",
+                        _ => "",
+                    },
+                    note: note.to_owned(),
+                });
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// Runs the peer benchmarks (a separate cargo package) and adds their rows,
+/// then the head-to-head with the fastest of them.
+async fn run_peers(
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let peers = Peers::build().await?;
+    for row in peers
+        .run(pg, sizes.drain_jobs, sizes.wake_jobs, None)
+        .await?
+    {
+        results.add(
+            "peer",
+            format!("{}: {}", row.peer, row.scenario),
+            row.value,
+            row.unit,
+            row.note,
+        );
+    }
+    head_to_head(&peers, pg, pool, sizes, results).await
+}
+
+/// Rounds of the head-to-head.
+const HEAD_TO_HEAD_ROUNDS: usize = 3;
+
+/// The lease drain (16 handlers) and graphile_worker's, alternating for a
+/// few rounds: the machine's speed drifts by a fifth within minutes, and
+/// alternating makes the drift hit both alike. Medians.
+async fn head_to_head(
+    peers: &Peers,
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+    for round in 1..=HEAD_TO_HEAD_ROUNDS {
+        println!("head-to-head: round {round} of {HEAD_TO_HEAD_ROUNDS}");
+        let rows = peers
+            .run(pg, sizes.drain_jobs, 0, Some("graphile_worker"))
+            .await?;
+        let peer = rows
+            .iter()
+            .find(|r| r.scenario == "drain, 16 handlers")
+            .context("graphile_worker printed no drain figure")?;
+        theirs.push(peer.value);
+        let drained = drain(pool, ExecutionMode::Lease, 16, sizes.drain_jobs).await?;
+        ours.push(drained.jobs_per_second);
+    }
+    let runs = |v: &[f64]| {
+        v.iter()
+            .map(|x| format!("{x:.0}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    };
+    results.add(
+        "versus",
+        HEAD_TO_HEAD_OURS,
+        median(&ours),
+        "jobs/s",
+        format!("median of {HEAD_TO_HEAD_ROUNDS}: {}", runs(&ours)),
+    );
+    results.add(
+        "versus",
+        HEAD_TO_HEAD_PEER,
+        median(&theirs),
+        "jobs/s",
+        format!("median of {HEAD_TO_HEAD_ROUNDS}: {}", runs(&theirs)),
+    );
     Ok(())
+}
+
+const HEAD_TO_HEAD_OURS: &str = "lease drain, 16 handlers, alternating with graphile_worker";
+const HEAD_TO_HEAD_PEER: &str = "graphile_worker drain, 16 handlers, alternating";
+
+fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
 fn ratio(results: &Results, a: &str, b: &str) -> Option<f64> {
@@ -964,19 +1083,20 @@ fn report(machine: &str, results: &Results, quick: bool, peers: bool) -> String 
         "≤ 1.2×",
     );
     if peers {
+        ratio_row(
+            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)",
+            ratio(results, HEAD_TO_HEAD_OURS, HEAD_TO_HEAD_PEER),
+            "≥ 2×",
+        );
         for peer in ["graphile_worker", "sqlxmq", "apalis"] {
             ratio_row(
-                &format!("lease drain (16) ÷ {peer} drain (16)"),
+                &format!("lease drain (16) ÷ {peer} drain (16), single runs"),
                 ratio(
                     results,
                     "lease, 16 handlers",
                     &format!("{peer}: drain, 16 handlers"),
                 ),
-                if peer == "graphile_worker" {
-                    "≥ 2×"
-                } else {
-                    ""
-                },
+                "",
             );
         }
     }

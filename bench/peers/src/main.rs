@@ -224,6 +224,9 @@ mod graphile {
             &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion"),
         );
         // Wake latency.
+        if wake_jobs == 0 {
+            return Ok(());
+        }
         let w = worker(url).await?;
         let utils = w.create_utils();
         let s = begin_scenario(wake_jobs);
@@ -351,6 +354,9 @@ mod mq {
             "jobs/s",
             &format!("{jobs} jobs, exactly once"),
         );
+        if wake_jobs == 0 {
+            return Ok(());
+        }
 
         let s = begin_scenario(wake_jobs);
         let handle = start(&pool).await?;
@@ -433,6 +439,9 @@ mod apalis_pg {
             "jobs/s",
             &format!("{jobs} jobs, exactly once; pubsub"),
         );
+        if wake_jobs == 0 {
+            return Ok(());
+        }
 
         let s = begin_scenario(wake_jobs);
         let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -469,7 +478,7 @@ async fn main() -> Result<()> {
             "--jobs" => jobs = value()?.parse()?,
             "--wake-jobs" => wake_jobs = value()?.parse()?,
             "--only" => only = Some(value()?),
-            other => bail!("unknown flag {other}; usage: queue-bench-peers [--jobs N] [--wake-jobs N] [--only PEER]"),
+            other => bail!("unknown flag {other}; usage: queue-bench-peers [--jobs N] [--wake-jobs N (0: drain only)] [--only PEER]"),
         }
     }
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must name the server")?;
