@@ -1117,15 +1117,20 @@ fn benchmarks_doc(report: &str) -> String {
          every job is checked to have run exactly once. Both modes run with `prefetch` = 4 × \
          handlers (a local queue of 64 at 16 handlers, the size the graphile_worker peer runs \
          with), two claims in flight (the default) and the default 2 ms completion delay; in \
-         transactional mode each handler opens its job's transaction (`BEGIN`, the \
-         `FOR KEY SHARE` row lock, the completion and `COMMIT`: what a handler that writes \
+         transactional mode each handler opens its job's transaction (`BEGIN` and the \
+         `FOR KEY SHARE` row lock, then the completion and `COMMIT`: what a handler that writes \
          pays). WAL bytes and commits per job come from `pg_current_wal_lsn()` and \
          `pg_stat_database`; CPU per job from `/proc` (the worker process, and the rest of the \
          machine, which is Postgres).\n\
          - **wake**: idle workers; 500 jobs enqueued one by one at ~50/s; time from the enqueue's \
          commit to the handler's start.\n\
          - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
-         - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the table.\n\n\
+         - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the table.\n\
+         - **peers** (`--peers`): the same drain and wake scenarios for graphile_worker, sqlxmq \
+         and apalis, each in a database of its own on the same server; then the **versus** rows: \
+         the lease drain at 16 handlers and graphile_worker's, alternating for three rounds, \
+         medians (the ratio to graphile_worker's target is taken from these, so that the \
+         machine's drift hits both alike).\n\n\
          {report}\n\
          ## Table design for growth\n\n\
          The default table keeps claiming independent of finished rows: the claim reads the \
@@ -1139,8 +1144,8 @@ fn benchmarks_doc(report: &str) -> String {
          ## What limits the figures\n\n\
          Measured with `pg_stat_statements`, `auto_explain`, `perf`, `vmstat` and pgbench scripts \
          on the 2-core machine:\n\n\
-         - **Lease mode** costs the CPU per job the drain rows show, with claims of about 40 rows \
-         and completions of about 100 per statement. On an idle server a claim costs about 8 µs \
+         - **Lease mode** costs the CPU per job the drain rows show, with claims of about 45 rows \
+         and completions of several hundred per statement (16 handlers). On an idle server a claim costs about 8 µs \
          of executor time per row (index scan, row lock, the new row version, its primary-key and \
          processing-index entries; no update can be HOT, since the state is in the partial \
          indexes' predicates). Three things took a claim's round trip down: it commits without \
@@ -1148,25 +1153,33 @@ fn benchmarks_doc(report: &str) -> String {
          its state values and its size so each size is planned a few times per connection and \
          then runs a cached plan (planning every claim cost 0.1-0.15 ms), and its connection \
          stays with the store between statements (sqlx pings every connection it takes back). \
-         At 16 handlers the cores are still about a quarter idle: a job's slot is held while its \
-         claim is on the way, so throughput is about slots ÷ claim round trip (1-2 ms for 40 rows \
-         under load); two claims in flight and the local queue hide part of it, and with 64 \
-         handlers (bigger claims, more slots) the same machine drains more. graphile_worker \
+         At 16 handlers the cores are still a sixth to a quarter idle: a job's slot is held \
+         while its claim is on the way, so throughput is about slots ÷ claim round trip (1.2-1.5 \
+         ms for 45 rows under load, of which about 0.8 ms does not depend on the size: wake-ups \
+         of the backend and the worker on two busy cores). Two claims may be in flight, 1.4 on \
+         average (the second waits for half a claim's worth of free slots); claiming as soon as \
+         any slot frees, a local queue of 8 × handlers, or three claims in flight measured no \
+         faster in alternating runs. With 64 handlers (bigger claims, more slots) the same \
+         machine drains more. graphile_worker \
          deletes a job when it completes (no new row version, no index entry); this store keeps \
          it, in the spec's `completed` state.\n\
-         - **Transactional mode** pays, per job, `BEGIN`, the `FOR KEY SHARE` lock, the \
-         completion and `COMMIT`: four round trips and a WAL flush. pgbench running that same \
-         four-statement transaction (prepared) reaches about 6,200-7,200 tps here against \
-         9,700-10,200 for the one-statement ceiling, so the protocol alone caps the mode near \
-         0.65× the ceiling; the claim and the worker's own CPU (sqlx and Tokio wake-ups, about \
-         0.1 ms per job) take it lower. Sending `BEGIN` and the lock as one simple-protocol \
-         query was measured slower (it is planned every time). A handler that does not ask for \
-         the job's transaction pays none of this and drains like lease mode.\n\
+         - **Transactional mode** pays, per job, a transaction of its own and its WAL flush, in \
+         two round trips: `BEGIN; EXECUTE lock(..)` and `EXECUTE complete(..); COMMIT AND \
+         CHAIN`, simple-protocol queries on two statements each connection prepares in SQL \
+         (sqlx cannot pipeline bound statements; the four bound statements this replaced were \
+         5-13 % slower in alternating runs, and cost 15 µs more worker CPU per job). pgbench \
+         sending that transaction's four statements as two pipelined round trips reaches about \
+         0.7× its own one-statement ceiling here, and as four round trips about 0.5×; the claim, \
+         16 job connections sharing two cores with the worker (a quarter of all CPU is the \
+         kernel waking processes across the loopback) take the mode to about half the ceiling. \
+         A handler that does not ask for the job's transaction pays none of this and drains \
+         like lease mode.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
          sent at commit and the worker claims at once.\n\
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
-         by up to ±20 % (pgbench alone moved between 9,400 and 11,300 tps in one day), and the \
-         peers run minutes after the drains, so a ratio to a peer moves between runs by more than \
-         either figure's own noise; judge it over several runs.\n"
+         by up to ±20 % (pgbench alone moved between 7,000 and 14,500 tps over two days), so a \
+         ratio of two figures measured minutes apart moves between runs by more than either \
+         figure's own noise: the versus rows alternate the two drains for that reason; judge \
+         the other ratios over several runs.\n"
     )
 }
