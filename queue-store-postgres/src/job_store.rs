@@ -3,7 +3,9 @@
 //!
 //! A job's transaction takes two round trips: `BEGIN; EXECUTE lock(..)`
 //! when the handler first asks for it, and `EXECUTE complete(..); COMMIT AND
-//! CHAIN` when the attempt completes (see [`crate::sql::prepared`]). A
+//! CHAIN` when the attempt completes (see [`crate::sql::prepared`]). The
+//! chained transaction stays open, empty, on the connection, so the next
+//! job on it locks its row without a `BEGIN`. A
 //! connection prepares the two statements the first time it runs one; if
 //! they never stick (a pooler that hands out another server connection per
 //! transaction), the store goes back to four bound statements for good.
@@ -271,12 +273,49 @@ async fn open_bound<K: PgKey>(
     Ok(held)
 }
 
+/// Locks the job's row inside the empty transaction a previous job's
+/// `COMMIT AND CHAIN` left open on `conn`: one round trip, no `BEGIN`. A
+/// failed lock ends that transaction.
+async fn lock_chained<K: PgKey>(
+    conn: &mut PgConnection,
+    claim: &JobClaim<K>,
+) -> Result<Locked, StoreError> {
+    let lock = claim
+        .sql
+        .held_lock
+        .execute(|p| lease_argument(&claim.lease, None, p))
+        .ok_or_else(unbound)?;
+    let error = match conn.execute(sqlx::raw_sql(&lock)).await {
+        Ok(_) => return Ok(Locked::Held),
+        Err(error) => error,
+    };
+    PgTransactionManager::rollback(conn)
+        .await
+        .map_err(|e| store_error("rolling back a job's failed lock", e))?;
+    if is_not_held(&error) {
+        Ok(Locked::NotHeld)
+    } else if is_unprepared(&error) {
+        Ok(Locked::Unprepared)
+    } else {
+        Err(store_error("locking a claimed job", error))
+    }
+}
+
 /// Opens the job's transaction on `conn`: `Some` once the row is locked
 /// (`true`: by the prepared lock), `None` if it is no longer this claim's.
 async fn open<K: PgKey>(
     conn: &mut PgConnection,
     claim: &JobClaim<K>,
 ) -> Result<Option<bool>, StoreError> {
+    if PgTransactionManager::get_transaction_depth(conn) == 1 {
+        // A chained transaction (only the prepared completion leaves one).
+        match lock_chained(conn, claim).await? {
+            Locked::Held => return Ok(Some(true)),
+            Locked::NotHeld => return Ok(None),
+            // Lost its statements: prepared again below.
+            Locked::Unprepared => {}
+        }
+    }
     if claim.prepared.usable() {
         match open_prepared(conn, claim).await? {
             Locked::Held => return Ok(Some(true)),
@@ -402,10 +441,10 @@ async fn commit_prepared<K: PgKey>(
         .await
     {
         Ok(_) => {
-            // Committed. sqlx still counts the job's transaction as open;
-            // its rollback ends the empty chained one, and goes out with
-            // the connection's next statement.
-            PgTransactionManager::start_rollback(&mut conn);
+            // Committed. The connection is in the empty transaction the
+            // chain opened, which sqlx still counts as the job's: the next
+            // job's transaction on it needs no `BEGIN` (and the stash
+            // rolls it back if the connection goes to the pool instead).
             claim.stash.put(conn);
             Ok(WriteResult::Applied)
         }

@@ -5,12 +5,18 @@
 //! transactions) hand their connections back here instead and take them
 //! again while they are fresh; a sweeper returns those left unused for a
 //! second to the pool, so an idle store holds none for long.
+//!
+//! A job transaction's connection may come back still inside the empty
+//! transaction its `COMMIT AND CHAIN` opened, for the next job to use
+//! without a `BEGIN`; whenever such a connection leaves the stash for the
+//! pool, its rollback is queued first (it goes out with the pool's ping).
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
-use sqlx::{PgPool, Postgres};
+use sqlx::postgres::PgTransactionManager;
+use sqlx::{PgPool, Postgres, TransactionManager};
 use tokio::task::JoinHandle;
 
 /// How long a connection handed back stays in the stash unused.
@@ -18,8 +24,30 @@ const FRESH_FOR: Duration = Duration::from_secs(1);
 
 /// A connection handed back, and when.
 struct Idle {
-    conn: PoolConnection<Postgres>,
+    conn: Option<PoolConnection<Postgres>>,
     since: Instant,
+}
+
+impl Idle {
+    fn take(mut self) -> Option<PoolConnection<Postgres>> {
+        self.conn.take()
+    }
+}
+
+impl Drop for Idle {
+    fn drop(&mut self) {
+        // Back to the pool: out of any transaction first.
+        if let Some(conn) = self.conn.as_mut() {
+            end_transactions(conn);
+        }
+    }
+}
+
+/// Queues the rollback of whatever transactions sqlx counts on `conn`.
+fn end_transactions(conn: &mut PoolConnection<Postgres>) {
+    while PgTransactionManager::get_transaction_depth(conn) > 0 {
+        PgTransactionManager::start_rollback(conn);
+    }
 }
 
 /// Connections between uses, taken newest first.
@@ -60,10 +88,10 @@ impl Stash {
             let mut fresh = None;
             while let Some(entry) = idle.pop() {
                 if entry.since.elapsed() < FRESH_FOR {
-                    fresh = Some(entry.conn);
+                    fresh = entry.take();
                     break;
                 }
-                stale.push(entry.conn);
+                stale.push(entry);
             }
             (fresh, stale)
         };
@@ -76,17 +104,18 @@ impl Stash {
     }
 
     /// Hands back a connection that finished its statements cleanly: no
-    /// transaction open, or only an empty one whose rollback is queued on
-    /// the connection (it goes out before the connection's next statement).
-    pub(crate) fn put(&self, conn: PoolConnection<Postgres>) {
+    /// transaction open, or only the empty one a `COMMIT AND CHAIN` opened.
+    pub(crate) fn put(&self, mut conn: PoolConnection<Postgres>) {
         let mut idle = self.lock();
         if idle.len() < self.capacity {
             idle.push(Idle {
-                conn,
+                conn: Some(conn),
                 since: Instant::now(),
             });
+        } else {
+            // Beyond capacity: back to the pool.
+            end_transactions(&mut conn);
         }
-        // Beyond capacity `conn` drops here and goes back to the pool.
     }
 
     /// Returns the connections unused for `FRESH_FOR` to the pool.

@@ -2,8 +2,10 @@
 //! prepares in SQL, with the job's key, token and time as escaped literals:
 //! hostile text keys and state values stay values, a connection that lost
 //! the statements prepares them again, a completion that finds the row no
-//! longer held rolls the handler's writes back, and with the statements
-//! turned off the same jobs run on bound statements.
+//! longer held rolls the handler's writes back, the next job on a
+//! connection locks inside the transaction the last commit chained (which
+//! never reaches the pool), and with the statements turned off the same
+//! jobs run on bound statements.
 
 mod support;
 
@@ -311,4 +313,92 @@ async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back
             "prepared: {prepared}: the job is untouched (the resetter's to recover)"
         );
     }
+}
+
+/// Whether session `pid` is inside a transaction.
+async fn in_transaction(pool: &PgPool, pid: i32) -> bool {
+    sqlx::query_scalar(
+        "SELECT count(*) > 0 FROM pg_stat_activity WHERE pid = $1 AND xact_start IS NOT NULL",
+    )
+    .bind(pid)
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_pool() {
+    let Some(pool) =
+        pool("the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_pool").await
+    else {
+        return;
+    };
+    let schema = keyed_table(&pool, &["first", "second"]).await;
+    let store = keyed_store(&pool, &schema, true).await;
+    let mut jobs = claim_all(&store, 2).await;
+    let mut second = jobs.pop().expect("two jobs");
+    let mut first = jobs.pop().expect("two jobs");
+    let conn = first.job_store.transaction().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await
+        .unwrap();
+    let applied = store
+        .finish(
+            first.job_store,
+            &first.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, WriteResult::Applied);
+    assert!(
+        in_transaction(&pool, pid).await,
+        "the commit chained an empty transaction"
+    );
+
+    tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    let asked = chrono::Utc::now();
+    let conn = second.job_store.transaction().await.unwrap();
+    let (again, started): (i32, chrono::DateTime<chrono::Utc>) =
+        sqlx::query_as("SELECT pg_backend_pid(), now()")
+            .fetch_one(&mut *conn)
+            .await
+            .unwrap();
+    assert_eq!(again, pid, "the job transaction's connection is reused");
+    assert!(
+        started < asked - chrono::Duration::milliseconds(100),
+        "the second job's transaction began at the first one's commit ({started}), not when it was asked for ({asked})"
+    );
+    let applied = store
+        .finish(
+            second.job_store,
+            &second.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .unwrap();
+    assert_eq!(applied, WriteResult::Applied);
+
+    // Unused, the connection goes back to the pool out of its transaction.
+    let mut waited = std::time::Duration::ZERO;
+    while in_transaction(&pool, pid).await {
+        assert!(
+            waited < std::time::Duration::from_secs(5),
+            "a kept connection went back to the pool inside a transaction"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+        waited += std::time::Duration::from_millis(50);
+    }
+    let s = quoted(&schema);
+    assert_eq!(
+        column(
+            &pool,
+            &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' ORDER BY id")
+        )
+        .await,
+        ["first", "second"]
+    );
 }
