@@ -1167,7 +1167,8 @@ fn benchmarks_doc(report: &str) -> String {
          two round trips: `BEGIN; EXECUTE lock(..)` and `EXECUTE complete(..); COMMIT AND \
          CHAIN`, simple-protocol queries on two statements each connection prepares in SQL \
          (sqlx cannot pipeline bound statements; the four bound statements this replaced were \
-         5-13 % slower in alternating runs, and cost 15 µs more worker CPU per job). pgbench \
+         5-13 % slower in alternating runs, and cost 15 µs more worker CPU per job); the next \
+         job on a connection locks inside the transaction the chain opened, without a `BEGIN`. pgbench \
          sending that transaction's four statements as two pipelined round trips reaches about \
          0.7× its own one-statement ceiling here, and as four round trips about 0.5×; the claim, \
          16 job connections sharing two cores with the worker (a quarter of all CPU is the \
