@@ -182,17 +182,22 @@ fn unbound() -> StoreError {
     }
 }
 
+/// `EXECUTE lock(..)` for the claim's job.
+fn execute_lock<K: PgKey>(claim: &JobClaim<K>) -> Result<String, StoreError> {
+    claim
+        .sql
+        .held_lock
+        .execute(|p| lease_argument(&claim.lease, None, p))
+        .ok_or_else(unbound)
+}
+
 /// `BEGIN; EXECUTE lock(..)` in one round trip. A failed lock leaves the
 /// connection out of any transaction.
 async fn begin_prepared<K: PgKey>(
     conn: &mut PgConnection,
     claim: &JobClaim<K>,
 ) -> Result<Locked, StoreError> {
-    let lock = claim
-        .sql
-        .held_lock
-        .execute(|p| lease_argument(&claim.lease, None, p))
-        .ok_or_else(unbound)?;
+    let lock = execute_lock(claim)?;
     let error = match PgTransactionManager::begin(conn, Some(format!("BEGIN; {lock}").into())).await
     {
         Ok(()) => return Ok(Locked::Held),
@@ -280,11 +285,7 @@ async fn lock_chained<K: PgKey>(
     conn: &mut PgConnection,
     claim: &JobClaim<K>,
 ) -> Result<Locked, StoreError> {
-    let lock = claim
-        .sql
-        .held_lock
-        .execute(|p| lease_argument(&claim.lease, None, p))
-        .ok_or_else(unbound)?;
+    let lock = execute_lock(claim)?;
     let error = match conn.execute(sqlx::raw_sql(&lock)).await {
         Ok(_) => return Ok(Locked::Held),
         Err(error) => error,

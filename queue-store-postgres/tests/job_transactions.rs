@@ -102,6 +102,26 @@ async fn claim_all(store: &PgStore<Keyed>, limit: usize) -> Vec<Claimed<PgStore<
         .expect("a claim")
 }
 
+/// Completes a claimed job.
+async fn complete(store: &PgStore<Keyed>, job: Claimed<PgStore<Keyed>>) -> WriteResult {
+    store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("the completion")
+}
+
+async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .unwrap()
+}
+
 /// Writes a note in the job's transaction and completes the job.
 async fn note_and_complete(
     store: &PgStore<Keyed>,
@@ -114,15 +134,7 @@ async fn note_and_complete(
         .execute(&mut *conn)
         .await
         .expect("the handler's write");
-    store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .expect("the completion")
+    complete(store, job).await
 }
 
 async fn column(pool: &PgPool, sql: &str) -> Vec<String> {
@@ -199,24 +211,35 @@ async fn prepared_here(conn: &mut sqlx::PgConnection) -> Vec<String> {
     .unwrap()
 }
 
+/// A keyed table with jobs `first` and `second`, a store with prepared
+/// statements, and both jobs claimed.
+async fn two_claimed_jobs(
+    pool: &PgPool,
+) -> (
+    String,
+    PgStore<Keyed>,
+    Claimed<PgStore<Keyed>>,
+    Claimed<PgStore<Keyed>>,
+) {
+    let schema = keyed_table(pool, &["first", "second"]).await;
+    let store = keyed_store(pool, &schema, true).await;
+    let mut jobs = claim_all(&store, 2).await;
+    let second = jobs.pop().expect("two jobs");
+    let first = jobs.pop().expect("two jobs");
+    (schema, store, first, second)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_connection_that_lost_the_statements_prepares_them_again() {
     let Some(pool) = pool("a_connection_that_lost_the_statements_prepares_them_again").await else {
         return;
     };
-    let schema = keyed_table(&pool, &["first", "second"]).await;
-    let store = keyed_store(&pool, &schema, true).await;
-    let mut jobs = claim_all(&store, 2).await;
-    let mut second = jobs.pop().expect("two jobs");
-    let mut first = jobs.pop().expect("two jobs");
+    let (schema, store, mut first, mut second) = two_claimed_jobs(&pool).await;
 
     let conn = first.job_store.transaction().await.unwrap();
     let names = prepared_here(conn).await;
     assert_eq!(names.len(), 2, "the lock and the completion: {names:?}");
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let pid = backend_pid(conn).await;
     // The lock goes missing (as after a `DEALLOCATE` or a pooler's switch).
     let lock = names
         .iter()
@@ -226,35 +249,14 @@ async fn a_connection_that_lost_the_statements_prepares_them_again() {
         .execute(&mut *conn)
         .await
         .unwrap();
-    let applied = store
-        .finish(
-            first.job_store,
-            &first.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(applied, WriteResult::Applied);
+    assert_eq!(complete(&store, first).await, WriteResult::Applied);
 
     // The next job's transaction takes the same connection back.
     let conn = second.job_store.transaction().await.unwrap();
-    let again: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
+    let again = backend_pid(conn).await;
     assert_eq!(again, pid, "the job transaction's connection is reused");
     assert_eq!(prepared_here(conn).await, names, "prepared again");
-    let applied = store
-        .finish(
-            second.job_store,
-            &second.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(applied, WriteResult::Applied);
+    assert_eq!(complete(&store, second).await, WriteResult::Applied);
     let s = quoted(&schema);
     assert_eq!(
         column(
@@ -291,16 +293,11 @@ async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back
         .execute(&mut *conn)
         .await
         .unwrap();
-        let result = store
-            .finish(
-                job.job_store,
-                &job.lease,
-                Transition::Complete,
-                chrono::Utc::now(),
-            )
-            .await
-            .unwrap();
-        assert_eq!(result, WriteResult::Stale, "prepared: {prepared}");
+        assert_eq!(
+            complete(&store, job).await,
+            WriteResult::Stale,
+            "prepared: {prepared}"
+        );
         assert!(
             column(&pool, &format!("SELECT note FROM {s}.side"))
                 .await
@@ -333,26 +330,10 @@ async fn the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_p
     else {
         return;
     };
-    let schema = keyed_table(&pool, &["first", "second"]).await;
-    let store = keyed_store(&pool, &schema, true).await;
-    let mut jobs = claim_all(&store, 2).await;
-    let mut second = jobs.pop().expect("two jobs");
-    let mut first = jobs.pop().expect("two jobs");
+    let (schema, store, mut first, mut second) = two_claimed_jobs(&pool).await;
     let conn = first.job_store.transaction().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut *conn)
-        .await
-        .unwrap();
-    let applied = store
-        .finish(
-            first.job_store,
-            &first.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(applied, WriteResult::Applied);
+    let pid = backend_pid(conn).await;
+    assert_eq!(complete(&store, first).await, WriteResult::Applied);
     assert!(
         in_transaction(&pool, pid).await,
         "the commit chained an empty transaction"
@@ -371,16 +352,7 @@ async fn the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_p
         started < asked - chrono::Duration::milliseconds(100),
         "the second job's transaction began at the first one's commit ({started}), not when it was asked for ({asked})"
     );
-    let applied = store
-        .finish(
-            second.job_store,
-            &second.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap();
-    assert_eq!(applied, WriteResult::Applied);
+    assert_eq!(complete(&store, second).await, WriteResult::Applied);
 
     // Unused, the connection goes back to the pool out of its transaction.
     let mut waited = std::time::Duration::ZERO;
