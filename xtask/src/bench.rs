@@ -34,6 +34,9 @@ struct Sizes {
     memory_jobs: usize,
     growth_rows: [u64; 3],
     single_enqueues: usize,
+    /// Rounds of the alternating scenarios (ceiling with drains, and the
+    /// head-to-head with graphile_worker).
+    rounds: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -43,6 +46,7 @@ const FULL: Sizes = Sizes {
     memory_jobs: 10_000,
     growth_rows: [0, 1_000_000, 10_000_000],
     single_enqueues: 5_000,
+    rounds: 3,
 };
 
 const QUICK: Sizes = Sizes {
@@ -52,6 +56,7 @@ const QUICK: Sizes = Sizes {
     memory_jobs: 200,
     growth_rows: [0, 10_000, 50_000],
     single_enqueues: 500,
+    rounds: 1,
 };
 
 /// One line of the results table.
@@ -97,10 +102,11 @@ impl Results {
 }
 
 /// The scenarios `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 8] = [
+const SCENARIOS: [&str; 9] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
+    "alternating",
     "enqueue",
     "wake",
     "memory",
@@ -110,7 +116,7 @@ const SCENARIOS: [&str; 8] = [
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--peers] [--only SCENARIO,...]\n\
                      scenarios (a prefix picks all that start with it): ceiling, drain-lease, \
-                     drain-transactional, enqueue, wake, memory, growth, peers";
+                     drain-transactional, alternating, enqueue, wake, memory, growth, peers";
 
 /// Which scenarios run: all of them (peers only with `--peers`), or those
 /// `--only` names.
@@ -212,6 +218,10 @@ pub async fn run(args: &[String]) -> Result<()> {
                 ),
             );
         }
+    }
+
+    if selection.runs("alternating") {
+        alternating(&pg, &pool, sizes, &mut results).await?;
     }
 
     if selection.runs("enqueue") {
@@ -975,11 +985,8 @@ async fn run_peers(
     head_to_head(&peers, pg, pool, sizes, results).await
 }
 
-/// Rounds of the head-to-head.
-const HEAD_TO_HEAD_ROUNDS: usize = 3;
-
 /// The lease drain (16 handlers) and graphile_worker's, alternating for a
-/// few rounds: the machine's speed drifts by a fifth within minutes, and
+/// few rounds (one in a quick run): the machine's speed drifts by a fifth within minutes, and
 /// alternating makes the drift hit both alike. Medians.
 async fn head_to_head(
     peers: &Peers,
@@ -989,8 +996,9 @@ async fn head_to_head(
     results: &mut Results,
 ) -> Result<()> {
     let (mut ours, mut theirs) = (Vec::new(), Vec::new());
-    for round in 1..=HEAD_TO_HEAD_ROUNDS {
-        println!("head-to-head: round {round} of {HEAD_TO_HEAD_ROUNDS}");
+    let rounds = sizes.rounds;
+    for round in 1..=rounds {
+        println!("head-to-head: round {round} of {rounds}");
         let rows = peers
             .run(pg, sizes.drain_jobs, 0, Some("graphile_worker"))
             .await?;
@@ -1002,31 +1010,81 @@ async fn head_to_head(
         let drained = drain(pool, ExecutionMode::Lease, 16, sizes.drain_jobs).await?;
         ours.push(drained.jobs_per_second);
     }
-    let runs = |v: &[f64]| {
-        v.iter()
-            .map(|x| format!("{x:.0}"))
-            .collect::<Vec<_>>()
-            .join(", ")
-    };
     results.add(
         "versus",
         HEAD_TO_HEAD_OURS,
         median(&ours),
         "jobs/s",
-        format!("median of {HEAD_TO_HEAD_ROUNDS}: {}", runs(&ours)),
+        format!("median of {rounds}: {}", list(&ours)),
     );
     results.add(
         "versus",
         HEAD_TO_HEAD_PEER,
         median(&theirs),
         "jobs/s",
-        format!("median of {HEAD_TO_HEAD_ROUNDS}: {}", runs(&theirs)),
+        format!("median of {rounds}: {}", list(&theirs)),
     );
     Ok(())
 }
 
 const HEAD_TO_HEAD_OURS: &str = "lease drain, 16 handlers, alternating with graphile_worker";
 const HEAD_TO_HEAD_PEER: &str = "graphile_worker drain, 16 handlers, alternating";
+
+const ALTERNATING_CEILING: &str = "pgbench ceiling, alternating with the drains";
+const ALTERNATING_LEASE: &str = "lease drain, 16 handlers, alternating with the ceiling";
+const ALTERNATING_TRANSACTIONAL: &str =
+    "transactional drain, 16 handlers, alternating with the ceiling";
+
+/// The ceiling and both drains at 16 handlers, one after the other for a
+/// few rounds (one in a quick run), medians: the targets' ratios are taken
+/// from these, so that the machine's drift hits the ceiling and the drains
+/// alike.
+async fn alternating(
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let rounds = sizes.rounds;
+    let (mut ceiling, mut lease, mut transactional) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        println!("alternating: round {round} of {rounds}");
+        ceiling.push(pgbench(pg, sizes.pgbench_seconds).await?);
+        lease.push(
+            drain(pool, ExecutionMode::Lease, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+        transactional.push(
+            drain(pool, ExecutionMode::Transactional, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+    }
+    for (what, unit, values) in [
+        (ALTERNATING_CEILING, "tps", &ceiling),
+        (ALTERNATING_LEASE, "jobs/s", &lease),
+        (ALTERNATING_TRANSACTIONAL, "jobs/s", &transactional),
+    ] {
+        results.add(
+            "alternate",
+            what,
+            median(values),
+            unit,
+            format!("median of {rounds}: {}", list(values)),
+        );
+    }
+    Ok(())
+}
+
+/// Figures as a comma-separated list.
+fn list(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
 
 fn median(values: &[f64]) -> f64 {
     let mut sorted = values.to_vec();
@@ -1063,14 +1121,24 @@ fn report(machine: &str, results: &Results, quick: bool, peers: bool) -> String 
         }
     };
     ratio_row(
-        "lease drain (16) ÷ pgbench ceiling",
-        ratio(results, "lease, 16 handlers", ceiling),
+        "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+        ratio(results, ALTERNATING_LEASE, ALTERNATING_CEILING),
         "≥ 2×",
     );
     ratio_row(
-        "transactional drain (16) ÷ pgbench ceiling",
-        ratio(results, "transactional, 16 handlers", ceiling),
+        "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+        ratio(results, ALTERNATING_TRANSACTIONAL, ALTERNATING_CEILING),
         "≥ 0.5×",
+    );
+    ratio_row(
+        "lease drain (16) ÷ pgbench ceiling, single runs",
+        ratio(results, "lease, 16 handlers", ceiling),
+        "",
+    );
+    ratio_row(
+        "transactional drain (16) ÷ pgbench ceiling, single runs",
+        ratio(results, "transactional, 16 handlers", ceiling),
+        "",
     );
     ratio_row(
         "claim p50, largest table ÷ empty table",
@@ -1126,6 +1194,9 @@ fn benchmarks_doc(report: &str) -> String {
          commit to the handler's start.\n\
          - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
          - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the table.\n\
+         - **alternate**: the ceiling and both drains at 16 handlers once more, one after the \
+         other for three rounds, medians; the targets' ratios to the ceiling are taken from \
+         these, so that the machine's drift hits the ceiling and the drains alike.\n\
          - **peers** (`--peers`): the same drain and wake scenarios for graphile_worker, sqlxmq \
          and apalis, each in a database of its own on the same server; then the **versus** rows: \
          the lease drain at 16 handlers and graphile_worker's, alternating for three rounds, \
@@ -1180,7 +1251,7 @@ fn benchmarks_doc(report: &str) -> String {
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
          by up to ±20 % (pgbench alone moved between 7,000 and 14,500 tps over two days), so a \
          ratio of two figures measured minutes apart moves between runs by more than either \
-         figure's own noise: the versus rows alternate the two drains for that reason; judge \
-         the other ratios over several runs.\n"
+         figure's own noise: the alternate and versus rows interleave what they compare for \
+         that reason; the single-run ratios are shown beside them.\n"
     )
 }
