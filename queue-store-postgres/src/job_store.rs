@@ -5,10 +5,10 @@
 //! when the handler first asks for it, and `EXECUTE complete(..); COMMIT AND
 //! CHAIN` when the attempt completes (see [`crate::sql::prepared`]). The
 //! chained transaction stays open, empty, on the connection, so the next
-//! job on it locks its row without a `BEGIN`. A
-//! connection prepares the two statements the first time it runs one; if
-//! they never stick (a pooler that hands out another server connection per
-//! transaction), the store goes back to four bound statements for good.
+//! job on it locks its row without a `BEGIN`. A connection prepares the two
+//! statements the first time it runs one; if they never stick (a pooler that
+//! hands out another server connection per transaction), the store goes
+//! back to four bound statements for good.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -357,7 +357,7 @@ impl<K: PgKey> PgJobStore<K> {
             };
             let mut conn = claim
                 .stash
-                .take()
+                .take_for_job()
                 .await
                 .map_err(|e| store_error("opening a job's transaction", e))?;
             match open(&mut conn, claim).await {

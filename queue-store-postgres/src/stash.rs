@@ -7,9 +7,11 @@
 //! second to the pool, so an idle store holds none for long.
 //!
 //! A job transaction's connection may come back still inside the empty
-//! transaction its `COMMIT AND CHAIN` opened, for the next job to use
-//! without a `BEGIN`; whenever such a connection leaves the stash for the
-//! pool, its rollback is queued first (it goes out with the pool's ping).
+//! transaction its `COMMIT AND CHAIN` opened ("chained"), for the next job
+//! to use without a `BEGIN`: job transactions take chained connections
+//! first, every other statement clean ones first. Whenever a chained
+//! connection goes elsewhere, its rollback is queued first (it goes out with
+//! the connection's next statement, or the pool's ping).
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
@@ -17,7 +19,6 @@ use std::time::{Duration, Instant};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
 use sqlx::{PgPool, Postgres, TransactionManager};
-use tokio::task::JoinHandle;
 
 /// How long a connection handed back stays in the stash unused.
 const FRESH_FOR: Duration = Duration::from_secs(1);
@@ -31,6 +32,12 @@ struct Idle {
 impl Idle {
     fn take(mut self) -> Option<PoolConnection<Postgres>> {
         self.conn.take()
+    }
+
+    fn chained(&self) -> bool {
+        self.conn
+            .as_ref()
+            .is_some_and(|conn| PgTransactionManager::get_transaction_depth(conn) > 0)
     }
 }
 
@@ -67,33 +74,50 @@ impl std::fmt::Debug for Stash {
 }
 
 impl Stash {
-    /// A stash over `pool` keeping at most half its connections, and the
-    /// task that sweeps it (it ends when the stash is dropped).
-    pub(crate) fn new(pool: PgPool) -> (Arc<Stash>, JoinHandle<()>) {
+    /// A stash over `pool` keeping at most half its connections, swept
+    /// until it is dropped.
+    pub(crate) fn new(pool: PgPool) -> Arc<Stash> {
         let capacity = (pool.options().get_max_connections() as usize / 2).max(1);
         let stash = Arc::new(Stash {
             pool,
             idle: Mutex::new(Vec::new()),
             capacity,
         });
-        let sweeper = tokio::spawn(sweep_until_dropped(Arc::downgrade(&stash)));
-        (stash, sweeper)
+        tokio::spawn(sweep_until_dropped(Arc::downgrade(&stash)));
+        stash
     }
 
-    /// A fresh connection from the stash, or one from the pool.
+    /// A fresh connection out of any transaction (a chained one only if
+    /// none is clean, its transaction then rolled back), or one from the
+    /// pool.
     pub(crate) async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        let mut conn = self.take_preferring(false).await?;
+        end_transactions(&mut conn);
+        Ok(conn)
+    }
+
+    /// For a job's transaction: a fresh chained connection if there is one,
+    /// else a clean one, else one from the pool.
+    pub(crate) async fn take_for_job(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+        self.take_preferring(true).await
+    }
+
+    /// The newest fresh connection that is `chained` or not as asked, else
+    /// the newest fresh one, else one from the pool; stale ones go back to
+    /// the pool.
+    async fn take_preferring(
+        &self,
+        chained: bool,
+    ) -> Result<PoolConnection<Postgres>, sqlx::Error> {
         let (fresh, stale) = {
             let mut idle = self.lock();
-            let mut stale = Vec::new();
-            let mut fresh = None;
-            while let Some(entry) = idle.pop() {
-                if entry.since.elapsed() < FRESH_FOR {
-                    fresh = entry.take();
-                    break;
-                }
-                stale.push(entry);
-            }
-            (fresh, stale)
+            let first_stale = idle.partition_point(|entry| entry.since.elapsed() >= FRESH_FOR);
+            let stale: Vec<Idle> = idle.drain(..first_stale).collect();
+            let pick = idle
+                .iter()
+                .rposition(|entry| entry.chained() == chained)
+                .or_else(|| idle.len().checked_sub(1));
+            (pick.and_then(|i| idle.remove(i).take()), stale)
         };
         // Back to the pool outside the lock.
         drop(stale);

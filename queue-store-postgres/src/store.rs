@@ -31,15 +31,8 @@ struct Inner<R: JobRecord> {
     pool: PgPool,
     /// Connections of the claims, completions and job transactions.
     stash: Arc<Stash>,
-    /// Connections of job transactions, kept apart: a committed one still
-    /// has its chained transaction's rollback queued, which goes out in the
-    /// same round trip as the next job's `BEGIN`, but would cost a round
-    /// trip of its own before any other statement.
-    job_stash: Arc<Stash>,
     /// Whether job transactions use statements prepared in SQL.
     prepared: Arc<PreparedStatements>,
-    sweeper: JoinHandle<()>,
-    job_sweeper: JoinHandle<()>,
     options: PgStoreOptions,
     sql: Arc<Statements>,
     states: Arc<StateValues>,
@@ -54,8 +47,6 @@ struct Inner<R: JobRecord> {
 impl<R: JobRecord> Drop for Inner<R> {
     fn drop(&mut self) {
         self.listener.abort();
-        self.sweeper.abort();
-        self.job_sweeper.abort();
     }
 }
 
@@ -153,8 +144,7 @@ where
         let states = Arc::new(options.states.clone());
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
-        let (stash, sweeper) = Stash::new(pool.clone());
-        let (job_stash, job_sweeper) = Stash::new(pool.clone());
+        let stash = Stash::new(pool.clone());
         let (completer, outcomes) = mpsc::unbounded_channel();
         tokio::spawn(complete_batches(
             stash.clone(),
@@ -167,10 +157,7 @@ where
             inner: Arc::new(Inner {
                 pool,
                 stash,
-                job_stash,
-                job_sweeper,
                 prepared: PreparedStatements::new(options.prepared_job_statements),
-                sweeper,
                 options,
                 sql,
                 states,
@@ -416,7 +403,7 @@ where
                     sql: self.inner.sql.clone(),
                     states: self.inner.states.clone(),
                     lease: lease.clone(),
-                    stash: self.inner.job_stash.clone(),
+                    stash: self.inner.stash.clone(),
                     prepared: self.inner.prepared.clone(),
                 });
                 Claimed {
