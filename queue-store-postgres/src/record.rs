@@ -2,7 +2,7 @@
 
 use queue_core::{Job, JobId, JobState, LogEntry};
 use sqlx::postgres::{PgHasArrayType, PgRow};
-use sqlx::{Postgres, Row};
+use sqlx::{Column, Postgres, Row};
 
 /// A key type the store can use: integer, bigint, uuid or text columns.
 pub trait PgKey:
@@ -36,9 +36,64 @@ impl PgKey for String {
 /// Decodes one claimed row (the select list) into a record.
 pub type Decoder<R> = fn(&PgRow) -> Result<R, sqlx::Error>;
 
+/// The default table's columns, in the order it creates them.
+pub(crate) const DEFAULT_COLUMNS: [&str; 17] = [
+    "id",
+    "kind",
+    "payload",
+    "priority",
+    "state",
+    "failure_message",
+    "queued_at",
+    "started_at",
+    "finished_at",
+    "process_after",
+    "num_resets",
+    "num_failures",
+    "last_heartbeat_at",
+    "execution_logs",
+    "worker_hostname",
+    "cancel",
+    "claim_token",
+];
+
+/// Finds a row's columns by name, trying first where the default table's
+/// column order puts them (a claim returns thousands of rows with the same
+/// columns: comparing one name is cheaper than hashing it for every read).
+struct Columns<'r> {
+    row: &'r PgRow,
+    /// Where the `id` column is: the default table's columns follow it in
+    /// order unless the table was altered.
+    base: usize,
+}
+
+impl<'r> Columns<'r> {
+    fn new(row: &'r PgRow) -> Self {
+        let base = row
+            .columns()
+            .iter()
+            .position(|c| c.name() == DEFAULT_COLUMNS[0])
+            .unwrap_or(0);
+        Columns { row, base }
+    }
+
+    /// Decodes column `n` of [`DEFAULT_COLUMNS`].
+    fn get<T>(&self, n: usize) -> Result<T, sqlx::Error>
+    where
+        T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+    {
+        let name = DEFAULT_COLUMNS[n];
+        match self.row.columns().get(self.base + n) {
+            Some(column) if column.name() == name => self.row.try_get(self.base + n),
+            _ => self.row.try_get(name),
+        }
+    }
+}
+
 /// Decodes a row of the default table into a [`Job`].
 pub fn decode_job(row: &PgRow) -> Result<Job, sqlx::Error> {
-    let state: String = row.try_get("state")?;
+    let c = Columns::new(row);
+    let state: &str = c.get(4)?;
     let state = JobState::ALL
         .into_iter()
         .find(|s| s.as_str() == state)
@@ -46,7 +101,7 @@ pub fn decode_job(row: &PgRow) -> Result<Job, sqlx::Error> {
             index: "state".into(),
             source: format!("{state:?} is not a state of the default table").into(),
         })?;
-    let logs: Option<Vec<serde_json::Value>> = row.try_get("execution_logs")?;
+    let logs: Option<Vec<serde_json::Value>> = c.get(13)?;
     let execution_logs = logs
         .unwrap_or_default()
         .into_iter()
@@ -57,22 +112,22 @@ pub fn decode_job(row: &PgRow) -> Result<Job, sqlx::Error> {
             source: Box::new(e),
         })?;
     Ok(Job {
-        id: row.try_get("id")?,
-        kind: row.try_get("kind")?,
-        payload: row.try_get("payload")?,
-        priority: row.try_get("priority")?,
+        id: c.get(0)?,
+        kind: c.get(1)?,
+        payload: c.get(2)?,
+        priority: c.get(3)?,
         state,
-        failure_message: row.try_get("failure_message")?,
-        queued_at: row.try_get("queued_at")?,
-        started_at: row.try_get("started_at")?,
-        finished_at: row.try_get("finished_at")?,
-        process_after: row.try_get("process_after")?,
-        num_resets: row.try_get("num_resets")?,
-        num_failures: row.try_get("num_failures")?,
-        last_heartbeat_at: row.try_get("last_heartbeat_at")?,
+        failure_message: c.get(5)?,
+        queued_at: c.get(6)?,
+        started_at: c.get(7)?,
+        finished_at: c.get(8)?,
+        process_after: c.get(9)?,
+        num_resets: c.get(10)?,
+        num_failures: c.get(11)?,
+        last_heartbeat_at: c.get(12)?,
         execution_logs,
-        worker_hostname: row.try_get("worker_hostname")?,
-        cancel: row.try_get("cancel")?,
-        claim_token: row.try_get("claim_token")?,
+        worker_hostname: c.get(14)?,
+        cancel: c.get(15)?,
+        claim_token: c.get(16)?,
     })
 }

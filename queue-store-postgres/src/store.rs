@@ -285,9 +285,17 @@ where
     }
 }
 
+// Where a claimed row carries what the store itself reads: the claim
+// statement returns these four columns first, in this order (by position:
+// thousands of rows a second share one column list).
+const ID: usize = 0;
+const TOKEN: usize = 1;
+const FAILURES: usize = 2;
+const RANK: usize = 3;
+
 fn read<T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>>(
     row: &PgRow,
-    column: &str,
+    column: impl sqlx::ColumnIndex<PgRow>,
 ) -> Result<T, StoreError> {
     row.try_get(column)
         .map_err(|e| store_error("reading a claimed row", e))
@@ -341,17 +349,17 @@ where
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
         // Back into claim order (the update returns rows in key order).
-        rows.sort_by_cached_key(|row| row.try_get::<i32, _>("__queue_rank").unwrap_or(i32::MAX));
+        rows.sort_by_cached_key(|row| row.try_get::<i32, _>(RANK).unwrap_or(i32::MAX));
         if rows.is_empty() {
             self.inner.stash.put(conn);
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
         for row in &rows {
-            let failures: i64 = read(row, "__queue_failures")?;
+            let failures: i64 = read(row, FAILURES)?;
             leases.push(Lease {
-                id: read(row, "__queue_id")?,
-                token: read(row, "__queue_token")?,
+                id: read(row, ID)?,
+                token: read(row, TOKEN)?,
                 attempt: u32::try_from(failures.max(0))
                     .unwrap_or(u32::MAX)
                     .saturating_add(1),

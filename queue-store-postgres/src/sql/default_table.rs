@@ -133,4 +133,36 @@ mod tests {
         let ddl = migration(&table, "it's");
         assert!(ddl.iter().any(|s| s.contains("pg_notify(E'it''s', '')")));
     }
+
+    /// `decode_job` looks for each column where this list puts it first.
+    #[test]
+    fn the_table_creates_its_columns_in_the_order_decode_job_expects() {
+        let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
+        let ddl = migration(&table, "c");
+        let create = ddl
+            .iter()
+            .find(|s| s.starts_with("CREATE TABLE"))
+            .expect("a CREATE TABLE statement");
+        let positions: Vec<usize> = crate::record::DEFAULT_COLUMNS
+            .iter()
+            .map(|c| {
+                create
+                    .find(&format!("\"{c}\" "))
+                    .unwrap_or_else(|| panic!("{c} is not created"))
+            })
+            .collect();
+        assert!(
+            positions.windows(2).all(|w| w[0] < w[1]),
+            "columns out of order: {positions:?}"
+        );
+        let definitions = create
+            .split_once('(')
+            .and_then(|(_, rest)| rest.split_once("CONSTRAINT"))
+            .map(|(columns, _)| columns.split(", ").filter(|d| d.starts_with('"')).count());
+        assert_eq!(
+            definitions,
+            Some(crate::record::DEFAULT_COLUMNS.len()),
+            "{create}"
+        );
+    }
 }

@@ -201,7 +201,8 @@ impl Statements {
         // mark them processing in the same statement. The update finds the
         // rows by key (`= ANY(ARRAY(..))`), which keeps large batches on the
         // primary key instead of a join the planner may turn into a scan of
-        // the table; `__queue_rank` restores the claim order.
+        // the table; `__queue_rank` restores the claim order. The store reads
+        // the four `__queue_*` columns by position: keep them first, in order.
         //
         // The claimable states and the batch size are literals, not binds:
         // only with the state values in its text can a cached generic plan
@@ -381,12 +382,17 @@ impl Statements {
             b.p(Param::State(JobState::Processing)),
         );
         let sets = finish_sets(&mut b, true);
+        // `{id} = ANY(ids)` repeats the join on the key as a condition the
+        // planner can put on an index: without it, a custom plan may hash
+        // the batch against every processing row (the processing index,
+        // dead entries included): about as fast as by key for 500 outcomes
+        // with 1,000 jobs in flight, 2.5 times slower with 10,000.
         b.push(&format!(
             "UPDATE {table} AS {a} SET {sets} \
              FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({targets} AS text[]), CAST({finished} AS timestamptz[]), \
              CAST({messages} AS text[]), CAST({afters} AS timestamptz[]), CAST({incs} AS int4[])) \
              AS u(id, token, target, finished_at, message, process_after, failed) \
-             WHERE {id} = u.id AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
+             WHERE {id} = u.id AND {id} = ANY(CAST({ids} AS {kt}[])) AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
              RETURNING {id}"
         ));
         let finish = b.build();
@@ -624,6 +630,25 @@ mod tests {
                 Param::State(JobState::Processing),
                 Param::Worker
             ]
+        );
+    }
+
+    #[test]
+    fn batched_finish_puts_its_keys_where_an_index_can_use_them() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let finish = Statements::new(&options, &shape()).finish;
+        let ids = finish
+            .params
+            .iter()
+            .position(|p| *p == Param::Ids)
+            .map(|i| i + 1)
+            .expect("the keys are a parameter");
+        assert!(
+            finish.text.contains(&format!(
+                "\"jobs\".\"id\" = u.id AND \"jobs\".\"id\" = ANY(CAST(${ids} AS bigint[]))"
+            )),
+            "{}",
+            finish.text
         );
     }
 
