@@ -7,6 +7,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use queue_core::{Lease, StoreError, Transition, WriteResult};
+use sqlx::postgres::PgConnection;
 use sqlx::Row;
 use tokio::sync::{mpsc, oneshot};
 
@@ -14,7 +15,7 @@ use crate::bind::{query, state, Value};
 use crate::error::store_error;
 use crate::options::StateValues;
 use crate::record::PgKey;
-use crate::sql::{Param, Statements};
+use crate::sql::{Param, Statement, Statements};
 use crate::stash::Stash;
 
 /// The most attempts one batched completion statement finishes.
@@ -32,6 +33,8 @@ pub(crate) struct FinishRow<K> {
     message: Option<String>,
     process_after: Option<DateTime<Utc>>,
     failed: i32,
+    /// The attempt succeeded (its row may be deleted instead).
+    succeeded: bool,
 }
 
 impl<K: PgKey> FinishRow<K> {
@@ -42,6 +45,7 @@ impl<K: PgKey> FinishRow<K> {
         states: &StateValues,
     ) -> Self {
         let target = states.get(transition.target()).to_owned();
+        let succeeded = matches!(transition, Transition::Complete);
         let (finished_at, message, process_after, failed) = match transition {
             Transition::Complete => (Some(now), None, None, 0),
             Transition::Error { message, retry_at } => {
@@ -52,6 +56,7 @@ impl<K: PgKey> FinishRow<K> {
             Transition::Release => (None, None, None, 0),
         };
         FinishRow {
+            succeeded,
             id: lease.id.clone(),
             token: lease.token,
             target,
@@ -63,16 +68,42 @@ impl<K: PgKey> FinishRow<K> {
     }
 }
 
-/// Runs the finish statement (the single-row one for one attempt); returns
-/// the keys it applied to.
-pub(crate) async fn run_finish<'c, K: PgKey>(
+/// Records attempts' ends; returns the keys of the rows it applied to (the
+/// others had moved on). Attempts that succeeded delete their rows instead
+/// under [`CompletedJobs::Delete`](crate::CompletedJobs::Delete).
+pub(crate) async fn run_finish<K: PgKey>(
     sql: &Statements,
     states: &StateValues,
-    executor: impl sqlx::PgExecutor<'c>,
+    conn: &mut PgConnection,
     rows: &[FinishRow<K>],
 ) -> Result<HashSet<K>, StoreError> {
+    let Some((delete_many, delete_one)) = &sql.finish_deleting else {
+        let rows: Vec<&FinishRow<K>> = rows.iter().collect();
+        return finish(&sql.finish, &sql.finish_one, states, conn, &rows).await;
+    };
+    let (succeeded, others): (Vec<&FinishRow<K>>, Vec<&FinishRow<K>>) =
+        rows.iter().partition(|r| r.succeeded);
+    let mut applied = HashSet::with_capacity(rows.len());
+    if !succeeded.is_empty() {
+        applied.extend(finish(delete_many, delete_one, states, conn, &succeeded).await?);
+    }
+    if !others.is_empty() {
+        applied.extend(finish(&sql.finish, &sql.finish_one, states, conn, &others).await?);
+    }
+    Ok(applied)
+}
+
+/// Runs `many` over `rows` (or `one`, without arrays, cheaper to plan and
+/// run, for a single row); returns the keys it applied to.
+async fn finish<K: PgKey>(
+    many: &Statement,
+    one: &Statement,
+    states: &StateValues,
+    conn: &mut PgConnection,
+    rows: &[&FinishRow<K>],
+) -> Result<HashSet<K>, StoreError> {
     if let [row] = rows {
-        let q = query(&sql.finish_one, |p| match p {
+        let q = query(one, |p| match p {
             Param::TargetState => Some(Value::Text(row.target.clone())),
             Param::FinishedAt => Some(Value::OptTime(row.finished_at)),
             Param::Message => Some(Value::OptText(row.message.clone())),
@@ -84,12 +115,12 @@ pub(crate) async fn run_finish<'c, K: PgKey>(
             _ => None,
         })?;
         let applied = q
-            .fetch_optional(executor)
+            .fetch_optional(&mut *conn)
             .await
             .map_err(|e| store_error("recording a job outcome", e))?;
         return Ok(applied.map(|_| row.id.clone()).into_iter().collect());
     }
-    let q = query(&sql.finish, |p| {
+    let q = query(many, |p| {
         Some(match p {
             Param::Ids => Value::Keys(rows.iter().map(|r| r.id.clone()).collect()),
             Param::Tokens => Value::Ints(rows.iter().map(|r| r.token).collect()),
@@ -105,7 +136,7 @@ pub(crate) async fn run_finish<'c, K: PgKey>(
         })
     })?;
     let rows = q
-        .fetch_all(executor)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| store_error("recording job outcomes", e))?;
     rows.iter()
@@ -153,7 +184,7 @@ pub(crate) async fn complete_batches<K: PgKey>(
         let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
         let written = match stash.take().await {
             Ok(mut conn) => {
-                let written = run_finish(&sql, &states, &mut *conn, &rows).await;
+                let written = run_finish(&sql, &states, &mut conn, &rows).await;
                 if written.is_ok() {
                     stash.put(conn);
                 }

@@ -471,7 +471,7 @@ async fn commit_bound<K: PgKey>(
     let applied = match run_finish(
         &claim.sql,
         &claim.states,
-        &mut *conn,
+        &mut conn,
         std::slice::from_ref(row),
     )
     .await

@@ -20,6 +20,8 @@ pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
 pub use crate::job_store::PgJobStore;
-pub use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
+pub use crate::options::{
+    ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions, StateValues,
+};
 pub use crate::record::{decode_job, Decoder, PgKey};
 pub use crate::store::PgStore;

@@ -157,6 +157,22 @@ pub enum ClaimCommit {
     Durable,
 }
 
+/// What a job that succeeds leaves in the table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum CompletedJobs {
+    /// The row stays, in the completed state (the spec's behaviour, and
+    /// what `queue` and any report over the table can show later).
+    #[default]
+    Keep,
+    /// The row is deleted by the statement that would have marked it
+    /// completed, under the same guard (graphile-worker's and Sidekiq's
+    /// behaviour). A delete writes no new row version and no index entry,
+    /// so a completion costs the server about half as much; the price is
+    /// that successful jobs leave no trace in the table. Failed, canceled,
+    /// errored and released jobs stay as they are.
+    Delete,
+}
+
 /// The value each state is stored as.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct StateValues(BTreeMap<StateKey, String>);
@@ -231,6 +247,7 @@ pub struct PgStoreOptions {
     pub(crate) completion_delay: std::time::Duration,
     pub(crate) claim_commit: ClaimCommit,
     pub(crate) prepared_job_statements: bool,
+    pub(crate) completed_jobs: CompletedJobs,
 }
 
 impl PgStoreOptions {
@@ -255,6 +272,7 @@ impl PgStoreOptions {
             completion_delay: std::time::Duration::from_millis(2),
             claim_commit: ClaimCommit::default(),
             prepared_job_statements: true,
+            completed_jobs: CompletedJobs::Keep,
         })
     }
 
@@ -388,6 +406,13 @@ impl PgStoreOptions {
     /// the first time a statement it just prepared is missing.)
     pub fn prepared_job_statements(mut self, on: bool) -> Self {
         self.prepared_job_statements = on;
+        self
+    }
+
+    /// Whether a job that succeeds stays in the table (completed) or is
+    /// deleted; default [`CompletedJobs::Keep`].
+    pub fn completed_jobs(mut self, completed: CompletedJobs) -> Self {
+        self.completed_jobs = completed;
         self
     }
 

@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use queue_core::JobState;
 
 use crate::conditions::PgCondition;
-use crate::options::{ClaimCommit, Column, PgStoreOptions};
+use crate::options::{ClaimCommit, Column, CompletedJobs, PgStoreOptions};
 use prepared::{exactly_one, Prepared};
 
 /// A named input of a statement.
@@ -127,6 +127,9 @@ pub(crate) struct Statements {
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
+    /// With [`CompletedJobs::Delete`]: the finish of attempts that
+    /// succeeded, which deletes their rows (many, and one).
+    pub finish_deleting: Option<(Statement, Statement)>,
     pub heartbeat: Statement,
     pub append_log: Option<Statement>,
     pub reset: Option<Statement>,
@@ -315,17 +318,25 @@ impl Statements {
         )));
         let held_lock = Prepared::new("lock", b.build());
 
+        let deleting = options.completed_jobs == CompletedJobs::Delete;
         let mut b = Builder::default();
         let guard = held_literally(&mut b);
-        let completed = literal(options.states.get(JobState::Completed));
-        let mut sets = vec![format!("{state_name} = CAST({completed} AS {st})")];
-        if let Some(n) = names.get(Column::FinishedAt) {
-            sets.push(format!("{n} = {}", b.p(Param::FinishedAt)));
-        }
+        let done = if deleting {
+            format!("DELETE FROM {table} AS {a} WHERE {guard} RETURNING 1")
+        } else {
+            let completed = literal(options.states.get(JobState::Completed));
+            let mut sets = vec![format!("{state_name} = CAST({completed} AS {st})")];
+            if let Some(n) = names.get(Column::FinishedAt) {
+                sets.push(format!("{n} = {}", b.p(Param::FinishedAt)));
+            }
+            format!(
+                "UPDATE {table} AS {a} SET {sets} WHERE {guard} RETURNING 1",
+                sets = sets.join(", ")
+            )
+        };
         b.push(&format!(
-            "WITH \"__queue_done\" AS (UPDATE {table} AS {a} SET {sets} WHERE {guard} RETURNING 1) {}",
-            exactly_one("\"__queue_done\""),
-            sets = sets.join(", ")
+            "WITH \"__queue_done\" AS ({done}) {}",
+            exactly_one("\"__queue_done\"")
         ));
         let held_complete = Prepared::new("complete", b.build());
 
@@ -404,6 +415,29 @@ impl Statements {
             "UPDATE {table} AS {a} SET {sets} WHERE {guard} RETURNING {id}"
         ));
         let finish_one = b.build();
+
+        // Deleting the rows of attempts that succeeded: the same guards.
+        let finish_deleting = deleting.then(|| {
+            let mut b = Builder::default();
+            let (ids, tokens, processing) = (
+                b.p(Param::Ids),
+                b.p(Param::Tokens),
+                b.p(Param::State(JobState::Processing)),
+            );
+            b.push(&format!(
+                "DELETE FROM {table} AS {a} \
+                 USING unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[])) AS u(id, token) \
+                 WHERE {id} = u.id AND {id} = ANY(CAST({ids} AS {kt}[])) AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
+                 RETURNING {id}"
+            ));
+            let many = b.build();
+            let mut b = Builder::default();
+            let guard = held(&mut b);
+            b.push(&format!(
+                "DELETE FROM {table} AS {a} WHERE {guard} RETURNING {id}"
+            ));
+            (many, b.build())
+        });
 
         // Heartbeat: report which leases still hold (and their cancel flag);
         // bump the heartbeat of those no transaction has locked (a locked
@@ -537,6 +571,7 @@ impl Statements {
             held_complete,
             finish,
             finish_one,
+            finish_deleting,
             heartbeat,
             append_log,
             reset,
@@ -650,6 +685,46 @@ mod tests {
             "{}",
             finish.text
         );
+    }
+
+    #[test]
+    fn deleting_completed_jobs_turns_only_the_completions_into_deletes() {
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
+        assert!(keep.finish_deleting.is_none());
+        assert!(keep.held_complete.text().contains("UPDATE"));
+        let options = PgStoreOptions::new("jobs")
+            .unwrap()
+            .completed_jobs(CompletedJobs::Delete);
+        let delete = Statements::new(&options, &shape());
+        let complete = delete.held_complete.text();
+        assert!(
+            complete.starts_with("WITH \"__queue_done\" AS (DELETE FROM \"public\".\"jobs\" AS \"jobs\" WHERE \"jobs\".\"id\" = $1"),
+            "{complete}"
+        );
+        assert_eq!(
+            delete
+                .held_complete
+                .execute(|p| Some(format!("{p:?}")))
+                .as_deref()
+                .map(|e| e.contains("FinishedAt")),
+            Some(false)
+        );
+        let (many, one) = delete.finish_deleting.expect("delete statements");
+        for statement in [&many, &one] {
+            assert!(
+                statement.text.starts_with("DELETE FROM"),
+                "{}",
+                statement.text
+            );
+            assert!(
+                statement.text.contains("\"jobs\".\"claim_token\" = "),
+                "{}",
+                statement.text
+            );
+        }
+        // Failures, retries, cancels and releases still update.
+        assert_eq!(delete.finish.text, keep.finish.text);
+        assert_eq!(delete.finish_one.text, keep.finish_one.text);
     }
 
     #[test]
