@@ -134,7 +134,8 @@ impl Selection {
     }
 }
 
-fn parse_args(args: &[String]) -> Result<(bool, Selection)> {
+/// The run the arguments ask for; `None` for `--help`.
+fn parse_args(args: &[String]) -> Result<Option<(bool, Selection)>> {
     let mut quick = false;
     let mut selection = Selection {
         only: None,
@@ -158,14 +159,18 @@ fn parse_args(args: &[String]) -> Result<(bool, Selection)> {
                 }
                 selection.only = Some(names);
             }
+            "--help" | "-h" => return Ok(None),
             other => bail!("unknown flag {other}\n{USAGE}"),
         }
     }
-    Ok((quick, selection))
+    Ok(Some((quick, selection)))
 }
 
 pub async fn run(args: &[String]) -> Result<()> {
-    let (quick, selection) = parse_args(args)?;
+    let Some((quick, selection)) = parse_args(args)? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
     let sizes = if quick { &QUICK } else { &FULL };
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     let pool = PgPoolOptions::new()
