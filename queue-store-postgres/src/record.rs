@@ -84,7 +84,11 @@ impl<'r> Columns<'r> {
     {
         let name = DEFAULT_COLUMNS[n];
         match self.row.columns().get(self.base + n) {
-            Some(column) if column.name() == name => self.row.try_get(self.base + n),
+            // On failure, again by name: the error then names the column.
+            Some(column) if column.name() == name => self
+                .row
+                .try_get(self.base + n)
+                .or_else(|_| self.row.try_get(name)),
             _ => self.row.try_get(name),
         }
     }

@@ -286,19 +286,28 @@ where
 }
 
 // Where a claimed row carries what the store itself reads: the claim
-// statement returns these four columns first, in this order (by position:
-// thousands of rows a second share one column list).
-const ID: usize = 0;
-const TOKEN: usize = 1;
-const FAILURES: usize = 2;
-const RANK: usize = 3;
+// statement returns these four columns first, in this order (read by
+// position: thousands of rows a second share one column list).
+const ID: (usize, &str) = (0, "__queue_id");
+const TOKEN: (usize, &str) = (1, "__queue_token");
+const FAILURES: (usize, &str) = (2, "__queue_failures");
+const RANK: (usize, &str) = (3, "__queue_rank");
 
 fn read<T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>>(
     row: &PgRow,
-    column: impl sqlx::ColumnIndex<PgRow>,
+    column: &str,
 ) -> Result<T, StoreError> {
     row.try_get(column)
         .map_err(|e| store_error("reading a claimed row", e))
+}
+
+/// [`read`] by position; on failure again by name, so that the error names
+/// the column.
+fn read_at<T: for<'r> sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>>(
+    row: &PgRow,
+    (index, name): (usize, &str),
+) -> Result<T, StoreError> {
+    row.try_get(index).or_else(|_| read(row, name))
 }
 
 #[async_trait]
@@ -349,17 +358,17 @@ where
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
         // Back into claim order (the update returns rows in key order).
-        rows.sort_by_cached_key(|row| row.try_get::<i32, _>(RANK).unwrap_or(i32::MAX));
+        rows.sort_by_cached_key(|row| read_at::<i32>(row, RANK).unwrap_or(i32::MAX));
         if rows.is_empty() {
             self.inner.stash.put(conn);
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
         for row in &rows {
-            let failures: i64 = read(row, FAILURES)?;
+            let failures: i64 = read_at(row, FAILURES)?;
             leases.push(Lease {
-                id: read(row, ID)?,
-                token: read(row, TOKEN)?,
+                id: read_at(row, ID)?,
+                token: read_at(row, TOKEN)?,
                 attempt: u32::try_from(failures.max(0))
                     .unwrap_or(u32::MAX)
                     .saturating_add(1),

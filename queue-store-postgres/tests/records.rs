@@ -8,7 +8,8 @@ use support::{fresh_table, pool};
 /// `decode_job` reads the default table's columns where the table puts them
 /// when it can and by name otherwise: the same row decodes to the same job
 /// with its columns in table order, behind other columns (as a claim
-/// returns them), reversed, and with a column missing it names that column.
+/// returns them) and reversed; with a column missing or of the wrong type
+/// the error names that column.
 #[tokio::test]
 async fn decode_job_finds_each_column_wherever_the_select_puts_it() {
     let Some(pool) = pool("decode_job_finds_each_column_wherever_the_select_puts_it").await else {
@@ -77,5 +78,18 @@ async fn decode_job_finds_each_column_wherever_the_select_puts_it() {
     assert!(
         missing.to_string().contains("started_at"),
         "the error names the missing column: {missing}"
+    );
+
+    // A column of the wrong type where the table puts it: named too.
+    let retyped = decode(format!(
+        "SELECT id, kind, payload::text AS payload, priority, state, failure_message, queued_at, \
+         started_at, finished_at, process_after, num_resets, num_failures, last_heartbeat_at, \
+         execution_logs, worker_hostname, cancel, claim_token FROM {t} WHERE id = $1"
+    ))
+    .await
+    .expect_err("a text payload cannot decode as jsonb");
+    assert!(
+        retyped.to_string().contains("payload"),
+        "the error names the column: {retyped}"
     );
 }
