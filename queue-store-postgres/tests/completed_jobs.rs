@@ -10,10 +10,10 @@ mod support;
 use std::collections::BTreeMap;
 
 use futures_util::future::join_all;
-use queue_core::{ClaimParams, Claimed, Job, NewJob, Store, Transition, WriteResult};
+use queue_core::{Claimed, Job, NewJob, Store, Transition, WriteResult};
 use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{fresh_table, pool};
+use support::{claim_now, fresh_table, pool};
 
 async fn deleting_store(
     pool: &PgPool,
@@ -31,20 +31,6 @@ async fn deleting_store(
     )
     .await
     .expect("a store that deletes completed jobs")
-}
-
-async fn claim(store: &PgStore<Job>, limit: usize) -> Vec<Claimed<PgStore<Job>>> {
-    let claimed = store
-        .claim(ClaimParams {
-            limit,
-            worker: "w",
-            conditions: None,
-            now: chrono::Utc::now(),
-        })
-        .await
-        .expect("a claim");
-    assert_eq!(claimed.len(), limit, "every job is claimed");
-    claimed
 }
 
 async fn finish(
@@ -85,8 +71,9 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool) {
         .collect();
     table.enqueue_many(&pool, &jobs).await.expect("enqueue");
     let store = deleting_store(&pool, &table, mode, prepared).await;
-    let mut claimed: BTreeMap<String, Claimed<PgStore<Job>>> = claim(&store, kinds.len())
-        .await
+    let claimed = claim_now(&store, kinds.len()).await;
+    assert_eq!(claimed.len(), kinds.len(), "every job is claimed");
+    let mut claimed: BTreeMap<String, Claimed<PgStore<Job>>> = claimed
         .into_iter()
         .map(|c| {
             let kind = c.record.as_ref().expect("decodable").kind.clone();

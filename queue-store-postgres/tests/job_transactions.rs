@@ -9,10 +9,10 @@
 
 mod support;
 
-use queue_core::{ClaimParams, Claimed, JobRecord, JobState, Store, Transition, WriteResult};
+use queue_core::{Claimed, JobRecord, JobState, Store, Transition, WriteResult};
 use queue_store_postgres::{ExecutionMode, PgStore, PgStoreOptions};
 use sqlx::PgPool;
-use support::{awkward_schema, pool};
+use support::{awkward_schema, claim_now, pool};
 
 /// A row of the keyed table: a text key and nothing else the handler needs.
 #[derive(Debug, sqlx::FromRow)]
@@ -90,18 +90,6 @@ async fn keyed_store(pool: &PgPool, schema: &str, prepared: bool) -> PgStore<Key
         .expect("a store over the keyed table")
 }
 
-async fn claim_all(store: &PgStore<Keyed>, limit: usize) -> Vec<Claimed<PgStore<Keyed>>> {
-    store
-        .claim(ClaimParams {
-            limit,
-            worker: "w",
-            conditions: None,
-            now: chrono::Utc::now(),
-        })
-        .await
-        .expect("a claim")
-}
-
 /// Completes a claimed job.
 async fn complete(store: &PgStore<Keyed>, job: Claimed<PgStore<Keyed>>) -> WriteResult {
     store
@@ -148,7 +136,7 @@ async fn hostile_keys_complete(test: &str, prepared: bool) {
     };
     let schema = keyed_table(&pool, &HOSTILE_KEYS).await;
     let store = keyed_store(&pool, &schema, prepared).await;
-    let jobs = claim_all(&store, HOSTILE_KEYS.len()).await;
+    let jobs = claim_now(&store, HOSTILE_KEYS.len()).await;
     assert_eq!(jobs.len(), HOSTILE_KEYS.len());
     for job in jobs {
         let id = job.lease.id.clone();
@@ -223,7 +211,7 @@ async fn two_claimed_jobs(
 ) {
     let schema = keyed_table(pool, &["first", "second"]).await;
     let store = keyed_store(pool, &schema, true).await;
-    let mut jobs = claim_all(&store, 2).await;
+    let mut jobs = claim_now(&store, 2).await;
     let second = jobs.pop().expect("two jobs");
     let first = jobs.pop().expect("two jobs");
     (schema, store, first, second)
@@ -279,7 +267,7 @@ async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back
         let schema = keyed_table(&pool, &["moved"]).await;
         let s = quoted(&schema);
         let store = keyed_store(&pool, &schema, prepared).await;
-        let mut job = claim_all(&store, 1).await.pop().expect("one job");
+        let mut job = claim_now(&store, 1).await.pop().expect("one job");
         let conn = job.job_store.transaction().await.unwrap();
         sqlx::query(&format!("INSERT INTO {s}.side VALUES ('lost')"))
             .execute(&mut *conn)

@@ -12,12 +12,29 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use queue_core::testkit::conformance::{Harness, Snapshot};
-use queue_core::{Job, NewJob};
+use queue_core::{ClaimParams, Claimed, Job, JobRecord, NewJob, Store};
 use queue_store_postgres::{
-    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgStore,
+    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgKey, PgStore,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
+
+/// Claims up to `limit` jobs as worker `w`, now.
+pub async fn claim_now<R>(store: &PgStore<R>, limit: usize) -> Vec<Claimed<PgStore<R>>>
+where
+    R: JobRecord,
+    R::Id: PgKey,
+{
+    store
+        .claim(ClaimParams {
+            limit,
+            worker: "w",
+            conditions: None,
+            now: chrono::Utc::now(),
+        })
+        .await
+        .expect("a claim")
+}
 
 /// A pool on the test database, or `None` (announced) when there is none.
 pub async fn pool(test: &str) -> Option<PgPool> {
