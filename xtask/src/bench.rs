@@ -1046,27 +1046,13 @@ async fn head_to_head(
             figures.push(drained.jobs_per_second);
         }
     }
-    results.add(
-        "versus",
-        HEAD_TO_HEAD_OURS,
-        median(&ours),
-        "jobs/s",
-        format!("median of {rounds}: {}", list(&ours)),
-    );
-    results.add(
-        "versus",
-        HEAD_TO_HEAD_DELETING,
-        median(&ours_deleting),
-        "jobs/s",
-        format!("median of {rounds}: {}", list(&ours_deleting)),
-    );
-    results.add(
-        "versus",
-        HEAD_TO_HEAD_PEER,
-        median(&theirs),
-        "jobs/s",
-        format!("median of {rounds}: {}", list(&theirs)),
-    );
+    for (what, values) in [
+        (HEAD_TO_HEAD_OURS, &ours),
+        (HEAD_TO_HEAD_DELETING, &ours_deleting),
+        (HEAD_TO_HEAD_PEER, &theirs),
+    ] {
+        add_median(results, "versus", what, "jobs/s", values);
+    }
     Ok(())
 }
 
@@ -1126,15 +1112,26 @@ async fn alternating(
         (ALTERNATING_LEASE, "jobs/s", &lease),
         (ALTERNATING_TRANSACTIONAL, "jobs/s", &transactional),
     ] {
-        results.add(
-            "alternate",
-            what,
-            median(values),
-            unit,
-            format!("median of {rounds}: {}", list(values)),
-        );
+        add_median(results, "alternate", what, unit, values);
     }
     Ok(())
+}
+
+/// A row with the median of rounds' figures, listing them all.
+fn add_median(
+    results: &mut Results,
+    section: &'static str,
+    what: &str,
+    unit: &'static str,
+    values: &[f64],
+) {
+    results.add(
+        section,
+        what,
+        median(values),
+        unit,
+        format!("median of {}: {}", values.len(), list(values)),
+    );
 }
 
 /// Figures as a comma-separated list.
