@@ -33,6 +33,8 @@ struct Sizes {
     wake_jobs: usize,
     memory_jobs: usize,
     growth_rows: [u64; 3],
+    /// Jobs scheduled a day ahead in the scheduled scenario.
+    scheduled_rows: u64,
     single_enqueues: usize,
     /// Rounds of the alternating scenarios (ceiling with drains, and the
     /// head-to-head with graphile_worker).
@@ -45,6 +47,7 @@ const FULL: Sizes = Sizes {
     wake_jobs: 500,
     memory_jobs: 10_000,
     growth_rows: [0, 1_000_000, 10_000_000],
+    scheduled_rows: 200_000,
     single_enqueues: 5_000,
     rounds: 3,
 };
@@ -55,6 +58,7 @@ const QUICK: Sizes = Sizes {
     wake_jobs: 40,
     memory_jobs: 200,
     growth_rows: [0, 10_000, 50_000],
+    scheduled_rows: 5_000,
     single_enqueues: 500,
     rounds: 1,
 };
@@ -102,7 +106,7 @@ impl Results {
 }
 
 /// The scenarios `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 9] = [
+const SCENARIOS: [&str; 10] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -111,12 +115,13 @@ const SCENARIOS: [&str; 9] = [
     "wake",
     "memory",
     "growth",
+    "scheduled",
     "peers",
 ];
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--peers] [--only SCENARIO,...]\n\
                      scenarios (a prefix picks all that start with it): ceiling, drain-lease, \
-                     drain-transactional, alternating, enqueue, wake, memory, growth, peers";
+                     drain-transactional, alternating, enqueue, wake, memory, growth, scheduled, peers";
 
 /// Which scenarios run: all of them (peers only with `--peers`), or those
 /// `--only` names.
@@ -307,7 +312,7 @@ pub async fn run(args: &[String]) -> Result<()> {
 
     if selection.runs("growth") {
         for rows in sizes.growth_rows {
-            let p50 = claim_latency(&pool, rows).await?;
+            let p50 = claim_latency(&pool, Ahead::Finished(rows)).await?;
             results.add(
                 "growth",
                 format!("claim p50 with {} finished rows", thousands(rows)),
@@ -316,6 +321,21 @@ pub async fn run(args: &[String]) -> Result<()> {
                 "",
             );
         }
+    }
+
+    if selection.runs("scheduled") {
+        let rows = sizes.scheduled_rows;
+        let p50 = claim_latency(&pool, Ahead::Scheduled(rows)).await?;
+        results.add(
+            "scheduled",
+            format!(
+                "claim p50 with {} jobs scheduled a day ahead",
+                thousands(rows)
+            ),
+            p50,
+            "ms",
+            "before the due jobs in claim order (priority, then key)",
+        );
     }
 
     if selection.runs("peers") {
@@ -857,19 +877,38 @@ pub async fn memory_worker(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// Median latency of a one-job claim with `finished` completed rows in the
-/// table.
-async fn claim_latency(pool: &PgPool, finished: u64) -> Result<f64> {
+/// Rows the claims of [`claim_latency`] find in the table besides the due
+/// jobs, inserted before them.
+#[derive(Clone, Copy)]
+enum Ahead {
+    /// Completed jobs.
+    Finished(u64),
+    /// Queued jobs not due for a day.
+    Scheduled(u64),
+}
+
+/// Median latency of a one-job claim with the rows of `ahead` in the table.
+async fn claim_latency(pool: &PgPool, ahead: Ahead) -> Result<f64> {
     let table = fresh_table(pool, "growth").await?;
-    if finished > 0 {
-        sqlx::query(&format!(
-            "INSERT INTO {} (kind, payload, state, finished_at) \
-             SELECT 'done', '{{}}', 'completed', now() FROM generate_series(1, $1::int8)",
-            table.name().quoted()
-        ))
-        .bind(finished as i64)
-        .execute(pool)
-        .await?;
+    let t = table.name().quoted();
+    let (rows, insert) = match ahead {
+        Ahead::Finished(rows) => (
+            rows,
+            format!(
+                "INSERT INTO {t} (kind, payload, state, finished_at) \
+                 SELECT 'done', '{{}}', 'completed', now() FROM generate_series(1, $1::int8)"
+            ),
+        ),
+        Ahead::Scheduled(rows) => (
+            rows,
+            format!(
+                "INSERT INTO {t} (kind, payload, process_after) \
+                 SELECT 'later', '{{}}', now() + interval '1 day' FROM generate_series(1, $1::int8)"
+            ),
+        ),
+    };
+    if rows > 0 {
+        sqlx::query(&insert).bind(rows as i64).execute(pool).await?;
     }
     enqueue_all(pool, &table, 500, "noop").await?;
     sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
@@ -1258,6 +1297,10 @@ fn benchmarks_doc(report: &str) -> String {
          commit to the handler's start.\n\
          - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
          - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the table.\n\
+         - **scheduled**: the same claim with 200,000 jobs scheduled a day ahead, inserted \
+         before the due ones: the default claim order (priority, then key) steps over each of \
+         them and reads its row (`docs/existing-tables.md`, \"What makes claims slower\", \
+         has the order and index that avoid it).\n\
          - **alternate**: the ceiling and both drains at 16 handlers once more, one after the \
          other for three rounds, medians; the targets' ratios to the ceiling are taken from \
          these, so that the machine's drift hits the ceiling and the drains alike.\n\
