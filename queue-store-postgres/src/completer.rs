@@ -1,6 +1,7 @@
 //! Recording attempts' outcomes: the finish statements and lease mode's
 //! batched completer.
 
+use std::borrow::Borrow;
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,8 +79,7 @@ pub(crate) async fn run_finish<K: PgKey>(
     rows: &[FinishRow<K>],
 ) -> Result<HashSet<K>, StoreError> {
     let Some((delete_many, delete_one)) = &sql.finish_deleting else {
-        let rows: Vec<&FinishRow<K>> = rows.iter().collect();
-        return finish(&sql.finish, &sql.finish_one, states, conn, &rows).await;
+        return finish(&sql.finish, &sql.finish_one, states, conn, rows).await;
     };
     let (succeeded, others): (Vec<&FinishRow<K>>, Vec<&FinishRow<K>>) =
         rows.iter().partition(|r| r.succeeded);
@@ -95,14 +95,15 @@ pub(crate) async fn run_finish<K: PgKey>(
 
 /// Runs `many` over `rows` (or `one`, without arrays, cheaper to plan and
 /// run, for a single row); returns the keys it applied to.
-async fn finish<K: PgKey>(
+async fn finish<K: PgKey, R: Borrow<FinishRow<K>> + Sync>(
     many: &Statement,
     one: &Statement,
     states: &StateValues,
     conn: &mut PgConnection,
-    rows: &[&FinishRow<K>],
+    rows: &[R],
 ) -> Result<HashSet<K>, StoreError> {
     if let [row] = rows {
+        let row: &FinishRow<K> = row.borrow();
         let q = query(one, |p| match p {
             Param::TargetState => Some(Value::Text(row.target.clone())),
             Param::FinishedAt => Some(Value::OptTime(row.finished_at)),
@@ -120,17 +121,16 @@ async fn finish<K: PgKey>(
             .map_err(|e| store_error("recording a job outcome", e))?;
         return Ok(applied.map(|_| row.id.clone()).into_iter().collect());
     }
+    let rows = || rows.iter().map(Borrow::borrow);
     let q = query(many, |p| {
         Some(match p {
-            Param::Ids => Value::Keys(rows.iter().map(|r| r.id.clone()).collect()),
-            Param::Tokens => Value::Ints(rows.iter().map(|r| r.token).collect()),
-            Param::TargetStates => {
-                Value::Texts(rows.iter().map(|r| Some(r.target.clone())).collect())
-            }
-            Param::FinishedAts => Value::Times(rows.iter().map(|r| r.finished_at).collect()),
-            Param::Messages => Value::Texts(rows.iter().map(|r| r.message.clone()).collect()),
-            Param::ProcessAfters => Value::Times(rows.iter().map(|r| r.process_after).collect()),
-            Param::FailureIncrements => Value::Int4s(rows.iter().map(|r| r.failed).collect()),
+            Param::Ids => Value::Keys(rows().map(|r| r.id.clone()).collect()),
+            Param::Tokens => Value::Ints(rows().map(|r| r.token).collect()),
+            Param::TargetStates => Value::Texts(rows().map(|r| Some(r.target.clone())).collect()),
+            Param::FinishedAts => Value::Times(rows().map(|r| r.finished_at).collect()),
+            Param::Messages => Value::Texts(rows().map(|r| r.message.clone()).collect()),
+            Param::ProcessAfters => Value::Times(rows().map(|r| r.process_after).collect()),
+            Param::FailureIncrements => Value::Int4s(rows().map(|r| r.failed).collect()),
             Param::State(s) => state(states, s),
             _ => return None,
         })

@@ -245,15 +245,7 @@ async fn a_connection_that_lost_the_statements_prepares_them_again() {
     assert_eq!(again, pid, "the job transaction's connection is reused");
     assert_eq!(prepared_here(conn).await, names, "prepared again");
     assert_eq!(complete(&store, second).await, WriteResult::Applied);
-    let s = quoted(&schema);
-    assert_eq!(
-        column(
-            &pool,
-            &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' ORDER BY id")
-        )
-        .await,
-        ["first", "second"]
-    );
+    assert_eq!(completed_keys(&pool, &schema).await, ["first", "second"]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -298,6 +290,16 @@ async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back
             "prepared: {prepared}: the job is untouched (the resetter's to recover)"
         );
     }
+}
+
+/// The keys of the keyed table's completed jobs, in order.
+async fn completed_keys(pool: &PgPool, schema: &str) -> Vec<String> {
+    let s = quoted(schema);
+    column(
+        pool,
+        &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' ORDER BY id"),
+    )
+    .await
 }
 
 /// Whether session `pid` is inside a transaction.
@@ -352,13 +354,5 @@ async fn the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_p
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         waited += std::time::Duration::from_millis(50);
     }
-    let s = quoted(&schema);
-    assert_eq!(
-        column(
-            &pool,
-            &format!("SELECT id FROM {s}.keyed WHERE state = 'completed' ORDER BY id")
-        )
-        .await,
-        ["first", "second"]
-    );
+    assert_eq!(completed_keys(&pool, &schema).await, ["first", "second"]);
 }

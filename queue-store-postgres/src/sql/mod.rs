@@ -393,18 +393,25 @@ impl Statements {
             b.p(Param::State(JobState::Processing)),
         );
         let sets = finish_sets(&mut b, true);
-        // `{id} = ANY(ids)` repeats the join on the key as a condition the
+        // The guard of the batched finishes over `unnest(..) AS u(id, token,
+        // ..)`. `{id} = ANY(ids)` repeats the join on the key as a condition the
         // planner can put on an index: without it, a custom plan may hash
         // the batch against every processing row (the processing index,
         // dead entries included): about as fast as by key for 500 outcomes
         // with 1,000 jobs in flight, 2.5 times slower with 10,000.
+        let held_batch = |ids: &str, processing: &str| {
+            format!(
+                "{id} = u.id AND {id} = ANY(CAST({ids} AS {kt}[])) \
+                 AND {state} = CAST({processing} AS {st}) AND {token} = u.token"
+            )
+        };
+        let guard = held_batch(&ids, &processing);
         b.push(&format!(
             "UPDATE {table} AS {a} SET {sets} \
              FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({targets} AS text[]), CAST({finished} AS timestamptz[]), \
              CAST({messages} AS text[]), CAST({afters} AS timestamptz[]), CAST({incs} AS int4[])) \
              AS u(id, token, target, finished_at, message, process_after, failed) \
-             WHERE {id} = u.id AND {id} = ANY(CAST({ids} AS {kt}[])) AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
-             RETURNING {id}"
+             WHERE {guard} RETURNING {id}"
         ));
         let finish = b.build();
 
@@ -424,11 +431,11 @@ impl Statements {
                 b.p(Param::Tokens),
                 b.p(Param::State(JobState::Processing)),
             );
+            let guard = held_batch(&ids, &processing);
             b.push(&format!(
                 "DELETE FROM {table} AS {a} \
                  USING unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[])) AS u(id, token) \
-                 WHERE {id} = u.id AND {id} = ANY(CAST({ids} AS {kt}[])) AND {state} = CAST({processing} AS {st}) AND {token} = u.token \
-                 RETURNING {id}"
+                 WHERE {guard} RETURNING {id}"
             ));
             let many = b.build();
             let mut b = Builder::default();
