@@ -176,6 +176,18 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<WriteResult, StoreError>;
 
+    /// Whether finishing the attempt in `job_store` ends a transaction the
+    /// handler wrote in (the transactional Postgres store once the handler
+    /// opened it). The worker then keeps the handler's slot until
+    /// [`Store::finish`] returns, so that no more job transactions are open
+    /// at once than there are handlers; otherwise the slot takes the next
+    /// job while the outcome is recorded (which a batching store may hold
+    /// for a few milliseconds). The default says no.
+    fn finish_ends_transaction(&self, job_store: &Self::JobStore) -> bool {
+        let _ = job_store;
+        false
+    }
+
     /// Sets `last_heartbeat_at = now` on every job still held under the given
     /// leases, and reports which were cancelled or are gone.
     async fn heartbeat(

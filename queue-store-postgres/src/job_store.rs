@@ -345,6 +345,11 @@ impl<K: PgKey> PgJobStore<K> {
         }
     }
 
+    /// Whether the job's transaction is open (the handler asked for it).
+    pub(crate) fn in_transaction(&self) -> bool {
+        self.tx.is_some()
+    }
+
     /// The job's transaction (transactional mode), opened and row-locked on
     /// first use. Fails if the job was reset, reclaimed or deleted before
     /// the lock, or in lease mode (which has none: use [`PgJobStore::pool`]).

@@ -462,6 +462,10 @@ where
         })?
     }
 
+    fn finish_ends_transaction(&self, job_store: &PgJobStore<R::Id>) -> bool {
+        job_store.in_transaction()
+    }
+
     async fn heartbeat(
         &self,
         leases: &[Lease<R::Id>],

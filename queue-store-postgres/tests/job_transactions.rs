@@ -4,8 +4,9 @@
 //! the statements prepares them again, a completion that finds the row no
 //! longer held rolls the handler's writes back, the next job on a
 //! connection locks inside the transaction the last commit chained (which
-//! never reaches the pool), and with the statements turned off the same
-//! jobs run on bound statements.
+//! never reaches the pool), with the statements turned off the same jobs
+//! run on bound statements, and the worker learns which finishes end a
+//! handler's transaction.
 
 mod support;
 
@@ -354,5 +355,29 @@ async fn the_next_job_locks_in_the_chained_transaction_which_never_reaches_the_p
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
         waited += std::time::Duration::from_millis(50);
     }
+    assert_eq!(completed_keys(&pool, &schema).await, ["first", "second"]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_ends_the_handlers_transaction_only_once_the_handler_opened_it() {
+    let Some(pool) =
+        pool("a_finish_ends_the_handlers_transaction_only_once_the_handler_opened_it").await
+    else {
+        return;
+    };
+    let (schema, store, mut first, second) = two_claimed_jobs(&pool).await;
+    assert!(
+        !store.finish_ends_transaction(&first.job_store),
+        "no transaction before the handler asks for it"
+    );
+    first.job_store.transaction().await.unwrap();
+    assert!(
+        store.finish_ends_transaction(&first.job_store),
+        "the worker keeps the handler's slot until this transaction commits"
+    );
+    assert_eq!(complete(&store, first).await, WriteResult::Applied);
+    // A handler that never asked: its outcome goes to the batched completer.
+    assert!(!store.finish_ends_transaction(&second.job_store));
+    assert_eq!(complete(&store, second).await, WriteResult::Applied);
     assert_eq!(completed_keys(&pool, &schema).await, ["first", "second"]);
 }

@@ -10,111 +10,18 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::{DateTime, Utc};
-use common::{eventually, fast_options};
+use common::{eventually, fast_options, Slowed};
 use queue_core::{
-    BoxError, CancellationToken, ClaimParams, Claimed, Dequeue, DequeueContext, Handler,
-    HeartbeatReport, Job, JobContext, JobError, JobState, Lease, LogEntry, NewJob, ResetParams,
-    ResetReport, Store, StoreError, Transition, WriteResult,
+    BoxError, CancellationToken, Dequeue, DequeueContext, Handler, Job, JobContext, JobError,
+    JobState, NewJob,
 };
 use queue_store_memory::{JobFilter, MemoryStore};
 use queue_worker::{Worker, WorkerOptions};
 
-/// The memory store with claims that take `delay`, counting how many are
-/// in flight at once; `deaf`, it never signals new jobs (like a table whose
-/// updates notify nobody), so only the poll interval ends a wait.
-#[derive(Clone)]
-struct SlowClaims {
-    inner: MemoryStore,
-    delay: Duration,
-    in_flight: Arc<AtomicUsize>,
-    most_in_flight: Arc<AtomicUsize>,
-    deaf: bool,
-}
-
-impl SlowClaims {
-    fn new(inner: MemoryStore, delay: Duration) -> Self {
-        SlowClaims {
-            inner,
-            delay,
-            in_flight: Arc::default(),
-            most_in_flight: Arc::default(),
-            deaf: false,
-        }
-    }
-}
-
-#[async_trait]
-impl Store for SlowClaims {
-    type Id = i64;
-    type Record = Job;
-    type Conditions = JobFilter;
-    type JobStore = MemoryStore;
-
-    async fn claim(
-        &self,
-        params: ClaimParams<'_, JobFilter>,
-    ) -> Result<Vec<Claimed<Self>>, StoreError> {
-        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
-        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-        // The rows are claimed at once; the answer takes `delay` to arrive,
-        // like a round trip.
-        let claimed = self.inner.claim(params).await;
-        tokio::time::sleep(self.delay).await;
-        self.in_flight.fetch_sub(1, Ordering::SeqCst);
-        Ok(claimed?
-            .into_iter()
-            .map(|c| Claimed {
-                lease: c.lease,
-                record: c.record,
-                job_store: c.job_store,
-            })
-            .collect())
-    }
-
-    async fn finish(
-        &self,
-        job_store: MemoryStore,
-        lease: &Lease<i64>,
-        transition: Transition,
-        now: DateTime<Utc>,
-    ) -> Result<WriteResult, StoreError> {
-        self.inner.finish(job_store, lease, transition, now).await
-    }
-
-    async fn heartbeat(
-        &self,
-        leases: &[Lease<i64>],
-        now: DateTime<Utc>,
-    ) -> Result<HeartbeatReport<i64>, StoreError> {
-        self.inner.heartbeat(leases, now).await
-    }
-
-    async fn append_log(
-        &self,
-        lease: &Lease<i64>,
-        entry: LogEntry,
-    ) -> Result<WriteResult, StoreError> {
-        self.inner.append_log(lease, entry).await
-    }
-
-    async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
-        self.inner.reset_stalled(params).await
-    }
-
-    async fn wait_for_jobs(&self, max_wait: Duration) {
-        if self.deaf {
-            tokio::time::sleep(max_wait).await
-        } else {
-            self.inner.wait_for_jobs(max_wait).await
-        }
-    }
-}
-
 struct Quick;
 
 #[async_trait]
-impl Handler<SlowClaims> for Quick {
+impl Handler<Slowed> for Quick {
     async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
         Ok(())
     }
@@ -127,7 +34,7 @@ fn jobs(n: usize) -> impl Iterator<Item = NewJob> {
 async fn drain_and_count_overlap(concurrent_claims: usize) -> usize {
     let memory = MemoryStore::new();
     memory.enqueue_many(jobs(200));
-    let store = SlowClaims::new(memory.clone(), Duration::from_millis(20));
+    let store = Slowed::new(memory.clone(), Duration::from_millis(20));
     let options = WorkerOptions {
         concurrent_claims,
         ..fast_options().handlers(2).prefetch(6)
@@ -226,11 +133,11 @@ async fn not_now_is_asked_again_when_a_job_finishes_not_after_the_poll_interval(
 async fn jobs_of_a_claim_that_returns_after_shutdown_go_back_unstarted() {
     let memory = MemoryStore::new();
     let ids = memory.enqueue_many(jobs(3));
-    let store = SlowClaims::new(memory.clone(), Duration::from_millis(300));
+    let store = Slowed::new(memory.clone(), Duration::from_millis(300));
     let ran = Arc::new(AtomicUsize::new(0));
     struct Counting(Arc<AtomicUsize>);
     #[async_trait]
-    impl Handler<SlowClaims> for Counting {
+    impl Handler<Slowed> for Counting {
         async fn handle(
             &self,
             _: &JobContext,
@@ -269,7 +176,7 @@ async fn jobs_of_a_claim_that_returns_after_shutdown_go_back_unstarted() {
 struct RetriesOnce;
 
 #[async_trait]
-impl Handler<SlowClaims> for RetriesOnce {
+impl Handler<Slowed> for RetriesOnce {
     async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
         if ctx.attempt() == 1 {
             return Err(JobError::retry_after("busy", Duration::from_millis(100)));
@@ -282,9 +189,9 @@ impl Handler<SlowClaims> for RetriesOnce {
 async fn a_retry_due_before_the_next_poll_wakes_the_worker() {
     let memory = MemoryStore::new();
     let id = memory.enqueue(NewJob::new("flaky", serde_json::json!(null)));
-    let store = SlowClaims {
+    let store = Slowed {
         deaf: true,
-        ..SlowClaims::new(memory.clone(), Duration::ZERO)
+        ..Slowed::new(memory.clone(), Duration::ZERO)
     };
     let options = WorkerOptions {
         // Far longer than the test: only the retry's own wake-up can help.

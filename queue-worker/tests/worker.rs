@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
-use common::{eventually, fast_options, start, wait_for_state};
+use common::{eventually, fast_options, start, wait_for_state, Slowed};
 use queue_core::{
     Dequeue, DequeueContext, Handler, Job, JobContext, JobError, JobState, NewJob, Outcome,
     OutcomePolicy, RetryPolicy, SystemClock,
@@ -368,6 +368,76 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
         counting.max.load(Ordering::SeqCst),
         3,
         "three handlers run at once, never more"
+    );
+}
+
+/// Records each start among the store's events.
+struct RecordsStarts(Slowed);
+
+#[async_trait]
+impl Handler<Slowed> for RecordsStarts {
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, job: &Job) -> Result<(), JobError> {
+        self.0.record(format!("started {}", job.id));
+        Ok(())
+    }
+}
+
+/// The events of two jobs run one handler at a time, with a prefetched job
+/// waiting, over a store whose finishes take 300 ms.
+async fn one_handler_two_jobs(ends_transaction: bool) -> Vec<String> {
+    let memory = MemoryStore::new();
+    memory.enqueue_many((0..2).map(|n| job("ok", serde_json::json!(n))));
+    let store = Slowed {
+        finish_delay: Duration::from_millis(300),
+        ends_transaction,
+        ..Slowed::new(memory.clone(), Duration::ZERO)
+    };
+    let worker = Worker::new(
+        store.clone(),
+        RecordsStarts(store.clone()),
+        fast_options().handlers(1).prefetch(1),
+    )
+    .expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    eventually("both jobs completed", || async {
+        memory.count_by_state().get(&JobState::Completed) == Some(&2)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker");
+    let events = store.events.lock().unwrap().clone();
+    events
+}
+
+/// The events without job keys (which of the two jobs goes first is the
+/// runtime's choice).
+fn steps(events: &[String]) -> Vec<&str> {
+    events
+        .iter()
+        .map(|e| e.split(' ').next().unwrap_or_default())
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finish_that_ends_the_handlers_transaction_keeps_the_handler_slot() {
+    let events = one_handler_two_jobs(true).await;
+    assert_eq!(
+        steps(&events),
+        ["started", "finished", "started", "finished"],
+        "the second job waits until the first one's transaction has ended: {events:?}"
+    );
+    assert_eq!(
+        events[1],
+        events[0].replace("started", "finished"),
+        "{events:?}"
+    );
+    let events = one_handler_two_jobs(false).await;
+    assert_eq!(
+        steps(&events),
+        ["started", "started", "finished", "finished"],
+        "otherwise the slot takes the second job while the first one's outcome is recorded: \
+         {events:?}"
     );
 }
 

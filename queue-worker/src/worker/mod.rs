@@ -482,8 +482,15 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
     };
     let duration = started.elapsed();
     // The handler is done: its slots can take the next job while the
-    // outcome is recorded (which a batching store may hold briefly).
-    drop(run_slot);
+    // outcome is recorded (which a batching store may hold briefly), unless
+    // recording it commits the handler's transaction, which is still the
+    // handler's work.
+    let run_slot = if shared.store.finish_ends_transaction(&job_store) {
+        run_slot
+    } else {
+        drop(run_slot);
+        None
+    };
     drop(claim_slot);
     if !matches!(end, AttemptEnd::Succeeded) {
         // Let anything the handler spawned with the token stop too.
@@ -494,6 +501,7 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
             .outcome_policy
             .decide(end, lease.attempt, options.clock.now(), fastrand::f64());
     let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
+    drop(run_slot);
     if let Outcome::Retried { retry_at, .. } = &outcome {
         wake_when_due(shared, *retry_at);
     }

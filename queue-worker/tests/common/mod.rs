@@ -3,10 +3,17 @@
 #![allow(dead_code)]
 
 use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use queue_core::{CancellationToken, Handler, JobState};
-use queue_store_memory::MemoryStore;
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    CancellationToken, ClaimParams, Claimed, Handler, HeartbeatReport, Job, JobState, Lease,
+    LogEntry, ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
+};
+use queue_store_memory::{JobFilter, MemoryStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use tokio::task::JoinHandle;
 
@@ -72,4 +79,116 @@ pub async fn wait_for_state(store: &MemoryStore, id: i64, state: JobState) {
         store.get(id).map(|j| j.state) == Some(state)
     })
     .await;
+}
+
+/// The memory store with claims that take `delay`, counting how many are
+/// in flight at once; `deaf`, it never signals new jobs (like a table whose
+/// updates notify nobody), so only the poll interval ends a wait. Each
+/// finish takes `finish_delay` and then adds `finished {id}` to `events`;
+/// `ends_transaction`, the store says its finishes end the handler's
+/// transaction, as the transactional Postgres store does.
+#[derive(Clone)]
+pub struct Slowed {
+    pub inner: MemoryStore,
+    pub delay: Duration,
+    pub in_flight: Arc<AtomicUsize>,
+    pub most_in_flight: Arc<AtomicUsize>,
+    pub deaf: bool,
+    pub finish_delay: Duration,
+    pub ends_transaction: bool,
+    pub events: Arc<Mutex<Vec<String>>>,
+}
+
+impl Slowed {
+    pub fn new(inner: MemoryStore, delay: Duration) -> Self {
+        Slowed {
+            inner,
+            delay,
+            in_flight: Arc::default(),
+            most_in_flight: Arc::default(),
+            deaf: false,
+            finish_delay: Duration::ZERO,
+            ends_transaction: false,
+            events: Arc::default(),
+        }
+    }
+
+    /// Adds `event` to the store's events.
+    pub fn record(&self, event: String) {
+        self.events.lock().unwrap().push(event);
+    }
+}
+
+#[async_trait]
+impl Store for Slowed {
+    type Id = i64;
+    type Record = Job;
+    type Conditions = JobFilter;
+    type JobStore = MemoryStore;
+
+    async fn claim(
+        &self,
+        params: ClaimParams<'_, JobFilter>,
+    ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+        self.most_in_flight.fetch_max(now, Ordering::SeqCst);
+        // The rows are claimed at once; the answer takes `delay` to arrive,
+        // like a round trip.
+        let claimed = self.inner.claim(params).await;
+        tokio::time::sleep(self.delay).await;
+        self.in_flight.fetch_sub(1, Ordering::SeqCst);
+        Ok(claimed?
+            .into_iter()
+            .map(|c| Claimed {
+                lease: c.lease,
+                record: c.record,
+                job_store: c.job_store,
+            })
+            .collect())
+    }
+
+    async fn finish(
+        &self,
+        job_store: MemoryStore,
+        lease: &Lease<i64>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        tokio::time::sleep(self.finish_delay).await;
+        let written = self.inner.finish(job_store, lease, transition, now).await;
+        self.record(format!("finished {}", lease.id));
+        written
+    }
+
+    fn finish_ends_transaction(&self, _: &MemoryStore) -> bool {
+        self.ends_transaction
+    }
+
+    async fn heartbeat(
+        &self,
+        leases: &[Lease<i64>],
+        now: DateTime<Utc>,
+    ) -> Result<HeartbeatReport<i64>, StoreError> {
+        self.inner.heartbeat(leases, now).await
+    }
+
+    async fn append_log(
+        &self,
+        lease: &Lease<i64>,
+        entry: LogEntry,
+    ) -> Result<WriteResult, StoreError> {
+        self.inner.append_log(lease, entry).await
+    }
+
+    async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
+        self.inner.reset_stalled(params).await
+    }
+
+    async fn wait_for_jobs(&self, max_wait: Duration) {
+        if self.deaf {
+            tokio::time::sleep(max_wait).await
+        } else {
+            self.inner.wait_for_jobs(max_wait).await
+        }
+    }
 }
