@@ -31,7 +31,10 @@ pub struct WorkerOptions {
     /// The worker's identity, recorded on claimed jobs. Default: host name
     /// and process id.
     pub name: String,
-    /// How many jobs run at once. Default 4.
+    /// How many jobs run at once. Default 4. A job whose outcome commits
+    /// the handler's transaction (see [`Store::finish_ends_transaction`])
+    /// runs until that commit, so this also bounds the job transactions
+    /// open at once.
     pub num_handlers: usize,
     /// How long to wait between claims when no job is available: the
     /// backstop poll. A store notification (Postgres LISTEN/NOTIFY, the
@@ -48,7 +51,7 @@ pub struct WorkerOptions {
     /// the next claim goes out while the previous one's round trip and
     /// commit are still under way, so handlers do not sit idle waiting for
     /// it. PreDequeue then may run while a claim is in flight
-    /// ([`DequeueContext::claims_in_flight`] says so). 1 claims strictly one
+    /// ([`queue_core::DequeueContext::claims_in_flight`] says so). 1 claims strictly one
     /// batch at a time.
     pub concurrent_claims: usize,
     /// Jobs claimed beyond the free handler slots and held until a slot
