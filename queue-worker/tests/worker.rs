@@ -406,8 +406,8 @@ async fn one_handler_two_jobs(ends_transaction: bool) -> Vec<String> {
     .await;
     shutdown.cancel();
     running.await.expect("worker task").expect("worker");
-    let events = store.events.lock().unwrap().clone();
-    events
+    let events = store.events.lock().unwrap();
+    events.clone()
 }
 
 /// The events without job keys (which of the two jobs goes first is the
