@@ -277,7 +277,7 @@ where
         let mut by_id = HashMap::with_capacity(rows.len());
         for row in rows {
             let id: R::Id = row
-                .try_get("__queue_id")
+                .try_get(ID.1)
                 .map_err(|e| store_error("reading the key of a view row", e))?;
             by_id.insert(id, row);
         }

@@ -488,12 +488,7 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
     // outcome is recorded (which a batching store may hold briefly), unless
     // recording it commits the handler's transaction, which is still the
     // handler's work.
-    let run_slot = if shared.store.finish_ends_transaction(&job_store) {
-        run_slot
-    } else {
-        drop(run_slot);
-        None
-    };
+    let run_slot = run_slot.filter(|_| shared.store.finish_ends_transaction(&job_store));
     drop(claim_slot);
     if !matches!(end, AttemptEnd::Succeeded) {
         // Let anything the handler spawned with the token stop too.

@@ -81,8 +81,8 @@ pub async fn wait_for_state(store: &MemoryStore, id: i64, state: JobState) {
     .await;
 }
 
-/// The memory store with claims that take `delay`, counting how many are
-/// in flight at once; `deaf`, it never signals new jobs (like a table whose
+/// The memory store with claims that take `claim_delay`, counting how many
+/// are in flight at once; `deaf`, it never signals new jobs (like a table whose
 /// updates notify nobody), so only the poll interval ends a wait. Each
 /// finish takes `finish_delay` and then adds `finished {id}` to `events`;
 /// `ends_transaction`, the store says its finishes end the handler's
@@ -90,7 +90,7 @@ pub async fn wait_for_state(store: &MemoryStore, id: i64, state: JobState) {
 #[derive(Clone)]
 pub struct Slowed {
     pub inner: MemoryStore,
-    pub delay: Duration,
+    pub claim_delay: Duration,
     pub in_flight: Arc<AtomicUsize>,
     pub most_in_flight: Arc<AtomicUsize>,
     pub deaf: bool,
@@ -100,10 +100,10 @@ pub struct Slowed {
 }
 
 impl Slowed {
-    pub fn new(inner: MemoryStore, delay: Duration) -> Self {
+    pub fn new(inner: MemoryStore, claim_delay: Duration) -> Self {
         Slowed {
             inner,
-            delay,
+            claim_delay,
             in_flight: Arc::default(),
             most_in_flight: Arc::default(),
             deaf: false,
@@ -132,10 +132,10 @@ impl Store for Slowed {
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
-        // The rows are claimed at once; the answer takes `delay` to arrive,
-        // like a round trip.
+        // The rows are claimed at once; the answer takes `claim_delay` to
+        // arrive, like a round trip.
         let claimed = self.inner.claim(params).await;
-        tokio::time::sleep(self.delay).await;
+        tokio::time::sleep(self.claim_delay).await;
         self.in_flight.fetch_sub(1, Ordering::SeqCst);
         Ok(claimed?
             .into_iter()
