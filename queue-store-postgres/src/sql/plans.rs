@@ -1,0 +1,119 @@
+//! The plans Postgres picks for the store's batched statements, checked on
+//! the test database (`DATABASE_URL`; required under `cargo xtask test-pg`).
+//!
+//! sqlx prepares each statement once per connection, and after five runs
+//! Postgres keeps one generic plan for it, made without the parameters'
+//! values. That plan has to stay linear in the batch, whatever the batch.
+
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{PgConnection, PgPool};
+
+use super::catalog;
+use super::{Statement, Statements};
+use crate::{CompletedJobs, JobTable, PgStoreOptions};
+
+async fn pool(test: &str) -> Option<PgPool> {
+    let url = match std::env::var("DATABASE_URL") {
+        Ok(url) if !url.is_empty() => url,
+        _ => {
+            assert!(
+                std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
+                "{test}: DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1"
+            );
+            eprintln!("{test}: skipped: DATABASE_URL is not set");
+            return None;
+        }
+    };
+    let pool = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("{test}: cannot connect to DATABASE_URL: {e}"));
+    Some(pool)
+}
+
+/// The generic plan Postgres caches for `statement` (every parameter
+/// unknown), as `EXPLAIN` prints it.
+async fn generic_plan(connection: &mut PgConnection, statement: &Statement) -> String {
+    sqlx::query(&format!("PREPARE batch AS {}", statement.text))
+        .execute(&mut *connection)
+        .await
+        .unwrap_or_else(|e| panic!("preparing {}: {e}", statement.text));
+    sqlx::query("SET plan_cache_mode = force_generic_plan")
+        .execute(&mut *connection)
+        .await
+        .expect("forcing the generic plan");
+    let nulls = vec!["NULL"; statement.params.len()].join(", ");
+    let lines: Vec<String> =
+        sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE batch({nulls})"))
+            .fetch_all(&mut *connection)
+            .await
+            .expect("explaining the generic plan");
+    sqlx::query("DEALLOCATE batch")
+        .execute(&mut *connection)
+        .await
+        .expect("deallocating");
+    lines.join("\n")
+}
+
+#[tokio::test]
+async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
+    let test = "the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key";
+    let Some(pool) = pool(test).await else { return };
+    let schema = format!("queue_plans_{}", std::process::id());
+    let table = JobTable::new(&schema, "jobs").expect("valid names");
+    table.migrate(&pool).await.expect("the default table");
+    let t = table.name().quoted();
+    sqlx::query(&format!(
+        "INSERT INTO {t} (kind) SELECT 'k' FROM generate_series(1, 100000)"
+    ))
+    .execute(&pool)
+    .await
+    .expect("jobs");
+
+    let mut connection = pool.acquire().await.expect("a connection");
+    // Statistics taken while a fifth of the jobs were in flight (where a
+    // second condition on the keys made the plan quadratic) and while none
+    // were.
+    for in_flight in [20000, 0] {
+        sqlx::query(&format!(
+            "UPDATE {t} SET state = CASE WHEN id <= {in_flight} THEN 'processing' ELSE 'queued' END"
+        ))
+        .execute(&pool)
+        .await
+        .expect("jobs in flight");
+        sqlx::query(&format!("ANALYZE {t}"))
+            .execute(&pool)
+            .await
+            .expect("statistics");
+        for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
+            let options: PgStoreOptions = table.store_options().completed_jobs(completed_jobs);
+            let (shape, _) = catalog::inspect(&pool, &options, &["bigint"])
+                .await
+                .expect("the table's shape");
+            let statements = Statements::new(&options, &shape);
+            let batch = match completed_jobs {
+                CompletedJobs::Keep => statements.finish,
+                CompletedJobs::Delete => statements.finish_deleting.expect("deleting").0,
+            };
+            let plan = generic_plan(&mut connection, &batch).await;
+            let case = format!("{completed_jobs:?}, {in_flight} in flight");
+            // One index probe per outcome, on the key: never every outcome
+            // compared with every row (a join filter over a materialized
+            // side, quadratic in the batch).
+            assert!(
+                plan.contains("Nested Loop") && plan.contains("Index Cond: (id = u.id)"),
+                "{case}: {plan}"
+            );
+            assert!(
+                !plan.contains("Join Filter") && !plan.contains("Materialize"),
+                "{case}: {plan}"
+            );
+        }
+    }
+    drop(connection);
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .expect("dropping the test schema");
+}
