@@ -84,16 +84,9 @@ mod tests {
 
     #[tokio::test]
     async fn migrate_creates_the_default_table() {
-        let url = match std::env::var("DATABASE_URL") {
-            Ok(url) if !url.is_empty() => url,
-            _ => {
-                assert!(
-                    std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                    "DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1"
-                );
-                eprintln!("migrate_creates_the_default_table: skipped: DATABASE_URL is not set");
-                return;
-            }
+        let Some(url) = queue_core::testkit::database_url("migrate_creates_the_default_table")
+        else {
+            return;
         };
         let schema = format!("cli migrate {}", std::process::id());
         let args = [

@@ -5,6 +5,7 @@
 //! Postgres keeps one generic plan for it, made without the parameters'
 //! values. That plan has to stay linear in the batch, whatever the batch.
 
+use queue_core::testkit::database_url;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
@@ -13,17 +14,7 @@ use super::{Statement, Statements};
 use crate::{CompletedJobs, JobTable, PgStoreOptions};
 
 async fn pool(test: &str) -> Option<PgPool> {
-    let url = match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => {
-            assert!(
-                std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "{test}: DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1"
-            );
-            eprintln!("{test}: skipped: DATABASE_URL is not set");
-            return None;
-        }
-    };
+    let url = database_url(test)?;
     let pool = PgPoolOptions::new()
         .max_connections(2)
         .connect(&url)

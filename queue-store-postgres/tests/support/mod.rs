@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
 use queue_core::testkit::conformance::{Harness, Snapshot};
+use queue_core::testkit::database_url;
 use queue_core::{ClaimParams, Claimed, Job, JobRecord, NewJob, Store};
 use queue_store_postgres::{
     ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgKey, PgStore,
@@ -38,17 +39,7 @@ where
 
 /// A pool on the test database, or `None` (announced) when there is none.
 pub async fn pool(test: &str) -> Option<PgPool> {
-    let url = match std::env::var("DATABASE_URL") {
-        Ok(url) if !url.is_empty() => url,
-        _ => {
-            assert!(
-                std::env::var("QUEUE_TEST_REQUIRE_POSTGRES").as_deref() != Ok("1"),
-                "{test}: DATABASE_URL is not set but QUEUE_TEST_REQUIRE_POSTGRES=1; run the tests with `cargo xtask test-pg`"
-            );
-            eprintln!("{test}: skipped: DATABASE_URL is not set (run `cargo xtask test-pg` to include the Postgres tests)");
-            return None;
-        }
-    };
+    let url = database_url(test)?;
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(64)
