@@ -11,7 +11,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::catalog;
 use super::{Statement, Statements};
-use crate::{CompletedJobs, JobTable, PgStoreOptions};
+use crate::{CompletedJobs, JobTable};
 
 async fn pool(test: &str) -> Option<PgPool> {
     let url = database_url(test)?;
@@ -62,6 +62,10 @@ async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
     .await
     .expect("jobs");
 
+    // The table's shape is the same for both statements and all statistics.
+    let (shape, _) = catalog::inspect(&pool, &table.store_options(), &["bigint"])
+        .await
+        .expect("the table's shape");
     let mut connection = pool.acquire().await.expect("a connection");
     // Statistics taken while a fifth of the jobs were in flight (where a
     // second condition on the keys made the plan quadratic) and while none
@@ -78,10 +82,7 @@ async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
             .await
             .expect("statistics");
         for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
-            let options: PgStoreOptions = table.store_options().completed_jobs(completed_jobs);
-            let (shape, _) = catalog::inspect(&pool, &options, &["bigint"])
-                .await
-                .expect("the table's shape");
+            let options = table.store_options().completed_jobs(completed_jobs);
             let statements = Statements::new(&options, &shape);
             let batch = match completed_jobs {
                 CompletedJobs::Keep => statements.finish,
