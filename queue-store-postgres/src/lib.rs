@@ -4,6 +4,7 @@
 mod bind;
 mod completer;
 mod conditions;
+mod cursor;
 mod enqueue;
 mod error;
 mod ident;

@@ -248,6 +248,7 @@ pub struct PgStoreOptions {
     pub(crate) claim_commit: ClaimCommit,
     pub(crate) prepared_job_statements: bool,
     pub(crate) completed_jobs: CompletedJobs,
+    pub(crate) claim_cursor: Option<std::time::Duration>,
 }
 
 impl PgStoreOptions {
@@ -273,6 +274,7 @@ impl PgStoreOptions {
             claim_commit: ClaimCommit::default(),
             prepared_job_statements: true,
             completed_jobs: CompletedJobs::Keep,
+            claim_cursor: Some(std::time::Duration::from_millis(10)),
         })
     }
 
@@ -414,6 +416,39 @@ impl PgStoreOptions {
     pub fn completed_jobs(mut self, completed: CompletedJobs) -> Self {
         self.completed_jobs = completed;
         self
+    }
+
+    /// Whether a claim into a backlog continues where the previous claim
+    /// ended instead of reading the claim order from its start, and how long
+    /// it may do so before a claim reads from the start again. Default
+    /// 10 ms; `None` reads from the start on every claim.
+    ///
+    /// The start of the claim index holds an entry for every job claimed
+    /// since the table was last vacuumed, each pointing at a row that is no
+    /// longer claimable; a claim from the start walks all of them before it
+    /// finds a claimable job: in the middle of a 100,000-job drain, 0.75 ms
+    /// of a 48-job claim's 1.3 ms. With the cursor,
+    /// a claim that follows one that came back full (as many jobs as it
+    /// asked for) starts after the last job that claim took, in the same
+    /// priority: its index scan starts there. A claim that comes back short
+    /// ends the backlog, and the next claim reads from the start.
+    ///
+    /// What that gives up: a job that becomes claimable before the cursor
+    /// while the backlog lasts (a higher priority, a retry coming due, a job
+    /// handed back, a key whose insert commits after later keys were
+    /// claimed) waits for the next claim from the start, at most this long.
+    /// Claims with extra conditions (from PreDequeue) and stores with a
+    /// custom [`order_by`](Self::order_by) always read from the start.
+    pub fn claim_cursor(mut self, rescan_after: Option<std::time::Duration>) -> Self {
+        self.claim_cursor = rescan_after;
+        self
+    }
+
+    /// How long claims may start at the cursor: `None` without one, which
+    /// is also the case with a custom order (the cursor needs to start the
+    /// scan in the middle of the order with one index condition).
+    pub(crate) fn cursor_rescan_after(&self) -> Option<std::time::Duration> {
+        self.claim_cursor.filter(|_| self.order_by.is_none())
     }
 
     /// The schema-qualified table.

@@ -18,13 +18,14 @@ use tokio::task::JoinHandle;
 
 use crate::bind::{bind_arg, lease_value, query, state, Value};
 use crate::completer::{complete_batches, Completion, FinishRow};
-use crate::conditions::PgConditions;
+use crate::conditions::{PgCondition, PgConditions};
+use crate::cursor::{ClaimCursor, Position};
 use crate::error::store_error;
 use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
 use crate::listen;
 use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{decode_job, Decoder, PgKey};
-use crate::sql::{catalog, Param, Statement, Statements};
+use crate::sql::{catalog, Param, Statement, Statements, CURSOR_PRIORITY_COLUMN};
 use crate::stash::Stash;
 
 struct Inner<R: JobRecord> {
@@ -42,6 +43,8 @@ struct Inner<R: JobRecord> {
     /// The batched completer: outcomes that need no job transaction.
     completer: mpsc::UnboundedSender<Completion<R::Id>>,
     absent: Vec<Column>,
+    /// Where claims into a backlog start, if the store keeps a cursor.
+    cursor: Option<ClaimCursor<R::Id>>,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -141,6 +144,7 @@ where
             tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
         }
         let sql = Arc::new(Statements::new(&options, &shape));
+        let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let states = Arc::new(options.states.clone());
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
@@ -166,6 +170,7 @@ where
                 listener,
                 completer,
                 absent,
+                cursor: options_cursor,
             }),
         })
     }
@@ -283,6 +288,55 @@ where
         }
         Ok(by_id)
     }
+
+    /// Claims up to `params.limit` rows after the cursor (`after`), or from
+    /// the start of the claim order; the rows come back in claim order.
+    async fn claim_rows(
+        &self,
+        conn: &mut PgConnection,
+        params: &ClaimParams<'_, PgConditions>,
+        conditions: &[PgCondition],
+        after: Option<&Position<R::Id>>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let statement = after
+            .and_then(|_| self.inner.sql.claim_after_cursor(params.limit))
+            .unwrap_or_else(|| self.inner.sql.claim(conditions, params.limit));
+        let mut q = query(&statement, |p| match p {
+            Param::State(s) => Some(state::<R::Id>(self.states(), s)),
+            Param::Now => Some(Value::Time(params.now)),
+            Param::Worker => Some(Value::Text(params.worker.to_owned())),
+            Param::CursorPriority => after.map(|a| Value::Int(a.priority)),
+            Param::CursorKey => after.map(|a| Value::Key(a.key.clone())),
+            _ => None,
+        })?;
+        for c in conditions {
+            for arg in c.args() {
+                q = bind_arg(q, arg.clone());
+            }
+        }
+        let mut rows = q
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| store_error("claiming jobs", e))?;
+        // Back into claim order (the update returns rows in key order).
+        rows.sort_by_cached_key(|row| read_at::<i32>(row, RANK).unwrap_or(i32::MAX));
+        Ok(rows)
+    }
+
+    /// Where a claimed row is in the claim order, for the cursor; `None` if
+    /// the row does not say (the next claim then reads from the start).
+    fn position(&self, row: Option<&PgRow>) -> Option<Position<R::Id>> {
+        let row = row?;
+        let priority = if self.inner.sql.cursor_reads_priority() {
+            // The claim's last column.
+            let last = row.len().checked_sub(1)?;
+            read_at::<i64>(row, (last, CURSOR_PRIORITY_COLUMN)).ok()?
+        } else {
+            0
+        };
+        let key = read_at(row, ID).ok()?;
+        Some(Position { priority, key })
+    }
 }
 
 // Where a claimed row carries what the store itself reads: the claim
@@ -335,30 +389,32 @@ where
                 )));
             }
         }
-        let statement = self.inner.sql.claim(conditions, params.limit);
-        let mut q = query(&statement, |p| match p {
-            Param::State(s) => Some(state::<R::Id>(self.states(), s)),
-            Param::Now => Some(Value::Time(params.now)),
-            Param::Worker => Some(Value::Text(params.worker.to_owned())),
-            _ => None,
-        })?;
-        for c in conditions {
-            for arg in c.args() {
-                q = bind_arg(q, arg.clone());
-            }
-        }
+        // Claims with extra conditions neither use nor move the cursor: what
+        // they pass over may be claimable for the others.
+        let cursor = self.inner.cursor.as_ref().filter(|_| conditions.is_empty());
+        let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
         let mut conn = self
             .inner
             .stash
             .take()
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
-        let mut rows = q
-            .fetch_all(&mut *conn)
-            .await
-            .map_err(|e| store_error("claiming jobs", e))?;
-        // Back into claim order (the update returns rows in key order).
-        rows.sort_by_cached_key(|row| read_at::<i32>(row, RANK).unwrap_or(i32::MAX));
+        let mut rows = self
+            .claim_rows(&mut conn, &params, conditions, after.as_ref())
+            .await;
+        if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
+            // Nothing after the cursor: the backlog is over, and jobs that
+            // became claimable before it must not wait for the worker's
+            // next poll.
+            rows = self.claim_rows(&mut conn, &params, conditions, None).await;
+        }
+        if let Some(cursor) = cursor {
+            match &rows {
+                Ok(rows) => cursor.ended(self.position(rows.last()), rows.len() >= params.limit),
+                Err(_) => cursor.ended(None, false),
+            }
+        }
+        let rows = rows?;
         if rows.is_empty() {
             self.inner.stash.put(conn);
             return Ok(Vec::new());

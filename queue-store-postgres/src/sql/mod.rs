@@ -48,6 +48,10 @@ pub(crate) enum Param {
     AtMostOnce,
     MaxResetsMessage,
     AtMostOnceMessage,
+    /// Where a claim with the cursor starts: the priority (int8) and the key
+    /// of the last job the previous claim took.
+    CursorPriority,
+    CursorKey,
 }
 
 /// A statement and the inputs its `$n` placeholders stand for, in order.
@@ -97,6 +101,10 @@ pub(crate) fn literal(value: &str) -> String {
     format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
+/// The name of the claim's last column when the cursor needs each job's
+/// priority.
+pub(crate) const CURSOR_PRIORITY_COLUMN: &str = "__queue_priority";
+
 /// What the catalog told about the table.
 #[derive(Debug, Clone)]
 pub(crate) struct TableShape {
@@ -118,6 +126,9 @@ pub(crate) struct Statements {
     /// The claim after the extra conditions.
     claim_tail: String,
     claim_params: Vec<Param>,
+    /// With the claim cursor: the condition that starts the claim's scan
+    /// after the cursor, numbered after `claim_params`, and its inputs.
+    claim_after: Option<(String, Vec<Param>)>,
     pub select_view: Option<Statement>,
     pub lock: Statement,
     /// The lock of a job's transaction, prepared: fails ([`prepared::NOT_HELD`])
@@ -260,11 +271,23 @@ impl Statements {
         if let Some(name) = names.get(Column::ExecutionLogs) {
             sets.push(format!("{name} = '{{}}'"));
         }
-        let returning_record = if options.view.is_none() {
+        let mut returning_record = if options.view.is_none() {
             format!(", {select}")
         } else {
             String::new()
         };
+        // The cursor needs an order it can start in the middle of with one
+        // index condition: by key within one priority.
+        let cursor = options.cursor_rescan_after().is_some();
+        let cursor_priority = names.at(Column::Priority).filter(|_| cursor);
+        if let Some(priority) = &cursor_priority {
+            // Last, so that a decoder reading the record by position is not
+            // disturbed.
+            returning_record.push_str(&format!(
+                ", {priority}::int8 AS \"{}\"",
+                CURSOR_PRIORITY_COLUMN
+            ));
+        }
         b.push(&format!(
             " FOR UPDATE SKIP LOCKED) \
              UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
@@ -274,6 +297,21 @@ impl Statements {
         ));
         let claim_tail = b.text;
         let claim_params = b.params;
+        let claim_after = cursor.then(|| {
+            let n = claim_params.len() + 1;
+            let mut params = claim_params.clone();
+            let condition = match &cursor_priority {
+                Some(priority) => {
+                    params.extend([Param::CursorPriority, Param::CursorKey]);
+                    format!(" AND {priority} = ${n} AND {id} > ${}", n + 1)
+                }
+                None => {
+                    params.push(Param::CursorKey);
+                    format!(" AND {id} > ${n}")
+                }
+            };
+            (condition, params)
+        });
 
         let select_view = options.view.as_ref().map(|view| {
             let mut b = Builder::default();
@@ -573,6 +611,7 @@ impl Statements {
             claim_order,
             claim_tail,
             claim_params,
+            claim_after,
             select_view,
             lock,
             held_lock,
@@ -607,6 +646,27 @@ impl Statements {
             text,
             params: self.claim_params.clone(),
         }
+    }
+
+    /// The claim of up to `limit` jobs after the cursor (no extra
+    /// conditions), if the store keeps one.
+    pub(crate) fn claim_after_cursor(&self, limit: usize) -> Option<Statement> {
+        let (condition, params) = self.claim_after.as_ref()?;
+        Some(Statement {
+            text: format!(
+                "{}{condition}{}{limit}{}",
+                self.claim_head, self.claim_order, self.claim_tail
+            ),
+            params: params.clone(),
+        })
+    }
+
+    /// Whether claims return the priority of each job for the cursor (as
+    /// their last column, [`CURSOR_PRIORITY_COLUMN`]).
+    pub(crate) fn cursor_reads_priority(&self) -> bool {
+        self.claim_after
+            .as_ref()
+            .is_some_and(|(_, params)| params.contains(&Param::CursorPriority))
     }
 }
 
@@ -664,7 +724,8 @@ mod tests {
              \"execution_logs\" = '{}' WHERE \"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates)) \
              RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
              \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
-             array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*"
+             array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*, \
+             \"jobs\".\"priority\"::int8 AS \"__queue_priority\""
         );
         assert_eq!(
             claim.params,
@@ -674,6 +735,50 @@ mod tests {
                 Param::Worker
             ]
         );
+    }
+
+    #[test]
+    fn the_cursor_claim_starts_after_a_key_within_a_priority() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let s = Statements::new(&options, &shape());
+        let from_start = s.claim(&[], 32);
+        let after = s.claim_after_cursor(32).expect("a cursor by default");
+        assert_eq!(
+            after.text,
+            from_start.text.replacen(
+                " ORDER BY",
+                " AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" > $5 ORDER BY",
+                1
+            ),
+            "the claim from the start with one more condition, numbered after its inputs"
+        );
+        assert_eq!(after.params[3..], [Param::CursorPriority, Param::CursorKey]);
+        assert!(s.cursor_reads_priority());
+
+        let by_key = Statements::new(
+            &options.clone().without(Column::Priority).unwrap(),
+            &shape(),
+        );
+        let after = by_key.claim_after_cursor(8).expect("a cursor by key alone");
+        assert!(
+            after
+                .text
+                .contains(" AND \"jobs\".\"id\" > $4 ORDER BY \"jobs\".\"id\" LIMIT 8"),
+            "{}",
+            after.text
+        );
+        assert_eq!(after.params[3..], [Param::CursorKey]);
+        assert!(!by_key.cursor_reads_priority());
+        assert!(!by_key.claim(&[], 8).text.contains("__queue_priority"));
+
+        for without in [
+            options.clone().claim_cursor(None),
+            options.clone().order_by("jobs.queued_at"),
+        ] {
+            let s = Statements::new(&without, &shape());
+            assert!(s.claim_after_cursor(32).is_none(), "{without:?}");
+            assert!(!s.claim(&[], 32).text.contains("__queue_priority"));
+        }
     }
 
     #[test]

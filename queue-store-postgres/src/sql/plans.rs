@@ -109,3 +109,91 @@ async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
         .await
         .expect("dropping the test schema");
 }
+
+/// The blocks the claim index's scan touched in `EXPLAIN (ANALYZE, BUFFERS,
+/// FORMAT JSON)` output.
+fn claim_index_blocks(plan: &serde_json::Value) -> Option<u64> {
+    if plan["Index Name"]
+        .as_str()
+        .is_some_and(|name| name.ends_with("claimable_idx"))
+    {
+        let blocks = |key: &str| plan[key].as_u64().unwrap_or(0);
+        return Some(blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"));
+    }
+    plan["Plans"]
+        .as_array()?
+        .iter()
+        .find_map(claim_index_blocks)
+}
+
+#[tokio::test]
+async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
+    let test = "a_claim_at_the_cursor_starts_its_index_scan_there";
+    let Some(pool) = pool(test).await else { return };
+    let schema = format!("queue_cursor_plans_{}", std::process::id());
+    let table = JobTable::new(&schema, "jobs").expect("valid names");
+    table.migrate(&pool).await.expect("the default table");
+    let t = table.name().quoted();
+    // 20,000 jobs, the first half claimed and completed: their entries in
+    // the claim index point at rows that are no longer claimable.
+    for sql in [
+        format!("INSERT INTO {t} (kind) SELECT 'k' FROM generate_series(1, 20000)"),
+        format!("UPDATE {t} SET state = 'completed' WHERE id <= 10000"),
+        format!("ANALYZE {t}"),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect(&sql);
+    }
+    let (shape, _) = catalog::inspect(&pool, &table.store_options(), &["bigint"])
+        .await
+        .expect("the table's shape");
+    let statements = Statements::new(&table.store_options(), &shape);
+    let from_start = statements.claim(&[], 48);
+    let at_cursor = statements.claim_after_cursor(48).expect("a cursor");
+    let mut connection = pool.acquire().await.expect("a connection");
+
+    let plan = generic_plan(&mut connection, &at_cursor).await;
+    assert!(
+        plan.contains("jobs_claimable_idx")
+            && plan.contains("Index Cond: ((priority = $4) AND (id > $5))"),
+        "the cached plan starts the scan at the cursor: {plan}"
+    );
+
+    // What each claim's scan reads, the cursor after the last completed job.
+    let mut blocks = Vec::new();
+    for (statement, cursor) in [(&from_start, ""), (&at_cursor, ", 0, 10000")] {
+        sqlx::query(&format!("PREPARE claim AS {}", statement.text))
+            .execute(&mut *connection)
+            .await
+            .expect("preparing the claim");
+        sqlx::query("BEGIN")
+            .execute(&mut *connection)
+            .await
+            .expect("begin");
+        let explained: serde_json::Value = sqlx::query_scalar(&format!(
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(now(), 'processing', 'w'{cursor})"
+        ))
+        .fetch_one(&mut *connection)
+        .await
+        .expect("explaining the claim");
+        for sql in ["ROLLBACK", "DEALLOCATE claim"] {
+            sqlx::query(sql).execute(&mut *connection).await.expect(sql);
+        }
+        let plan = &explained[0]["Plan"];
+        assert_eq!(plan["Actual Rows"], 48, "{explained}");
+        blocks.push(
+            claim_index_blocks(plan).unwrap_or_else(|| panic!("no claim index scan: {explained}")),
+        );
+    }
+    // From the start the scan reads every leaf page of the 10,000 dead
+    // entries (and the rows they point at); at the cursor, the path down to
+    // the first live entry and the rows it takes.
+    assert!(
+        blocks[0] >= 40 && blocks[1] <= 10,
+        "blocks read by the claim index scan, from the start and at the cursor: {blocks:?}"
+    );
+    drop(connection);
+    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await
+        .expect("dropping the test schema");
+}

@@ -1,0 +1,181 @@
+//! The claim cursor: after a claim that came back full, the next claim
+//! starts after the last job it took (in the same priority) instead of at
+//! the start of the claim order. A job that becomes claimable before the
+//! cursor waits for the next claim from the start: after the rescan
+//! interval, after a short claim, or at once when the claim at the cursor
+//! finds nothing. Claims with extra conditions always read from the start.
+
+mod support;
+
+use std::time::Duration;
+
+use queue_core::{ClaimParams, Claimed, Job, NewJob, Store, Transition, WriteResult};
+use queue_store_postgres::{Column, JobTable, PgCondition, PgStore, PgStoreOptions};
+use sqlx::PgPool;
+use support::{claim_now, fresh_table, pool};
+
+async fn store(pool: &PgPool, options: PgStoreOptions) -> PgStore<Job> {
+    PgStore::default_table(pool.clone(), options)
+        .await
+        .expect("a store over the test table")
+}
+
+async fn enqueue(pool: &PgPool, table: &JobTable, jobs: &[NewJob]) -> Vec<i64> {
+    table.enqueue_many(pool, jobs).await.expect("enqueue")
+}
+
+fn low(n: usize) -> Vec<NewJob> {
+    (0..n)
+        .map(|i| NewJob::new("k", serde_json::json!(i)))
+        .collect()
+}
+
+fn high() -> NewJob {
+    NewJob::new("k", serde_json::json!("high")).priority(5)
+}
+
+fn ids(claimed: &[Claimed<PgStore<Job>>]) -> Vec<i64> {
+    claimed.iter().map(|c| c.lease.id).collect()
+}
+
+async fn release(store: &PgStore<Job>, job: Claimed<PgStore<Job>>) {
+    let written = store
+        .finish(
+            job.job_store,
+            &job.lease,
+            Transition::Release,
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("release");
+    assert_eq!(written, WriteResult::Applied, "handed back");
+}
+
+/// An hour: no claim in these tests reads from the start because of time.
+const NEVER: Option<Duration> = Some(Duration::from_secs(3600));
+
+#[tokio::test]
+async fn a_full_claim_moves_the_cursor_and_a_short_one_sends_the_next_claim_to_the_start() {
+    let test = "a_full_claim_moves_the_cursor_and_a_short_one_sends_the_next_claim_to_the_start";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, table.store_options().claim_cursor(NEVER)).await;
+    let a = enqueue(&pool, &table, &low(5)).await;
+
+    assert_eq!(ids(&claim_now(&store, 2).await), a[0..2], "from the start");
+    let h = enqueue(&pool, &table, &[high()]).await[0];
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        a[2..4],
+        "the last claim came back full: this one starts after its last job, \
+         passing over the high-priority job enqueued since"
+    );
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        a[4..5],
+        "short: the backlog after the cursor is over"
+    );
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        [h],
+        "so the next claim reads from the start"
+    );
+}
+
+#[tokio::test]
+async fn a_claim_at_the_cursor_that_finds_nothing_reads_from_the_start_at_once() {
+    let test = "a_claim_at_the_cursor_that_finds_nothing_reads_from_the_start_at_once";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, table.store_options().claim_cursor(NEVER)).await;
+    let a = enqueue(&pool, &table, &low(2)).await;
+
+    let first = claim_now(&store, 2).await;
+    assert_eq!(ids(&first), a, "full: the cursor is after the second job");
+    // The first job is handed back: claimable again, before the cursor.
+    let job = first.into_iter().next().expect("a job");
+    release(&store, job).await;
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        [a[0]],
+        "nothing after the cursor, so the same claim read from the start \
+         (an empty claim would idle the worker until its next poll)"
+    );
+}
+
+#[tokio::test]
+async fn claims_read_from_the_start_again_once_the_rescan_interval_has_passed() {
+    let test = "claims_read_from_the_start_again_once_the_rescan_interval_has_passed";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let rescan = Duration::from_millis(50);
+    let store = store(&pool, table.store_options().claim_cursor(Some(rescan))).await;
+    let a = enqueue(&pool, &table, &low(6)).await;
+
+    assert_eq!(ids(&claim_now(&store, 2).await), a[0..2]);
+    let h = enqueue(&pool, &table, &[high()]).await[0];
+    tokio::time::sleep(rescan + Duration::from_millis(10)).await;
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        [h, a[2]],
+        "the last claim from the start is older than the interval"
+    );
+}
+
+#[tokio::test]
+async fn without_a_cursor_or_with_conditions_every_claim_reads_from_the_start() {
+    let test = "without_a_cursor_or_with_conditions_every_claim_reads_from_the_start";
+    let Some(pool) = pool(test).await else { return };
+    for (case, cursor) in [
+        ("no cursor", None),
+        ("rescan on every claim", Some(Duration::ZERO)),
+        ("with conditions", NEVER),
+    ] {
+        let table = fresh_table(&pool).await;
+        let store = store(&pool, table.store_options().claim_cursor(cursor)).await;
+        let a = enqueue(&pool, &table, &low(4)).await;
+        assert_eq!(ids(&claim_now(&store, 2).await), a[0..2], "{case}");
+        let h = enqueue(&pool, &table, &[high()]).await[0];
+        let conditions = vec![PgCondition::new("jobs.kind = {}").bind("k")];
+        let next = store
+            .claim(ClaimParams {
+                limit: 2,
+                worker: "w",
+                conditions: (case == "with conditions").then_some(&conditions),
+                now: chrono::Utc::now(),
+            })
+            .await
+            .expect("a claim");
+        assert_eq!(ids(&next), [h, a[2]], "{case}");
+    }
+}
+
+#[tokio::test]
+async fn without_a_priority_column_the_cursor_is_a_key() {
+    let test = "without_a_priority_column_the_cursor_is_a_key";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let options = table
+        .store_options()
+        .without(Column::Priority)
+        .expect("priority is optional")
+        .claim_cursor(NEVER);
+    let store = store(&pool, options).await;
+    let a = enqueue(&pool, &table, &low(5)).await;
+
+    let first = claim_now(&store, 2).await;
+    assert_eq!(ids(&first), a[0..2]);
+    let job = first.into_iter().next().expect("a job");
+    release(&store, job).await;
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        a[2..4],
+        "after the cursor's key, passing over the job handed back"
+    );
+    assert_eq!(ids(&claim_now(&store, 2).await), a[4..5], "short");
+    assert_eq!(
+        ids(&claim_now(&store, 2).await),
+        [a[0]],
+        "from the start: the job handed back"
+    );
+}
