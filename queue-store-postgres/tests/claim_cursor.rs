@@ -14,24 +14,49 @@ use queue_store_postgres::{Column, JobTable, PgCondition, PgStore, PgStoreOption
 use sqlx::PgPool;
 use support::{claim_now, fresh_table, pool};
 
-async fn store(pool: &PgPool, options: PgStoreOptions) -> PgStore<Job> {
-    PgStore::default_table(pool.clone(), options)
-        .await
-        .expect("a store over the test table")
+/// A fresh default table holding `n` jobs of priority 0 (their keys in
+/// order), and a store over it with the options `configure` makes.
+struct Backlog {
+    pool: PgPool,
+    table: JobTable,
+    store: PgStore<Job>,
+    jobs: Vec<i64>,
 }
 
-async fn enqueue(pool: &PgPool, table: &JobTable, jobs: &[NewJob]) -> Vec<i64> {
-    table.enqueue_many(pool, jobs).await.expect("enqueue")
+impl Backlog {
+    async fn new(
+        pool: &PgPool,
+        n: usize,
+        configure: impl FnOnce(PgStoreOptions) -> PgStoreOptions,
+    ) -> Backlog {
+        let table = fresh_table(pool).await;
+        let store = PgStore::default_table(pool.clone(), configure(table.store_options()))
+            .await
+            .expect("a store over the test table");
+        let jobs = table.enqueue_many(pool, &low(n)).await.expect("enqueue");
+        Backlog {
+            pool: pool.clone(),
+            table,
+            store,
+            jobs,
+        }
+    }
+
+    /// Enqueues one job of priority 5.
+    async fn enqueue_high(&self) -> i64 {
+        let job = NewJob::new("k", serde_json::json!("high")).priority(5);
+        self.table.enqueue(&self.pool, &job).await.expect("enqueue")
+    }
+
+    async fn claim(&self, limit: usize) -> Vec<i64> {
+        ids(&claim_now(&self.store, limit).await)
+    }
 }
 
 fn low(n: usize) -> Vec<NewJob> {
     (0..n)
         .map(|i| NewJob::new("k", serde_json::json!(i)))
         .collect()
-}
-
-fn high() -> NewJob {
-    NewJob::new("k", serde_json::json!("high")).priority(5)
 }
 
 fn ids(claimed: &[Claimed<PgStore<Job>>]) -> Vec<i64> {
@@ -58,25 +83,24 @@ const NEVER: Option<Duration> = Some(Duration::from_secs(3600));
 async fn a_full_claim_moves_the_cursor_and_a_short_one_sends_the_next_claim_to_the_start() {
     let test = "a_full_claim_moves_the_cursor_and_a_short_one_sends_the_next_claim_to_the_start";
     let Some(pool) = pool(test).await else { return };
-    let table = fresh_table(&pool).await;
-    let store = store(&pool, table.store_options().claim_cursor(NEVER)).await;
-    let a = enqueue(&pool, &table, &low(5)).await;
+    let b = Backlog::new(&pool, 5, |o| o.claim_cursor(NEVER)).await;
+    let a = &b.jobs;
 
-    assert_eq!(ids(&claim_now(&store, 2).await), a[0..2], "from the start");
-    let h = enqueue(&pool, &table, &[high()]).await[0];
+    assert_eq!(b.claim(2).await, a[0..2], "from the start");
+    let h = b.enqueue_high().await;
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         a[2..4],
         "the last claim came back full: this one starts after its last job, \
          passing over the high-priority job enqueued since"
     );
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         a[4..5],
         "short: the backlog after the cursor is over"
     );
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         [h],
         "so the next claim reads from the start"
     );
@@ -86,17 +110,15 @@ async fn a_full_claim_moves_the_cursor_and_a_short_one_sends_the_next_claim_to_t
 async fn a_claim_at_the_cursor_that_finds_nothing_reads_from_the_start_at_once() {
     let test = "a_claim_at_the_cursor_that_finds_nothing_reads_from_the_start_at_once";
     let Some(pool) = pool(test).await else { return };
-    let table = fresh_table(&pool).await;
-    let store = store(&pool, table.store_options().claim_cursor(NEVER)).await;
-    let a = enqueue(&pool, &table, &low(2)).await;
+    let b = Backlog::new(&pool, 2, |o| o.claim_cursor(NEVER)).await;
+    let a = &b.jobs;
 
-    let first = claim_now(&store, 2).await;
-    assert_eq!(ids(&first), a, "full: the cursor is after the second job");
+    let first = claim_now(&b.store, 2).await;
+    assert_eq!(ids(&first), *a, "full: the cursor is after the second job");
     // The first job is handed back: claimable again, before the cursor.
-    let job = first.into_iter().next().expect("a job");
-    release(&store, job).await;
+    release(&b.store, first.into_iter().next().expect("a job")).await;
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         [a[0]],
         "nothing after the cursor, so the same claim read from the start \
          (an empty claim would idle the worker until its next poll)"
@@ -107,16 +129,15 @@ async fn a_claim_at_the_cursor_that_finds_nothing_reads_from_the_start_at_once()
 async fn claims_read_from_the_start_again_once_the_rescan_interval_has_passed() {
     let test = "claims_read_from_the_start_again_once_the_rescan_interval_has_passed";
     let Some(pool) = pool(test).await else { return };
-    let table = fresh_table(&pool).await;
     let rescan = Duration::from_millis(50);
-    let store = store(&pool, table.store_options().claim_cursor(Some(rescan))).await;
-    let a = enqueue(&pool, &table, &low(6)).await;
+    let b = Backlog::new(&pool, 6, |o| o.claim_cursor(Some(rescan))).await;
+    let a = &b.jobs;
 
-    assert_eq!(ids(&claim_now(&store, 2).await), a[0..2]);
-    let h = enqueue(&pool, &table, &[high()]).await[0];
+    assert_eq!(b.claim(2).await, a[0..2]);
+    let h = b.enqueue_high().await;
     tokio::time::sleep(rescan + Duration::from_millis(10)).await;
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         [h, a[2]],
         "the last claim from the start is older than the interval"
     );
@@ -131,13 +152,13 @@ async fn without_a_cursor_or_with_conditions_every_claim_reads_from_the_start() 
         ("rescan on every claim", Some(Duration::ZERO)),
         ("with conditions", NEVER),
     ] {
-        let table = fresh_table(&pool).await;
-        let store = store(&pool, table.store_options().claim_cursor(cursor)).await;
-        let a = enqueue(&pool, &table, &low(4)).await;
-        assert_eq!(ids(&claim_now(&store, 2).await), a[0..2], "{case}");
-        let h = enqueue(&pool, &table, &[high()]).await[0];
+        let b = Backlog::new(&pool, 4, |o| o.claim_cursor(cursor)).await;
+        let a = &b.jobs;
+        assert_eq!(b.claim(2).await, a[0..2], "{case}");
+        let h = b.enqueue_high().await;
         let conditions = vec![PgCondition::new("jobs.kind = {}").bind("k")];
-        let next = store
+        let next = b
+            .store
             .claim(ClaimParams {
                 limit: 2,
                 worker: "w",
@@ -154,27 +175,25 @@ async fn without_a_cursor_or_with_conditions_every_claim_reads_from_the_start() 
 async fn without_a_priority_column_the_cursor_is_a_key() {
     let test = "without_a_priority_column_the_cursor_is_a_key";
     let Some(pool) = pool(test).await else { return };
-    let table = fresh_table(&pool).await;
-    let options = table
-        .store_options()
-        .without(Column::Priority)
-        .expect("priority is optional")
-        .claim_cursor(NEVER);
-    let store = store(&pool, options).await;
-    let a = enqueue(&pool, &table, &low(5)).await;
+    let b = Backlog::new(&pool, 5, |o| {
+        o.without(Column::Priority)
+            .expect("priority is optional")
+            .claim_cursor(NEVER)
+    })
+    .await;
+    let a = &b.jobs;
 
-    let first = claim_now(&store, 2).await;
+    let first = claim_now(&b.store, 2).await;
     assert_eq!(ids(&first), a[0..2]);
-    let job = first.into_iter().next().expect("a job");
-    release(&store, job).await;
+    release(&b.store, first.into_iter().next().expect("a job")).await;
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         a[2..4],
         "after the cursor's key, passing over the job handed back"
     );
-    assert_eq!(ids(&claim_now(&store, 2).await), a[4..5], "short");
+    assert_eq!(b.claim(2).await, a[4..5], "short");
     assert_eq!(
-        ids(&claim_now(&store, 2).await),
+        b.claim(2).await,
         [a[0]],
         "from the start: the job handed back"
     );

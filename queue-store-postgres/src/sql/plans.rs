@@ -10,7 +10,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
 use super::catalog;
-use super::{Statement, Statements};
+use super::{Statement, Statements, TableShape};
 use crate::{CompletedJobs, JobTable};
 
 async fn pool(test: &str) -> Option<PgPool> {
@@ -21,6 +21,37 @@ async fn pool(test: &str) -> Option<PgPool> {
         .await
         .unwrap_or_else(|e| panic!("{test}: cannot connect to DATABASE_URL: {e}"));
     Some(pool)
+}
+
+/// A default table of `jobs` jobs in a schema of its own (`prefix` and the
+/// process id), with the shape the store reads from the catalog.
+async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, TableShape) {
+    let schema = format!("{prefix}_{}", std::process::id());
+    let table = JobTable::new(&schema, "jobs").expect("valid names");
+    table.migrate(pool).await.expect("the default table");
+    sqlx::query(&format!(
+        "INSERT INTO {} (kind) SELECT 'k' FROM generate_series(1, {jobs})",
+        table.name().quoted()
+    ))
+    .execute(pool)
+    .await
+    .expect("jobs");
+    let (shape, _) = catalog::inspect(pool, &table.store_options(), &["bigint"])
+        .await
+        .expect("the table's shape");
+    (table, shape)
+}
+
+/// Drops the schema of a [`scratch_table`] (when its test passed; the
+/// cluster under `test-pg` is thrown away anyway).
+async fn drop_scratch(pool: &PgPool, table: &JobTable) {
+    sqlx::query(&format!(
+        "DROP SCHEMA {} CASCADE",
+        table.name().schema.quoted()
+    ))
+    .execute(pool)
+    .await
+    .expect("dropping the test schema");
 }
 
 /// The generic plan Postgres caches for `statement` (every parameter
@@ -51,21 +82,9 @@ async fn generic_plan(connection: &mut PgConnection, statement: &Statement) -> S
 async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
     let test = "the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key";
     let Some(pool) = pool(test).await else { return };
-    let schema = format!("queue_plans_{}", std::process::id());
-    let table = JobTable::new(&schema, "jobs").expect("valid names");
-    table.migrate(&pool).await.expect("the default table");
-    let t = table.name().quoted();
-    sqlx::query(&format!(
-        "INSERT INTO {t} (kind) SELECT 'k' FROM generate_series(1, 100000)"
-    ))
-    .execute(&pool)
-    .await
-    .expect("jobs");
-
     // The table's shape is the same for both statements and all statistics.
-    let (shape, _) = catalog::inspect(&pool, &table.store_options(), &["bigint"])
-        .await
-        .expect("the table's shape");
+    let (table, shape) = scratch_table(&pool, "queue_plans", 100_000).await;
+    let t = table.name().quoted();
     let mut connection = pool.acquire().await.expect("a connection");
     // Statistics taken while a fifth of the jobs were in flight (where a
     // second condition on the keys made the plan quadratic) and while none
@@ -104,10 +123,7 @@ async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
         }
     }
     drop(connection);
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .expect("dropping the test schema");
+    drop_scratch(&pool, &table).await;
 }
 
 /// The blocks the claim index's scan touched in `EXPLAIN (ANALYZE, BUFFERS,
@@ -130,22 +146,16 @@ fn claim_index_blocks(plan: &serde_json::Value) -> Option<u64> {
 async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     let test = "a_claim_at_the_cursor_starts_its_index_scan_there";
     let Some(pool) = pool(test).await else { return };
-    let schema = format!("queue_cursor_plans_{}", std::process::id());
-    let table = JobTable::new(&schema, "jobs").expect("valid names");
-    table.migrate(&pool).await.expect("the default table");
+    let (table, shape) = scratch_table(&pool, "queue_cursor_plans", 20_000).await;
     let t = table.name().quoted();
-    // 20,000 jobs, the first half claimed and completed: their entries in
-    // the claim index point at rows that are no longer claimable.
+    // The first half claimed and completed: their entries in the claim
+    // index point at rows that are no longer claimable.
     for sql in [
-        format!("INSERT INTO {t} (kind) SELECT 'k' FROM generate_series(1, 20000)"),
         format!("UPDATE {t} SET state = 'completed' WHERE id <= 10000"),
         format!("ANALYZE {t}"),
     ] {
         sqlx::query(&sql).execute(&pool).await.expect(&sql);
     }
-    let (shape, _) = catalog::inspect(&pool, &table.store_options(), &["bigint"])
-        .await
-        .expect("the table's shape");
     let statements = Statements::new(&table.store_options(), &shape);
     let from_start = statements.claim(&[], 48);
     let at_cursor = statements.claim_after_cursor(48).expect("a cursor");
@@ -192,8 +202,5 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
         "blocks read by the claim index scan, from the start and at the cursor: {blocks:?}"
     );
     drop(connection);
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await
-        .expect("dropping the test schema");
+    drop_scratch(&pool, &table).await;
 }
