@@ -9,11 +9,15 @@
 //! statements the first time it runs one; if they never stick (a pooler that
 //! hands out another server connection per transaction), the store goes
 //! back to four bound statements for good.
+//!
+//! Under load a job's lock usually rides on another job's commit instead of
+//! a round trip of its own (see [`crate::ride`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use chrono::{DateTime, SecondsFormat, Utc};
+use futures_util::StreamExt;
 use queue_core::{Lease, StoreError, WriteResult};
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
@@ -24,6 +28,7 @@ use crate::completer::{run_finish, FinishRow};
 use crate::error::store_error;
 use crate::options::StateValues;
 use crate::record::PgKey;
+use crate::ride::{Arrival, OpenGuard, Rides};
 use crate::sql::prepared::NOT_HELD;
 use crate::sql::{literal, Param, Statements};
 use crate::stash::Stash;
@@ -56,6 +61,8 @@ struct OpenTransaction {
     /// Whether the connection has the prepared statements (the transaction
     /// was opened by one).
     prepared: bool,
+    /// Counts the transaction as open for the store's rides.
+    _open: Option<OpenGuard>,
 }
 
 /// The claim a job store's transaction locks.
@@ -66,6 +73,8 @@ pub(crate) struct JobClaim<K> {
     pub lease: Lease<K>,
     pub stash: Arc<Stash>,
     pub prepared: Arc<PreparedStatements>,
+    /// Where locks ride on other jobs' commits; `None` when they never do.
+    pub rides: Option<Arc<Rides>>,
 }
 
 /// Whether the store's job transactions use statements prepared in SQL.
@@ -327,6 +336,19 @@ async fn open<K: PgKey>(
     Ok(open_bound(conn, claim).await?.then_some(false))
 }
 
+/// Hands the job's lock to the next commit when that is worth it: `None`
+/// when it is not (the job locks by itself).
+async fn ride<K: PgKey>(claim: &JobClaim<K>) -> Result<Option<Arrival>, StoreError> {
+    let Some(rides) = &claim.rides else {
+        return Ok(None);
+    };
+    if !claim.prepared.usable() || !rides.worth_riding() {
+        return Ok(None);
+    }
+    let ticket = rides.board(execute_lock(claim)?);
+    Ok(Some(rides.arrive(ticket).await))
+}
+
 fn not_held<K: PgKey>(lease: &Lease<K>) -> StoreError {
     StoreError::Conflict {
         context: format!("locking job {}", lease.id),
@@ -360,13 +382,32 @@ impl<K: PgKey> PgJobStore<K> {
                     "this job has no transaction: the store runs in lease mode (write through pool())".into(),
                 ));
             };
+            let count_open = || claim.rides.as_ref().map(|rides| rides.opened());
+            match ride(claim).await? {
+                Some(Arrival::Locked(conn)) => {
+                    self.tx = Some(OpenTransaction {
+                        conn,
+                        prepared: true,
+                        _open: count_open(),
+                    });
+                    return self.open_connection();
+                }
+                Some(Arrival::NotHeld) => return Err(not_held(&claim.lease)),
+                Some(Arrival::Missed) | None => {}
+            }
             let mut conn = claim
                 .stash
                 .take_for_job()
                 .await
                 .map_err(|e| store_error("opening a job's transaction", e))?;
             match open(&mut conn, claim).await {
-                Ok(Some(prepared)) => self.tx = Some(OpenTransaction { conn, prepared }),
+                Ok(Some(prepared)) => {
+                    self.tx = Some(OpenTransaction {
+                        conn,
+                        prepared,
+                        _open: count_open(),
+                    })
+                }
                 Ok(None) => {
                     // The lock's transaction is over already.
                     claim.stash.put(conn);
@@ -428,7 +469,8 @@ impl<K: PgKey> PgJobStore<K> {
 
 /// `EXECUTE complete(..); COMMIT AND CHAIN` in one round trip: the
 /// handler's writes and the completion commit together, or roll back if the
-/// job moved on.
+/// job moved on. A lock waiting to ride goes along (`; EXECUTE lock(..)`),
+/// and the connection then goes on to its job.
 async fn commit_prepared<K: PgKey>(
     mut conn: PoolConnection<Postgres>,
     claim: &JobClaim<K>,
@@ -442,28 +484,90 @@ async fn commit_prepared<K: PgKey>(
         discard(conn);
         return Err(unbound());
     };
-    match conn
-        .execute(sqlx::raw_sql(&format!("{complete}; COMMIT AND CHAIN")))
-        .await
+    let ride = claim.rides.as_ref().and_then(|rides| rides.take());
+    let Some(ride) = ride else {
+        return match conn
+            .execute(sqlx::raw_sql(&format!("{complete}; COMMIT AND CHAIN")))
+            .await
+        {
+            Ok(_) => {
+                // Committed. The connection is in the empty transaction the
+                // chain opened, which sqlx still counts as the job's: the
+                // next job's transaction on it needs no `BEGIN` (and the
+                // stash rolls it back if the connection goes to the pool
+                // instead).
+                claim.stash.put(conn);
+                Ok(WriteResult::Applied)
+            }
+            Err(error) => failed_commit(conn, claim, row, error).await,
+        };
+    };
+    let text = format!("{complete}; COMMIT AND CHAIN; {}", ride.lock);
+    // Statements that completed before an error: the completion and the
+    // `COMMIT` mean the job committed whatever became of the lock.
+    let mut completed = 0;
+    let mut failure = None;
     {
-        Ok(_) => {
-            // Committed. The connection is in the empty transaction the
-            // chain opened, which sqlx still counts as the job's: the next
-            // job's transaction on it needs no `BEGIN` (and the stash
-            // rolls it back if the connection goes to the pool instead).
-            claim.stash.put(conn);
+        let mut results = conn.fetch_many(sqlx::raw_sql(&text));
+        while let Some(result) = results.next().await {
+            match result {
+                Ok(sqlx::Either::Left(_)) => completed += 1,
+                Ok(sqlx::Either::Right(_)) => {}
+                Err(error) => {
+                    failure = Some(error);
+                    break;
+                }
+            }
+        }
+    }
+    match failure {
+        None => {
+            if let Err(Arrival::Locked(conn)) = ride.deliver(Arrival::Locked(conn)) {
+                // The rider is gone: its lock goes with a rollback.
+                if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+                    tracing::warn!(%error, "rolling back an abandoned job's lock failed; the connection is closed");
+                }
+            }
             Ok(WriteResult::Applied)
         }
-        Err(error) if is_not_held(&error) => {
+        Some(error) if completed >= 2 => {
+            // Committed; the rider's lock failed.
+            let arrival = if is_not_held(&error) {
+                Arrival::NotHeld
+            } else {
+                tracing::warn!(%error, "a job's lock riding on a commit failed; it locks by itself");
+                Arrival::Missed
+            };
+            // A rider that is gone has nothing to learn.
+            let _ = ride.deliver(arrival);
             if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
-                tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
+                tracing::warn!(%error, "rolling back a failed lock failed; the connection is closed");
             }
-            Ok(WriteResult::Stale)
+            Ok(WriteResult::Applied)
         }
-        Err(error) => {
-            discard(conn);
-            Err(store_error("committing a job's transaction", error))
+        Some(error) => {
+            let _ = ride.deliver(Arrival::Missed);
+            failed_commit(conn, claim, row, error).await
         }
+    }
+}
+
+/// A job's completion and commit that failed: stale (rolled back) if the
+/// job moved on, else an error (the connection closed).
+async fn failed_commit<K: PgKey>(
+    conn: PoolConnection<Postgres>,
+    claim: &JobClaim<K>,
+    row: &FinishRow<K>,
+    error: sqlx::Error,
+) -> Result<WriteResult, StoreError> {
+    if is_not_held(&error) {
+        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+            tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
+        }
+        Ok(WriteResult::Stale)
+    } else {
+        discard(conn);
+        Err(store_error("committing a job's transaction", error))
     }
 }
 

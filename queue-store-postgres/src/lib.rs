@@ -12,6 +12,7 @@ mod job_store;
 mod listen;
 mod options;
 mod record;
+mod ride;
 mod sql;
 mod stash;
 mod store;

@@ -25,6 +25,7 @@ use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
 use crate::listen;
 use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{decode_job, Decoder, PgKey};
+use crate::ride::Rides;
 use crate::sql::{catalog, Param, Statement, Statements, CURSOR_PRIORITY_COLUMN};
 use crate::stash::Stash;
 
@@ -45,6 +46,8 @@ struct Inner<R: JobRecord> {
     absent: Vec<Column>,
     /// Where claims into a backlog start, if the store keeps a cursor.
     cursor: Option<ClaimCursor<R::Id>>,
+    /// Where job locks ride on other jobs' commits (transactional mode).
+    rides: Option<Arc<Rides>>,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -145,6 +148,10 @@ where
         }
         let sql = Arc::new(Statements::new(&options, &shape));
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
+        let rides = match options.mode {
+            ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
+            ExecutionMode::Lease => None,
+        };
         let states = Arc::new(options.states.clone());
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
@@ -171,6 +178,7 @@ where
                 completer,
                 absent,
                 cursor: options_cursor,
+                rides,
             }),
         })
     }
@@ -478,6 +486,7 @@ where
                     lease: lease.clone(),
                     stash: self.inner.stash.clone(),
                     prepared: self.inner.prepared.clone(),
+                    rides: self.inner.rides.clone(),
                 });
                 Claimed {
                     lease,

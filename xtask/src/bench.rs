@@ -199,31 +199,33 @@ pub async fn run(args: &[String]) -> Result<()> {
         );
     }
 
-    let (lease, transactional) = (ExecutionMode::Lease, ExecutionMode::Transactional);
-    let (keep, delete) = (CompletedJobs::Keep, CompletedJobs::Delete);
-    for (mode, completed, handlers, scenario, what) in [
-        (lease, keep, 16, "drain-lease", "lease, 16 handlers"),
-        (lease, keep, 64, "drain-lease", "lease, 64 handlers"),
-        (lease, delete, 16, "drain-lease", DELETING_LEASE),
+    for (setup, handlers, scenario, what) in [
+        (LEASE, 16, "drain-lease", "lease, 16 handlers"),
+        (LEASE, 64, "drain-lease", "lease, 64 handlers"),
+        (LEASE_DELETING, 16, "drain-lease", DELETING_LEASE),
         (
-            transactional,
-            keep,
+            TRANSACTIONAL,
             16,
             "drain-transactional",
             "transactional, 16 handlers",
         ),
         (
-            transactional,
-            keep,
+            TRANSACTIONAL,
             64,
             "drain-transactional",
             "transactional, 64 handlers",
+        ),
+        (
+            TRANSACTIONAL_RIDING,
+            64,
+            "drain-transactional",
+            "transactional, 64 handlers, lock rides (1 ms)",
         ),
     ] {
         if !selection.runs(scenario) {
             continue;
         }
-        let drained = drain(&pool, mode, completed, handlers, sizes.drain_jobs).await?;
+        let drained = drain(&pool, setup, handlers, sizes.drain_jobs).await?;
         let cpu = drained
             .cpu
             .map(|c| {
@@ -592,13 +594,39 @@ fn drain_options(handlers: usize) -> WorkerOptions {
         .prefetch(4 * handlers)
 }
 
-async fn drain(
-    pool: &PgPool,
+/// How a drain's store is set up.
+#[derive(Debug, Clone, Copy)]
+struct StoreSetup {
     mode: ExecutionMode,
     completed: CompletedJobs,
-    handlers: usize,
-    n: usize,
-) -> Result<Drained> {
+    /// Transactional mode: whether job locks ride on other jobs' commits.
+    lock_rides: bool,
+}
+
+const LEASE: StoreSetup = StoreSetup {
+    mode: ExecutionMode::Lease,
+    completed: CompletedJobs::Keep,
+    lock_rides: false,
+};
+const LEASE_DELETING: StoreSetup = StoreSetup {
+    completed: CompletedJobs::Delete,
+    ..LEASE
+};
+const TRANSACTIONAL: StoreSetup = StoreSetup {
+    mode: ExecutionMode::Transactional,
+    ..LEASE
+};
+const TRANSACTIONAL_RIDING: StoreSetup = StoreSetup {
+    lock_rides: true,
+    ..TRANSACTIONAL
+};
+
+async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> Result<Drained> {
+    let StoreSetup {
+        mode,
+        completed,
+        lock_rides,
+    } = setup;
     let table = fresh_table(pool, "drain").await?;
     let first_id = enqueue_all(pool, &table, n, "noop").await?;
     sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
@@ -613,7 +641,11 @@ async fn drain(
         .await?;
     let store = PgStore::default_table(
         store_pool.clone(),
-        table.store_options().mode(mode).completed_jobs(completed),
+        table
+            .store_options()
+            .mode(mode)
+            .completed_jobs(completed)
+            .lock_rides(lock_rides.then_some(Duration::from_millis(1))),
     )
     .await?;
     tokio::time::sleep(Duration::from_millis(1100)).await; // let statistics settle
@@ -1084,12 +1116,8 @@ async fn head_to_head(
             .find(|r| r.scenario == "drain, 16 handlers")
             .context("graphile_worker printed no drain figure")?;
         theirs.push(peer.value);
-        for (completed, figures) in [
-            (CompletedJobs::Keep, &mut ours),
-            (CompletedJobs::Delete, &mut ours_deleting),
-        ] {
-            let drained =
-                drain(pool, ExecutionMode::Lease, completed, 16, sizes.drain_jobs).await?;
+        for (setup, figures) in [(LEASE, &mut ours), (LEASE_DELETING, &mut ours_deleting)] {
+            let drained = drain(pool, setup, 16, sizes.drain_jobs).await?;
             figures.push(drained.jobs_per_second);
         }
     }
@@ -1132,26 +1160,14 @@ async fn alternating(
         println!("alternating: round {round} of {rounds}");
         ceiling.push(pgbench(pg, sizes.pgbench_seconds).await?);
         lease.push(
-            drain(
-                pool,
-                ExecutionMode::Lease,
-                CompletedJobs::Keep,
-                16,
-                sizes.drain_jobs,
-            )
-            .await?
-            .jobs_per_second,
+            drain(pool, LEASE, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
         );
         transactional.push(
-            drain(
-                pool,
-                ExecutionMode::Transactional,
-                CompletedJobs::Keep,
-                16,
-                sizes.drain_jobs,
-            )
-            .await?
-            .jobs_per_second,
+            drain(pool, TRANSACTIONAL, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
         );
     }
     for (what, unit, values) in [
@@ -1300,7 +1316,9 @@ fn benchmarks_doc(report: &str) -> String {
          `pg_stat_database`; CPU per job from `/proc` (the worker process, and the rest of the \
          machine, which is Postgres). The lease drain also runs once more at 16 handlers with \
          `CompletedJobs::Delete` (a job that succeeds is deleted, as graphile_worker does, \
-         instead of kept as completed).\n\
+         instead of kept as completed), and the transactional drain once more at 64 handlers \
+         with lock rides on (`PgStoreOptions::lock_rides`, 1 ms: a job's lock rides on another \
+         job's commit).\n\
          - **wake**: idle workers; 500 jobs enqueued one by one at ~50/s; time from the enqueue's \
          commit to the handler's start.\n\
          - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
@@ -1381,8 +1399,16 @@ fn benchmarks_doc(report: &str) -> String {
          A handler's slot stays taken until its job commits: when it took the next job while \
          the last one committed, commits piled up beyond the pool, and 18 % of jobs paid a \
          `ROLLBACK` and a `BEGIN` for a connection that had gone back to the pool (the \
-         transactional drain was 14-19 % slower in alternating runs). A handler that does not ask for the job's transaction pays none of this and drains \
-         like lease mode.\n\
+         transactional drain was 14-19 % slower in alternating runs). A handler that does not \
+         ask for the job's transaction pays none of this and drains like lease mode. At 64 \
+         handlers the server's CPU is the limit (64 connections on two cores), and the drain is \
+         slower than at 16; there lock rides save a round trip per job: a handler asking for \
+         its transaction hands its lock to the next job's commit (`EXECUTE complete(..); COMMIT \
+         AND CHAIN; EXECUTE lock(..)`), which hands its connection on. In alternating runs rides \
+         took 64 handlers from 5,000-5,900 to 6,000-8,800 jobs/s, and 16 handlers from 6,700-7,200 \
+         down to 6,200-7,100: a rider's lock arrives only after the carrying commit's WAL \
+         flush, later than its own round trip would bring it, which costs where the handlers' \
+         waits, not the CPU, limit the drain. Hence rides are off by default.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
          sent at commit and the worker claims at once.\n\
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
