@@ -10,8 +10,8 @@
 //! hands out another server connection per transaction), the store goes
 //! back to four bound statements for good.
 //!
-//! Under load a job's lock usually rides on another job's commit instead of
-//! a round trip of its own (see [`crate::ride`]).
+//! With lock rides on (off by default), a job's lock may instead ride on
+//! another job's commit, saving its round trip (see [`crate::ride`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
