@@ -8,10 +8,10 @@ mod support;
 
 use std::time::Duration;
 
-use queue_core::{ClaimParams, Job, NewJob, Store, Transition, WriteResult};
+use queue_core::{ClaimParams, Job, NewJob, Store, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::{Acquire, PgPool};
-use support::{fresh_table, pool};
+use support::{complete, fresh_table, pool};
 
 async fn claim_one(store: &PgStore<Job>) -> queue_core::Claimed<PgStore<Job>> {
     store
@@ -25,18 +25,6 @@ async fn claim_one(store: &PgStore<Job>) -> queue_core::Claimed<PgStore<Job>> {
         .unwrap()
         .pop()
         .expect("a job to claim")
-}
-
-async fn complete(store: &PgStore<Job>, job: queue_core::Claimed<PgStore<Job>>) -> WriteResult {
-    store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .unwrap()
 }
 
 async fn side_table(pool: &PgPool, table: &JobTable) -> String {

@@ -10,10 +10,10 @@
 
 mod support;
 
-use queue_core::{Claimed, JobRecord, JobState, Store, Transition, WriteResult};
+use queue_core::{Claimed, JobRecord, JobState, Store, WriteResult};
 use queue_store_postgres::{ExecutionMode, PgStore, PgStoreOptions};
 use sqlx::PgPool;
-use support::{awkward_schema, claim_now, pool};
+use support::{awkward_schema, backend_pid, claim_now, complete, pool};
 
 /// A row of the keyed table: a text key and nothing else the handler needs.
 #[derive(Debug, sqlx::FromRow)]
@@ -89,26 +89,6 @@ async fn keyed_store(pool: &PgPool, schema: &str, prepared: bool) -> PgStore<Key
     PgStore::new(pool.clone(), options)
         .await
         .expect("a store over the keyed table")
-}
-
-/// Completes a claimed job.
-async fn complete(store: &PgStore<Keyed>, job: Claimed<PgStore<Keyed>>) -> WriteResult {
-    store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .expect("the completion")
-}
-
-async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(conn)
-        .await
-        .unwrap()
 }
 
 /// Writes a note in the job's transaction and completes the job.

@@ -11,10 +11,10 @@ mod support;
 
 use std::time::Duration;
 
-use queue_core::{Claimed, Job, NewJob, Store, StoreError, Transition, WriteResult};
+use queue_core::{Claimed, Job, NewJob, StoreError, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{claim_now, fresh_table, pool};
+use support::{backend_pid, claim_now, complete, fresh_table, pool};
 
 /// Three claimed jobs on a store whose locks ride (waiting up to a minute,
 /// so no ride in these tests ends for lack of time), after one commit so
@@ -123,25 +123,6 @@ impl Riding {
         .await;
         locked.is_ok()
     }
-}
-
-async fn complete(store: &PgStore<Job>, job: Claimed<PgStore<Job>>) -> WriteResult {
-    store
-        .finish(
-            job.job_store,
-            &job.lease,
-            Transition::Complete,
-            chrono::Utc::now(),
-        )
-        .await
-        .expect("the completion")
-}
-
-async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
-    sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(conn)
-        .await
-        .expect("the backend's pid")
 }
 
 #[tokio::test]

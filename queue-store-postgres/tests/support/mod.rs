@@ -37,6 +37,31 @@ where
         .expect("a claim")
 }
 
+/// Completes a claimed job now; panics if the store fails to record it.
+pub async fn complete<R>(store: &PgStore<R>, job: Claimed<PgStore<R>>) -> queue_core::WriteResult
+where
+    R: JobRecord,
+    R::Id: PgKey,
+{
+    store
+        .finish(
+            job.job_store,
+            &job.lease,
+            queue_core::Transition::Complete,
+            chrono::Utc::now(),
+        )
+        .await
+        .expect("the completion")
+}
+
+/// The server process behind `conn`.
+pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
+    sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(conn)
+        .await
+        .expect("the backend's pid")
+}
+
 /// A pool on the test database, or `None` (announced) when there is none.
 pub async fn pool(test: &str) -> Option<PgPool> {
     let url = database_url(test)?;
