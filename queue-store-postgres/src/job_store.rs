@@ -503,8 +503,9 @@ async fn commit_prepared<K: PgKey>(
         };
     };
     let text = format!("{complete}; COMMIT AND CHAIN; {}", ride.lock);
-    // Statements that completed before an error: the completion and the
-    // `COMMIT` mean the job committed whatever became of the lock.
+    // Statements that completed before an error: once the completion and
+    // the `COMMIT` have, the job committed whatever became of the lock.
+    const COMMITTED: usize = 2;
     let mut completed = 0;
     let mut failure = None;
     {
@@ -530,7 +531,7 @@ async fn commit_prepared<K: PgKey>(
             }
             Ok(WriteResult::Applied)
         }
-        Some(error) if completed >= 2 => {
+        Some(error) if completed >= COMMITTED => {
             // Committed; the rider's lock failed.
             let arrival = if is_not_held(&error) {
                 Arrival::NotHeld

@@ -14,7 +14,7 @@ use std::time::Duration;
 use queue_core::{Claimed, Job, NewJob, StoreError, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{backend_pid, claim_now, complete, fresh_table, pool};
+use support::{backend_pid, claim_now, complete, count_in, fresh_table, pool};
 
 /// Three claimed jobs on a store whose locks ride (waiting up to a minute,
 /// so no ride in these tests ends for lack of time), after one commit so
@@ -100,6 +100,19 @@ impl Riding {
         complete(&self.store, rider).await
     }
 
+    /// Queues the job again behind the worker's back, as the resetter
+    /// would: its claim no longer holds it.
+    async fn move_on(&self, id: i64) {
+        sqlx::query(&format!(
+            "UPDATE {} SET state = 'queued' WHERE id = $1",
+            self.table.name()
+        ))
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("the job moved on");
+    }
+
     async fn state(&self, id: i64) -> String {
         sqlx::query_scalar(&format!(
             "SELECT state FROM {} WHERE id = $1",
@@ -158,14 +171,7 @@ async fn a_rider_whose_job_moved_on_learns_it_and_the_carrier_still_commits() {
     };
     let mut riding = Riding::new(&pool).await;
     // Reset behind the worker's back, as the resetter would.
-    sqlx::query(&format!(
-        "UPDATE {} SET state = 'queued' WHERE id = $1",
-        riding.table.name()
-    ))
-    .bind(riding.rider_id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    riding.move_on(riding.rider_id).await;
     let (rider, carried) = riding.ride().await;
     assert!(
         matches!(rider, Err(StoreError::Conflict { .. })),
@@ -183,14 +189,7 @@ async fn a_rider_on_a_commit_that_fails_locks_by_itself() {
     };
     let mut riding = Riding::new(&pool).await;
     // The carrier's job moves on: its completion finds it no longer held.
-    sqlx::query(&format!(
-        "UPDATE {} SET state = 'queued' WHERE id = $1",
-        riding.table.name()
-    ))
-    .bind(riding.carrier_id)
-    .execute(&pool)
-    .await
-    .unwrap();
+    riding.move_on(riding.carrier_id).await;
     let (rider, carried) = riding.ride().await;
     assert_eq!(carried, WriteResult::Stale, "the carrier's commit failed");
     rider.expect("the rider locked by itself");
@@ -282,20 +281,7 @@ async fn a_worker_whose_locks_ride_commits_each_jobs_writes_once_with_its_comple
     )
     .expect("valid options");
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    let count = |state: &'static str| {
-        let sql = format!(
-            "SELECT count(*) FROM {} WHERE state = $1",
-            table.name().quoted()
-        );
-        let pool = pool.clone();
-        async move {
-            sqlx::query_scalar::<_, i64>(&sql)
-                .bind(state)
-                .fetch_one(&pool)
-                .await
-                .expect("count")
-        }
-    };
+    let count = |state| count_in(&pool, &table, state);
     let deadline = std::time::Instant::now() + Duration::from_secs(60);
     while count("completed").await + count("failed").await < 1000 {
         assert!(

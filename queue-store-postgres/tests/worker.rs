@@ -13,7 +13,7 @@ use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, JobState
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use sqlx::PgPool;
-use support::{fresh_table, fresh_table_named, pool};
+use support::{count_in, fresh_table, fresh_table_named, pool};
 use tokio::task::JoinHandle;
 
 type Running = (
@@ -68,18 +68,6 @@ async fn wait_for(
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-}
-
-async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
-    let sql = format!(
-        "SELECT count(*) FROM {} WHERE state = $1",
-        table.name().quoted()
-    );
-    sqlx::query_scalar(&sql)
-        .bind(state)
-        .fetch_one(pool)
-        .await
-        .expect("count")
 }
 
 fn options(handlers: usize) -> WorkerOptions {

@@ -599,14 +599,15 @@ fn drain_options(handlers: usize) -> WorkerOptions {
 struct StoreSetup {
     mode: ExecutionMode,
     completed: CompletedJobs,
-    /// Transactional mode: whether job locks ride on other jobs' commits.
-    lock_rides: bool,
+    /// Transactional mode: how long job locks may wait to ride on other
+    /// jobs' commits (`None`: they never do).
+    lock_rides: Option<Duration>,
 }
 
 const LEASE: StoreSetup = StoreSetup {
     mode: ExecutionMode::Lease,
     completed: CompletedJobs::Keep,
-    lock_rides: false,
+    lock_rides: None,
 };
 const LEASE_DELETING: StoreSetup = StoreSetup {
     completed: CompletedJobs::Delete,
@@ -617,7 +618,7 @@ const TRANSACTIONAL: StoreSetup = StoreSetup {
     ..LEASE
 };
 const TRANSACTIONAL_RIDING: StoreSetup = StoreSetup {
-    lock_rides: true,
+    lock_rides: Some(Duration::from_millis(1)),
     ..TRANSACTIONAL
 };
 
@@ -645,7 +646,7 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
             .store_options()
             .mode(mode)
             .completed_jobs(completed)
-            .lock_rides(lock_rides.then_some(Duration::from_millis(1))),
+            .lock_rides(lock_rides),
     )
     .await?;
     tokio::time::sleep(Duration::from_millis(1100)).await; // let statistics settle

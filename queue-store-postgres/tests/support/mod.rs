@@ -54,6 +54,19 @@ where
         .expect("the completion")
 }
 
+/// How many jobs of `table` are in `state` (its stored value).
+pub async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
+    let sql = format!(
+        "SELECT count(*) FROM {} WHERE state = $1",
+        table.name().quoted()
+    );
+    sqlx::query_scalar(&sql)
+        .bind(state)
+        .fetch_one(pool)
+        .await
+        .expect("count")
+}
+
 /// The server process behind `conn`.
 pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
     sqlx::query_scalar("SELECT pg_backend_pid()")
