@@ -12,6 +12,10 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, ensure, Context, Result};
 
+#[path = "../../cpu.rs"]
+mod cpu;
+use cpu::CpuSample;
+
 const HANDLERS: usize = 16;
 
 /// What the handlers record, for the running scenario.
@@ -131,6 +135,15 @@ where
     Ok(committed)
 }
 
+/// `; CPU/job: ...` since `before`, for a drain's note (empty where `/proc`
+/// is not Linux's).
+fn cpu_note(before: Option<CpuSample>, jobs: usize) -> String {
+    before
+        .zip(CpuSample::now())
+        .map(|(a, b)| format!("; {}", a.per_job(b, jobs)))
+        .unwrap_or_default()
+}
+
 fn report(peer: &str, scenario: &str, value: f64, unit: &str, note: &str) {
     println!("{peer}\t{scenario}\t{value:.1}\t{unit}\t{note}");
 }
@@ -140,6 +153,16 @@ fn report_wake(peer: &str, n: usize, (p50, p99, max): (f64, f64, f64)) {
     report(peer, "wake p50", p50, "ms", &note);
     report(peer, "wake p99", p99, "ms", "");
     report(peer, "wake max", max, "ms", "");
+}
+
+/// What the project's own drain does between enqueueing and timing, done
+/// for every peer alike: `VACUUM ANALYZE` the peer's (fresh) database, so
+/// that no autovacuum of the just-inserted jobs runs during the timed drain
+/// and the planner knows the table, then let the statistics settle.
+async fn settle(pool: &sqlx::PgPool) -> Result<()> {
+    sqlx::query("VACUUM ANALYZE").execute(pool).await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    Ok(())
 }
 
 /// A fresh database for one peer; returns its URL.
@@ -204,8 +227,10 @@ mod graphile {
         for chunk in all.chunks(5000) {
             utils.add_jobs::<Noop>(chunk).await?;
         }
+        settle(&pool).await?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
+        let cpu0 = CpuSample::now();
         let running = tokio::spawn({
             let w = w.clone();
             async move { w.run().await }
@@ -213,6 +238,7 @@ mod graphile {
         wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
         wait_for_completions(&pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
         let elapsed = started.elapsed();
+        let cpu = cpu_note(cpu0, jobs);
         w.request_shutdown();
         let _ = running.await?;
         check_exactly_once("graphile_worker", &s)?;
@@ -221,7 +247,7 @@ mod graphile {
             "drain, 16 handlers",
             jobs as f64 / elapsed.as_secs_f64(),
             "jobs/s",
-            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion"),
+            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion{cpu}"),
         );
         // Wake latency.
         if wake_jobs == 0 {
@@ -338,12 +364,15 @@ mod mq {
             .await?;
         migrate(&pool).await?;
         spawn_all(&pool, 0, jobs).await?;
+        settle(&pool).await?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
+        let cpu0 = CpuSample::now();
         let handle = start(&pool).await?;
         wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
         wait_for_completions(&pool, PENDING).await?;
         let elapsed = started.elapsed();
+        let cpu = cpu_note(cpu0, jobs);
         let mut handle = handle;
         handle.stop().await;
         check_exactly_once("sqlxmq", &s)?;
@@ -352,7 +381,7 @@ mod mq {
             "drain, 16 handlers",
             jobs as f64 / elapsed.as_secs_f64(),
             "jobs/s",
-            &format!("{jobs} jobs, exactly once"),
+            &format!("{jobs} jobs, exactly once{cpu}"),
         );
         if wake_jobs == 0 {
             return Ok(());
@@ -419,8 +448,10 @@ mod apalis_pg {
             let mut items = stream::iter((start..end).map(|i| TaskBuilder::new(i).build()));
             backend.push_all(&mut items).await?;
         }
+        settle(&checker).await?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
+        let cpu0 = CpuSample::now();
         let (stop, stopped) = tokio::sync::oneshot::channel();
         let running = tokio::spawn({
             let pool = pool.clone();
@@ -429,6 +460,7 @@ mod apalis_pg {
         wait_for_handlers(&s, jobs, Duration::from_secs(900)).await?;
         wait_for_completions(&checker, PENDING).await?;
         let elapsed = started.elapsed();
+        let cpu = cpu_note(cpu0, jobs);
         let _ = stop.send(());
         let _ = running.await?;
         check_exactly_once("apalis", &s)?;
@@ -437,7 +469,7 @@ mod apalis_pg {
             "drain, 16 handlers",
             jobs as f64 / elapsed.as_secs_f64(),
             "jobs/s",
-            &format!("{jobs} jobs, exactly once; pubsub"),
+            &format!("{jobs} jobs, exactly once; pubsub{cpu}"),
         );
         if wake_jobs == 0 {
             return Ok(());
