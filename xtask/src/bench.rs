@@ -354,12 +354,10 @@ pub async fn run(args: &[String]) -> Result<()> {
     Ok(())
 }
 
-/// One lease drain, not reported, then a checkpoint. A fresh cluster
-/// creates a new WAL segment file for every 16 MB written until its first
-/// checkpoint recycles the old ones, and starts with cold caches: without
-/// this, whichever scenario ran first paid for that (the first drain measured
-/// about a fifth slower than the same drain later in the run, with about
-/// two fifths more CPU per job).
+/// One lease drain, not reported, then a checkpoint, so that no measured
+/// scenario pays for a fresh cluster's cold caches and its first WAL segment
+/// files (a new cluster creates a new file for every 16 MB of WAL until a
+/// checkpoint recycles old ones).
 async fn warm_up(pool: &PgPool, sizes: &Sizes) -> Result<()> {
     println!("warming up: one lease drain, then a checkpoint");
     drain(pool, LEASE, 16, sizes.drain_jobs).await?;
@@ -1264,7 +1262,7 @@ fn benchmarks_doc(report: &str) -> String {
          All scenarios run against the same throwaway PostgreSQL cluster with default \
          durability (fsync and synchronous_commit on), one after the other.\n\n\
          A fresh cluster is warmed up first: one lease drain, not reported, then a \
-         checkpoint (before it, whichever scenario ran first measured about a fifth slower).\n\n\
+         checkpoint.\n\n\
          - **ceiling**: pgbench, single-row `UPDATE` by key, 8 clients: the best a design that \
          spends one transaction per job can do.\n\
          - **drain**: 100,000 no-op jobs enqueued in batches, then drained by one worker process; \
@@ -1373,26 +1371,26 @@ fn benchmarks_doc(report: &str) -> String {
          down to 6,200-7,100: a rider's lock arrives only after the carrying commit's WAL \
          flush, later than its own round trip would bring it, which costs where the handlers' \
          waits, not the CPU, limit the drain. Hence rides are off by default.\n\
-         - **Versus graphile_worker** (16 handlers, a local queue of 64 each): graphile_worker \
-         uses more CPU per job (about 12 µs in its worker and 29 µs in the rest of the machine, \
-         against 10-11 and 20-24 here), and it keeps the cores only about half busy: it fetches \
-         its next 64 jobs only once its local queue is empty, one fetch at a time. This drain \
-         keeps them about four fifths busy, with two claims in flight. Busier than that it \
-         cannot get while at most 80 jobs are in hand: a slot is held from the moment its \
-         claim is sent until its handler is done, so throughput is about 80 ÷ (claim round \
-         trip + 0.1 ms). Under this load a claim's round trip is 1.2-1.6 ms, and it hardly \
-         depends on the claim's size: claims of 24-35 rows, three or four in flight, took as \
-         long as claims of 46 rows and drained 10-20 % slower. Most of the round trip is the \
-         backend and the worker waiting for a core. With more jobs in hand the drain is \
-         CPU-bound: 55,000-60,000 jobs/s at 64 handlers (320 jobs in hand), which is the 2× \
-         the target asks for. At 16 handlers the ratio measured 1.6-1.9× in A/B runs. \
-         Until the peers were prepared like the project's drain (vacuumed, analyzed and \
-         settled), an autovacuum of graphile_worker's fresh jobs could run during its timed \
-         drain; preparing them made it about 5 % faster. Measured on the worker with a memory \
-         store, the worker itself costs about 3.3 µs of CPU per job; the Postgres store's side \
-         of it (the claim's rows through sqlx and their decoding, the batched completer, the \
-         sockets) costs the other 7 µs. Boxing each job's task and leaving its metrics out \
-         changed neither figure measurably.\n\
+         - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In two full runs \
+         graphile_worker used 38-46 µs of CPU per job in all (12-14 µs in its worker), and this \
+         drain 29-43 µs (10-14 µs in the worker). graphile_worker keeps the cores only about \
+         half busy: it fetches its next 64 jobs only once its local queue is empty, one fetch \
+         at a time. This drain keeps them about three quarters busy, with two claims in \
+         flight. It cannot get busier while at most 80 jobs are in hand: a slot is held from \
+         the moment its claim is sent until its handler is done, so throughput is about 80 ÷ \
+         (claim round trip + 0.1 ms). Under this load a claim's round trip is 1.2-1.6 ms, and \
+         it hardly depends on the claim's size: claims of 24-35 rows, three or four in flight, \
+         took as long as claims of 46 rows and drained 10-20 % slower. Most of the round trip \
+         is the backend and the worker waiting for a core. With more jobs in hand the drain \
+         is CPU-bound: 47,000-60,000 jobs/s at 64 handlers (320 jobs in hand). At 16 handlers \
+         the versus rows measured 1.68× and 1.82× in the two runs (1.85× and 1.90× deleting \
+         completed jobs). The peers are prepared like the project's drain (vacuumed, \
+         analyzed and settled); before they were, an autovacuum of graphile_worker's fresh \
+         jobs could run during its timed drain, and preparing it made it about 5 % faster. \
+         Measured with a memory store, the worker itself costs about 3.3 µs of CPU per job. \
+         The Postgres store's share of the worker's CPU (the claim's rows through sqlx and \
+         their decoding, the batched completer, the sockets) is the other 7 µs. Boxing each \
+         job's task, or leaving out its metrics, changed neither figure measurably.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
          sent at commit and the worker claims at once.\n\
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
