@@ -53,7 +53,7 @@ const FULL: Sizes = Sizes {
     growth_rows: [0, 1_000_000, 10_000_000],
     scheduled_rows: 200_000,
     single_enqueues: 5_000,
-    rounds: 3,
+    rounds: 5,
 };
 
 const QUICK: Sizes = Sizes {
@@ -1289,7 +1289,7 @@ fn benchmarks_doc(report: &str) -> String {
          them and reads its row (`docs/existing-tables.md`, \"What makes claims slower\", \
          has the order and index that avoid it).\n\
          - **alternate**: the ceiling and both drains at 16 handlers once more, one after the \
-         other for three rounds, medians; the targets' ratios to the ceiling are taken from \
+         other for five rounds, medians; the targets' ratios to the ceiling are taken from \
          these, so that the machine's drift hits the ceiling and the drains alike.\n\
          - **peers** (`--peers`): the same drain and wake scenarios for graphile_worker, sqlxmq \
          and apalis, each in a database of its own on the same server. Each peer's drain is \
@@ -1297,7 +1297,7 @@ fn benchmarks_doc(report: &str) -> String {
          vacuumed and analyzed, and it gets 1.1 s to settle before the timed drain; its CPU per \
          job is sampled the same way. Then the **versus** rows: \
          the lease drain at 16 handlers (keeping completed jobs, the default, and deleting \
-         them) and graphile_worker's, alternating for three rounds, medians (the ratio to \
+         them) and graphile_worker's, alternating for five rounds, medians (the ratio to \
          graphile_worker's target is taken from these, so that the machine's drift hits both \
          alike).\n\n\
          {report}\n\
@@ -1371,8 +1371,8 @@ fn benchmarks_doc(report: &str) -> String {
          down to 6,200-7,100: a rider's lock arrives only after the carrying commit's WAL \
          flush, later than its own round trip would bring it, which costs where the handlers' \
          waits, not the CPU, limit the drain. Hence rides are off by default.\n\
-         - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In two full runs \
-         graphile_worker used 38-46 µs of CPU per job in all (12-14 µs in its worker), and this \
+         - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In three full runs \
+         graphile_worker used 38-55 µs of CPU per job in all (12-16 µs in its worker), and this \
          drain 29-43 µs (10-14 µs in the worker). graphile_worker keeps the cores only about \
          half busy: it fetches its next 64 jobs only once its local queue is empty, one fetch \
          at a time. This drain keeps them about three quarters busy, with two claims in \
@@ -1383,7 +1383,7 @@ fn benchmarks_doc(report: &str) -> String {
          took as long as claims of 46 rows and drained 10-20 % slower. Most of the round trip \
          is the backend and the worker waiting for a core. With more jobs in hand the drain \
          is CPU-bound: 47,000-60,000 jobs/s at 64 handlers (320 jobs in hand). At 16 handlers \
-         the versus rows measured 1.68× and 1.82× in the two runs (1.85× and 1.90× deleting \
+         the versus rows measured 1.65×, 1.68× and 1.82× in the three runs (1.82×, 1.85× and 1.90× deleting \
          completed jobs). The peers are prepared like the project's drain (vacuumed, \
          analyzed and settled); before they were, an autovacuum of graphile_worker's fresh \
          jobs could run during its timed drain, and preparing it made it a few percent \
