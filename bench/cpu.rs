@@ -52,8 +52,14 @@ impl CpuSample {
         })
     }
 
+    /// Per job from `start` (a sample taken before `jobs` ran) until now;
+    /// `None` where `/proc` is not Linux's.
+    pub fn per_job_since(start: Option<CpuSample>, jobs: usize) -> Option<CpuPerJob> {
+        Some(start?.per_job(CpuSample::now()?, jobs))
+    }
+
     /// Per job between `self` and `later`, in µs (USER_HZ is 100 on Linux).
-    pub fn per_job(self, later: CpuSample, jobs: usize) -> CpuPerJob {
+    fn per_job(self, later: CpuSample, jobs: usize) -> CpuPerJob {
         let us = |ticks: u64| ticks as f64 * 10_000.0 / jobs as f64;
         let worker = later.this_process.saturating_sub(self.this_process);
         let machine = later.machine.saturating_sub(self.machine);

@@ -9,7 +9,7 @@ mod support;
 use std::time::Duration;
 
 use queue_core::{ClaimParams, Job, NewJob, Store, WriteResult};
-use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+use queue_store_postgres::{ExecutionMode, PgStore};
 use sqlx::{Acquire, PgPool};
 use support::{complete, fresh_table, pool};
 
@@ -27,22 +27,13 @@ async fn claim_one(store: &PgStore<Job>) -> queue_core::Claimed<PgStore<Job>> {
         .expect("a job to claim")
 }
 
-async fn side_table(pool: &PgPool, table: &JobTable) -> String {
-    let side = format!("{}.\"side\"", table.name().schema.quoted());
-    sqlx::query(&format!("CREATE TABLE {side} (note text)"))
-        .execute(pool)
-        .await
-        .unwrap();
-    side
-}
-
 /// A transactional store over a fresh table holding one job, a side table
 /// for the handler's writes, and the job claimed.
 async fn transactional_job(
     pool: &PgPool,
 ) -> (PgStore<Job>, String, queue_core::Claimed<PgStore<Job>>) {
     let table = fresh_table(pool).await;
-    let side = side_table(pool, &table).await;
+    let side = support::side_table(pool, &table, "side", "note text").await;
     table
         .enqueue(pool, &NewJob::new("k", serde_json::json!(null)))
         .await

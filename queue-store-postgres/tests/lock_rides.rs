@@ -14,7 +14,7 @@ use std::time::Duration;
 use queue_core::{Claimed, Job, NewJob, StoreError, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{backend_pid, claim_now, complete, count_in, fresh_table, pool};
+use support::{backend_pid, claim_now, complete, count_in, fresh_table, pool, side_table};
 
 /// Three claimed jobs on a store whose locks ride (waiting up to a minute,
 /// so no ride in these tests ends for lack of time), after one commit so
@@ -257,11 +257,7 @@ async fn a_worker_whose_locks_ride_commits_each_jobs_writes_once_with_its_comple
         return;
     };
     let table = fresh_table(&pool).await;
-    let side = format!("{}.\"side_effects\"", table.name().schema.quoted());
-    sqlx::query(&format!("CREATE TABLE {side} (job_id bigint NOT NULL)"))
-        .execute(&pool)
-        .await
-        .expect("side table");
+    let side = side_table(&pool, &table, "side_effects", "job_id bigint NOT NULL").await;
     let jobs: Vec<NewJob> = (1..=1000)
         .map(|n| NewJob::new("k", serde_json::json!(n)))
         .collect();

@@ -13,7 +13,7 @@ use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, JobState
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use sqlx::PgPool;
-use support::{count_in, fresh_table, fresh_table_named, pool};
+use support::{count_in, fresh_table, fresh_table_named, pool, side_table};
 use tokio::task::JoinHandle;
 
 type Running = (
@@ -157,11 +157,7 @@ async fn a_failed_attempt_leaves_no_visible_change() {
         return;
     };
     let table = fresh_table(&pool).await;
-    let side = format!("{}.{}", table.name().schema.quoted(), "\"side_effects\"");
-    sqlx::query(&format!("CREATE TABLE {side} (job_id bigint NOT NULL)"))
-        .execute(&pool)
-        .await
-        .expect("side table");
+    let side = side_table(&pool, &table, "side_effects", "job_id bigint NOT NULL").await;
     let ok = table
         .enqueue(&pool, &NewJob::new("k", serde_json::json!({"then": "ok"})))
         .await
@@ -401,11 +397,7 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         return;
     };
     let table = fresh_table(&pool).await;
-    let side = format!("{}.\"side\"", table.name().schema.quoted());
-    sqlx::query(&format!("CREATE TABLE {side} (job_id bigint)"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    let side = side_table(&pool, &table, "side", "job_id bigint").await;
     let id = table
         .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
         .await

@@ -651,7 +651,7 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
     let elapsed = started.elapsed();
-    let cpu = cpu0.zip(CpuSample::now()).map(|(a, b)| a.per_job(b, n));
+    let cpu = CpuSample::per_job_since(cpu0, n);
     shutdown.cancel();
     running.await??;
     tokio::time::sleep(Duration::from_millis(1100)).await;

@@ -138,9 +138,8 @@ where
 /// `; CPU/job: ...` since `before`, for a drain's note (empty where `/proc`
 /// is not Linux's).
 fn cpu_note(before: Option<CpuSample>, jobs: usize) -> String {
-    before
-        .zip(CpuSample::now())
-        .map(|(a, b)| format!("; {}", a.per_job(b, jobs)))
+    CpuSample::per_job_since(before, jobs)
+        .map(|cpu| format!("; {cpu}"))
         .unwrap_or_default()
 }
 

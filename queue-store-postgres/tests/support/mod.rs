@@ -111,6 +111,17 @@ pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
     table
 }
 
+/// A table for a handler's writes, `name (columns)` beside `table` in its
+/// schema; returns its quoted, qualified name.
+pub async fn side_table(pool: &PgPool, table: &JobTable, name: &str, columns: &str) -> String {
+    let side = format!("{}.\"{name}\"", table.name().schema.quoted());
+    sqlx::query(&format!("CREATE TABLE {side} ({columns})"))
+        .execute(pool)
+        .await
+        .expect("creating the side table");
+    side
+}
+
 /// A store over `table` (default layout) in `mode`.
 pub async fn store(pool: &PgPool, table: &JobTable, mode: ExecutionMode) -> PgStore<Job> {
     PgStore::default_table(pool.clone(), table.store_options().mode(mode))
