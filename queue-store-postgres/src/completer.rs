@@ -70,22 +70,21 @@ impl<K: PgKey> FinishRow<K> {
 }
 
 /// Records attempts' ends; returns the keys of the rows it applied to (the
-/// others had moved on). Attempts that succeeded delete their rows instead
-/// under [`CompletedJobs::Delete`](crate::CompletedJobs::Delete).
+/// others had moved on). Attempts that succeeded go through a statement of
+/// their own, which writes less (or deletes their rows under
+/// [`CompletedJobs::Delete`](crate::CompletedJobs::Delete)).
 pub(crate) async fn run_finish<K: PgKey>(
     sql: &Statements,
     states: &StateValues,
     conn: &mut PgConnection,
     rows: &[FinishRow<K>],
 ) -> Result<HashSet<K>, StoreError> {
-    let Some((delete_many, delete_one)) = &sql.finish_deleting else {
-        return finish(&sql.finish, &sql.finish_one, states, conn, rows).await;
-    };
     let (succeeded, others): (Vec<&FinishRow<K>>, Vec<&FinishRow<K>>) =
         rows.iter().partition(|r| r.succeeded);
     let mut applied = HashSet::with_capacity(rows.len());
     if !succeeded.is_empty() {
-        applied.extend(finish(delete_many, delete_one, states, conn, &succeeded).await?);
+        let (many, one) = &sql.finish_succeeded;
+        applied.extend(finish(many, one, states, conn, &succeeded).await?);
     }
     if !others.is_empty() {
         applied.extend(finish(&sql.finish, &sql.finish_one, states, conn, &others).await?);

@@ -1,9 +1,11 @@
-//! `CompletedJobs::Delete`: an attempt that succeeds deletes its job's row
-//! under the same guard that would have marked it completed; failed,
-//! errored and stale attempts leave their rows as they were. Checked in
-//! lease mode (batched and single completions) and in transactional mode
-//! (with the job's transaction on prepared and on bound statements, and
-//! without a transaction).
+//! What an attempt that succeeds does to its job's row, under the same guard
+//! as every other finish: `CompletedJobs::Delete` deletes it,
+//! `CompletedJobs::Keep` marks it completed with its finish time and leaves
+//! the rest of the row alone (successes have a statement of their own, which
+//! writes less). Failed, errored and stale attempts are the same in both.
+//! Checked in lease mode (batched and single completions) and in
+//! transactional mode (with the job's transaction on prepared and on bound
+//! statements, and without a transaction).
 
 mod support;
 
@@ -15,11 +17,12 @@ use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
 use support::{claim_now, fresh_table, pool};
 
-async fn deleting_store(
+async fn store(
     pool: &PgPool,
     table: &JobTable,
     mode: ExecutionMode,
     prepared: bool,
+    completed: CompletedJobs,
 ) -> PgStore<Job> {
     PgStore::default_table(
         pool.clone(),
@@ -27,10 +30,10 @@ async fn deleting_store(
             .store_options()
             .mode(mode)
             .prepared_job_statements(prepared)
-            .completed_jobs(CompletedJobs::Delete),
+            .completed_jobs(completed),
     )
     .await
-    .expect("a store that deletes completed jobs")
+    .expect("a store")
 }
 
 async fn finish(
@@ -44,33 +47,46 @@ async fn finish(
         .expect("the finish")
 }
 
-/// The table's rows: state by kind.
-async fn states(pool: &PgPool, table: &JobTable) -> BTreeMap<String, String> {
-    sqlx::query_as(&format!(
-        "SELECT kind, state FROM {}",
+/// The table's rows by kind: state, whether a finish time is set, failure
+/// message and failure count.
+type Row = (String, bool, Option<String>, i32);
+
+async fn rows(pool: &PgPool, table: &JobTable) -> BTreeMap<String, Row> {
+    sqlx::query_as::<_, (String, String, bool, Option<String>, i32)>(&format!(
+        "SELECT kind, state, finished_at IS NOT NULL, failure_message, num_failures FROM {}",
         table.name().quoted()
     ))
     .fetch_all(pool)
     .await
     .expect("the table's rows")
     .into_iter()
+    .map(|(kind, state, finished, message, failures)| (kind, (state, finished, message, failures)))
     .collect()
 }
 
-/// Five jobs: three succeed, one fails, one errors (retry later), one more
-/// succeeds after another claim took its row over (stale).
-async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool) {
+/// Seven jobs: three succeed, one fails, one errors (retry later), two more
+/// succeed after another claim took their rows over (stale), one alone and
+/// one among the others.
+async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: CompletedJobs) {
     let Some(pool) = pool(test).await else {
         return;
     };
     let table = fresh_table(&pool).await;
-    let kinds = ["ok-1", "ok-2", "ok-3", "fails", "errors", "stale"];
+    let kinds = [
+        "ok-1",
+        "ok-2",
+        "ok-3",
+        "fails",
+        "errors",
+        "stale",
+        "stale-too",
+    ];
     let jobs: Vec<NewJob> = kinds
         .iter()
         .map(|k| NewJob::new(*k, serde_json::json!({})))
         .collect();
     table.enqueue_many(&pool, &jobs).await.expect("enqueue");
-    let store = deleting_store(&pool, &table, mode, prepared).await;
+    let store = store(&pool, &table, mode, prepared, completed).await;
     let claimed = claim_now(&store, kinds.len()).await;
     assert_eq!(claimed.len(), kinds.len(), "every job is claimed");
     let mut claimed: BTreeMap<String, Claimed<PgStore<Job>>> = claimed
@@ -85,7 +101,7 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool) {
     // The stale one: another claim has taken the row over since.
     let stale = take("stale");
     sqlx::query(&format!(
-        "UPDATE {} SET claim_token = claim_token + 1 WHERE kind = 'stale'",
+        "UPDATE {} SET claim_token = claim_token + 1 WHERE kind LIKE 'stale%'",
         table.name().quoted()
     ))
     .execute(&pool)
@@ -119,9 +135,10 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool) {
     );
 
     // The rest at once, so that lease mode's completer writes them in one
-    // batch: two deletes and two updates.
+    // batch: three successes (one of them stale) and two other ends.
     let retry_at = chrono::Utc::now() + chrono::Duration::hours(1);
     let rest = [
+        (take("stale-too"), Transition::Complete),
         (take("ok-2"), Transition::Complete),
         (take("ok-3"), Transition::Complete),
         (
@@ -139,21 +156,48 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool) {
         ),
     ];
     let results = join_all(rest.into_iter().map(|(job, t)| finish(&store, job, t))).await;
-    assert!(
-        results.iter().all(|r| *r == WriteResult::Applied),
-        "{results:?}"
+    assert_eq!(
+        results,
+        [
+            WriteResult::Stale,
+            WriteResult::Applied,
+            WriteResult::Applied,
+            WriteResult::Applied,
+            WriteResult::Applied
+        ],
+        "only the row taken over is stale"
     );
 
-    let left = states(&pool, &table).await;
-    let expected: BTreeMap<String, String> = [
-        ("errors", "errored"),
-        ("fails", "failed"),
-        ("stale", "processing"),
+    let row = |state: &str, finished: bool, message: Option<&str>, failures: i32| {
+        (
+            state.to_owned(),
+            finished,
+            message.map(str::to_owned),
+            failures,
+        )
+    };
+    let mut expected: BTreeMap<&str, Row> = [
+        ("errors", row("errored", true, Some("later"), 1)),
+        ("fails", row("failed", true, Some("broken"), 1)),
+        ("stale", row("processing", false, None, 0)),
+        ("stale-too", row("processing", false, None, 0)),
     ]
     .into_iter()
-    .map(|(k, s)| (k.to_owned(), s.to_owned()))
     .collect();
-    assert_eq!(left, expected, "succeeded rows are gone, the others stay");
+    if completed == CompletedJobs::Keep {
+        for ok in ["ok-1", "ok-2", "ok-3"] {
+            expected.insert(ok, row("completed", true, None, 0));
+        }
+    }
+    let expected: BTreeMap<String, Row> = expected
+        .into_iter()
+        .map(|(k, r)| (k.to_owned(), r))
+        .collect();
+    assert_eq!(
+        rows(&pool, &table).await,
+        expected,
+        "{completed:?}: succeeded rows are completed or gone, the others as their ends say"
+    );
     if mode == ExecutionMode::Transactional {
         let written: bool = sqlx::query_scalar(&format!(
             "SELECT payload ? 'written' FROM {} WHERE kind = 'fails'",
@@ -172,6 +216,7 @@ async fn lease_mode_deletes_succeeded_jobs_only() {
         "lease_mode_deletes_succeeded_jobs_only",
         ExecutionMode::Lease,
         true,
+        CompletedJobs::Delete,
     )
     .await;
 }
@@ -182,6 +227,7 @@ async fn transactional_mode_deletes_succeeded_jobs_only_with_prepared_statements
         "transactional_mode_deletes_succeeded_jobs_only_with_prepared_statements",
         ExecutionMode::Transactional,
         true,
+        CompletedJobs::Delete,
     )
     .await;
 }
@@ -192,6 +238,29 @@ async fn transactional_mode_deletes_succeeded_jobs_only_with_bound_statements() 
         "transactional_mode_deletes_succeeded_jobs_only_with_bound_statements",
         ExecutionMode::Transactional,
         false,
+        CompletedJobs::Delete,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn lease_mode_marks_succeeded_jobs_completed_and_leaves_the_rest_of_their_rows() {
+    check_mode(
+        "lease_mode_marks_succeeded_jobs_completed_and_leaves_the_rest_of_their_rows",
+        ExecutionMode::Lease,
+        true,
+        CompletedJobs::Keep,
+    )
+    .await;
+}
+
+#[tokio::test]
+async fn transactional_mode_marks_succeeded_jobs_completed_and_leaves_the_rest_of_their_rows() {
+    check_mode(
+        "transactional_mode_marks_succeeded_jobs_completed_and_leaves_the_rest_of_their_rows",
+        ExecutionMode::Transactional,
+        false,
+        CompletedJobs::Keep,
     )
     .await;
 }

@@ -140,9 +140,10 @@ pub(crate) struct Statements {
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
-    /// With [`CompletedJobs::Delete`]: the finish of attempts that
-    /// succeeded, which deletes their rows (many, and one).
-    pub finish_deleting: Option<(Statement, Statement)>,
+    /// The finish of attempts that succeeded (many, and one): it sets the
+    /// completed state and the finish time, or with
+    /// [`CompletedJobs::Delete`] deletes their rows.
+    pub finish_succeeded: (Statement, Statement),
     pub heartbeat: Statement,
     pub append_log: Option<Statement>,
     pub reset: Option<Statement>,
@@ -462,8 +463,12 @@ impl Statements {
         ));
         let finish_one = b.build();
 
-        // Deleting the rows of attempts that succeeded: the same guards.
-        let finish_deleting = deleting.then(|| {
+        // Attempts that succeeded: a completion writes the state and the
+        // finish time only, so it unnests three arrays instead of seven
+        // (unnesting the other four took about a quarter of the statement,
+        // ~1 µs a row). Or, with `CompletedJobs::Delete`, deletes the rows:
+        // the same guards.
+        let finish_succeeded = if deleting {
             let mut b = Builder::default();
             let (ids, tokens, processing) = (
                 b.p(Param::Ids),
@@ -483,7 +488,30 @@ impl Statements {
                 "DELETE FROM {table} AS {a} WHERE {guard} RETURNING {id}"
             ));
             (many, b.build())
-        });
+        } else {
+            let mut b = Builder::default();
+            let (ids, tokens, finished, completed, processing) = (
+                b.p(Param::Ids),
+                b.p(Param::Tokens),
+                b.p(Param::FinishedAts),
+                b.p(Param::State(JobState::Completed)),
+                b.p(Param::State(JobState::Processing)),
+            );
+            let mut sets = vec![format!("{state_name} = CAST({completed} AS {st})")];
+            if let (Some(n), Some(at)) =
+                (names.get(Column::FinishedAt), names.at(Column::FinishedAt))
+            {
+                sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
+            }
+            let guard = held_batch(&processing);
+            b.push(&format!(
+                "UPDATE {table} AS {a} SET {sets} \
+                 FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({finished} AS timestamptz[])) \
+                 AS u(id, token, finished_at) WHERE {guard} RETURNING {id}",
+                sets = sets.join(", ")
+            ));
+            (b.build(), finish_one.clone())
+        };
 
         // Heartbeat: report which leases still hold (and their cancel flag);
         // bump the heartbeat of those no transaction has locked (a locked
@@ -618,7 +646,7 @@ impl Statements {
             held_complete,
             finish,
             finish_one,
-            finish_deleting,
+            finish_succeeded,
             heartbeat,
             append_log,
             reset,
@@ -783,12 +811,16 @@ mod tests {
 
     #[test]
     fn batched_finishes_join_their_outcomes_on_the_key_alone() {
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
         let options = PgStoreOptions::new("jobs")
             .unwrap()
             .completed_jobs(CompletedJobs::Delete);
-        let s = Statements::new(&options, &shape());
-        let (delete, _) = s.finish_deleting.expect("deleting completed jobs");
-        for statement in [&s.finish, &delete] {
+        let delete = Statements::new(&options, &shape());
+        for statement in [
+            &keep.finish,
+            &keep.finish_succeeded.0,
+            &delete.finish_succeeded.0,
+        ] {
             assert!(
                 statement
                     .text
@@ -803,9 +835,34 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_of_successes_writes_the_state_and_the_finish_time_only() {
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
+        let (many, one) = &keep.finish_succeeded;
+        assert_eq!(
+            many.text,
+            "UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($4 AS text), \
+             \"finished_at\" = COALESCE(u.finished_at, \"jobs\".\"finished_at\") \
+             FROM unnest(CAST($1 AS bigint[]), CAST($2 AS int8[]), CAST($3 AS timestamptz[])) \
+             AS u(id, token, finished_at) WHERE \"jobs\".\"id\" = u.id AND \"jobs\".\"state\" = CAST($5 AS text) \
+             AND \"jobs\".\"claim_token\" = u.token RETURNING \"jobs\".\"id\"",
+            "a success writes its state and finish time, nothing else"
+        );
+        assert_eq!(
+            many.params,
+            [
+                Param::Ids,
+                Param::Tokens,
+                Param::FinishedAts,
+                Param::State(JobState::Completed),
+                Param::State(JobState::Processing)
+            ]
+        );
+        assert_eq!(one.text, keep.finish_one.text);
+    }
+
+    #[test]
     fn deleting_completed_jobs_turns_only_the_completions_into_deletes() {
         let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
-        assert!(keep.finish_deleting.is_none());
         assert!(keep.held_complete.text().contains("UPDATE"));
         let options = PgStoreOptions::new("jobs")
             .unwrap()
@@ -824,8 +881,8 @@ mod tests {
                 .map(|e| e.contains("FinishedAt")),
             Some(false)
         );
-        let (many, one) = delete.finish_deleting.expect("delete statements");
-        for statement in [&many, &one] {
+        let (many, one) = &delete.finish_succeeded;
+        for statement in [many, one] {
             assert!(
                 statement.text.starts_with("DELETE FROM"),
                 "{}",
