@@ -1,6 +1,6 @@
 //! Worker behaviour against the memory store: hook order, outcomes, panics,
-//! timeouts, cancellation, deletion, undecodable records, concurrency and
-//! graceful shutdown.
+//! timeouts, cancellation, deletion, undecodable records, concurrency (on
+//! every runtime thread) and graceful shutdown.
 
 mod common;
 
@@ -368,6 +368,56 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
         counting.max.load(Ordering::SeqCst),
         3,
         "three handlers run at once, never more"
+    );
+}
+
+/// The jobs of one claim run in a few tasks, not one each; they can still
+/// compute on every runtime thread at once. Each handler here blocks its
+/// thread until the other has started too (or 5 s pass): both see the other
+/// only if they run on two threads at the same time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_jobs_of_one_claim_compute_on_every_runtime_thread_at_once() {
+    struct Rendezvous {
+        arrived: AtomicUsize,
+        met: AtomicUsize,
+    }
+    #[async_trait]
+    impl Handler<MemoryStore> for Rendezvous {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            self.arrived.fetch_add(1, Ordering::SeqCst);
+            let deadline = std::time::Instant::now() + Duration::from_secs(5);
+            // Blocks the thread on purpose, as a computation would.
+            while self.arrived.load(Ordering::SeqCst) < 2 && std::time::Instant::now() < deadline {
+                std::hint::spin_loop();
+            }
+            if self.arrived.load(Ordering::SeqCst) >= 2 {
+                self.met.fetch_add(1, Ordering::SeqCst);
+            }
+            Ok(())
+        }
+    }
+    let store = MemoryStore::new();
+    store.enqueue_many((0..2).map(|n| job("ok", serde_json::json!(n))));
+    let rendezvous = Arc::new(Rendezvous {
+        arrived: AtomicUsize::new(0),
+        met: AtomicUsize::new(0),
+    });
+    // Two handlers: both jobs come in one claim of two.
+    let running = start(&store, rendezvous.clone(), fast_options().handlers(2));
+    eventually("both jobs completed", || async {
+        store.count_by_state().get(&JobState::Completed) == Some(&2)
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        rendezvous.met.load(Ordering::SeqCst),
+        2,
+        "each job saw the other start while it blocked its thread"
     );
 }
 

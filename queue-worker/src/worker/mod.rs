@@ -3,7 +3,9 @@
 //! graceful shutdown.
 
 use std::collections::HashMap;
+use std::future::Future;
 use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
@@ -366,14 +368,18 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
     }
 }
 
+/// The rest of a started job, from the wait for a handler on: run in a task
+/// with other jobs of its claim.
+pub(super) type JobFuture = Pin<Box<dyn Future<Output = ()> + Send>>;
+
 /// Runs PreHandle (before the next claim, so a budget sees the headroom it
-/// took) and spawns the rest of the job.
+/// took) and returns the rest of the job, or `None` if it ended already (an
+/// undecodable record).
 async fn start_job<S: Store, H: Handler<S>>(
     shared: &Arc<Shared<S, H>>,
     job: Claimed<S>,
     permit: OwnedSemaphorePermit,
-    tasks: &mut JoinSet<()>,
-) {
+) -> Option<JobFuture> {
     let options = &shared.options;
     let Claimed {
         lease,
@@ -393,7 +399,7 @@ async fn start_job<S: Store, H: Handler<S>>(
             record_outcome(shared, job_store, &lease, &outcome).await;
             metrics::undecodable(&outcome);
             shared.count(&outcome);
-            return;
+            return None;
         }
     };
     let control = Arc::new(JobControl {
@@ -423,7 +429,7 @@ async fn start_job<S: Store, H: Handler<S>>(
         .map(|panic| panic_message(&panic));
     let shared = shared.clone();
     shared.waiting.fetch_add(1, Ordering::AcqRel);
-    tasks.spawn(
+    Some(Box::pin(
         async move {
             let job = JobRun {
                 ctx,
@@ -437,7 +443,7 @@ async fn start_job<S: Store, H: Handler<S>>(
             run_job(&shared, job).await;
         }
         .instrument(span),
-    );
+    ))
 }
 
 /// A claimed job on its way through the worker.
@@ -662,8 +668,9 @@ async fn drain<S: Store, H>(shared: &Shared<S, H>, tasks: &mut JoinSet<()>) {
         }
     }
     let timeout = shared.options.shutdown_timeout;
-    if !tasks.is_empty() {
-        tracing::info!(jobs = tasks.len(), ?timeout, "waiting for in-flight jobs");
+    let jobs = shared.running().len();
+    if jobs > 0 {
+        tracing::info!(jobs, ?timeout, "waiting for in-flight jobs");
     }
     let finished = tokio::time::timeout(timeout, join_all(tasks)).await;
     if finished.is_err() {
@@ -697,7 +704,7 @@ fn reap(tasks: &mut JoinSet<()>) {
 
 fn log_task_failure(result: Result<(), tokio::task::JoinError>) {
     if let Err(error) = result {
-        tracing::error!(%error, "a job task failed outside the handler");
+        tracing::error!(%error, "a task of jobs failed outside the handler");
     }
 }
 
