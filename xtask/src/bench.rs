@@ -1322,9 +1322,9 @@ fn benchmarks_doc(report: &str) -> String {
          its state values and its size so each size is planned a few times per connection and \
          then runs a cached plan (planning every claim cost 0.1-0.15 ms), and its connection \
          stays with the store between statements (sqlx pings every connection it takes back). \
-         At 16 handlers the cores are still a sixth to a quarter idle: a job's slot is held \
-         while its claim is on the way, so throughput is about slots ÷ claim round trip (1.2-1.5 \
-         ms for 45 rows under load, of which about 0.8 ms does not depend on the size: wake-ups \
+         At 16 handlers the cores are still a quarter to a third idle: a job's slot is held \
+         while its claim is on the way, so throughput is about slots ÷ claim round trip (1.0-1.5 \
+         ms for 42-45 rows under load, of which 0.5-0.8 ms does not depend on the size: wake-ups \
          of the backend and the worker on two busy cores). Two claims may be in flight, 1.4 on \
          average (the second waits for half a claim's worth of free slots); claiming as soon as \
          any slot frees, waiting for four fifths of a claim, or three claims in flight measured \
@@ -1336,7 +1336,8 @@ fn benchmarks_doc(report: &str) -> String {
          one version and deletes the job when it completes (no new row version, no index \
          entry); this store keeps it, in the spec's `completed` state, unless told to delete \
          it (`CompletedJobs::Delete`: a sixth to a third less WAL per job, and a 300-job \
-         completion costs 1.0-1.1 ms of executor time instead of 2.0-2.2 on an idle server). \
+         completion cost 1.0-1.1 ms of executor time instead of 2.0-2.2 on an idle server, \
+         before successes had a statement of their own). \
          A claim from the start of the \
          claimable index walks the entries of the jobs already claimed, which stay (marked \
          dead) until a vacuum removes their pages: with 46,000 jobs drained a 46-row claim \
@@ -1371,27 +1372,34 @@ fn benchmarks_doc(report: &str) -> String {
          down to 6,200-7,100: a rider's lock arrives only after the carrying commit's WAL \
          flush, later than its own round trip would bring it, which costs where the handlers' \
          waits, not the CPU, limit the drain. Hence rides are off by default.\n\
-         - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In three full runs \
-         graphile_worker used 38-55 µs of CPU per job in all (12-16 µs in its worker), and this \
-         drain 29-43 µs (10-14 µs in the worker). graphile_worker keeps the cores only about \
+         - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In the run \
+         above graphile_worker used 35 µs of CPU per job in all (10 µs in its worker), and \
+         this drain 26 µs (8 µs in the worker). graphile_worker keeps the cores only about \
          half busy: it fetches its next 64 jobs only once its local queue is empty, one fetch \
-         at a time. This drain keeps them about three quarters busy, with two claims in \
-         flight. It cannot get busier while at most 80 jobs are in hand: a slot is held from \
-         the moment its claim is sent until its handler is done, so throughput is about 80 ÷ \
-         (claim round trip + 0.1 ms). Under this load a claim's round trip is 1.2-1.6 ms, and \
-         it hardly depends on the claim's size: claims of 24-35 rows, three or four in flight, \
-         took as long as claims of 46 rows and drained 10-20 % slower. Most of the round trip \
-         is the backend and the worker waiting for a core. With more jobs in hand the drain \
-         is CPU-bound: 47,000-60,000 jobs/s at 64 handlers (320 jobs in hand). At 16 handlers \
-         the versus rows measured 1.65×, 1.68× and 1.82× in the three runs (1.82×, 1.85× and 1.90× deleting \
-         completed jobs). The peers are prepared like the project's drain (vacuumed, \
-         analyzed and settled); before they were, an autovacuum of graphile_worker's fresh \
-         jobs could run during its timed drain, and preparing it made it a few percent \
-         faster (3.6 % on average over three A/B pairs). \
-         Measured with a memory store, the worker itself costs about 3.3 µs of CPU per job. \
-         The Postgres store's share of the worker's CPU (the claim's rows through sqlx and \
-         their decoding, the batched completer, the sockets) is the other 7 µs. Boxing each \
-         job's task, or leaving out its metrics, changed neither figure measurably.\n\
+         at a time. This drain keeps them about two thirds busy, with two claims in flight, \
+         and cannot get busier while at most 80 jobs are in hand: a slot is held from the \
+         moment its claim is sent until its handler is done, so throughput is about 2 × 40 \
+         jobs per claim round trip. Under this load a 42-row claim takes about 1.0 ms from \
+         the worker's side, of which 0.5 ms is the executor's (about 12 µs a row: the row \
+         lock, a new row version and two index entries, the returned row); claims of 24-35 \
+         rows, three or four in flight, took as long as claims of 46 rows and drained 10-20 % \
+         slower. With more jobs in hand the CPU is the limit: at 64 handlers (320 jobs in \
+         hand) the run above drained 53,800 jobs/s at 32 µs per job, 1.7 of the 2 cores. Two \
+         changes took the versus ratio from 1.65×, 1.68× and 1.82× (three full runs before \
+         them) to 1.85× in the run above \
+         (single runs 2.04×): the worker spawns a claim's jobs in tasks of up to eight instead \
+         of one task each (the spawns and the wake-ups between threads that came with them \
+         were about a fifth of the worker's CPU per job), and successes are completed by a \
+         statement of their own that writes only the state and the finish time (three arrays \
+         instead of seven; 5.9-6.7 µs of executor time per row under load instead of \
+         7.3-7.4). The peers are prepared like the project's drain (vacuumed, analyzed and \
+         settled); before they were, an autovacuum of graphile_worker's fresh jobs could run \
+         during its timed drain, and preparing it made it a few percent faster (3.6 % on \
+         average over three A/B pairs). Measured with a memory store, the worker itself cost \
+         about 3.3 µs of CPU per job before its jobs shared tasks; the Postgres store's share \
+         of the worker's CPU (the claim's rows through sqlx and their decoding, the batched \
+         completer, the sockets) is most of the rest. Boxing each job's future, or leaving \
+         out its metrics, changed neither figure measurably.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
          sent at commit and the worker claims at once.\n\
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
