@@ -330,6 +330,23 @@ async fn an_undecodable_record_fails_with_a_clear_message() {
     );
 }
 
+/// Enqueues `n` "ok" jobs, runs `handler` until all of them completed, and
+/// stops the worker.
+async fn complete_ok_jobs<H: Handler<MemoryStore>>(
+    n: usize,
+    handler: H,
+    options: WorkerOptions,
+) -> queue_worker::WorkerReport {
+    let store = MemoryStore::new();
+    store.enqueue_many((0..n).map(|i| job("ok", serde_json::json!(i))));
+    let running = start(&store, handler, options);
+    eventually("all jobs completed", || async {
+        store.count_by_state().get(&JobState::Completed) == Some(&n)
+    })
+    .await;
+    running.stop().await
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_more_than_num_handlers_jobs_run_at_once() {
     struct Counting {
@@ -351,18 +368,11 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
             Ok(())
         }
     }
-    let store = MemoryStore::new();
-    store.enqueue_many((0..30).map(|n| job("ok", serde_json::json!(n))));
     let counting = Arc::new(Counting {
         now: AtomicUsize::new(0),
         max: AtomicUsize::new(0),
     });
-    let running = start(&store, counting.clone(), fast_options().handlers(3));
-    eventually("all jobs completed", || async {
-        store.count_by_state().get(&JobState::Completed) == Some(&30)
-    })
-    .await;
-    let report = running.stop().await;
+    let report = complete_ok_jobs(30, counting.clone(), fast_options().handlers(3)).await;
     assert_eq!(report.count("ok"), 30);
     assert_eq!(
         counting.max.load(Ordering::SeqCst),
@@ -401,19 +411,12 @@ async fn the_jobs_of_one_claim_compute_on_every_runtime_thread_at_once() {
             Ok(())
         }
     }
-    let store = MemoryStore::new();
-    store.enqueue_many((0..2).map(|n| job("ok", serde_json::json!(n))));
     let rendezvous = Arc::new(Rendezvous {
         arrived: AtomicUsize::new(0),
         met: AtomicUsize::new(0),
     });
     // Two handlers: both jobs come in one claim of two.
-    let running = start(&store, rendezvous.clone(), fast_options().handlers(2));
-    eventually("both jobs completed", || async {
-        store.count_by_state().get(&JobState::Completed) == Some(&2)
-    })
-    .await;
-    running.stop().await;
+    complete_ok_jobs(2, rendezvous.clone(), fast_options().handlers(2)).await;
     assert_eq!(
         rendezvous.met.load(Ordering::SeqCst),
         2,
