@@ -229,12 +229,11 @@ const JOBS_PER_TASK: usize = 8;
 /// instead of one task per job. In lease drains of no-op jobs the spawns,
 /// and the wake-ups between threads that came with them, were about a
 /// fifth of the worker's CPU per job (8-9 µs a job against 6-8, in three
-/// alternating rounds on two cores). Larger shares
-/// made transactional drains, whose jobs do several round trips each, a few
-/// percent slower. A claim's jobs can still use every thread. A handler
-/// that computes for long without awaiting holds up the jobs that share
-/// its task, as it holds up every task on its thread: such work belongs in
-/// `spawn_blocking`.
+/// alternating rounds on two cores). Larger shares made transactional
+/// drains, whose jobs do several round trips each, a few percent slower. A
+/// claim's jobs can still use every thread. A handler that computes for
+/// long without awaiting holds up the jobs that share its task, as it holds
+/// up every task on its thread: such work belongs in `spawn_blocking`.
 fn spawn_jobs(jobs: Vec<JobFuture>, tasks: &mut JoinSet<()>) {
     let threads = tokio::runtime::Handle::current().metrics().num_workers();
     let groups = threads
