@@ -220,6 +220,10 @@ pub trait Handler<S: Store>: Send + Sync + 'static {
 
     /// Hook 3: processes the record. `store` is the store refined to this
     /// job (in transactional mode, the transaction holding the row lock).
+    /// Await rather than block: a runtime's worker may run several jobs in
+    /// one task (queue-worker runs up to eight of a claim's jobs per task),
+    /// so long computation without an await holds up the others; run it
+    /// with `tokio::task::spawn_blocking`.
     async fn handle(
         &self,
         ctx: &JobContext,
