@@ -176,23 +176,20 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: 
             failures,
         )
     };
-    let mut expected: BTreeMap<&str, Row> = [
+    let mut expected: BTreeMap<String, Row> = [
         ("errors", row("errored", true, Some("later"), 1)),
         ("fails", row("failed", true, Some("broken"), 1)),
         ("stale", row("processing", false, None, 0)),
         ("stale-too", row("processing", false, None, 0)),
     ]
     .into_iter()
+    .map(|(kind, row)| (kind.to_owned(), row))
     .collect();
     if completed == CompletedJobs::Keep {
         for ok in ["ok-1", "ok-2", "ok-3"] {
-            expected.insert(ok, row("completed", true, None, 0));
+            expected.insert(ok.to_owned(), row("completed", true, None, 0));
         }
     }
-    let expected: BTreeMap<String, Row> = expected
-        .into_iter()
-        .map(|(k, r)| (k.to_owned(), r))
-        .collect();
     assert_eq!(
         rows(&pool, &table).await,
         expected,

@@ -1386,9 +1386,9 @@ fn benchmarks_doc(report: &str) -> String {
          slower. With more jobs in hand the CPU is the limit: at 64 handlers (320 jobs in \
          hand) the run above drained 53,800 jobs/s at 32 µs per job, 1.7 of the 2 cores. Two \
          changes took the versus ratio from 1.65×, 1.68× and 1.82× (three full runs before \
-         them) to 1.85× in the run above \
-         (single runs 2.04×), and 1.94× and 2.06× in two more head-to-heads the same day \
-         (`--peers --only peers`; 2.16× and 1.81× deleting completed jobs): the worker spawns a claim's jobs in tasks of up to eight instead \
+         them) to 1.85× in the run above (single runs 2.04×), and 1.94× and 2.06× in two \
+         more head-to-heads the same day (`--peers --only peers`; 2.16× and 1.81× deleting \
+         completed jobs): the worker spawns a claim's jobs in tasks of up to eight instead \
          of one task each (the spawns and the wake-ups between threads that came with them \
          were about a fifth of the worker's CPU per job), and successes are completed by a \
          statement of their own that writes only the state and the finish time (three arrays \
