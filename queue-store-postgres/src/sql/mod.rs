@@ -101,6 +101,21 @@ pub(crate) fn literal(value: &str) -> String {
     format!("E'{}'", value.replace('\\', "\\\\").replace('\'', "''"))
 }
 
+/// `(SELECT CAST(input AS ty))`: an input of a batched statement that the
+/// planner plans without, custom plan or generic. A batched statement joins
+/// its arrays (`unnest`) to the table, and its guard compares the state with
+/// the processing value. Seen by the planner, those values let it scan the
+/// partial index of processing rows whole and hash the batch against it
+/// (statistics taken before the jobs were claimed say it is nearly empty),
+/// or with the state hidden alone, scan the table and hash: both read every
+/// index entry or row, not the batch's, and the processing index keeps an
+/// entry for every job claimed since the last vacuum. Unseen, the arrays
+/// count as a few rows and the state as any value: one probe by key per
+/// row, the plan Postgres then caches.
+fn unseen(input: &str, ty: &str) -> String {
+    format!("(SELECT CAST({input} AS {ty}))")
+}
+
 /// The name of the claim's last column when the cursor needs each job's
 /// priority.
 pub(crate) const CURSOR_PRIORITY_COLUMN: &str = "__queue_priority";
@@ -434,24 +449,31 @@ impl Statements {
             b.p(Param::State(JobState::Processing)),
         );
         let sets = finish_sets(&mut b, true);
-        // The guard of the batched finishes over `unnest(..) AS u(id, token,
-        // ..)`: joined on the key alone, so that the generic plan Postgres
-        // caches after five runs (it guesses ten outcomes) looks each
-        // outcome's row up by key. A second condition `{id} = ANY(ids)` made
-        // that plan read the batch's rows once and compare every outcome
-        // with every row: 14 ms for 500 outcomes, where probing takes 2-4.
-        // The first five runs on a connection are planned for their values
-        // and may instead hash the batch against the processing rows.
+        // The guard of the batched statements over `unnest(..) AS u(id,
+        // token, ..)`, their inputs [`unseen`]: joined on the key alone, so
+        // that the plan looks each outcome's row up by key. A second
+        // condition `{id} = ANY(ids)` made the cached plan read the batch's
+        // rows once and compare every outcome with every row: 14 ms for 500
+        // outcomes, where probing takes 2-4.
         let held_batch = |processing: &str| {
-            format!("{id} = u.id AND {state} = CAST({processing} AS {st}) AND {token} = u.token")
+            format!(
+                "{id} = u.id AND {state} = {} AND {token} = u.token",
+                unseen(processing, st)
+            )
         };
         let guard = held_batch(&processing);
         b.push(&format!(
             "UPDATE {table} AS {a} SET {sets} \
-             FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({targets} AS text[]), CAST({finished} AS timestamptz[]), \
-             CAST({messages} AS text[]), CAST({afters} AS timestamptz[]), CAST({incs} AS int4[])) \
+             FROM unnest({}, {}, {}, {}, {}, {}, {}) \
              AS u(id, token, target, finished_at, message, process_after, failed) \
-             WHERE {guard} RETURNING {id}"
+             WHERE {guard} RETURNING {id}",
+            unseen(&ids, &format!("{kt}[]")),
+            unseen(&tokens, "int8[]"),
+            unseen(&targets, "text[]"),
+            unseen(&finished, "timestamptz[]"),
+            unseen(&messages, "text[]"),
+            unseen(&afters, "timestamptz[]"),
+            unseen(&incs, "int4[]"),
         ));
         let finish = b.build();
 
@@ -477,9 +499,10 @@ impl Statements {
             );
             let guard = held_batch(&processing);
             b.push(&format!(
-                "DELETE FROM {table} AS {a} \
-                 USING unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[])) AS u(id, token) \
-                 WHERE {guard} RETURNING {id}"
+                "DELETE FROM {table} AS {a} USING unnest({}, {}) AS u(id, token) \
+                 WHERE {guard} RETURNING {id}",
+                unseen(&ids, &format!("{kt}[]")),
+                unseen(&tokens, "int8[]"),
             ));
             let many = b.build();
             let mut b = Builder::default();
@@ -505,9 +528,11 @@ impl Statements {
             }
             let guard = held_batch(&processing);
             b.push(&format!(
-                "UPDATE {table} AS {a} SET {sets} \
-                 FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[]), CAST({finished} AS timestamptz[])) \
+                "UPDATE {table} AS {a} SET {sets} FROM unnest({}, {}, {}) \
                  AS u(id, token, finished_at) WHERE {guard} RETURNING {id}",
+                unseen(&ids, &format!("{kt}[]")),
+                unseen(&tokens, "int8[]"),
+                unseen(&finished, "timestamptz[]"),
                 sets = sets.join(", ")
             ));
             (b.build(), finish_one.clone())
@@ -523,10 +548,16 @@ impl Statements {
             b.p(Param::State(JobState::Processing)),
         );
         let cancel = names.at(Column::Cancel).unwrap_or_else(|| "false".into());
+        // Its inputs [`unseen`], as in the batched finishes.
+        let (ids, tokens, processing) = (
+            unseen(&ids, &format!("{kt}[]")),
+            unseen(&tokens, "int8[]"),
+            unseen(&processing, st),
+        );
         b.push(&format!(
-            "WITH leases AS (SELECT * FROM unnest(CAST({ids} AS {kt}[]), CAST({tokens} AS int8[])) AS l(id, token)), \
+            "WITH leases AS (SELECT * FROM unnest({ids}, {tokens}) AS l(id, token)), \
              held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {table} AS {a} JOIN leases l ON {id} = l.id \
-             WHERE {state} = CAST({processing} AS {st}) AND {token} = l.token)"
+             WHERE {state} = {processing} AND {token} = l.token)"
         ));
         if let (Some(n), Some(_)) = (
             names.get(Column::LastHeartbeatAt),
@@ -536,7 +567,7 @@ impl Statements {
             b.push(&format!(
                 ", bumped AS (UPDATE {table} AS {a} SET {n} = {now} WHERE {id} IN (\
                  SELECT {id} FROM {table} AS {a} JOIN leases l ON {id} = l.id \
-                 WHERE {state} = CAST({processing} AS {st}) AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
+                 WHERE {state} = {processing} AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
             ));
         }
         b.push(" SELECT id, cancel FROM held");
@@ -810,7 +841,7 @@ mod tests {
     }
 
     #[test]
-    fn batched_finishes_join_their_outcomes_on_the_key_alone() {
+    fn batched_statements_join_on_the_key_alone_with_inputs_the_planner_cannot_see() {
         let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
         let options = PgStoreOptions::new("jobs")
             .unwrap()
@@ -822,15 +853,34 @@ mod tests {
             &delete.finish_succeeded.0,
         ] {
             assert!(
-                statement
-                    .text
-                    .contains("WHERE \"jobs\".\"id\" = u.id AND \"jobs\".\"state\" = CAST($"),
+                statement.text.contains(
+                    "WHERE \"jobs\".\"id\" = u.id AND \"jobs\".\"state\" = (SELECT CAST($"
+                ),
                 "{}",
                 statement.text
             );
             // A second condition on the keys misleads the generic plan into
             // comparing every outcome with every row.
             assert!(!statement.text.contains("ANY("), "{}", statement.text);
+        }
+        for statement in [
+            &keep.finish,
+            &keep.finish_succeeded.0,
+            &delete.finish_succeeded.0,
+            &keep.heartbeat,
+        ] {
+            // Every array reaches `unnest` through an initplan, as does
+            // the processing state, whatever else the statement compares.
+            let text = &statement.text;
+            let unnest = text.find("unnest(").expect("an unnest") + "unnest(".len();
+            let arrays = &text[unnest..text[unnest..].find(") AS ").map_or(0, |e| unnest + e)];
+            assert!(
+                arrays
+                    .split(", ")
+                    .all(|a| a.starts_with("(SELECT CAST($") && a.ends_with("[]))")),
+                "{text}"
+            );
+            assert!(!text.contains("\"jobs\".\"state\" = CAST($"), "{text}");
         }
     }
 
@@ -842,8 +892,8 @@ mod tests {
             many.text,
             "UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($4 AS text), \
              \"finished_at\" = COALESCE(u.finished_at, \"jobs\".\"finished_at\") \
-             FROM unnest(CAST($1 AS bigint[]), CAST($2 AS int8[]), CAST($3 AS timestamptz[])) \
-             AS u(id, token, finished_at) WHERE \"jobs\".\"id\" = u.id AND \"jobs\".\"state\" = CAST($5 AS text) \
+             FROM unnest((SELECT CAST($1 AS bigint[])), (SELECT CAST($2 AS int8[])), (SELECT CAST($3 AS timestamptz[]))) \
+             AS u(id, token, finished_at) WHERE \"jobs\".\"id\" = u.id AND \"jobs\".\"state\" = (SELECT CAST($5 AS text)) \
              AND \"jobs\".\"claim_token\" = u.token RETURNING \"jobs\".\"id\"",
             "a success writes its state and finish time, nothing else"
         );

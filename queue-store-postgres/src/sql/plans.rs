@@ -10,7 +10,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::{PgConnection, PgPool};
 
 use super::catalog;
-use super::{Statement, Statements, TableShape};
+use super::{Param, Statement, Statements, TableShape};
 use crate::{CompletedJobs, JobTable};
 
 async fn pool(test: &str) -> Option<PgPool> {
@@ -54,23 +54,63 @@ async fn drop_scratch(pool: &PgPool, table: &JobTable) {
     .expect("dropping the test schema");
 }
 
-/// The generic plan Postgres caches for `statement` (every parameter
-/// unknown), as `EXPLAIN` prints it.
-async fn generic_plan(connection: &mut PgConnection, statement: &Statement) -> String {
+/// How Postgres plans a prepared statement: the generic plan it caches
+/// (made without the parameters' values), or a custom plan for one run's
+/// values (the first five runs on a connection, and every run for which
+/// Postgres expects a custom plan to be cheaper).
+#[derive(Debug, Clone, Copy)]
+enum PlanKind {
+    Generic,
+    /// For a batch of this many rows, keys 1 to n.
+    Custom(usize),
+}
+
+/// What `statement` runs with for `kind`, as `EXECUTE` arguments.
+fn arguments(statement: &Statement, kind: PlanKind) -> String {
+    let PlanKind::Custom(n) = kind else {
+        return vec!["NULL"; statement.params.len()].join(", ");
+    };
+    let array = |value: &str| format!("'{{{}}}'", vec![value; n].join(","));
+    let keys: Vec<String> = (1..=n).map(|k| k.to_string()).collect();
+    let now = "2026-01-01 00:00:00+00";
+    statement
+        .params
+        .iter()
+        .map(|p| match p {
+            Param::Ids => format!("'{{{}}}'", keys.join(",")),
+            Param::Tokens | Param::FailureIncrements => array("0"),
+            Param::TargetStates => array("completed"),
+            Param::FinishedAts => array(now),
+            Param::Messages | Param::ProcessAfters => array("NULL"),
+            Param::State(state) => format!("'{}'", state.as_str()),
+            Param::Now => format!("'{now}'"),
+            other => panic!("no test value for {other:?} in {}", statement.text),
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// The plan Postgres runs `statement` with, as `EXPLAIN` prints it.
+async fn plan(connection: &mut PgConnection, statement: &Statement, kind: PlanKind) -> String {
     sqlx::query(&format!("PREPARE batch AS {}", statement.text))
         .execute(&mut *connection)
         .await
         .unwrap_or_else(|e| panic!("preparing {}: {e}", statement.text));
-    sqlx::query("SET plan_cache_mode = force_generic_plan")
+    let mode = match kind {
+        PlanKind::Generic => "force_generic_plan",
+        PlanKind::Custom(_) => "force_custom_plan",
+    };
+    sqlx::query(&format!("SET plan_cache_mode = {mode}"))
         .execute(&mut *connection)
         .await
-        .expect("forcing the generic plan");
-    let nulls = vec!["NULL"; statement.params.len()].join(", ");
-    let lines: Vec<String> =
-        sqlx::query_scalar(&format!("EXPLAIN (COSTS OFF) EXECUTE batch({nulls})"))
-            .fetch_all(&mut *connection)
-            .await
-            .expect("explaining the generic plan");
+        .expect("choosing the plan");
+    let lines: Vec<String> = sqlx::query_scalar(&format!(
+        "EXPLAIN (COSTS OFF) EXECUTE batch({})",
+        arguments(statement, kind)
+    ))
+    .fetch_all(&mut *connection)
+    .await
+    .unwrap_or_else(|e| panic!("explaining {}: {e}", statement.text));
     sqlx::query("DEALLOCATE batch")
         .execute(&mut *connection)
         .await
@@ -78,48 +118,89 @@ async fn generic_plan(connection: &mut PgConnection, statement: &Statement) -> S
     lines.join("\n")
 }
 
+/// The generic plan Postgres caches for `statement` (every parameter
+/// unknown), as `EXPLAIN` prints it.
+async fn generic_plan(connection: &mut PgConnection, statement: &Statement) -> String {
+    plan(connection, statement, PlanKind::Generic).await
+}
+
 #[tokio::test]
-async fn the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key() {
-    let test = "the_cached_plan_of_a_batched_finish_looks_each_outcome_up_by_key";
+async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
+    let test = "every_plan_of_a_batched_statement_looks_each_row_up_by_key";
     let Some(pool) = pool(test).await else { return };
-    // The table's shape is the same for both statements and all statistics.
+    // The table's shape is the same for every statement and all statistics.
     let (table, shape) = scratch_table(&pool, "queue_plans", 100_000).await;
     let t = table.name().quoted();
-    let mut connection = pool.acquire().await.expect("a connection");
-    // Statistics taken while a fifth of the jobs were in flight (where a
-    // second condition on the keys made the plan quadratic) and while none
-    // were.
-    for in_flight in [20000, 0] {
-        sqlx::query(&format!(
-            "UPDATE {t} SET state = CASE WHEN id <= {in_flight} THEN 'processing' ELSE 'queued' END"
-        ))
+    // Statistics are taken where this test says, never by autovacuum.
+    sqlx::query(&format!("ALTER TABLE {t} SET (autovacuum_enabled = false)"))
         .execute(&pool)
         .await
-        .expect("jobs in flight");
-        sqlx::query(&format!("ANALYZE {t}"))
-            .execute(&pool)
-            .await
-            .expect("statistics");
+        .expect("autovacuum off");
+    let mut connection = pool.acquire().await.expect("a connection");
+    // A fifth of the jobs in flight, with statistics taken then (where a
+    // second condition on the keys made the generic plan quadratic) or
+    // before any job was claimed (a worker draining a backlog until
+    // autovacuum analyzes the table: the planner believes no row is
+    // processing, and with the batch and the processing state in view it
+    // hashed the batch against a scan of every processing index entry);
+    // and none in flight.
+    for (in_flight, analyzed_with) in [(20_000, 20_000), (20_000, 0), (0, 0)] {
+        let set_in_flight = |n: u32| {
+            format!(
+                "UPDATE {t} SET state = CASE WHEN id <= {n} THEN 'processing' ELSE 'queued' END"
+            )
+        };
+        for sql in [
+            set_in_flight(analyzed_with),
+            format!("ANALYZE {t}"),
+            set_in_flight(in_flight),
+        ] {
+            sqlx::query(&sql).execute(&pool).await.expect(&sql);
+        }
         for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
             let options = table.store_options().completed_jobs(completed_jobs);
             let statements = Statements::new(&options, &shape);
             for (batch, which) in [
                 (&statements.finish, "any outcome"),
                 (&statements.finish_succeeded.0, "successes"),
+                (&statements.heartbeat, "heartbeat"),
             ] {
-                let plan = generic_plan(&mut connection, batch).await;
-                let case = format!("{completed_jobs:?}, {which}, {in_flight} in flight");
-                // One index probe per outcome, on the key: never every outcome
-                // compared with every row (a join filter over a materialized
-                // side, quadratic in the batch).
-                assert!(
-                    plan.contains("Nested Loop") && plan.contains("Index Cond: (id = u.id)"),
-                    "{case}: {plan}"
-                );
-                assert!(
-                    !plan.contains("Join Filter") && !plan.contains("Materialize"),
-                    "{case}: {plan}"
-                );
+                for kind in [
+                    PlanKind::Generic,
+                    PlanKind::Custom(500),
+                    PlanKind::Custom(5),
+                ] {
+                    let plan = plan(&mut connection, batch, kind).await;
+                    let case = format!(
+                        "{completed_jobs:?}, {which}, {kind:?}, {in_flight} in flight, \
+                         statistics taken with {analyzed_with}"
+                    );
+                    // One index probe per row of the batch, by key: never
+                    // every row compared with every other (a join filter
+                    // over a materialized side, quadratic in the batch),
+                    // nor a scan of every processing row or of the table to
+                    // hash the batch against.
+                    assert!(
+                        plan.contains("Nested Loop")
+                            && (plan.contains("Index Cond: (id = u.id)")
+                                || plan.contains("Index Cond: (id = l.id)")),
+                        "{case}: {plan}"
+                    );
+                    for scan in ["Join Filter", "Materialize", "Hash Join", "Seq Scan"] {
+                        assert!(!plan.contains(scan), "{case}: {scan} in\n{plan}");
+                    }
+                    let lines: Vec<&str> = plan.lines().collect();
+                    for (n, line) in lines.iter().enumerate() {
+                        if line.contains("Index Scan") {
+                            assert!(
+                                lines
+                                    .get(n + 1)
+                                    .is_some_and(|next| next.contains("Index Cond: (id = ")),
+                                "{case}: an index scan not by key in\n{plan}"
+                            );
+                        }
+                    }
+                }
             }
         }
     }
