@@ -319,7 +319,9 @@ impl PgStoreOptions {
 
     /// The select list the record is decoded from: SQL expressions over the
     /// alias, written by the developer (never user input). Default:
-    /// `alias.*`.
+    /// `alias.*`; for [`PgStore::default_table`](crate::PgStore::default_table)
+    /// without a view, the columns a claim does not write (the record takes
+    /// the others from the claim).
     pub fn select(mut self, expressions: impl Into<String>) -> Self {
         self.select = Some(expressions.into());
         self

@@ -1,8 +1,11 @@
 //! Records and keys: what a claimed row decodes into.
 
+use chrono::{DateTime, Utc};
 use queue_core::{Job, JobId, JobState, LogEntry};
 use sqlx::postgres::{PgHasArrayType, PgRow};
-use sqlx::{Column, Postgres, Row};
+use sqlx::{Column as _, Postgres, Row};
+
+use crate::options::{Column, PgStoreOptions};
 
 /// A key type the store can use: integer, bigint, uuid or text columns.
 pub trait PgKey:
@@ -35,6 +38,136 @@ impl PgKey for String {
 
 /// Decodes one claimed row (the select list) into a record.
 pub type Decoder<R> = fn(&PgRow) -> Result<R, sqlx::Error>;
+
+/// How a store turns claimed rows into records.
+pub(crate) enum RecordDecoder<R> {
+    /// From the select list alone.
+    Row(Decoder<R>),
+    /// From the columns the claim did not write ([`claimed_job_select`])
+    /// and what it wrote.
+    Claimed(fn(&PgRow, &ClaimWrites<'_>) -> Result<R, sqlx::Error>),
+}
+
+impl<R> RecordDecoder<R> {
+    pub(crate) fn decode(&self, row: &PgRow, writes: &ClaimWrites<'_>) -> Result<R, sqlx::Error> {
+        match self {
+            RecordDecoder::Row(decode) => decode(row),
+            RecordDecoder::Claimed(decode) => decode(row, writes),
+        }
+    }
+}
+
+/// What a claim wrote into every row it took, besides its state and a new
+/// claim token.
+pub(crate) struct ClaimWrites<'a> {
+    /// The start and heartbeat time, as stored: to the microsecond.
+    pub now: DateTime<Utc>,
+    /// The worker's name.
+    pub worker: &'a str,
+}
+
+impl<'a> ClaimWrites<'a> {
+    pub(crate) fn new(now: DateTime<Utc>, worker: &'a str) -> Self {
+        // Postgres keeps microseconds, and sqlx sends them truncated.
+        let now = DateTime::from_timestamp_micros(now.timestamp_micros()).unwrap_or(now);
+        ClaimWrites { now, worker }
+    }
+}
+
+/// The default table's columns a claim does not write, in the order the
+/// claim returns them after its four `__queue_*` columns, each with the
+/// standard column it is (`kind` and `payload` are the default table's
+/// own).
+const CLAIM_READS: [(&str, Option<Column>); 9] = [
+    ("kind", None),
+    ("payload", None),
+    ("priority", Some(Column::Priority)),
+    ("failure_message", Some(Column::FailureMessage)),
+    ("queued_at", Some(Column::QueuedAt)),
+    ("finished_at", Some(Column::FinishedAt)),
+    ("process_after", Some(Column::ProcessAfter)),
+    ("num_resets", Some(Column::NumResets)),
+    ("cancel", Some(Column::Cancel)),
+];
+
+/// The columns of a [`Job`] a claim writes ([`ClaimWrites`], the state,
+/// the claim token, and an empty execution log) or returns already (the
+/// key and the failure count).
+const CLAIM_WRITES: [Column; 6] = [
+    Column::StartedAt,
+    Column::LastHeartbeatAt,
+    Column::WorkerHostname,
+    Column::ExecutionLogs,
+    Column::ClaimToken,
+    Column::NumFailures,
+];
+
+/// The select list of a claim on the default table that reads back only
+/// the columns it did not write ([`CLAIM_READS`], named as in the default
+/// table), or `None` if the options declare a column of a [`Job`] absent.
+/// A claim returning the whole row (`alias.*`) spent about a tenth more of
+/// the server's time per row, and the worker about 2 µs more per job,
+/// sending and decoding values the worker knows.
+pub(crate) fn claimed_job_select(options: &PgStoreOptions) -> Option<String> {
+    if CLAIM_WRITES
+        .iter()
+        .any(|c| options.column_name(*c).is_none())
+    {
+        return None;
+    }
+    let alias = options.alias.quoted();
+    let columns = CLAIM_READS
+        .iter()
+        .map(|(name, column)| {
+            let stored = match column {
+                Some(column) => options.column_name(*column)?.quoted(),
+                None => format!("\"{name}\""),
+            };
+            Some(format!("{alias}.{stored} AS \"{name}\""))
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Some(columns.join(", "))
+}
+
+/// Decodes a row of a claim whose select list is [`claimed_job_select`]
+/// into a [`Job`], with what the claim wrote.
+pub(crate) fn decode_claimed_job(
+    row: &PgRow,
+    writes: &ClaimWrites<'_>,
+) -> Result<Job, sqlx::Error> {
+    // The claim's four columns come first, then CLAIM_READS in order. On
+    // failure, again by name: the error then names the column.
+    fn at<'r, T>(row: &'r PgRow, (index, name): (usize, &str)) -> Result<T, sqlx::Error>
+    where
+        T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
+    {
+        row.try_get(index).or_else(|_| row.try_get(name))
+    }
+    let read = |n: usize| (4 + n, CLAIM_READS[n].0);
+    let failures: i64 = at(row, (2, "__queue_failures"))?;
+    Ok(Job {
+        id: at(row, (0, "__queue_id"))?,
+        kind: at(row, read(0))?,
+        payload: at(row, read(1))?,
+        priority: at(row, read(2))?,
+        state: JobState::Processing,
+        failure_message: at(row, read(3))?,
+        queued_at: at(row, read(4))?,
+        started_at: Some(writes.now),
+        finished_at: at(row, read(5))?,
+        process_after: at(row, read(6))?,
+        num_resets: at(row, read(7))?,
+        num_failures: i32::try_from(failures).map_err(|e| sqlx::Error::ColumnDecode {
+            index: "num_failures".into(),
+            source: Box::new(e),
+        })?,
+        last_heartbeat_at: Some(writes.now),
+        execution_logs: Vec::new(),
+        worker_hostname: Some(writes.worker.to_owned()),
+        cancel: at(row, read(8))?,
+        claim_token: at(row, (1, "__queue_token"))?,
+    })
+}
 
 /// The default table's columns, in the order it creates them.
 pub(crate) const DEFAULT_COLUMNS: [&str; 17] = [
@@ -134,4 +267,37 @@ pub fn decode_job(row: &PgRow) -> Result<Job, sqlx::Error> {
         cancel: c.get(15)?,
         claim_token: c.get(16)?,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_claim_on_the_default_table_reads_the_columns_it_does_not_write_by_standard_name() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        assert_eq!(
+            claimed_job_select(&options).as_deref(),
+            Some(
+                "\"jobs\".\"kind\" AS \"kind\", \"jobs\".\"payload\" AS \"payload\", \
+                 \"jobs\".\"priority\" AS \"priority\", \"jobs\".\"failure_message\" AS \"failure_message\", \
+                 \"jobs\".\"queued_at\" AS \"queued_at\", \"jobs\".\"finished_at\" AS \"finished_at\", \
+                 \"jobs\".\"process_after\" AS \"process_after\", \"jobs\".\"num_resets\" AS \"num_resets\", \
+                 \"jobs\".\"cancel\" AS \"cancel\""
+            )
+        );
+        let renamed = options
+            .clone()
+            .column(Column::QueuedAt, "enqueued \"at\"")
+            .unwrap();
+        assert!(claimed_job_select(&renamed)
+            .unwrap()
+            .contains("\"jobs\".\"enqueued \"\"at\"\"\" AS \"queued_at\""));
+        // A column the record reads, or one the claim writes for it, absent:
+        // the claim returns the whole row instead.
+        for absent in [Column::Cancel, Column::WorkerHostname] {
+            let without = options.clone().without(absent).unwrap();
+            assert_eq!(claimed_job_select(&without), None, "{absent:?}");
+        }
+    }
 }

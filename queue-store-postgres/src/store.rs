@@ -24,7 +24,9 @@ use crate::error::store_error;
 use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
 use crate::listen;
 use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
-use crate::record::{decode_job, Decoder, PgKey};
+use crate::record::{
+    claimed_job_select, decode_claimed_job, decode_job, ClaimWrites, Decoder, PgKey, RecordDecoder,
+};
 use crate::ride::Rides;
 use crate::sql::{catalog, Param, Statement, Statements, CURSOR_PRIORITY_COLUMN};
 use crate::stash::Stash;
@@ -38,7 +40,7 @@ struct Inner<R: JobRecord> {
     options: PgStoreOptions,
     sql: Arc<Statements>,
     states: Arc<StateValues>,
-    decode: Decoder<R>,
+    decode: RecordDecoder<R>,
     wake: Arc<Notify>,
     listener: JoinHandle<()>,
     /// The batched completer: outcomes that need no job transaction.
@@ -104,9 +106,25 @@ impl<R: JobRecord> std::fmt::Debug for PgStore<R> {
 
 impl PgStore<Job> {
     /// A store over the default table (see [`JobTable`](crate::JobTable)),
-    /// handing out [`Job`] records.
-    pub async fn default_table(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
-        PgStore::with_decoder(pool, options, decode_job).await
+    /// handing out [`Job`] records. Unless the options name a select list or
+    /// a view, a claim returns only the columns it did not write (by their
+    /// standard names, whatever the options rename them to), and each
+    /// record takes the state, start and heartbeat time, worker, claim
+    /// token and empty execution log from the claim itself.
+    pub async fn default_table(
+        pool: PgPool,
+        mut options: PgStoreOptions,
+    ) -> Result<Self, StoreError> {
+        // Unless told what to read, a claim reads back only the columns it
+        // did not write, and the record takes the rest from the claim.
+        let decode = match claimed_job_select(&options) {
+            Some(select) if options.select.is_none() && options.view.is_none() => {
+                options.select = Some(select);
+                RecordDecoder::Claimed(decode_claimed_job)
+            }
+            _ => RecordDecoder::Row(decode_job),
+        };
+        PgStore::build(pool, options, decode).await
     }
 }
 
@@ -134,6 +152,14 @@ where
         pool: PgPool,
         options: PgStoreOptions,
         decode: Decoder<R>,
+    ) -> Result<Self, StoreError> {
+        PgStore::build(pool, options, RecordDecoder::Row(decode)).await
+    }
+
+    async fn build(
+        pool: PgPool,
+        options: PgStoreOptions,
+        decode: RecordDecoder<R>,
     ) -> Result<Self, StoreError> {
         options.check()?;
         if pool.options().get_test_before_acquire() {
@@ -438,7 +464,8 @@ where
                     .saturating_add(1),
             });
         }
-        let decode = self.inner.decode;
+        let writes = ClaimWrites::new(params.now, params.worker);
+        let decode = |row: &PgRow| self.inner.decode.decode(row, &writes);
         let decode_error = |id: &R::Id, message: String| DecodeError {
             id: id.to_string(),
             message,

@@ -1,8 +1,10 @@
-//! Decoding rows of the default table with `decode_job`.
+//! Decoding rows of the default table: `decode_job`, and the records of
+//! claims.
 
 mod support;
 
-use queue_core::{Job, NewJob};
+use queue_core::{ClaimParams, Job, JobState, NewJob, Store};
+use queue_store_postgres::{Column, ExecutionMode, PgStore};
 use support::{fresh_table, pool};
 
 /// `decode_job` reads the default table's columns where the table puts them
@@ -92,4 +94,107 @@ async fn decode_job_finds_each_column_wherever_the_select_puts_it() {
         retyped.to_string().contains("payload"),
         "the error names the column: {retyped}"
     );
+}
+
+/// A claim on the default table reads back only the columns it did not
+/// write and takes the rest from what it wrote: each claimed `Job` equals
+/// the row the claim left, read back whole, for a fresh job and for one
+/// retried and reset before; also with a column renamed, where the claim
+/// reads it under its standard name; and with a select list of the user's
+/// own, which the whole row decodes from as before.
+#[tokio::test]
+async fn a_claimed_job_is_the_row_the_claim_left() {
+    let Some(pool) = pool("a_claimed_job_is_the_row_the_claim_left").await else {
+        return;
+    };
+    for case in ["default", "renamed column", "own select list"] {
+        let table = fresh_table(&pool).await;
+        let t = table.name().quoted();
+        let mut options = table.store_options().mode(ExecutionMode::Lease);
+        match case {
+            "renamed column" => {
+                sqlx::query(&format!(
+                    "ALTER TABLE {t} RENAME COLUMN failure_message TO \"last error\""
+                ))
+                .execute(&pool)
+                .await
+                .expect("rename");
+                options = options
+                    .column(Column::FailureMessage, "last error")
+                    .expect("a valid name");
+            }
+            "own select list" => options = options.select("jobs.*"),
+            _ => {}
+        }
+        let fresh = table
+            .enqueue(
+                &pool,
+                &NewJob::new("mail", serde_json::json!({"to": "a@b"})).priority(5),
+            )
+            .await
+            .expect("enqueue");
+        let retried = table
+            .enqueue(&pool, &NewJob::new("sms", serde_json::json!([1, 2])))
+            .await
+            .expect("enqueue");
+        let message = if case == "renamed column" {
+            "\"last error\""
+        } else {
+            "failure_message"
+        };
+        sqlx::query(&format!(
+            "UPDATE {t} SET state = 'errored', {message} = 'once', num_failures = 1, num_resets = 2, \
+             finished_at = now() - interval '1 minute', process_after = now() - interval '1 second', \
+             worker_hostname = 'earlier', claim_token = 7, \
+             execution_logs = ARRAY['{{\"key\": \"a\", \"at\": \"2026-11-22T00:00:00Z\", \"message\": \"m\"}}'::json] \
+             WHERE id = $1"
+        ))
+        .bind(retried)
+        .execute(&pool)
+        .await
+        .expect("an earlier attempt");
+        let store = PgStore::default_table(pool.clone(), options)
+            .await
+            .expect("a store");
+        let claimed = store
+            .claim(ClaimParams {
+                limit: 2,
+                worker: "worker-7",
+                conditions: None,
+                now: chrono::Utc::now(),
+            })
+            .await
+            .expect("a claim");
+        assert_eq!(claimed.len(), 2, "{case}");
+        let whole = if case == "renamed column" {
+            format!("SELECT *, \"last error\" AS failure_message FROM {t} WHERE id = $1")
+        } else {
+            format!("SELECT * FROM {t} WHERE id = $1")
+        };
+        for job in claimed {
+            let record = job.record.expect("a decoded record");
+            let row = sqlx::query(&whole)
+                .bind(record.id)
+                .fetch_one(&pool)
+                .await
+                .expect("the claimed row");
+            let stored = queue_store_postgres::decode_job(&row).expect("the row decodes");
+            assert_eq!(record, stored, "{case}");
+            assert_eq!(record.state, JobState::Processing, "{case}");
+            assert_eq!(
+                record.worker_hostname.as_deref(),
+                Some("worker-7"),
+                "{case}"
+            );
+            assert!(record.execution_logs.is_empty(), "{case}");
+            assert_eq!(
+                record.id == retried,
+                record.failure_message.as_deref() == Some("once"),
+                "{case}"
+            );
+            if record.id == fresh {
+                assert_eq!((record.priority, record.num_failures), (5, 0), "{case}");
+            }
+        }
+    }
 }
