@@ -28,6 +28,8 @@ use crate::pg::{ClusterOptions, Postgres};
 
 #[path = "../../bench/cpu.rs"]
 mod cpu;
+#[path = "../../bench/quiet.rs"]
+mod quiet;
 use cpu::{CpuPerJob, CpuSample};
 
 /// How big each scenario is.
@@ -726,6 +728,7 @@ impl Handler<PgStore<Job>> for Stamp {
 
 async fn wake_latency(pool: &PgPool, n: usize) -> Result<Latency> {
     let table = fresh_table(pool, "wake").await?;
+    quiet::quiesce(pool).await?;
     let store = PgStore::default_table(
         pool.clone(),
         table.store_options().mode(ExecutionMode::Lease),
@@ -1279,7 +1282,10 @@ fn benchmarks_doc(report: &str) -> String {
          with lock rides on (`PgStoreOptions::lock_rides`, 1 ms: a job's lock rides on another \
          job's commit).\n\
          - **wake**: idle workers; 500 jobs enqueued one by one at ~50/s; time from the enqueue's \
-         commit to the handler's start.\n\
+         commit to the handler's start. It starts on a quiet server: `VACUUM ANALYZE` and a \
+         `CHECKPOINT` first, so that no autovacuum of an earlier scenario's rows and no \
+         checkpoint runs during it (right after the enqueue scenario without them, its p99 was \
+         2.4-4.8 ms against 1.3-1.7 ms alone).\n\
          - **memory**: peak RSS of a separate worker process holding 10,000 in-flight jobs.\n\
          - **growth**: median latency of a one-job claim with 0, 1M and 10M finished rows in the \
          table, every claim reading from the start of the claim order (without the claim cursor, \
@@ -1295,7 +1301,8 @@ fn benchmarks_doc(report: &str) -> String {
          and apalis, each in a database of its own on the same server. Each peer's drain is \
          prepared like the project's: its jobs are enqueued in batches, its database is \
          vacuumed and analyzed, and it gets 1.1 s to settle before the timed drain; its CPU per \
-         job is sampled the same way. Then the **versus** rows: \
+         job is sampled the same way; its wake scenario starts on a quiet server like the \
+         project's. Then the **versus** rows: \
          the lease drain at 16 handlers (keeping completed jobs, the default, and deleting \
          them) and graphile_worker's, alternating for five rounds, medians (the ratio to \
          graphile_worker's target is taken from these, so that the machine's drift hits both \
@@ -1304,12 +1311,17 @@ fn benchmarks_doc(report: &str) -> String {
          ## Table design for growth\n\n\
          The default table keeps claiming independent of finished rows: the claim reads the \
          partial index `(priority DESC, id) WHERE state IN ('queued', 'errored')`, which holds only \
-         claimable rows however many finished ones pile up. Completions, heartbeats and the \
-         resetter read the partial index `(id) WHERE state = 'processing'`, which holds only \
-         running jobs and finds each by key whatever plan the planner picks (an index on the \
-         heartbeat column instead had completions read every running row, and made every \
-         heartbeat a non-HOT update). The table has `fillfactor = 80`, leaving room on each \
-         page so that new row versions stay on the page.\n\n\
+         claimable rows however many finished ones pile up. The resetter reads the partial \
+         index `(id) WHERE state = 'processing'`, which holds only running jobs (an index on \
+         the heartbeat column instead would make every heartbeat a non-HOT update). \
+         Completions and heartbeats find each of their rows by key, through the primary key: \
+         their arrays and the processing state reach the planner only through initplans, so \
+         that no plan, custom or cached, hashes a batch against a scan of the processing \
+         index, which keeps an entry for every job claimed since the last vacuum (with \
+         statistics taken before a drain, every sampled completion did: 33 ms for a 950-row \
+         completion past 51,000 such entries, against 9.7 ms probing by key). The table has \
+         `fillfactor = 80`, leaving room on each page so that new row versions stay on the \
+         page.\n\n\
          ## What limits the figures\n\n\
          Measured with `pg_stat_statements`, `auto_explain`, `perf`, `vmstat` and pgbench scripts \
          on the 2-core machine:\n\n\
@@ -1317,11 +1329,15 @@ fn benchmarks_doc(report: &str) -> String {
          and completions of several hundred per statement (16 handlers). On an idle server a claim costs about 8 µs \
          of executor time per row (index scan, row lock, the new row version, its primary-key and \
          processing-index entries; no update can be HOT, since the state is in the partial \
-         indexes' predicates). Three things took a claim's round trip down: it commits without \
+         indexes' predicates). Four things took a claim's round trip down: it commits without \
          waiting for its WAL flush (`ClaimCommit::Async`; completions still wait), it spells out \
          its state values and its size so each size is planned a few times per connection and \
-         then runs a cached plan (planning every claim cost 0.1-0.15 ms), and its connection \
-         stays with the store between statements (sqlx pings every connection it takes back). \
+         then runs a cached plan (planning every claim cost 0.1-0.15 ms), its connection \
+         stays with the store between statements (sqlx pings every connection it takes back), \
+         and on the default table it returns only the columns it did not write (the record \
+         takes the state, the start and heartbeat time, the worker and the token from the \
+         claim): the whole row cost 5-8 % more executor time per row and 2-3 µs more worker \
+         CPU per job. \
          At 16 handlers the cores are still a quarter to a third idle: a job's slot is held \
          while its claim is on the way, so throughput is about slots ÷ claim round trip (1.0-1.5 \
          ms for 42-45 rows under load, of which 0.5-0.8 ms does not depend on the size: wake-ups \

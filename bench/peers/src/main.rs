@@ -14,6 +14,8 @@ use anyhow::{bail, ensure, Context, Result};
 
 #[path = "../../cpu.rs"]
 mod cpu;
+#[path = "../../quiet.rs"]
+mod quiet;
 use cpu::CpuSample;
 
 const HANDLERS: usize = 16;
@@ -252,6 +254,7 @@ mod graphile {
         if wake_jobs == 0 {
             return Ok(());
         }
+        quiet::quiesce(&pool).await?;
         let w = worker(url).await?;
         let utils = w.create_utils();
         let s = begin_scenario(wake_jobs);
@@ -385,6 +388,7 @@ mod mq {
         if wake_jobs == 0 {
             return Ok(());
         }
+        quiet::quiesce(&pool).await?;
 
         let s = begin_scenario(wake_jobs);
         let handle = start(&pool).await?;
@@ -473,6 +477,7 @@ mod apalis_pg {
         if wake_jobs == 0 {
             return Ok(());
         }
+        quiet::quiesce(&checker).await?;
 
         let s = begin_scenario(wake_jobs);
         let (stop, stopped) = tokio::sync::oneshot::channel();
