@@ -1338,7 +1338,7 @@ fn benchmarks_doc(report: &str) -> String {
          takes the state, the start and heartbeat time, the worker and the token from the \
          claim): the whole row cost 5-8 % more executor time per row and 2-3 µs more worker \
          CPU per job. \
-         At 16 handlers the cores are still a quarter to a third idle: a job's slot is held \
+         At 16 handlers the cores are still a tenth to a third idle: a job's slot is held \
          while its claim is on the way, so throughput is about slots ÷ claim round trip (1.0-1.5 \
          ms for 42-45 rows under load, of which 0.5-0.8 ms does not depend on the size: wake-ups \
          of the backend and the worker on two busy cores). Two claims may be in flight, 1.4 on \
@@ -1389,34 +1389,37 @@ fn benchmarks_doc(report: &str) -> String {
          flush, later than its own round trip would bring it, which costs where the handlers' \
          waits, not the CPU, limit the drain. Hence rides are off by default.\n\
          - **Versus graphile_worker** (16 handlers, a local queue of 64 each). In the run \
-         above graphile_worker used 35 µs of CPU per job in all (10 µs in its worker), and \
-         this drain 26 µs (8 µs in the worker). graphile_worker keeps the cores only about \
-         half busy: it fetches its next 64 jobs only once its local queue is empty, one fetch \
-         at a time. This drain keeps them about two thirds busy, with two claims in flight, \
-         and cannot get busier while at most 80 jobs are in hand: a slot is held from the \
-         moment its claim is sent until its handler is done, so throughput is about 2 × 40 \
-         jobs per claim round trip. Under this load a 42-row claim takes about 1.0 ms from \
-         the worker's side, of which 0.5 ms is the executor's (about 12 µs a row: the row \
-         lock, a new row version and two index entries, the returned row); claims of 24-35 \
-         rows, three or four in flight, took as long as claims of 46 rows and drained 10-20 % \
-         slower. With more jobs in hand the CPU is the limit: at 64 handlers (320 jobs in \
-         hand) the run above drained 53,800 jobs/s at 32 µs per job, 1.7 of the 2 cores. Two \
-         changes took the versus ratio from 1.65×, 1.68× and 1.82× (three full runs before \
-         them) to 1.85× in the run above (single runs 2.04×), and 1.94× and 2.06× in two \
-         more head-to-heads the same day (`--peers --only peers`; 2.16× and 1.81× deleting \
-         completed jobs): the worker spawns a claim's jobs in tasks of up to eight instead \
-         of one task each (the spawns and the wake-ups between threads that came with them \
-         were about a fifth of the worker's CPU per job), and successes are completed by a \
-         statement of their own that writes only the state and the finish time (three arrays \
-         instead of seven; 5.9-6.7 µs of executor time per row under load instead of \
-         7.3-7.4). The peers are prepared like the project's drain (vacuumed, analyzed and \
-         settled); before they were, an autovacuum of graphile_worker's fresh jobs could run \
-         during its timed drain, and preparing it made it a few percent faster (3.6 % on \
-         average over three A/B pairs). Measured with a memory store, the worker itself cost \
-         about 3.3 µs of CPU per job before its jobs shared tasks; the Postgres store's share \
-         of the worker's CPU (the claim's rows through sqlx and their decoding, the batched \
-         completer, the sockets) is most of the rest. Boxing each job's future, or leaving \
-         out its metrics, changed neither figure measurably.\n\
+         above graphile_worker used 64 µs of CPU per job in all (19 µs in its worker), and \
+         this drain 41 µs (12 µs in the worker); the machine ran slower than on the days of \
+         earlier runs (pgbench 7,700-10,900 tps against 14,500-16,300). graphile_worker keeps \
+         the cores only about half busy: it fetches its next 64 jobs only once its local \
+         queue is empty, one fetch at a time. This drain keeps them about four fifths busy, \
+         with two claims in flight, and cannot get busier while at most 80 jobs are in hand: \
+         a slot is held from the moment its claim is sent until its handler is done, so \
+         throughput is about 2 × 40 jobs per claim round trip. On the same machine the same \
+         day a 42-row claim took 1.7-1.9 ms from the worker's side, of which 0.8-0.9 ms was \
+         the executor's (timed in the store, and with `pg_stat_statements`); on an earlier \
+         day claims of 24-35 rows, three or four in flight, took as long as claims of 46 rows \
+         and drained 10-20 % slower. With more jobs in hand the CPU is the limit: at 64 \
+         handlers (320 jobs in hand) the run above drained 48,100 jobs/s at 35 µs per job. \
+         Two changes took the head-to-head from 2.08×, 2.03×, 1.95× and 1.97× (four \
+         alternating rounds on a development cluster the same day, before them) to \
+         2.16-2.43× in each of the five rounds above (2.30× their medians): completions whose \
+         plans probe each row by key (see the table design above; 10.1-12.5 µs of executor \
+         time per completed row under load against 12.4-13.5), and a claim on the default \
+         table that returns only the columns it did not write (5-8 % less executor time per \
+         claimed row, 2-3 µs less worker CPU per job). Before them, the worker had come to \
+         spawn a claim's jobs in tasks of up to eight instead of one task each (the spawns \
+         and the wake-ups between threads that came with them were about a fifth of the \
+         worker's CPU per job), and successes to be completed by a statement of their own \
+         that writes only the state and the finish time. The peers are prepared like the \
+         project's drain (vacuumed, analyzed and settled); preparing graphile_worker made it \
+         a few percent faster (3.6 % on average over three A/B pairs). Measured and dropped: \
+         boxing each job's future, leaving out its metrics, and answering a batched \
+         completion with one row (how many it applied to) instead of a row per job changed \
+         neither figure measurably; without the processing index a pgbench loop of claims \
+         and completions ran 10-20 % faster, but the drain measured slower in three rounds \
+         of three, and the resetter would have to read the whole table.\n\
          - **Wake latency** is LISTEN/NOTIFY from a statement-level trigger: the notification is \
          sent at commit and the worker claims at once.\n\
          - **Variance**: on this virtual machine the same scenario measured minutes apart differs \
