@@ -57,8 +57,8 @@ impl<R> RecordDecoder<R> {
     }
 }
 
-/// What a claim wrote into every row it took, besides its state and a new
-/// claim token.
+/// What a claim wrote into every row it took, besides its state, a new
+/// claim token and an empty execution log.
 pub(crate) struct ClaimWrites<'a> {
     /// The start and heartbeat time, as stored: to the microsecond.
     pub now: DateTime<Utc>,
