@@ -1,7 +1,7 @@
 //! Records and keys: what a claimed row decodes into.
 
 use chrono::{DateTime, Utc};
-use queue_core::{Job, JobId, JobState, LogEntry};
+use queue_core::{Job, JobId, JobRecord, JobState, Lease, LogEntry};
 use sqlx::postgres::{PgHasArrayType, PgRow};
 use sqlx::{Column as _, Postgres, Row};
 
@@ -39,20 +39,31 @@ impl PgKey for String {
 /// Decodes one claimed row (the select list) into a record.
 pub type Decoder<R> = fn(&PgRow) -> Result<R, sqlx::Error>;
 
+/// Decodes one claimed row of a claim with a narrow select list, with the
+/// row's lease and what the claim wrote.
+pub(crate) type ClaimedDecoder<R> =
+    fn(&PgRow, &Lease<<R as JobRecord>::Id>, &ClaimWrites<'_>) -> Result<R, sqlx::Error>;
+
 /// How a store turns claimed rows into records.
-pub(crate) enum RecordDecoder<R> {
+pub(crate) enum RecordDecoder<R: JobRecord> {
     /// From the select list alone.
     Row(Decoder<R>),
-    /// From the columns the claim did not write ([`claimed_job_select`])
-    /// and what it wrote.
-    Claimed(fn(&PgRow, &ClaimWrites<'_>) -> Result<R, sqlx::Error>),
+    /// From the columns the claim did not write ([`claimed_job_select`]),
+    /// the row's lease (read from the claim's own columns already) and what
+    /// the claim wrote.
+    Claimed(ClaimedDecoder<R>),
 }
 
-impl<R> RecordDecoder<R> {
-    pub(crate) fn decode(&self, row: &PgRow, writes: &ClaimWrites<'_>) -> Result<R, sqlx::Error> {
+impl<R: JobRecord> RecordDecoder<R> {
+    pub(crate) fn decode(
+        &self,
+        row: &PgRow,
+        lease: &Lease<R::Id>,
+        writes: &ClaimWrites<'_>,
+    ) -> Result<R, sqlx::Error> {
         match self {
             RecordDecoder::Row(decode) => decode(row),
-            RecordDecoder::Claimed(decode) => decode(row, writes),
+            RecordDecoder::Claimed(decode) => decode(row, lease, writes),
         }
     }
 }
@@ -130,13 +141,15 @@ pub(crate) fn claimed_job_select(options: &PgStoreOptions) -> Option<String> {
 }
 
 /// Decodes a row of a claim whose select list is [`claimed_job_select`]
-/// into a [`Job`], with what the claim wrote.
+/// into a [`Job`], with its lease (the key, the token and the failure count
+/// the claim returned) and what the claim wrote.
 pub(crate) fn decode_claimed_job(
     row: &PgRow,
+    lease: &Lease<i64>,
     writes: &ClaimWrites<'_>,
 ) -> Result<Job, sqlx::Error> {
-    // The claim's four columns come first, then CLAIM_READS in order. On
-    // failure, again by name: the error then names the column.
+    // CLAIM_READS follow the claim's four columns, in order. On failure,
+    // again by name: the error then names the column.
     fn at<'r, T>(row: &'r PgRow, (index, name): (usize, &str)) -> Result<T, sqlx::Error>
     where
         T: sqlx::Decode<'r, Postgres> + sqlx::Type<Postgres>,
@@ -144,9 +157,8 @@ pub(crate) fn decode_claimed_job(
         row.try_get(index).or_else(|_| row.try_get(name))
     }
     let read = |n: usize| (4 + n, CLAIM_READS[n].0);
-    let failures: i64 = at(row, (2, "__queue_failures"))?;
     Ok(Job {
-        id: at(row, (0, "__queue_id"))?,
+        id: lease.id,
         kind: at(row, read(0))?,
         payload: at(row, read(1))?,
         priority: at(row, read(2))?,
@@ -157,7 +169,7 @@ pub(crate) fn decode_claimed_job(
         finished_at: at(row, read(5))?,
         process_after: at(row, read(6))?,
         num_resets: at(row, read(7))?,
-        num_failures: i32::try_from(failures).map_err(|e| sqlx::Error::ColumnDecode {
+        num_failures: i32::try_from(lease.attempt - 1).map_err(|e| sqlx::Error::ColumnDecode {
             index: "num_failures".into(),
             source: Box::new(e),
         })?,
@@ -165,7 +177,7 @@ pub(crate) fn decode_claimed_job(
         execution_logs: Vec::new(),
         worker_hostname: Some(writes.worker.to_owned()),
         cancel: at(row, read(8))?,
-        claim_token: at(row, (1, "__queue_token"))?,
+        claim_token: lease.token,
     })
 }
 

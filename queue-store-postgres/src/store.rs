@@ -465,7 +465,7 @@ where
             });
         }
         let writes = ClaimWrites::new(params.now, params.worker);
-        let decode = |row: &PgRow| self.inner.decode.decode(row, &writes);
+        let decode = |row: &PgRow, lease| self.inner.decode.decode(row, lease, &writes);
         let decode_error = |id: &R::Id, message: String| DecodeError {
             id: id.to_string(),
             message,
@@ -474,7 +474,9 @@ where
             None => rows
                 .iter()
                 .zip(&leases)
-                .map(|(row, lease)| decode(row).map_err(|e| decode_error(&lease.id, e.to_string())))
+                .map(|(row, lease)| {
+                    decode(row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
+                })
                 .collect(),
             Some(statement) => {
                 let ids = leases.iter().map(|l| l.id.clone()).collect();
@@ -484,7 +486,7 @@ where
                     .iter()
                     .map(|lease| match by_id.remove(&lease.id) {
                         Some(row) => {
-                            decode(&row).map_err(|e| decode_error(&lease.id, e.to_string()))
+                            decode(&row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
                         }
                         None => Err(decode_error(
                             &lease.id,

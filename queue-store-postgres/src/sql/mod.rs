@@ -116,6 +116,13 @@ fn unseen(input: &str, ty: &str) -> String {
     format!("(SELECT CAST({input} AS {ty}))")
 }
 
+/// `unnest(..)` over a batched statement's arrays, each [`unseen`]: inputs
+/// with their array types.
+fn unnest_unseen(arrays: &[(&str, &str)]) -> String {
+    let arrays: Vec<String> = arrays.iter().map(|(a, ty)| unseen(a, ty)).collect();
+    format!("unnest({})", arrays.join(", "))
+}
+
 /// The name of the claim's last column when the cursor needs each job's
 /// priority.
 pub(crate) const CURSOR_PRIORITY_COLUMN: &str = "__queue_priority";
@@ -462,18 +469,20 @@ impl Statements {
             )
         };
         let guard = held_batch(&processing);
+        let keys = format!("{kt}[]");
         b.push(&format!(
-            "UPDATE {table} AS {a} SET {sets} \
-             FROM unnest({}, {}, {}, {}, {}, {}, {}) \
+            "UPDATE {table} AS {a} SET {sets} FROM {} \
              AS u(id, token, target, finished_at, message, process_after, failed) \
              WHERE {guard} RETURNING {id}",
-            unseen(&ids, &format!("{kt}[]")),
-            unseen(&tokens, "int8[]"),
-            unseen(&targets, "text[]"),
-            unseen(&finished, "timestamptz[]"),
-            unseen(&messages, "text[]"),
-            unseen(&afters, "timestamptz[]"),
-            unseen(&incs, "int4[]"),
+            unnest_unseen(&[
+                (&ids, &keys),
+                (&tokens, "int8[]"),
+                (&targets, "text[]"),
+                (&finished, "timestamptz[]"),
+                (&messages, "text[]"),
+                (&afters, "timestamptz[]"),
+                (&incs, "int4[]"),
+            ]),
         ));
         let finish = b.build();
 
@@ -499,10 +508,9 @@ impl Statements {
             );
             let guard = held_batch(&processing);
             b.push(&format!(
-                "DELETE FROM {table} AS {a} USING unnest({}, {}) AS u(id, token) \
+                "DELETE FROM {table} AS {a} USING {} AS u(id, token) \
                  WHERE {guard} RETURNING {id}",
-                unseen(&ids, &format!("{kt}[]")),
-                unseen(&tokens, "int8[]"),
+                unnest_unseen(&[(&ids, &keys), (&tokens, "int8[]")]),
             ));
             let many = b.build();
             let mut b = Builder::default();
@@ -528,11 +536,13 @@ impl Statements {
             }
             let guard = held_batch(&processing);
             b.push(&format!(
-                "UPDATE {table} AS {a} SET {sets} FROM unnest({}, {}, {}) \
+                "UPDATE {table} AS {a} SET {sets} FROM {} \
                  AS u(id, token, finished_at) WHERE {guard} RETURNING {id}",
-                unseen(&ids, &format!("{kt}[]")),
-                unseen(&tokens, "int8[]"),
-                unseen(&finished, "timestamptz[]"),
+                unnest_unseen(&[
+                    (&ids, &keys),
+                    (&tokens, "int8[]"),
+                    (&finished, "timestamptz[]"),
+                ]),
                 sets = sets.join(", ")
             ));
             (b.build(), finish_one.clone())
@@ -549,13 +559,10 @@ impl Statements {
         );
         let cancel = names.at(Column::Cancel).unwrap_or_else(|| "false".into());
         // Its inputs [`unseen`], as in the batched finishes.
-        let (ids, tokens, processing) = (
-            unseen(&ids, &format!("{kt}[]")),
-            unseen(&tokens, "int8[]"),
-            unseen(&processing, st),
-        );
+        let leases = unnest_unseen(&[(&ids, &keys), (&tokens, "int8[]")]);
+        let processing = unseen(&processing, st);
         b.push(&format!(
-            "WITH leases AS (SELECT * FROM unnest({ids}, {tokens}) AS l(id, token)), \
+            "WITH leases AS (SELECT * FROM {leases} AS l(id, token)), \
              held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {table} AS {a} JOIN leases l ON {id} = l.id \
              WHERE {state} = {processing} AND {token} = l.token)"
         ));
