@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod admin;
 mod clock;
 mod error;
 mod handler;
@@ -12,6 +13,10 @@ mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
 
+pub use crate::admin::{
+    ActionReport, Admin, JobFilter, JobPage, JobView, ListOrder, ListParams, PurgeParams,
+    QueueStats, RetryParams, Skipped, StateCount, StatsParams, Targets, RETRYABLE_STATES,
+};
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
 pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};

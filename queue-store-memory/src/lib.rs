@@ -1,8 +1,9 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod admin;
 mod clock;
 mod store;
 
 pub use crate::clock::ManualClock;
-pub use crate::store::{JobFilter, MemoryStore};
+pub use crate::store::{MemoryCondition, MemoryStore};

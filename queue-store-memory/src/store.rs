@@ -12,33 +12,33 @@ use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
     ClaimParams, Claimed, Clock, DecodeError, Delivery, HeartbeatReport, Job, JobState, Lease,
     LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock, Transition,
-    WriteResult, CANCELED_BEFORE_RUN_MESSAGE,
+    WriteResult,
 };
 use tokio::sync::Notify;
 
 /// Extra dequeue conditions for the memory store: a predicate on the job.
 ///
 /// ```
-/// use queue_store_memory::JobFilter;
-/// let small = JobFilter::new(|job| job.payload["cost"].as_u64().unwrap_or(0) <= 4);
+/// use queue_store_memory::MemoryCondition;
+/// let small = MemoryCondition::new(|job| job.payload["cost"].as_u64().unwrap_or(0) <= 4);
 /// let mut job = queue_core::Job::example(1, "k", serde_json::json!({"cost": 3}));
 /// assert!(small.matches(&job));
 /// job.payload["cost"] = 9.into();
 /// assert!(!small.matches(&job));
 /// ```
 #[derive(Clone)]
-pub struct JobFilter(Arc<dyn Fn(&Job) -> bool + Send + Sync>);
+pub struct MemoryCondition(Arc<dyn Fn(&Job) -> bool + Send + Sync>);
 
-impl JobFilter {
+impl MemoryCondition {
     /// A filter admitting the jobs for which `predicate` is true.
     pub fn new(predicate: impl Fn(&Job) -> bool + Send + Sync + 'static) -> Self {
-        JobFilter(Arc::new(predicate))
+        MemoryCondition(Arc::new(predicate))
     }
 
     /// A filter admitting only jobs of `kind`.
     pub fn kind(kind: impl Into<String>) -> Self {
         let kind = kind.into();
-        JobFilter::new(move |job| job.kind == kind)
+        MemoryCondition::new(move |job| job.kind == kind)
     }
 
     /// Whether `job` passes.
@@ -47,19 +47,19 @@ impl JobFilter {
     }
 }
 
-impl fmt::Debug for JobFilter {
+impl fmt::Debug for MemoryCondition {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("JobFilter(..)")
+        f.write_str("MemoryCondition(..)")
     }
 }
 
 type DecodeCheck = Arc<dyn Fn(&Job) -> Result<(), String> + Send + Sync>;
 
 #[derive(Default)]
-struct State {
-    jobs: BTreeMap<i64, Job>,
+pub(crate) struct State {
+    pub(crate) jobs: BTreeMap<i64, Job>,
     /// Queued and errored jobs in claim order: priority descending, then id.
-    claimable: BTreeSet<(Reverse<i32>, i64)>,
+    pub(crate) claimable: BTreeSet<(Reverse<i32>, i64)>,
     next_id: i64,
     next_token: i64,
 }
@@ -71,7 +71,7 @@ impl State {
             .filter(|job| job.state == JobState::Processing && job.claim_token == lease.token)
     }
 
-    fn make_claimable(&mut self, id: i64) {
+    pub(crate) fn make_claimable(&mut self, id: i64) {
         if let Some(job) = self.jobs.get(&id) {
             self.claimable.insert((Reverse(job.priority), id));
         }
@@ -161,7 +161,7 @@ impl MemoryStore {
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, State> {
+    pub(crate) fn lock(&self) -> MutexGuard<'_, State> {
         // The state is consistent after every statement that mutates it, so
         // a panic elsewhere while holding the lock leaves nothing half done.
         self.shared
@@ -170,7 +170,7 @@ impl MemoryStore {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn wake_workers(&self) {
+    pub(crate) fn wake_workers(&self) {
         // Wake the waiting workers, and leave a permit for one that is about
         // to wait, so an enqueue racing a worker's empty claim is not missed.
         self.shared.jobs_available.notify_waiters();
@@ -228,49 +228,9 @@ impl MemoryStore {
         }
         counts
     }
-
-    /// Cancels job `id` as an operator would: a queued or errored job becomes
-    /// canceled; a processing job gets its cancel flag set, and its worker
-    /// learns of it at the next heartbeat. Returns false if there is no such
-    /// job or it is already terminal.
-    pub fn cancel(&self, id: i64) -> bool {
-        let now = self.shared.clock.now();
-        let mut state = self.lock();
-        let Some(job) = state.jobs.get_mut(&id) else {
-            return false;
-        };
-        match job.state {
-            JobState::Queued | JobState::Errored => {
-                job.state = JobState::Canceled;
-                job.finished_at = Some(now);
-                job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
-                let key = (Reverse(job.priority), id);
-                state.claimable.remove(&key);
-                true
-            }
-            JobState::Processing => {
-                job.cancel = true;
-                true
-            }
-            _ => false,
-        }
-    }
-
-    /// Deletes job `id`; returns whether it existed. A worker running it
-    /// learns at the next heartbeat that it is gone.
-    pub fn delete(&self, id: i64) -> bool {
-        let mut state = self.lock();
-        match state.jobs.remove(&id) {
-            Some(job) => {
-                state.claimable.remove(&(Reverse(job.priority), id));
-                true
-            }
-            None => false,
-        }
-    }
 }
 
-fn eligible(job: &Job, now: DateTime<Utc>) -> bool {
+pub(crate) fn eligible(job: &Job, now: DateTime<Utc>) -> bool {
     matches!(job.state, JobState::Queued | JobState::Errored)
         && job.process_after.is_none_or(|at| at <= now)
 }
@@ -279,12 +239,12 @@ fn eligible(job: &Job, now: DateTime<Utc>) -> bool {
 impl Store for MemoryStore {
     type Id = i64;
     type Record = Job;
-    type Conditions = JobFilter;
+    type Conditions = MemoryCondition;
     type JobStore = MemoryStore;
 
     async fn claim(
         &self,
-        params: ClaimParams<'_, JobFilter>,
+        params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
         let mut state = self.lock();
         let chosen: Vec<(Reverse<i32>, i64)> = state

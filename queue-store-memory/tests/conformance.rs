@@ -1,9 +1,8 @@
 //! The store conformance suite of `queue-core`, run against the memory store.
 
 use async_trait::async_trait;
-use queue_core::testkit::conformance::{Harness, Snapshot};
-use queue_core::NewJob;
-use queue_store_memory::{JobFilter, MemoryStore};
+use queue_core::testkit::conformance::Harness;
+use queue_store_memory::{MemoryCondition, MemoryStore};
 
 struct MemoryHarness;
 
@@ -15,24 +14,8 @@ impl Harness for MemoryHarness {
         MemoryStore::new()
     }
 
-    async fn enqueue(&self, store: &MemoryStore, job: NewJob) -> i64 {
-        store.enqueue(job)
-    }
-
-    async fn inspect(&self, store: &MemoryStore, id: &i64) -> Option<Snapshot> {
-        store.get(*id).map(Snapshot::from)
-    }
-
-    async fn cancel(&self, store: &MemoryStore, id: &i64) {
-        store.cancel(*id);
-    }
-
-    async fn delete(&self, store: &MemoryStore, id: &i64) {
-        store.delete(*id);
-    }
-
-    fn only_kind(&self, kind: &str) -> JobFilter {
-        JobFilter::kind(kind)
+    fn only_kind(&self, kind: &str) -> MemoryCondition {
+        MemoryCondition::kind(kind)
     }
 
     async fn detached_job_store(&self, store: &MemoryStore) -> MemoryStore {

@@ -1,6 +1,7 @@
 //! State-machine property tests: random sequences of enqueue, claim,
 //! complete, retryable error, poison, panic, crash, stale writes, heartbeat,
-//! cancel, delete, reset, release and clock advance, run against the memory
+//! reset, release, clock advance and the operator's cancel, delete, retry
+//! (one job, or a batch of failed ones) and purge, run against the memory
 //! store and the pure model of `queue_core::testkit::model`. After every step
 //! the store must agree with the model on every job, and these invariants
 //! must hold:
@@ -8,7 +9,8 @@
 //! - no job is held by two live leases at once;
 //! - no job is lost: every job not deleted is still there, in one state;
 //! - attempts never exceed `max_retries + 1`, resets never exceed `max_resets`;
-//! - a terminal state never changes.
+//! - a terminal state never changes, unless an operator retries the job;
+//! - the admin contract's counts and pages agree with the model.
 //!
 //! A failure shrinks to a short list of readable `Op`s.
 
@@ -19,8 +21,9 @@ use chrono::{DateTime, TimeDelta, Utc};
 use proptest::prelude::*;
 use queue_core::testkit::model::Model;
 use queue_core::{
-    AttemptEnd, ClaimParams, Delivery, JobError, JobState, Lease, LogEntry, NewJob, OutcomePolicy,
-    ResetParams, RetryPolicy, Store, Transition,
+    Admin, AttemptEnd, ClaimParams, Delivery, JobError, JobFilter, JobState, Lease, ListParams,
+    LogEntry, NewJob, OutcomePolicy, PurgeParams, ResetParams, RetryParams, RetryPolicy,
+    StatsParams, Store, Targets, Transition,
 };
 use queue_store_memory::MemoryStore;
 
@@ -80,6 +83,21 @@ enum Op {
     Delete {
         job: usize,
     },
+    /// An operator retries one job.
+    Retry {
+        job: usize,
+        reset_attempts: bool,
+    },
+    /// An operator retries a batch of failed jobs.
+    RetryFailed {
+        limit: usize,
+    },
+    /// An operator purges a batch of completed and failed jobs that
+    /// finished more than `age_secs` ago.
+    Purge {
+        age_secs: u8,
+        limit: usize,
+    },
     Reset {
         at_most_once: bool,
     },
@@ -105,6 +123,10 @@ fn op() -> impl Strategy<Value = Op> {
         1 => w.prop_map(|worker| Op::Release { worker }),
         1 => (0..16usize).prop_map(|job| Op::Cancel { job }),
         1 => (0..16usize).prop_map(|job| Op::Delete { job }),
+        1 => (0..16usize, any::<bool>())
+            .prop_map(|(job, reset_attempts)| Op::Retry { job, reset_attempts }),
+        1 => (1..4usize).prop_map(|limit| Op::RetryFailed { limit }),
+        1 => (0..90u8, 1..4usize).prop_map(|(age_secs, limit)| Op::Purge { age_secs, limit }),
         2 => any::<bool>().prop_map(|at_most_once| Op::Reset { at_most_once }),
         2 => (1..60u8).prop_map(|secs| Op::Advance { secs }),
     ]
@@ -157,7 +179,9 @@ impl Run {
     }
 
     async fn finish(&mut self, held: Held, transition: Transition) -> Result<(), TestCaseError> {
-        let expected = self.model.finish(held.index, held.claim, &transition);
+        let expected = self
+            .model
+            .finish(held.index, held.claim, &transition, self.now);
         let got = self
             .store
             .finish(
@@ -315,14 +339,80 @@ impl Run {
             }
             Op::Cancel { job } => {
                 if job < self.ids.len() && self.model.jobs[job].state.is_some() {
-                    self.model.cancel(job);
-                    self.store.cancel(self.ids[job]);
+                    let expected = self.model.cancel(job, self.now);
+                    let report = Admin::cancel(&self.store, &Targets::id(self.ids[job]), self.now)
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    let got = match (report.changed, report.stop_requested) {
+                        (1, 0) => Some(true),
+                        (0, 1) => Some(false),
+                        _ => None,
+                    };
+                    prop_assert_eq!(got, expected, "cancel of job {}", job);
                 }
             }
             Op::Delete { job } => {
                 if job < self.ids.len() && self.model.jobs[job].state.is_some() {
                     self.model.delete(job);
-                    self.store.delete(self.ids[job]);
+                    Admin::delete(&self.store, &Targets::id(self.ids[job]))
+                        .await
+                        .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                }
+            }
+            Op::Retry {
+                job,
+                reset_attempts,
+            } => {
+                if job < self.ids.len() && self.model.jobs[job].state.is_some() {
+                    let expected = self.model.retry(job, reset_attempts);
+                    let report = Admin::retry(
+                        &self.store,
+                        &Targets::id(self.ids[job]),
+                        RetryParams { reset_attempts },
+                    )
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                    prop_assert_eq!(report.changed == 1, expected, "retry of job {}", job);
+                    prop_assert_eq!(report.skipped.len() == 1, !expected, "a skip is reported");
+                    if expected {
+                        self.terminal.remove(&job);
+                    }
+                }
+            }
+            Op::RetryFailed { limit } => {
+                let expected = self.model.retry_matching(&[JobState::Failed], limit);
+                let report = Admin::retry(
+                    &self.store,
+                    &Targets::Matching {
+                        filter: JobFilter::default().states([JobState::Failed]),
+                        limit,
+                    },
+                    RetryParams::default(),
+                )
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(report.changed, expected.len() as u64, "bulk retry");
+                for job in expected {
+                    self.terminal.remove(&job);
+                }
+            }
+            Op::Purge { age_secs, limit } => {
+                let states = [JobState::Completed, JobState::Failed];
+                let before = self.now - TimeDelta::seconds(age_secs.into());
+                let expected = self.model.purge(&states, before, limit);
+                let purged = Admin::purge(
+                    &self.store,
+                    &PurgeParams {
+                        finished_before: before,
+                        states: states.to_vec(),
+                        limit,
+                    },
+                )
+                .await
+                .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                prop_assert_eq!(purged, expected.len() as u64, "purge");
+                for job in expected {
+                    self.terminal.remove(&job);
                 }
             }
             Op::Reset { at_most_once } => {
@@ -348,6 +438,44 @@ impl Run {
             }
             Op::Advance { secs } => self.now += TimeDelta::seconds(secs.into()),
         }
+        Ok(())
+    }
+
+    /// The admin contract's reads agree with the model: the counts per
+    /// state, and every live job once, newest first, over pages of three.
+    async fn check_admin_views(&self) -> Result<(), TestCaseError> {
+        let fail = |e: queue_core::StoreError| TestCaseError::fail(e.to_string());
+        let stats = Admin::stats(
+            &self.store,
+            StatsParams {
+                now: self.now,
+                stalled_before: self.now - TimeDelta::seconds(STALLED_MAX_AGE),
+            },
+        )
+        .await
+        .map_err(fail)?;
+        let counts: Vec<(JobState, u64)> = stats
+            .counts
+            .iter()
+            .map(|c| (c.state.unwrap_or(JobState::Queued), c.count))
+            .collect();
+        prop_assert_eq!(counts, self.model.counts(), "counts per state");
+        let mut listed = Vec::new();
+        let mut params = ListParams::first(JobFilter::default(), 3);
+        loop {
+            let page = Admin::list(&self.store, &params).await.map_err(fail)?;
+            listed.extend(page.jobs.iter().map(|j| j.id));
+            match page.next {
+                Some(next) => params.after = Some(next),
+                None => break,
+            }
+        }
+        let live: Vec<i64> = (0..self.ids.len())
+            .rev()
+            .filter(|&i| self.model.jobs[i].state.is_some())
+            .map(|i| self.ids[i])
+            .collect();
+        prop_assert_eq!(listed, live, "pages list every live job once, newest first");
         Ok(())
     }
 
@@ -392,6 +520,12 @@ impl Run {
                 job.last_heartbeat_at,
                 expected.last_heartbeat_at,
                 "heartbeat of job {}",
+                index
+            );
+            prop_assert_eq!(
+                job.finished_at,
+                expected.finished_at,
+                "finish time of job {}",
                 index
             );
             prop_assert!(
@@ -449,6 +583,7 @@ fn run(ops: &[Op]) -> Result<Run, TestCaseError> {
         for op in ops {
             run.step(op).await?;
             run.check_invariants()?;
+            run.check_admin_views().await?;
         }
         Ok(run)
     })

@@ -27,6 +27,7 @@ pub(crate) enum Value<K> {
     Times(Vec<Option<DateTime<Utc>>>),
     Int4s(Vec<i32>),
     Json(serde_json::Value),
+    Jsons(Vec<serde_json::Value>),
 }
 
 impl<K: PgKey> Value<K> {
@@ -49,6 +50,7 @@ impl<K: PgKey> Value<K> {
             Value::Times(v) => q.bind(v),
             Value::Int4s(v) => q.bind(v),
             Value::Json(v) => q.bind(v),
+            Value::Jsons(v) => q.bind(v),
         }
     }
 }

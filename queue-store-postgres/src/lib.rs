@@ -1,6 +1,7 @@
 #![doc = include_str!("../README.md")]
 #![warn(missing_docs)]
 
+mod admin;
 mod bind;
 mod completer;
 mod conditions;
@@ -17,6 +18,7 @@ mod sql;
 mod stash;
 mod store;
 
+pub use crate::admin::PgAdmin;
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;

@@ -10,8 +10,9 @@ use crate::error::OptionsError;
 use crate::ident::{Ident, QualifiedName};
 
 /// A standard column of the jobs table (the dbworker spec's columns plus the
-/// fencing token and the priority).
+/// fencing token, the priority, and the kind and payload an operator reads).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
 pub enum Column {
     /// The key: integer, bigint, uuid or text. Required.
     Id,
@@ -44,11 +45,19 @@ pub enum Column {
     ClaimToken,
     /// Used only by the default order (`priority DESC, id`).
     Priority,
+    /// The job's kind (text), which operators list and filter by. Only the
+    /// admin contract reads it (a worker's record reads what its select
+    /// list names). Optional by default: a table without a column of the
+    /// standard name simply has none.
+    Kind,
+    /// The job's arguments (json, jsonb or text), which operators read and
+    /// enqueue. Optional by default, like [`Column::Kind`].
+    Payload,
 }
 
 impl Column {
     /// Every standard column.
-    pub const ALL: [Column; 15] = [
+    pub const ALL: [Column; 17] = [
         Column::Id,
         Column::State,
         Column::FailureMessage,
@@ -64,6 +73,8 @@ impl Column {
         Column::Cancel,
         Column::ClaimToken,
         Column::Priority,
+        Column::Kind,
+        Column::Payload,
     ];
 
     /// The standard name, as in the default table.
@@ -84,7 +95,16 @@ impl Column {
             Column::Cancel => "cancel",
             Column::ClaimToken => "claim_token",
             Column::Priority => "priority",
+            Column::Kind => "kind",
+            Column::Payload => "payload",
         }
+    }
+
+    /// Whether a table may lack the column without saying so: the worker
+    /// never needs it, and the default name is only a guess. A column
+    /// mapped by name must exist all the same.
+    pub(crate) fn optional_by_default(self) -> bool {
+        matches!(self, Column::Kind | Column::Payload)
     }
 
     /// What is lost when the column is absent.
@@ -108,6 +128,8 @@ impl Column {
             Column::Cancel => "cancel flags are off: delete a job to stop it",
             Column::ClaimToken => "claims are fenced by started_at instead of a counter",
             Column::Priority => "the default order is by key only",
+            Column::Kind => "operators see no kinds and cannot filter by kind",
+            Column::Payload => "operators see no payloads and cannot enqueue arguments",
         }
     }
 }
@@ -241,6 +263,9 @@ pub struct PgStoreOptions {
     pub(crate) select: Option<String>,
     pub(crate) order_by: Option<String>,
     pub(crate) columns: BTreeMap<Column, Option<Ident>>,
+    /// The columns mapped by name ([`PgStoreOptions::column`]): these must
+    /// exist even where the column is [optional by default](Column::optional_by_default).
+    pub(crate) named: std::collections::BTreeSet<Column>,
     pub(crate) states: StateValues,
     pub(crate) mode: ExecutionMode,
     pub(crate) channel: Option<String>,
@@ -268,6 +293,7 @@ impl PgStoreOptions {
             select: None,
             order_by: None,
             columns,
+            named: Default::default(),
             states: StateValues::default(),
             mode: ExecutionMode::default(),
             channel: None,
@@ -338,6 +364,7 @@ impl PgStoreOptions {
     /// Maps a standard column onto the table's own name for it.
     pub fn column(mut self, column: Column, name: &str) -> Result<Self, OptionsError> {
         self.columns.insert(column, Some(Ident::new(name)?));
+        self.named.insert(column);
         Ok(self)
     }
 
@@ -356,6 +383,7 @@ impl PgStoreOptions {
             });
         }
         self.columns.insert(column, None);
+        self.named.remove(&column);
         if self.column_name(Column::ClaimToken).is_none()
             && self.column_name(Column::StartedAt).is_none()
         {

@@ -87,18 +87,17 @@ impl<'a> ClaimWrites<'a> {
 
 /// The default table's columns a claim does not write, in the order the
 /// claim returns them after its four `__queue_*` columns, each with the
-/// standard column it is (`kind` and `payload` are the default table's
-/// own).
-const CLAIM_READS: [(&str, Option<Column>); 9] = [
-    ("kind", None),
-    ("payload", None),
-    ("priority", Some(Column::Priority)),
-    ("failure_message", Some(Column::FailureMessage)),
-    ("queued_at", Some(Column::QueuedAt)),
-    ("finished_at", Some(Column::FinishedAt)),
-    ("process_after", Some(Column::ProcessAfter)),
-    ("num_resets", Some(Column::NumResets)),
-    ("cancel", Some(Column::Cancel)),
+/// standard column it is.
+const CLAIM_READS: [(&str, Column); 9] = [
+    ("kind", Column::Kind),
+    ("payload", Column::Payload),
+    ("priority", Column::Priority),
+    ("failure_message", Column::FailureMessage),
+    ("queued_at", Column::QueuedAt),
+    ("finished_at", Column::FinishedAt),
+    ("process_after", Column::ProcessAfter),
+    ("num_resets", Column::NumResets),
+    ("cancel", Column::Cancel),
 ];
 
 /// The columns of a [`Job`] a claim writes ([`ClaimWrites`], the state,
@@ -130,10 +129,7 @@ pub(crate) fn claimed_job_select(options: &PgStoreOptions) -> Option<String> {
     let columns = CLAIM_READS
         .iter()
         .map(|(name, column)| {
-            let stored = match column {
-                Some(column) => options.column_name(*column)?.quoted(),
-                None => format!("\"{name}\""),
-            };
+            let stored = options.column_name(*column)?.quoted();
             Some(format!("{alias}.{stored} AS \"{name}\""))
         })
         .collect::<Option<Vec<_>>>()?;

@@ -6,16 +6,17 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
-use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ClaimParams, Claimed, DecodeError, Delivery, HeartbeatReport, Job, JobRecord, Lease, LogEntry,
-    ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
+    ActionReport, Admin, ClaimParams, Claimed, DecodeError, HeartbeatReport, Job, JobPage,
+    JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams, QueueStats, ResetParams,
+    ResetReport, RetryParams, StatsParams, Store, StoreError, Targets, Transition, WriteResult,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
 use tokio::sync::{mpsc, oneshot, Notify};
 use tokio::task::JoinHandle;
 
+use crate::admin::PgAdmin;
 use crate::bind::{bind_arg, lease_value, query, state, Value};
 use crate::completer::{complete_batches, Completion, FinishRow};
 use crate::conditions::{PgCondition, PgConditions};
@@ -50,6 +51,8 @@ struct Inner<R: JobRecord> {
     cursor: Option<ClaimCursor<R::Id>>,
     /// Where job locks ride on other jobs' commits (transactional mode).
     rides: Option<Arc<Rides>>,
+    /// The admin contract on the same table.
+    admin: PgAdmin<R::Id>,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -173,6 +176,7 @@ where
             tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
         }
         let sql = Arc::new(Statements::new(&options, &shape));
+        let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent.clone());
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
             ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
@@ -205,6 +209,7 @@ where
                 absent,
                 cursor: options_cursor,
                 rides,
+                admin,
             }),
         })
     }
@@ -229,52 +234,10 @@ where
         &self.inner.options
     }
 
-    /// Cancels job `id` as an operator: a queued or errored job becomes
-    /// canceled at once; a processing one gets its cancel flag set, and its
-    /// worker stops it at the next heartbeat. Returns whether anything
-    /// changed.
-    pub async fn cancel(&self, id: &R::Id) -> Result<bool, StoreError> {
-        let now = Utc::now();
-        let waiting = query(&self.inner.sql.cancel_waiting, |p| match p {
-            Param::Id => Some(Value::Key(id.clone())),
-            Param::State(s) => Some(state(self.states(), s)),
-            Param::Message => Some(Value::Text(
-                queue_core::CANCELED_BEFORE_RUN_MESSAGE.to_owned(),
-            )),
-            Param::Now => Some(Value::Time(now)),
-            _ => None,
-        })?
-        .execute(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("cancelling a job", e))?;
-        if waiting.rows_affected() > 0 {
-            return Ok(true);
-        }
-        let Some(statement) = &self.inner.sql.cancel_running else {
-            return Ok(false);
-        };
-        let running = query(statement, |p| match p {
-            Param::Id => Some(Value::Key(id.clone())),
-            Param::State(s) => Some(state(self.states(), s)),
-            _ => None,
-        })?
-        .execute(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("cancelling a running job", e))?;
-        Ok(running.rows_affected() > 0)
-    }
-
-    /// Deletes job `id`; a worker running it learns at the next heartbeat
-    /// that it is gone. Returns whether it existed.
-    pub async fn delete(&self, id: &R::Id) -> Result<bool, StoreError> {
-        let done = query(&self.inner.sql.delete, |p| match p {
-            Param::Id => Some(Value::Key(id.clone())),
-            _ => None,
-        })?
-        .execute(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("deleting a job", e))?;
-        Ok(done.rows_affected() > 0)
+    /// The admin contract on the store's table (also implemented by the
+    /// store itself, through this).
+    pub fn admin(&self) -> &PgAdmin<R::Id> {
+        &self.inner.admin
     }
 
     fn states(&self) -> &StateValues {
@@ -628,40 +591,64 @@ where
     }
 
     async fn reset_stalled(&self, params: ResetParams) -> Result<ResetReport<R::Id>, StoreError> {
-        let Some(statement) = &self.inner.sql.reset else {
-            return Err(StoreError::Config(format!(
-                "table {} has neither last_heartbeat_at nor started_at, so stalled jobs cannot be recognised",
-                self.inner.options.table
-            )));
-        };
-        let rows = query(statement, |p| match p {
-            Param::State(s) => Some(state::<R::Id>(self.states(), s)),
-            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
-            Param::MaxResets => Some(Value::Int4(
-                i32::try_from(params.max_resets).unwrap_or(i32::MAX),
-            )),
-            Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
-            Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
-            Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
-            Param::Now => Some(Value::Time(params.now)),
-            _ => None,
-        })?
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("resetting stalled jobs", e))?;
-        let mut report = ResetReport::default();
-        for row in &rows {
-            let id: R::Id = read(row, "id")?;
-            if read::<bool>(row, "failed")? {
-                report.failed.push(id);
-            } else {
-                report.reset.push(id);
-            }
-        }
-        Ok(report)
+        self.inner.admin.reset(params).await
     }
 
     async fn wait_for_jobs(&self, max_wait: Duration) {
         let _ = tokio::time::timeout(max_wait, self.inner.wake.notified()).await;
+    }
+}
+
+/// The admin contract, through [`PgStore::admin`].
+#[async_trait]
+impl<R> Admin for PgStore<R>
+where
+    R: JobRecord,
+    R::Id: PgKey,
+{
+    type Id = R::Id;
+
+    async fn get(&self, id: &R::Id) -> Result<Option<JobView<R::Id>>, StoreError> {
+        self.inner.admin.get(id).await
+    }
+
+    async fn list(&self, params: &ListParams<R::Id>) -> Result<JobPage<R::Id>, StoreError> {
+        self.inner.admin.list(params).await
+    }
+
+    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        self.inner.admin.stats(params).await
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<R::Id>, StoreError> {
+        self.inner.admin.enqueue(jobs).await
+    }
+
+    async fn retry(
+        &self,
+        targets: &Targets<R::Id>,
+        params: RetryParams,
+    ) -> Result<ActionReport<R::Id>, StoreError> {
+        self.inner.admin.retry(targets, params).await
+    }
+
+    async fn cancel(
+        &self,
+        targets: &Targets<R::Id>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<R::Id>, StoreError> {
+        self.inner.admin.cancel(targets, now).await
+    }
+
+    async fn delete(&self, targets: &Targets<R::Id>) -> Result<ActionReport<R::Id>, StoreError> {
+        self.inner.admin.delete(targets).await
+    }
+
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<R::Id>, StoreError> {
+        self.inner.admin.reset(params).await
+    }
+
+    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        self.inner.admin.purge(params).await
     }
 }

@@ -10,8 +10,8 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::Utc;
 use queue_core::{
-    CancellationToken, ClaimParams, Handler, JobContext, JobError, JobRecord, JobState,
-    ResetParams, Store,
+    Admin, CancellationToken, ClaimParams, Handler, JobContext, JobError, JobRecord, JobState,
+    ResetParams, Store, Targets,
 };
 use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore, PgStoreOptions};
 use queue_worker::{Worker, WorkerOptions};
@@ -69,6 +69,7 @@ fn options(schema: &str, mode: ExecutionMode) -> PgStoreOptions {
         (Column::WorkerHostname, "host"),
         (Column::Cancel, "stop"),
         (Column::ClaimToken, "lease"),
+        (Column::Payload, "body"),
     ];
     let mut options = PgStoreOptions::new("tasks")
         .and_then(|o| o.schema(schema))
@@ -158,7 +159,8 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
                 .into_iter()
                 .map(|(c, _)| c)
                 .collect::<Vec<_>>(),
-            [Column::Priority]
+            [Column::Priority, Column::Kind],
+            "no priority column, and no kind column under its standard name"
         );
         let ok = insert(&pool, &schema, serde_json::json!({"do": "ok"})).await;
         let retry = insert(&pool, &schema, serde_json::json!({"do": "retry-once"})).await;
@@ -177,7 +179,10 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
         until(&pool, &schema, retry, "completed").await;
         until(&pool, &schema, poison, "failed").await;
         until(&pool, &schema, wait, "running").await;
-        assert!(store.cancel(&wait).await.unwrap());
+        let asked = Admin::cancel(&store, &Targets::id(wait), Utc::now())
+            .await
+            .unwrap();
+        assert_eq!(asked.stop_requested, 1, "the running job is asked to stop");
         until(&pool, &schema, wait, "failed").await;
         shutdown.cancel();
         let report = running.await.unwrap().unwrap();

@@ -152,8 +152,13 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
         .collect();
     assert_eq!(
         disabled,
-        [Column::ClaimToken, Column::Priority],
-        "the store says which features are off"
+        [
+            Column::ClaimToken,
+            Column::Priority,
+            Column::Kind,
+            Column::Payload
+        ],
+        "the store says which features are off (the tutorial's table has no kind or payload)"
     );
     let processed = format!("{s}.processed");
     let shutdown = CancellationToken::new();

@@ -9,7 +9,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob};
+use chrono::Utc;
+use queue_core::{
+    Admin, CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob, Targets,
+};
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use sqlx::PgPool;
@@ -247,8 +250,12 @@ async fn cancelling_a_running_job_stops_it_in_both_modes() {
             Duration::from_secs(20),
         )
         .await;
-        assert!(
-            store.cancel(&id).await.unwrap(),
+        assert_eq!(
+            Admin::cancel(&store, &Targets::id(id), Utc::now())
+                .await
+                .unwrap()
+                .stop_requested,
+            1,
             "{mode:?}: the running job takes the cancel flag"
         );
         wait_for(
@@ -439,8 +446,12 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
 
     // The key-share lock lets cancel flags through; then another claim takes
     // the job over (simulated by moving its claim token on).
-    assert!(
-        store.cancel(&id).await.unwrap(),
+    assert_eq!(
+        Admin::cancel(&store, &Targets::id(id), Utc::now())
+            .await
+            .unwrap()
+            .stop_requested,
+        1,
         "cancel flags go through the key-share lock"
     );
     sqlx::query(&format!(

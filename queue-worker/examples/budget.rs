@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob};
-use queue_store_memory::{JobFilter, MemoryStore};
+use queue_store_memory::{MemoryCondition, MemoryStore};
 use queue_worker::{Budget, Worker, WorkerOptions};
 
 /// The cost of a job: its payload's `cost` field.
@@ -46,7 +46,7 @@ async fn main() -> anyhow::Result<()> {
     }
     let render = Arc::new(Render::default());
     let budget = Budget::new(render.clone(), 10, cost, |headroom| {
-        JobFilter::new(move |job| cost(job) <= headroom)
+        MemoryCondition::new(move |job| cost(job) <= headroom)
     });
     let options = WorkerOptions {
         poll_interval: Duration::from_millis(5),

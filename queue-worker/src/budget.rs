@@ -30,7 +30,7 @@ type FitsFn<C> = Box<dyn Fn(u64) -> C + Send + Sync>;
 ///
 /// ```
 /// use queue_core::Job;
-/// use queue_store_memory::{JobFilter, MemoryStore};
+/// use queue_store_memory::{MemoryCondition, MemoryStore};
 /// use queue_worker::{Budget, Router};
 ///
 /// fn cost(job: &Job) -> u64 {
@@ -40,7 +40,7 @@ type FitsFn<C> = Box<dyn Fn(u64) -> C + Send + Sync>;
 ///     Router::new(),
 ///     10,
 ///     cost,
-///     |headroom| JobFilter::new(move |job| cost(job) <= headroom),
+///     |headroom| MemoryCondition::new(move |job| cost(job) <= headroom),
 /// );
 /// assert_eq!(budget.headroom(), 10);
 /// ```

@@ -11,7 +11,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use common::{eventually, fast_options, start};
 use queue_core::{Handler, Job, JobContext, JobError, JobState, NewJob};
-use queue_store_memory::{JobFilter, MemoryStore};
+use queue_store_memory::{MemoryCondition, MemoryStore};
 use queue_worker::Budget;
 
 fn cost(job: &Job) -> u64 {
@@ -55,7 +55,7 @@ async fn running_cost_stays_within_the_budget() {
 
     let load = Arc::new(Load::default());
     let budget = Budget::new(load.clone(), CAPACITY, cost, |headroom| {
-        JobFilter::new(move |job| cost(job) <= headroom)
+        MemoryCondition::new(move |job| cost(job) <= headroom)
     });
     let running = start(&store, budget, fast_options().handlers(8));
     eventually("every job that fits completed", || async {
@@ -88,7 +88,7 @@ async fn headroom_is_returned_after_each_job() {
         Arc::new(Load::default()),
         4,
         cost,
-        |headroom| JobFilter::new(move |job| cost(job) <= headroom),
+        |headroom| MemoryCondition::new(move |job| cost(job) <= headroom),
     ));
     let running = start(&store, budget.clone(), fast_options());
     eventually("all jobs completed", || async {

@@ -15,7 +15,7 @@ use queue_core::{
     BoxError, CancellationToken, Dequeue, DequeueContext, Handler, Job, JobContext, JobError,
     JobState, NewJob,
 };
-use queue_store_memory::{JobFilter, MemoryStore};
+use queue_store_memory::{MemoryCondition, MemoryStore};
 use queue_worker::{Worker, WorkerOptions};
 
 struct Quick;
@@ -75,7 +75,10 @@ struct GatedHandler(Arc<Gated>);
 
 #[async_trait]
 impl Handler<MemoryStore> for GatedHandler {
-    async fn pre_dequeue(&self, _: &DequeueContext<'_>) -> Result<Dequeue<JobFilter>, BoxError> {
+    async fn pre_dequeue(
+        &self,
+        _: &DequeueContext<'_>,
+    ) -> Result<Dequeue<MemoryCondition>, BoxError> {
         Ok(if self.0.open.load(Ordering::SeqCst) {
             Dequeue::go()
         } else {

@@ -9,10 +9,11 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use async_trait::async_trait;
+use chrono::Utc;
 use common::{eventually, fast_options, start, wait_for_state, Slowed};
 use queue_core::{
-    Dequeue, DequeueContext, Handler, Job, JobContext, JobError, JobState, NewJob, Outcome,
-    OutcomePolicy, RetryPolicy, SystemClock,
+    Admin, Dequeue, DequeueContext, Handler, Job, JobContext, JobError, JobState, NewJob, Outcome,
+    OutcomePolicy, RetryPolicy, SystemClock, Targets,
 };
 use queue_store_memory::MemoryStore;
 use queue_worker::{Worker, WorkerError, WorkerOptions};
@@ -72,7 +73,7 @@ async fn hooks_run_in_the_specified_order() {
         async fn pre_dequeue(
             &self,
             _: &DequeueContext<'_>,
-        ) -> Result<Dequeue<queue_store_memory::JobFilter>, queue_core::BoxError> {
+        ) -> Result<Dequeue<queue_store_memory::MemoryCondition>, queue_core::BoxError> {
             let mut events = self.events.lock().unwrap();
             if events.last().map(String::as_str) != Some("pre_dequeue") {
                 events.push("pre_dequeue".into());
@@ -256,8 +257,13 @@ async fn cancellation_reaches_the_running_handler() {
     let running = start(&store, Scripted, fast_options());
     wait_for_state(&store, polite, JobState::Processing).await;
     wait_for_state(&store, stubborn, JobState::Processing).await;
-    assert!(store.cancel(polite));
-    assert!(store.cancel(stubborn));
+    let asked = Admin::cancel(&store, &Targets::Ids(vec![polite, stubborn]), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(
+        asked.stop_requested, 2,
+        "both running jobs are asked to stop"
+    );
     // The polite handler returns on the signal; the stubborn one is
     // abandoned after the grace period. Both end canceled.
     wait_for_state(&store, polite, JobState::Canceled).await;
@@ -291,7 +297,13 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     });
     let running = start(&store, watcher.clone(), fast_options());
     wait_for_state(&store, id, JobState::Processing).await;
-    assert!(store.delete(id));
+    assert_eq!(
+        Admin::delete(&store, &Targets::id(id))
+            .await
+            .unwrap()
+            .changed,
+        1
+    );
     eventually("the handler of the deleted job was stopped", || async {
         watcher.stopped.load(Ordering::SeqCst)
     })

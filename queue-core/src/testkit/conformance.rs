@@ -19,6 +19,10 @@
 use async_trait::async_trait;
 use chrono::{DateTime, DurationRound, TimeDelta, Utc};
 
+use crate::admin::{
+    Admin, JobFilter, JobView, ListOrder, ListParams, PurgeParams, RetryParams, StatsParams,
+    Targets,
+};
 use crate::job::{JobState, Lease, LogEntry, NewJob};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use crate::store::{ClaimParams, Claimed, Store, Transition, WriteResult};
@@ -47,49 +51,38 @@ pub struct Snapshot {
     pub worker_hostname: Option<String>,
 }
 
-impl From<crate::job::Job> for Snapshot {
-    /// What the suite observes of a default-table [`Job`](crate::Job).
-    fn from(job: crate::job::Job) -> Self {
+impl<Id> From<JobView<Id>> for Snapshot {
+    /// What the suite observes of a job through [`Admin::get`].
+    fn from(job: JobView<Id>) -> Self {
+        let count = |n: Option<i64>| n.and_then(|n| u32::try_from(n).ok()).unwrap_or(0);
         Snapshot {
-            state: job.state,
-            num_failures: u32::try_from(job.num_failures).unwrap_or(0),
-            num_resets: u32::try_from(job.num_resets).unwrap_or(0),
+            state: job
+                .state
+                .unwrap_or_else(|| panic!("unknown stored state {:?}", job.stored_state)),
+            num_failures: count(job.num_failures),
+            num_resets: count(job.num_resets),
             failure_message: job.failure_message,
             process_after: job.process_after,
             last_heartbeat_at: job.last_heartbeat_at,
-            log_messages: job.execution_logs.into_iter().map(|e| e.message).collect(),
+            log_messages: job
+                .execution_logs
+                .iter()
+                .filter_map(|entry| entry.get("message")?.as_str().map(str::to_owned))
+                .collect(),
             worker_hostname: job.worker_hostname,
         }
     }
 }
 
 /// Adapts a store to the suite: creates isolated stores and performs the
-/// operations that are not part of [`Store`] (enqueue, inspect, operator
-/// actions).
+/// operations that are not part of [`Store`] or [`Admin`].
 #[async_trait]
 pub trait Harness: Send + Sync + 'static {
-    /// The store under test.
-    type Store: Store;
+    /// The store under test; its admin contract speaks of the same keys.
+    type Store: Store + Admin<Id = <Self::Store as Store>::Id>;
 
     /// A fresh, empty store, isolated from every other case.
     async fn store(&self) -> Self::Store;
-
-    /// Enqueues a job and returns its key.
-    async fn enqueue(&self, store: &Self::Store, job: NewJob) -> <Self::Store as Store>::Id;
-
-    /// What the store holds for `id`, or `None` if it is gone.
-    async fn inspect(
-        &self,
-        store: &Self::Store,
-        id: &<Self::Store as Store>::Id,
-    ) -> Option<Snapshot>;
-
-    /// An operator cancels the job: a queued or errored job becomes canceled,
-    /// a processing one gets its cancel flag set.
-    async fn cancel(&self, store: &Self::Store, id: &<Self::Store as Store>::Id);
-
-    /// An operator deletes the job.
-    async fn delete(&self, store: &Self::Store, id: &<Self::Store as Store>::Id);
 
     /// Extra dequeue conditions that admit only jobs of `kind`.
     fn only_kind(&self, kind: &str) -> <Self::Store as Store>::Conditions;
@@ -103,6 +96,38 @@ pub trait Harness: Send + Sync + 'static {
     /// the server would for a dead connection). By default, drops it.
     async fn crash(&self, job_store: <Self::Store as Store>::JobStore) {
         drop(job_store);
+    }
+
+    /// Enqueues a job and returns its key ([`Admin::enqueue`]).
+    async fn enqueue(&self, store: &Self::Store, job: NewJob) -> IdOf<Self> {
+        Admin::enqueue(store, std::slice::from_ref(&job))
+            .await
+            .expect("enqueue failed")
+            .pop()
+            .expect("enqueue returns the new key")
+    }
+
+    /// What the store holds for `id`, or `None` if it is gone
+    /// ([`Admin::get`]).
+    async fn inspect(&self, store: &Self::Store, id: &IdOf<Self>) -> Option<Snapshot> {
+        Admin::get(store, id)
+            .await
+            .expect("get failed")
+            .map(Snapshot::from)
+    }
+
+    /// An operator cancels the job ([`Admin::cancel`]).
+    async fn cancel(&self, store: &Self::Store, id: &IdOf<Self>) {
+        Admin::cancel(store, &Targets::id(id.clone()), Utc::now())
+            .await
+            .expect("cancel failed");
+    }
+
+    /// An operator deletes the job ([`Admin::delete`]).
+    async fn delete(&self, store: &Self::Store, id: &IdOf<Self>) {
+        Admin::delete(store, &Targets::id(id.clone()))
+            .await
+            .expect("delete failed");
     }
 }
 
@@ -127,7 +152,8 @@ fn at(base: DateTime<Utc>, seconds: i64) -> DateTime<Utc> {
     base + TimeDelta::seconds(seconds)
 }
 
-type IdOf<H> = <<H as Harness>::Store as Store>::Id;
+/// The key type of a harness's store.
+pub type IdOf<H> = <<H as Harness>::Store as Store>::Id;
 
 async fn claim<H: Harness>(
     store: &H::Store,
@@ -742,6 +768,649 @@ pub async fn deleted_job_writes_are_stale<H: Harness>(h: &H) {
     );
 }
 
+/// Ends a held attempt with `transition`, which must apply.
+async fn end<H: Harness>(
+    store: &H::Store,
+    claimed: Claimed<H::Store>,
+    transition: Transition,
+    now: DateTime<Utc>,
+) {
+    let (lease, r) = finish::<H>(store, claimed, transition, now).await;
+    assert_eq!(r, WriteResult::Applied, "ending job {} applies", lease.id);
+}
+
+fn fail(message: &str) -> Transition {
+    Transition::Fail {
+        message: message.into(),
+    }
+}
+
+/// A key no job has (any more).
+async fn missing_id<H: Harness>(h: &H, store: &H::Store) -> IdOf<H> {
+    let id = h
+        .enqueue(store, NewJob::new("gone", serde_json::json!(null)))
+        .await;
+    h.delete(store, &id).await;
+    id
+}
+
+async fn list_all<H: Harness>(store: &H::Store, filter: JobFilter) -> Vec<IdOf<H>> {
+    Admin::list(store, &ListParams::first(filter, 1000))
+        .await
+        .expect("list failed")
+        .jobs
+        .into_iter()
+        .map(|j| j.id)
+        .collect()
+}
+
+/// `get` shows a job's kind, payload, state (standard and stored) and the
+/// columns the worker writes; a missing key is `None`.
+pub async fn admin_get_shows_a_job_as_stored<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let id = h
+        .enqueue(
+            &store,
+            NewJob::new("email", serde_json::json!({"to": "a@b.c"})).priority(3),
+        )
+        .await;
+    let view = Admin::get(&store, &id)
+        .await
+        .expect("get failed")
+        .expect("the job exists");
+    assert_eq!(view.id, id);
+    assert_eq!(view.kind.as_deref(), Some("email"));
+    assert_eq!(view.payload, Some(serde_json::json!({"to": "a@b.c"})));
+    assert_eq!(
+        (view.state, view.stored_state.as_str()),
+        (Some(JobState::Queued), "queued")
+    );
+    assert_eq!((view.priority, view.num_failures), (Some(3), Some(0)));
+    assert!(view.queued_at.is_some(), "the enqueue time is shown");
+    let _held = claim::<H>(&store, 1, t).await;
+    let view = Admin::get(&store, &id)
+        .await
+        .expect("get failed")
+        .expect("still there");
+    assert_eq!(view.state, Some(JobState::Processing));
+    assert_eq!(
+        (view.started_at, view.last_heartbeat_at),
+        (Some(t), Some(t)),
+        "the claim's times are shown"
+    );
+    assert_eq!(view.worker_hostname.as_deref(), Some(WORKER));
+    let gone = missing_id(h, &store).await;
+    assert_eq!(
+        Admin::get(&store, &gone).await.expect("get failed"),
+        None,
+        "a missing key reads as None"
+    );
+}
+
+/// `list` applies every filter field and pages by key: walking the pages
+/// returns every match once, in order, even when a job is enqueued between
+/// two pages.
+pub async fn admin_list_filters_and_pages_by_key<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let mut ids = Vec::new();
+    for kind in ["a", "b", "a", "b", "a"] {
+        ids.push(
+            h.enqueue(&store, NewJob::new(kind, serde_json::json!(null)))
+                .await,
+        );
+    }
+    let first = claim::<H>(&store, 1, t).await.pop().expect("one job");
+    end::<H>(&store, first, fail("Upstream TIMEOUT after 30s"), at(t, 1)).await;
+    let failed = ids[0].clone();
+
+    let only = |filter: JobFilter| list_all::<H>(&store, filter);
+    assert_eq!(
+        only(JobFilter::default().states([JobState::Failed])).await,
+        vec![failed.clone()],
+        "by state"
+    );
+    assert_eq!(
+        only(JobFilter::default().kinds(["a"])).await,
+        vec![ids[4].clone(), ids[2].clone(), ids[0].clone()],
+        "by kind, newest first"
+    );
+    assert_eq!(
+        only(JobFilter::default().failure_contains("timeout")).await,
+        vec![failed.clone()],
+        "by failure text, ignoring case"
+    );
+    assert!(
+        only(JobFilter::default().failure_contains("refused"))
+            .await
+            .is_empty(),
+        "a text no message holds matches nothing"
+    );
+    let hour = TimeDelta::hours(1);
+    let queued = |from, before| JobFilter {
+        queued_from: from,
+        queued_before: before,
+        ..JobFilter::default()
+    };
+    assert_eq!(
+        only(queued(Some(t - hour), Some(t + hour))).await.len(),
+        5,
+        "enqueued within the hour"
+    );
+    assert!(
+        only(queued(Some(t + hour), None)).await.is_empty(),
+        "none enqueued later"
+    );
+    let finished = JobFilter {
+        finished_from: Some(at(t, 1)),
+        finished_before: Some(at(t, 2)),
+        ..JobFilter::default()
+    };
+    assert_eq!(only(finished).await, vec![failed.clone()], "by finish time");
+
+    // Pages of two, newest first; a job enqueued meanwhile does not shift
+    // them.
+    let mut seen = Vec::new();
+    let mut params = ListParams::first(JobFilter::default(), 2);
+    let mut pages = 0;
+    loop {
+        let page = Admin::list(&store, &params).await.expect("list failed");
+        pages += 1;
+        assert!(page.jobs.len() <= 2, "a page holds at most the limit");
+        seen.extend(page.jobs.into_iter().map(|j| j.id));
+        if pages == 1 {
+            h.enqueue(&store, NewJob::new("late", serde_json::json!(null)))
+                .await;
+        }
+        match page.next {
+            Some(next) => params.after = Some(next),
+            None => break,
+        }
+    }
+    let mut expected = ids.clone();
+    expected.reverse();
+    assert_eq!(
+        seen, expected,
+        "every job once, newest first, none repeated"
+    );
+    assert_eq!(pages, 3);
+
+    let mut oldest = ListParams::first(JobFilter::default().kinds(["a", "b"]), 10);
+    oldest.order = ListOrder::OldestFirst;
+    let page = Admin::list(&store, &oldest).await.expect("list failed");
+    assert_eq!(
+        page.jobs.into_iter().map(|j| j.id).collect::<Vec<_>>(),
+        ids,
+        "oldest first"
+    );
+    assert_eq!(page.next, None);
+}
+
+/// `stats` counts jobs per state and kind, finds the longest-waiting
+/// claimable job and counts the stalled ones.
+pub async fn admin_stats_count_states_and_kinds<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let mut ids = Vec::new();
+    for kind in ["a", "a", "a", "b"] {
+        ids.push(
+            h.enqueue(&store, NewJob::new(kind, serde_json::json!(null)))
+                .await,
+        );
+    }
+    // Claimed long ago and silent since: stalled.
+    let stalled = crash(h, claim::<H>(&store, 1, at(t, -100)).await).await;
+    assert_eq!(stalled.len(), 1);
+    let stats = Admin::stats(
+        &store,
+        StatsParams {
+            now: t,
+            stalled_before: at(t, -10),
+        },
+    )
+    .await
+    .expect("stats failed");
+    let counts: Vec<(Option<JobState>, Option<String>, u64)> = stats
+        .counts
+        .iter()
+        .map(|c| (c.state, c.kind.clone(), c.count))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            (Some(JobState::Queued), Some("a".into()), 2),
+            (Some(JobState::Queued), Some("b".into()), 1),
+            (Some(JobState::Processing), Some("a".into()), 1),
+        ],
+        "per state in lifecycle order, then kind"
+    );
+    assert!(stats
+        .counts
+        .iter()
+        .all(|c| c.stored_state == c.state.map(|s| s.as_str()).unwrap_or_default()));
+    assert_eq!(stats.total(JobState::Queued), 3);
+    assert_eq!(stats.stalled, 1, "the silent job is stalled");
+    let second = Admin::get(&store, &ids[1])
+        .await
+        .expect("get failed")
+        .expect("there");
+    assert_eq!(
+        stats.oldest_claimable_since, second.queued_at,
+        "the oldest waiting job is the first one not claimed"
+    );
+    let none_stalled = Admin::stats(
+        &store,
+        StatsParams {
+            now: t,
+            stalled_before: at(t, -200),
+        },
+    )
+    .await
+    .expect("stats failed");
+    assert_eq!(
+        none_stalled.stalled, 0,
+        "a heartbeat newer than the limit is not stalled"
+    );
+}
+
+/// `retry` makes failed, errored and canceled jobs claimable at once and
+/// leaves every other job alone, saying why; with `reset_attempts` the
+/// counts start over.
+pub async fn admin_retry_requeues_failed_errored_and_canceled_jobs<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let mut keys = Vec::new();
+    for n in 0..5 {
+        keys.push(
+            h.enqueue(&store, NewJob::new("k", serde_json::json!(n)))
+                .await,
+        );
+    }
+    let (f, e, c, p, d) = (
+        keys[0].clone(),
+        keys[1].clone(),
+        keys[2].clone(),
+        keys[3].clone(),
+        keys[4].clone(),
+    );
+    h.cancel(&store, &c).await;
+    let mut claimed = claim::<H>(&store, 4, t).await;
+    assert_eq!(
+        ids::<H>(&claimed),
+        vec![f.clone(), e.clone(), p.clone(), d.clone()]
+    );
+    let done = claimed.pop().expect("d");
+    let running = claimed.pop().expect("p");
+    let errored = claimed.pop().expect("e");
+    let failing = claimed.pop().expect("f");
+    end::<H>(&store, done, Transition::Complete, at(t, 1)).await;
+    end::<H>(&store, failing, fail("poison"), at(t, 1)).await;
+    end::<H>(
+        &store,
+        errored,
+        Transition::Error {
+            message: "flaky".into(),
+            retry_at: at(t, 3600),
+        },
+        at(t, 1),
+    )
+    .await;
+    let gone = missing_id(h, &store).await;
+
+    let report = Admin::retry(
+        &store,
+        &Targets::Ids(vec![
+            f.clone(),
+            e.clone(),
+            c.clone(),
+            p.clone(),
+            d.clone(),
+            gone.clone(),
+        ]),
+        RetryParams::default(),
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(
+        report.changed, 3,
+        "failed, errored and canceled are retried"
+    );
+    let skipped: Vec<(IdOf<H>, Option<JobState>, bool)> = report
+        .skipped
+        .iter()
+        .map(|s| (s.id.clone(), s.state, s.stored_state.is_some()))
+        .collect();
+    assert_eq!(
+        skipped,
+        vec![
+            (p.clone(), Some(JobState::Processing), true),
+            (d.clone(), Some(JobState::Completed), true),
+            (gone, None, false),
+        ],
+        "processing, completed and missing jobs are left alone and reported"
+    );
+    let s = snapshot(h, &store, &e).await;
+    assert_eq!(
+        (s.state, s.process_after),
+        (JobState::Queued, None),
+        "due at once"
+    );
+    assert_eq!(s.num_failures, 1, "the failure count is kept by default");
+    let again = claim::<H>(&store, 10, at(t, 2)).await;
+    assert_eq!(
+        ids::<H>(&again),
+        vec![f.clone(), e.clone(), c.clone()],
+        "claimable at once"
+    );
+    let attempts: Vec<u32> = again.iter().map(|c| c.lease.attempt).collect();
+    assert_eq!(attempts, vec![2, 2, 1], "a retry is the next attempt");
+    let mut again = again;
+    let _c = again.pop();
+    let _e = again.pop();
+    let f_again = again.pop().expect("f");
+    end::<H>(&store, f_again, fail("poison again"), at(t, 3)).await;
+    let report = Admin::retry(
+        &store,
+        &Targets::id(f.clone()),
+        RetryParams {
+            reset_attempts: true,
+        },
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(report.changed, 1);
+    let s = snapshot(h, &store, &f).await;
+    assert_eq!(
+        (s.state, s.num_failures, s.num_resets),
+        (JobState::Queued, 0, 0),
+        "the counts start over"
+    );
+    let _ = running;
+}
+
+/// A bulk retry takes matching jobs in batches of its limit, and only
+/// matching ones.
+pub async fn admin_bulk_retry_works_in_batches<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    for n in 0..5 {
+        h.enqueue(&store, NewJob::new("x", serde_json::json!(n)))
+            .await;
+    }
+    let other = h
+        .enqueue(&store, NewJob::new("y", serde_json::json!(0)))
+        .await;
+    for c in claim::<H>(&store, 10, t).await {
+        end::<H>(&store, c, fail("down"), at(t, 1)).await;
+    }
+    let targets = Targets::Matching {
+        filter: JobFilter::default().kinds(["x"]),
+        limit: 2,
+    };
+    let mut batches = Vec::new();
+    loop {
+        let report = Admin::retry(&store, &targets, RetryParams::default())
+            .await
+            .expect("retry failed");
+        assert!(report.skipped.is_empty(), "a filter reports no skips");
+        batches.push(report.changed);
+        if report.changed < 2 {
+            break;
+        }
+    }
+    assert_eq!(
+        batches,
+        vec![2, 2, 1],
+        "at most the limit per call, until done"
+    );
+    assert_eq!(
+        snapshot(h, &store, &other).await.state,
+        JobState::Failed,
+        "other kinds stay failed"
+    );
+    assert_eq!(
+        list_all::<H>(&store, JobFilter::default().states([JobState::Queued]))
+            .await
+            .len(),
+        5
+    );
+}
+
+/// `cancel` ends waiting jobs at once, asks running ones to stop, and
+/// leaves finished ones alone; a bulk cancel picks a running job only once.
+pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let p = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(1)))
+        .await;
+    let d = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(2)))
+        .await;
+    let mut claimed = claim::<H>(&store, 2, t).await;
+    let done = claimed.pop().expect("d");
+    end::<H>(&store, done, Transition::Complete, at(t, 1)).await;
+    let leases = crash(h, claimed).await;
+    let q = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(3)))
+        .await;
+    let report = Admin::cancel(
+        &store,
+        &Targets::Ids(vec![q.clone(), p.clone(), d.clone()]),
+        at(t, 2),
+    )
+    .await
+    .expect("cancel failed");
+    assert_eq!((report.changed, report.stop_requested), (1, 1));
+    assert_eq!(
+        report
+            .skipped
+            .iter()
+            .map(|s| (s.id.clone(), s.state))
+            .collect::<Vec<_>>(),
+        vec![(d.clone(), Some(JobState::Completed))],
+        "a finished job is not canceled"
+    );
+    let s = snapshot(h, &store, &q).await;
+    assert_eq!(s.state, JobState::Canceled);
+    assert_eq!(
+        s.failure_message.as_deref(),
+        Some(crate::CANCELED_BEFORE_RUN_MESSAGE)
+    );
+    let view = Admin::get(&store, &q)
+        .await
+        .expect("get failed")
+        .expect("there");
+    assert_eq!(
+        view.finished_at,
+        Some(at(t, 2)),
+        "the cancel time is the finish time"
+    );
+    let heartbeat = store
+        .heartbeat(&leases, at(t, 3))
+        .await
+        .expect("heartbeat failed");
+    assert_eq!(
+        heartbeat.cancel_requested,
+        vec![p.clone()],
+        "the running job's worker is told"
+    );
+    let again = Admin::cancel(
+        &store,
+        &Targets::Matching {
+            filter: JobFilter::default(),
+            limit: 10,
+        },
+        at(t, 4),
+    )
+    .await
+    .expect("cancel failed");
+    assert_eq!(
+        (again.changed, again.stop_requested),
+        (0, 0),
+        "a running job already asked to stop is not picked again"
+    );
+}
+
+/// `delete` removes jobs by key (reporting missing ones) and in batches by
+/// filter.
+pub async fn admin_delete_removes_jobs_by_key_and_in_batches<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let mut ids = Vec::new();
+    for n in 0..5 {
+        ids.push(
+            h.enqueue(&store, NewJob::new("k", serde_json::json!(n)))
+                .await,
+        );
+    }
+    let keep = h
+        .enqueue(&store, NewJob::new("other", serde_json::json!(0)))
+        .await;
+    let gone = missing_id(h, &store).await;
+    let report = Admin::delete(&store, &Targets::Ids(vec![ids[0].clone(), gone.clone()]))
+        .await
+        .expect("delete failed");
+    assert_eq!(report.changed, 1);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(
+        (
+            report.skipped[0].id.clone(),
+            report.skipped[0].stored_state.clone()
+        ),
+        (gone, None)
+    );
+    assert!(h.inspect(&store, &ids[0]).await.is_none());
+    let targets = Targets::Matching {
+        filter: JobFilter::default().kinds(["k"]),
+        limit: 3,
+    };
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        batches.push(
+            Admin::delete(&store, &targets)
+                .await
+                .expect("delete failed")
+                .changed,
+        );
+    }
+    assert_eq!(batches, vec![3, 1, 0]);
+    assert!(
+        h.inspect(&store, &keep).await.is_some(),
+        "jobs outside the filter stay"
+    );
+}
+
+/// `purge` deletes finished jobs of the given states that finished before
+/// the cut-off, in batches, and refuses unfinished states.
+pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        ids.push(
+            h.enqueue(&store, NewJob::new("k", serde_json::json!(n)))
+                .await,
+        );
+    }
+    let queued = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!("waits")))
+        .await;
+    let mut claimed = claim::<H>(&store, 6, t).await;
+    let old_failed = claimed.pop().expect("6th");
+    end::<H>(&store, old_failed, fail("x"), at(t, -7200)).await;
+    let recent = claimed.pop().expect("5th");
+    end::<H>(&store, recent, Transition::Complete, t).await;
+    for c in claimed {
+        end::<H>(&store, c, Transition::Complete, at(t, -7200)).await;
+    }
+    let params = |states: Vec<JobState>| PurgeParams {
+        finished_before: at(t, -3600),
+        states,
+        limit: 2,
+    };
+    let refused = Admin::purge(&store, &params(vec![JobState::Completed, JobState::Queued])).await;
+    assert!(
+        matches!(&refused, Err(crate::StoreError::Config(m)) if m.contains("queued")),
+        "unfinished states cannot be purged: {refused:?}"
+    );
+    let mut batches = Vec::new();
+    for _ in 0..3 {
+        batches.push(
+            Admin::purge(&store, &params(vec![JobState::Completed]))
+                .await
+                .expect("purge failed"),
+        );
+    }
+    assert_eq!(
+        batches,
+        vec![2, 2, 0],
+        "four old completed jobs, two per call"
+    );
+    assert_eq!(
+        snapshot(h, &store, &ids[4]).await.state,
+        JobState::Completed,
+        "a recent one stays"
+    );
+    assert_eq!(
+        snapshot(h, &store, &ids[5]).await.state,
+        JobState::Failed,
+        "other states stay"
+    );
+    assert_eq!(snapshot(h, &store, &queued).await.state, JobState::Queued);
+    assert_eq!(
+        Admin::purge(&store, &params(vec![JobState::Failed]))
+            .await
+            .expect("purge failed"),
+        1
+    );
+}
+
+/// `enqueue` through the admin contract returns the keys of claimable jobs.
+pub async fn admin_enqueue_adds_claimable_jobs<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let keys = Admin::enqueue(
+        &store,
+        &[
+            NewJob::new("k", serde_json::json!(1)),
+            NewJob::new("k", serde_json::json!(2)).priority(9),
+            NewJob::new("k", serde_json::json!(3)).process_after(at(t0(), 3600)),
+        ],
+    )
+    .await
+    .expect("enqueue failed");
+    assert_eq!(keys.len(), 3);
+    let claimed = claim::<H>(&store, 10, t0()).await;
+    assert_eq!(
+        ids::<H>(&claimed),
+        vec![keys[1].clone(), keys[0].clone()],
+        "by priority; the scheduled job waits"
+    );
+}
+
+/// `reset` resets stalled jobs once, as the resetter does.
+pub async fn admin_reset_resets_stalled_jobs_once<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let id = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(null)))
+        .await;
+    crash(h, claim::<H>(&store, 1, t).await).await;
+    let report = Admin::reset(
+        &store,
+        ResetParams {
+            stalled_before: at(t, 10),
+            max_resets: 3,
+            delivery: Delivery::AtLeastOnce,
+            now: at(t, 10),
+        },
+    )
+    .await
+    .expect("reset failed");
+    assert_eq!(report.reset, vec![id.clone()]);
+    assert_eq!(snapshot(h, &store, &id).await.state, JobState::Queued);
+}
+
 /// Expands to one `#[tokio::test]` per conformance case, each calling the
 /// case with a harness built by the given expression.
 #[macro_export]
@@ -764,7 +1433,17 @@ macro_rules! conformance_tests {
             at_most_once_fails_stalled_jobs,
             stale_lease_cannot_write,
             release_requeues_without_counting,
-            deleted_job_writes_are_stale
+            deleted_job_writes_are_stale,
+            admin_get_shows_a_job_as_stored,
+            admin_list_filters_and_pages_by_key,
+            admin_stats_count_states_and_kinds,
+            admin_retry_requeues_failed_errored_and_canceled_jobs,
+            admin_bulk_retry_works_in_batches,
+            admin_cancel_ends_waiting_jobs_and_flags_running_ones,
+            admin_delete_removes_jobs_by_key_and_in_batches,
+            admin_purge_deletes_old_finished_jobs_in_batches,
+            admin_enqueue_adds_claimable_jobs,
+            admin_reset_resets_stalled_jobs_once
         );
     };
     (@cases $harness:expr; $($case:ident),* $(,)?) => {

@@ -8,6 +8,7 @@
 
 use chrono::{DateTime, Utc};
 
+use crate::admin::RETRYABLE_STATES;
 use crate::job::{JobState, CANCELED_BEFORE_RUN_MESSAGE};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use crate::store::Transition;
@@ -44,6 +45,8 @@ pub struct ModelJob {
     pub failure_message: Option<String>,
     /// Execution-log entries of all attempts.
     pub log_len: usize,
+    /// When it errored or ended.
+    pub finished_at: Option<DateTime<Utc>>,
 }
 
 /// The model store.
@@ -73,6 +76,7 @@ impl Model {
             last_heartbeat_at: None,
             failure_message: None,
             log_len: 0,
+            finished_at: None,
         });
         self.jobs.len() - 1
     }
@@ -116,14 +120,24 @@ impl Model {
         self.jobs[index].num_failures + 1
     }
 
-    /// Ends claim `claim` of job `index`; returns whether it applied.
-    pub fn finish(&mut self, index: usize, claim: u64, transition: &Transition) -> bool {
+    /// Ends claim `claim` of job `index` at `now`; returns whether it
+    /// applied.
+    pub fn finish(
+        &mut self,
+        index: usize,
+        claim: u64,
+        transition: &Transition,
+        now: DateTime<Utc>,
+    ) -> bool {
         if !self.held(index, claim) {
             return false;
         }
         let job = &mut self.jobs[index];
         job.hold = None;
         job.state = Some(transition.target());
+        if *transition != Transition::Release {
+            job.finished_at = Some(now);
+        }
         match transition {
             Transition::Complete | Transition::Release => {}
             Transition::Error { message, retry_at } => {
@@ -189,11 +203,13 @@ impl Model {
                 Delivery::AtMostOnce => {
                     job.state = Some(JobState::Failed);
                     job.failure_message = Some(AT_MOST_ONCE_MESSAGE.to_owned());
+                    job.finished_at = Some(params.now);
                     failed.push(index);
                 }
                 Delivery::AtLeastOnce if job.num_resets >= params.max_resets => {
                     job.state = Some(JobState::Failed);
                     job.failure_message = Some(MAX_RESETS_MESSAGE.to_owned());
+                    job.finished_at = Some(params.now);
                     failed.push(index);
                 }
                 Delivery::AtLeastOnce => {
@@ -206,17 +222,94 @@ impl Model {
         (reset, failed)
     }
 
-    /// An operator cancels job `index`.
-    pub fn cancel(&mut self, index: usize) {
+    /// An operator cancels job `index` at `now`; returns whether it
+    /// changed state (`Some(true)`), was asked to stop (`Some(false)`), or
+    /// was left alone (`None`).
+    pub fn cancel(&mut self, index: usize, now: DateTime<Utc>) -> Option<bool> {
         let job = &mut self.jobs[index];
         match job.state {
             Some(JobState::Queued) | Some(JobState::Errored) => {
                 job.state = Some(JobState::Canceled);
                 job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
+                job.finished_at = Some(now);
+                Some(true)
             }
-            Some(JobState::Processing) => job.cancel = true,
-            _ => {}
+            Some(JobState::Processing) => {
+                job.cancel = true;
+                Some(false)
+            }
+            _ => None,
         }
+    }
+
+    /// An operator retries job `index`: failed, errored and canceled jobs
+    /// are queued and due at once; returns whether it applied.
+    pub fn retry(&mut self, index: usize, reset_attempts: bool) -> bool {
+        let job = &mut self.jobs[index];
+        if !job.state.is_some_and(|s| RETRYABLE_STATES.contains(&s)) {
+            return false;
+        }
+        job.state = Some(JobState::Queued);
+        job.process_after = None;
+        job.finished_at = None;
+        job.cancel = false;
+        if reset_attempts {
+            job.num_failures = 0;
+            job.num_resets = 0;
+        }
+        true
+    }
+
+    /// An operator retries up to `limit` jobs in `states` (lowest index
+    /// first); returns their indexes.
+    pub fn retry_matching(&mut self, states: &[JobState], limit: usize) -> Vec<usize> {
+        let picked: Vec<usize> = (0..self.jobs.len())
+            .filter(|&i| {
+                self.jobs[i]
+                    .state
+                    .is_some_and(|s| states.contains(&s) && RETRYABLE_STATES.contains(&s))
+            })
+            .take(limit)
+            .collect();
+        for &i in &picked {
+            self.retry(i, false);
+        }
+        picked
+    }
+
+    /// An operator purges up to `limit` jobs in `states` that finished
+    /// before `before` (lowest index first); returns their indexes.
+    pub fn purge(
+        &mut self,
+        states: &[JobState],
+        before: DateTime<Utc>,
+        limit: usize,
+    ) -> Vec<usize> {
+        let picked: Vec<usize> = (0..self.jobs.len())
+            .filter(|&i| {
+                let job = &self.jobs[i];
+                job.state.is_some_and(|s| states.contains(&s))
+                    && job.finished_at.is_some_and(|at| at < before)
+            })
+            .take(limit)
+            .collect();
+        for &i in &picked {
+            self.delete(i);
+        }
+        picked
+    }
+
+    /// How many live jobs are in each state, in lifecycle order, leaving
+    /// out states no job is in.
+    pub fn counts(&self) -> Vec<(JobState, u64)> {
+        JobState::ALL
+            .iter()
+            .map(|&state| {
+                let n = self.jobs.iter().filter(|j| j.state == Some(state)).count();
+                (state, n as u64)
+            })
+            .filter(|&(_, n)| n > 0)
+            .collect()
     }
 
     /// An operator deletes job `index`.

@@ -86,6 +86,8 @@ fn accepted_types(column: Column) -> &'static [&'static str] {
         Column::ClaimToken => INT,
         Column::ExecutionLogs => &["json[]", "jsonb[]"],
         Column::Cancel => &["boolean"],
+        Column::Kind => TEXT,
+        Column::Payload => &["jsonb", "json", "text", "character varying"],
     }
 }
 
@@ -119,11 +121,19 @@ pub(crate) async fn inspect(
     let mut state_type = String::new();
     let mut key_type = String::new();
     let mut log_element = "json".to_owned();
+    let mut payload_type = None;
     for column in Column::ALL {
         let Some(name) = options.column_name(column) else {
             absent.push(column);
             continue;
         };
+        if column.optional_by_default()
+            && !options.named.contains(&column)
+            && !cols.contains_key(name.as_str())
+        {
+            absent.push(column);
+            continue;
+        }
         let info = cols.get(name.as_str()).ok_or_else(|| {
             StoreError::Config(format!(
                 "table {table} has no column {name} (configured for {column}); rename it with `column(Column::{column:?}, ..)` or declare it absent with `without(Column::{column:?})`"
@@ -163,6 +173,9 @@ pub(crate) async fn inspect(
                 if column == Column::ExecutionLogs {
                     log_element = info.element.clone().unwrap_or_else(|| "json".into());
                 }
+                if column == Column::Payload {
+                    payload_type = Some(info.type_name.clone());
+                }
             }
         }
     }
@@ -191,6 +204,7 @@ pub(crate) async fn inspect(
             state_type,
             key_type,
             log_element,
+            payload_type,
         },
         absent,
     ))

@@ -4,6 +4,7 @@
 //! [`Param`] so that optional columns can drop out of a statement without
 //! leaving an unbound parameter behind.
 
+pub(crate) mod admin;
 pub(crate) mod catalog;
 pub(crate) mod default_table;
 #[cfg(test)]
@@ -52,6 +53,21 @@ pub(crate) enum Param {
     /// of the last job the previous claim took.
     CursorPriority,
     CursorKey,
+    /// The admin contract's inputs: a notification channel, a filter's
+    /// fields, a page's size and start, and an enqueue's arrays.
+    Channel,
+    FilterStates,
+    FilterKinds,
+    QueuedFrom,
+    QueuedBefore,
+    FinishedFrom,
+    FinishedBefore,
+    FailureText,
+    Limit,
+    After,
+    Kinds,
+    Payloads,
+    Priorities,
 }
 
 /// A statement and the inputs its `$n` placeholders stand for, in order.
@@ -136,6 +152,8 @@ pub(crate) struct TableShape {
     pub key_type: String,
     /// Element type of the execution-log array: `json` or `jsonb`.
     pub log_element: String,
+    /// `format_type` of the payload column, if the table has one.
+    pub payload_type: Option<String>,
 }
 
 /// All statements of one store.
@@ -168,15 +186,10 @@ pub(crate) struct Statements {
     pub finish_succeeded: (Statement, Statement),
     pub heartbeat: Statement,
     pub append_log: Option<Statement>,
-    pub reset: Option<Statement>,
-    /// Operator cancel of a queued or errored job: straight to canceled.
-    pub cancel_waiting: Statement,
-    /// Operator cancel of a processing job: the flag its worker heartbeats.
-    pub cancel_running: Option<Statement>,
-    pub delete: Statement,
 }
 
 /// Quoted column names, by standard column, for the present ones.
+#[derive(Debug, Clone)]
 struct Names {
     alias: String,
     cols: BTreeMap<Column, String>,
@@ -592,86 +605,6 @@ impl Statements {
             b.build()
         });
 
-        // Reset: stalled rows that no transaction locks go back to queued,
-        // or fail past the reset limit or under at-most-once delivery.
-        let stalled_since = names
-            .at(Column::LastHeartbeatAt)
-            .or_else(|| names.at(Column::StartedAt));
-        let reset = stalled_since.map(|since| {
-            let mut b = Builder::default();
-            let (processing, before, queued, failed, amo) = (
-                b.p(Param::State(JobState::Processing)),
-                b.p(Param::StalledBefore),
-                b.p(Param::State(JobState::Queued)),
-                b.p(Param::State(JobState::Failed)),
-                b.p(Param::AtMostOnce),
-            );
-            let fail = match names.at(Column::NumResets) {
-                Some(resets) => format!("({amo} OR {resets} >= {})", b.p(Param::MaxResets)),
-                None => format!("({amo})"),
-            };
-            let mut sets = vec![format!(
-                "{state_name} = CASE WHEN {fail} THEN CAST({failed} AS {st}) ELSE CAST({queued} AS {st}) END"
-            )];
-            if let (Some(n), Some(at)) = (names.get(Column::NumResets), names.at(Column::NumResets)) {
-                sets.push(format!("{n} = CASE WHEN {fail} THEN {at} ELSE {at} + 1 END"));
-            }
-            if let (Some(n), Some(at)) = (names.get(Column::FailureMessage), names.at(Column::FailureMessage)) {
-                let (amo_msg, max_msg) = (b.p(Param::AtMostOnceMessage), b.p(Param::MaxResetsMessage));
-                sets.push(format!(
-                    "{n} = CASE WHEN {fail} THEN (CASE WHEN {amo} THEN {amo_msg} ELSE {max_msg} END) ELSE {at} END"
-                ));
-            }
-            if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
-                let now = b.p(Param::Now);
-                sets.push(format!("{n} = CASE WHEN {fail} THEN {now} ELSE {at} END"));
-            }
-            b.push(&format!(
-                "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {state} = CAST({processing} AS {st}) \
-                 AND ({since} IS NULL OR {since} < {before}) ORDER BY {id} FOR UPDATE SKIP LOCKED) \
-                 UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM stalled)) \
-                 RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
-                sets = sets.join(", ")
-            ));
-            b.build()
-        });
-
-        let mut b = Builder::default();
-        let (i, queued, errored, canceled) = (
-            b.p(Param::Id),
-            b.p(Param::State(JobState::Queued)),
-            b.p(Param::State(JobState::Errored)),
-            b.p(Param::State(JobState::Canceled)),
-        );
-        let mut sets = vec![format!("{state_name} = CAST({canceled} AS {st})")];
-        if let Some(n) = names.get(Column::FailureMessage) {
-            let message = b.p(Param::Message);
-            sets.push(format!("{n} = {message}"));
-        }
-        if let Some(n) = names.get(Column::FinishedAt) {
-            let now = b.p(Param::Now);
-            sets.push(format!("{n} = {now}"));
-        }
-        b.push(&format!(
-            "UPDATE {table} AS {a} SET {sets} WHERE {id} = {i} AND {state} IN (CAST({queued} AS {st}), CAST({errored} AS {st}))",
-            sets = sets.join(", ")
-        ));
-        let cancel_waiting = b.build();
-
-        let cancel_running = names.get(Column::Cancel).map(|n| {
-            let mut b = Builder::default();
-            let (i, processing) = (b.p(Param::Id), b.p(Param::State(JobState::Processing)));
-            b.push(&format!(
-                "UPDATE {table} AS {a} SET {n} = true WHERE {id} = {i} AND {state} = CAST({processing} AS {st})"
-            ));
-            b.build()
-        });
-
-        let mut b = Builder::default();
-        let i = b.p(Param::Id);
-        b.push(&format!("DELETE FROM {table} AS {a} WHERE {id} = {i}"));
-        let delete = b.build();
-
         Statements {
             claim_head,
             claim_order,
@@ -687,10 +620,6 @@ impl Statements {
             finish_succeeded,
             heartbeat,
             append_log,
-            reset,
-            cancel_waiting,
-            cancel_running,
-            delete,
         }
     }
 
@@ -745,6 +674,7 @@ mod tests {
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),
+            payload_type: Some("jsonb".into()),
         }
     }
 

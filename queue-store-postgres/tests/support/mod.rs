@@ -11,9 +11,9 @@
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
-use queue_core::testkit::conformance::{Harness, Snapshot};
+use queue_core::testkit::conformance::Harness;
 use queue_core::testkit::database_url;
-use queue_core::{ClaimParams, Claimed, Job, JobRecord, NewJob, Store};
+use queue_core::{ClaimParams, Claimed, Job, JobRecord, Store};
 use queue_store_postgres::{
     ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgKey, PgStore,
 };
@@ -144,11 +144,6 @@ impl PgHarness {
     }
 }
 
-fn table_of(store: &PgStore<Job>) -> JobTable {
-    let name = store.options().table_name();
-    JobTable::new(name.schema.as_str(), name.name.as_str()).expect("valid names")
-}
-
 #[async_trait]
 impl Harness for PgHarness {
     type Store = PgStore<Job>;
@@ -158,35 +153,6 @@ impl Harness for PgHarness {
         PgStore::default_table(self.pool.clone(), table.store_options().mode(self.mode))
             .await
             .expect("store over a migrated table")
-    }
-
-    async fn enqueue(&self, store: &PgStore<Job>, job: NewJob) -> i64 {
-        table_of(store)
-            .enqueue(store.pool(), &job)
-            .await
-            .expect("enqueue")
-    }
-
-    async fn inspect(&self, store: &PgStore<Job>, id: &i64) -> Option<Snapshot> {
-        let sql = format!(
-            "SELECT * FROM {} WHERE id = $1",
-            store.options().table_name().quoted()
-        );
-        let row = sqlx::query(&sql)
-            .bind(id)
-            .fetch_optional(store.pool())
-            .await
-            .expect("inspect")?;
-        let job = queue_store_postgres::decode_job(&row).expect("decodable row");
-        Some(Snapshot::from(job))
-    }
-
-    async fn cancel(&self, store: &PgStore<Job>, id: &i64) {
-        store.cancel(id).await.expect("cancel");
-    }
-
-    async fn delete(&self, store: &PgStore<Job>, id: &i64) {
-        store.delete(id).await.expect("delete");
     }
 
     fn only_kind(&self, kind: &str) -> PgConditions {

@@ -13,7 +13,7 @@ use queue_core::{
     CancellationToken, ClaimParams, Claimed, Handler, HeartbeatReport, Job, JobState, Lease,
     LogEntry, ResetParams, ResetReport, Store, StoreError, Transition, WriteResult,
 };
-use queue_store_memory::{JobFilter, MemoryStore};
+use queue_store_memory::{MemoryCondition, MemoryStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use tokio::task::JoinHandle;
 
@@ -123,12 +123,12 @@ impl Slowed {
 impl Store for Slowed {
     type Id = i64;
     type Record = Job;
-    type Conditions = JobFilter;
+    type Conditions = MemoryCondition;
     type JobStore = MemoryStore;
 
     async fn claim(
         &self,
-        params: ClaimParams<'_, JobFilter>,
+        params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);

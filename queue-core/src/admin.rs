@@ -1,0 +1,559 @@
+//! The admin contract: looking at a queue and repairing it.
+//!
+//! [`Admin`] is what an operator surface (the `queue` CLI, an HTTP API, a
+//! dashboard) needs of a store, written once for every store: read one job
+//! or a page of them, count them, and move them on by hand (retry, cancel,
+//! delete, reset, purge) or add new ones. It speaks in the standard columns
+//! of a job ([`JobView`]) whatever record type the workers decode, so it
+//! works on a foreign table as well as on the default one.
+//!
+//! Every write is guarded like the worker's: it names the states it may
+//! move a job out of, and a job in any other state is left alone and
+//! reported ([`Skipped`]), never an error. Bulk writes over a
+//! [`JobFilter`] change at most a given number of jobs per call, so that
+//! no single statement holds many rows: call again until fewer come back
+//! (see [`Targets::Matching`]).
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use crate::error::StoreError;
+use crate::job::{Job, JobId, JobState, NewJob};
+use crate::resetter::{ResetParams, ResetReport};
+
+/// A job as an operator sees it: its key, kind, payload and every standard
+/// column the store has. A column the store lacks reads as `None` (or
+/// empty, or false).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobView<Id> {
+    /// The key.
+    pub id: Id,
+    /// The kind, if the store keeps one.
+    pub kind: Option<String>,
+    /// The arguments, if the store keeps them, as JSON.
+    pub payload: Option<serde_json::Value>,
+    /// The standard state the stored value stands for, or `None` for a
+    /// value the store's state mapping does not know (a foreign table's
+    /// own state, such as `archived`).
+    pub state: Option<JobState>,
+    /// The state as stored: the table's own vocabulary (enum labels
+    /// included).
+    pub stored_state: String,
+    /// Higher runs first.
+    pub priority: Option<i64>,
+    /// The last failure's message.
+    pub failure_message: Option<String>,
+    /// When the job was enqueued.
+    pub queued_at: Option<DateTime<Utc>>,
+    /// When the current or last attempt was claimed.
+    pub started_at: Option<DateTime<Utc>>,
+    /// When the job errored or reached a terminal state.
+    pub finished_at: Option<DateTime<Utc>>,
+    /// Not claimable before this time.
+    pub process_after: Option<DateTime<Utc>>,
+    /// How often the resetter moved it back to queued.
+    pub num_resets: Option<i64>,
+    /// How many attempts failed.
+    pub num_failures: Option<i64>,
+    /// The last sign of life of the worker handling it.
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// The execution log of the last attempt, each entry as stored (a
+    /// [`LogEntry`](crate::LogEntry) as JSON, or a foreign table's own
+    /// shape).
+    pub execution_logs: Vec<serde_json::Value>,
+    /// The worker that claimed it last.
+    pub worker_hostname: Option<String>,
+    /// Whether an operator asked a running attempt to stop.
+    pub cancel: bool,
+}
+
+impl From<Job> for JobView<i64> {
+    /// The view of a default-table [`Job`]: every column present.
+    fn from(job: Job) -> Self {
+        JobView {
+            id: job.id,
+            kind: Some(job.kind),
+            payload: Some(job.payload),
+            state: Some(job.state),
+            stored_state: job.state.as_str().to_owned(),
+            priority: Some(job.priority.into()),
+            failure_message: job.failure_message,
+            queued_at: Some(job.queued_at),
+            started_at: job.started_at,
+            finished_at: job.finished_at,
+            process_after: job.process_after,
+            num_resets: Some(job.num_resets.into()),
+            num_failures: Some(job.num_failures.into()),
+            last_heartbeat_at: job.last_heartbeat_at,
+            execution_logs: job
+                .execution_logs
+                .iter()
+                .filter_map(|entry| serde_json::to_value(entry).ok())
+                .collect(),
+            worker_hostname: job.worker_hostname,
+            cancel: job.cancel,
+        }
+    }
+}
+
+/// Which jobs an operation looks at. Every field left `None` admits every
+/// job; the fields that are set must all hold. Times are half-open: `from`
+/// is inclusive, `before` exclusive.
+///
+/// ```
+/// use queue_core::{JobFilter, JobState};
+/// let failed_emails = JobFilter::default()
+///     .states([JobState::Failed])
+///     .kinds(["email"])
+///     .failure_contains("timeout");
+/// assert_eq!(failed_emails.states, Some(vec![JobState::Failed]));
+/// ```
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct JobFilter {
+    /// Jobs in one of these states.
+    pub states: Option<Vec<JobState>>,
+    /// Jobs of one of these kinds.
+    pub kinds: Option<Vec<String>>,
+    /// Jobs enqueued at or after this time.
+    pub queued_from: Option<DateTime<Utc>>,
+    /// Jobs enqueued before this time.
+    pub queued_before: Option<DateTime<Utc>>,
+    /// Jobs that finished (errored or ended) at or after this time.
+    pub finished_from: Option<DateTime<Utc>>,
+    /// Jobs that finished before this time.
+    pub finished_before: Option<DateTime<Utc>>,
+    /// Jobs whose failure message contains this text, ignoring case.
+    pub failure_contains: Option<String>,
+}
+
+impl JobFilter {
+    /// Only jobs in one of `states`.
+    pub fn states(mut self, states: impl IntoIterator<Item = JobState>) -> Self {
+        self.states = Some(states.into_iter().collect());
+        self
+    }
+
+    /// Only jobs of one of `kinds`.
+    pub fn kinds(mut self, kinds: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        self.kinds = Some(kinds.into_iter().map(Into::into).collect());
+        self
+    }
+
+    /// Only jobs whose failure message contains `text`, ignoring case.
+    pub fn failure_contains(mut self, text: impl Into<String>) -> Self {
+        self.failure_contains = Some(text.into());
+        self
+    }
+
+    /// Only jobs that finished before `at`.
+    pub fn finished_before(mut self, at: DateTime<Utc>) -> Self {
+        self.finished_before = Some(at);
+        self
+    }
+
+    /// Whether `job` passes the filter. Stores that cannot push the filter
+    /// into a query (the memory store) apply it with this.
+    pub fn matches<Id>(&self, job: &JobView<Id>) -> bool {
+        let within = |at: Option<DateTime<Utc>>,
+                      from: Option<DateTime<Utc>>,
+                      before: Option<DateTime<Utc>>| {
+            (from.is_none() && before.is_none())
+                || at
+                    .is_some_and(|at| from.is_none_or(|f| at >= f) && before.is_none_or(|b| at < b))
+        };
+        self.states
+            .as_ref()
+            .is_none_or(|states| job.state.is_some_and(|s| states.contains(&s)))
+            && self
+                .kinds
+                .as_ref()
+                .is_none_or(|kinds| job.kind.as_ref().is_some_and(|k| kinds.contains(k)))
+            && within(job.queued_at, self.queued_from, self.queued_before)
+            && within(job.finished_at, self.finished_from, self.finished_before)
+            && self.failure_contains.as_ref().is_none_or(|text| {
+                job.failure_message
+                    .as_ref()
+                    .is_some_and(|m| m.to_lowercase().contains(&text.to_lowercase()))
+            })
+    }
+}
+
+/// In which order [`Admin::list`] returns jobs: by key.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ListOrder {
+    /// Highest key first: for the default table, newest first.
+    #[default]
+    NewestFirst,
+    /// Lowest key first.
+    OldestFirst,
+}
+
+/// What [`Admin::list`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ListParams<Id> {
+    /// Which jobs.
+    pub filter: JobFilter,
+    /// In which order.
+    pub order: ListOrder,
+    /// At most this many jobs.
+    pub limit: usize,
+    /// The page after this key: [`JobPage::next`] of the page before.
+    /// Keyset pagination: a job enqueued while an operator pages through
+    /// neither shifts the pages nor repeats a job.
+    pub after: Option<Id>,
+}
+
+impl<Id> ListParams<Id> {
+    /// The first page of `limit` jobs matching `filter`, newest first.
+    pub fn first(filter: JobFilter, limit: usize) -> Self {
+        ListParams {
+            filter,
+            order: ListOrder::default(),
+            limit,
+            after: None,
+        }
+    }
+}
+
+/// One page of [`Admin::list`].
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct JobPage<Id> {
+    /// The jobs, in the requested order.
+    pub jobs: Vec<JobView<Id>>,
+    /// Where the next page starts ([`ListParams::after`]), or `None` when
+    /// this page is the last.
+    pub next: Option<Id>,
+}
+
+/// What [`Admin::stats`] needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct StatsParams {
+    /// The current time: which waiting jobs are due.
+    pub now: DateTime<Utc>,
+    /// Processing jobs whose last heartbeat is older than this count as
+    /// stalled (`now - stalled max age`, as the resetter judges).
+    pub stalled_before: DateTime<Utc>,
+}
+
+/// How many jobs of one kind are in one state.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct StateCount {
+    /// The standard state, or `None` for a stored value the state mapping
+    /// does not know.
+    pub state: Option<JobState>,
+    /// The state as stored.
+    pub stored_state: String,
+    /// The kind, if the store keeps one.
+    pub kind: Option<String>,
+    /// How many jobs.
+    pub count: u64,
+}
+
+/// What [`Admin::stats`] found.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct QueueStats {
+    /// Jobs per state and kind, in lifecycle order of the states (unknown
+    /// stored values last), then by kind.
+    pub counts: Vec<StateCount>,
+    /// Since when the longest-waiting claimable job (queued, or errored
+    /// with its retry time passed) has been claimable: the later of its
+    /// enqueue time and its `process_after`. `None` when no job waits.
+    pub oldest_claimable_since: Option<DateTime<Utc>>,
+    /// Processing jobs whose heartbeat is older than
+    /// [`StatsParams::stalled_before`]: what the resetter would reset.
+    pub stalled: u64,
+    /// The time the figures are for ([`StatsParams::now`]).
+    pub now: DateTime<Utc>,
+}
+
+impl QueueStats {
+    /// How many jobs are in `state`, over all kinds.
+    pub fn total(&self, state: JobState) -> u64 {
+        self.counts
+            .iter()
+            .filter(|c| c.state == Some(state))
+            .map(|c| c.count)
+            .sum()
+    }
+
+    /// How long the longest-waiting claimable job has waited.
+    pub fn oldest_claimable_age(&self) -> Option<chrono::TimeDelta> {
+        self.oldest_claimable_since.map(|since| self.now - since)
+    }
+}
+
+/// Which jobs a write applies to.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Targets<Id> {
+    /// These jobs, in one step. Each one the write does not apply to is
+    /// reported in [`ActionReport::skipped`] with its state.
+    Ids(Vec<Id>),
+    /// Up to `limit` jobs matching `filter` (and the write's own states),
+    /// in one step. Call again while a call changes `limit` jobs: each
+    /// call is one short transaction, so a large clean-up never holds many
+    /// rows at once.
+    Matching {
+        /// Which jobs.
+        filter: JobFilter,
+        /// At most this many per call.
+        limit: usize,
+    },
+}
+
+impl<Id> Targets<Id> {
+    /// The one job `id`.
+    pub fn id(id: Id) -> Self {
+        Targets::Ids(vec![id])
+    }
+}
+
+/// A job a write left alone, and why.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Skipped<Id> {
+    /// The key.
+    pub id: Id,
+    /// `None`: there is no such job. Otherwise the state it is in, as
+    /// stored, which the write may not move it out of (for a processing
+    /// job that a delete skipped: it is locked by its attempt's
+    /// transaction).
+    pub stored_state: Option<String>,
+    /// The standard state of `stored_state`, if it is one.
+    pub state: Option<JobState>,
+}
+
+impl<Id: std::fmt::Display> Skipped<Id> {
+    /// Why the job was left alone, in a sentence that names it.
+    pub fn reason(&self, action: &str) -> String {
+        match &self.stored_state {
+            None => format!("job {} was not {action}: there is no such job", self.id),
+            Some(stored) => {
+                let held = if self.state == Some(JobState::Processing) && action == "deleted" {
+                    ", held by its worker's transaction; try again once the attempt ends"
+                } else {
+                    ""
+                };
+                format!("job {} was not {action}: it is {stored}{held}", self.id)
+            }
+        }
+    }
+}
+
+/// What a write did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ActionReport<Id> {
+    /// How many jobs changed state (or were deleted).
+    pub changed: u64,
+    /// Cancel only: how many running jobs had their cancel flag set; their
+    /// workers stop them at the next heartbeat.
+    pub stop_requested: u64,
+    /// The jobs named by [`Targets::Ids`] that were left alone.
+    pub skipped: Vec<Skipped<Id>>,
+}
+
+impl<Id> Default for ActionReport<Id> {
+    fn default() -> Self {
+        ActionReport {
+            changed: 0,
+            stop_requested: 0,
+            skipped: Vec::new(),
+        }
+    }
+}
+
+/// What [`Admin::retry`] needs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct RetryParams {
+    /// Also set the failure and reset counts back to zero, so the job gets
+    /// its whole retry and reset budget again. Otherwise it gets one more
+    /// attempt, and the retry policy decides from its failure count
+    /// whether a failure of that attempt is retried.
+    pub reset_attempts: bool,
+}
+
+/// What [`Admin::purge`] needs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct PurgeParams {
+    /// Jobs that finished before this time.
+    pub finished_before: DateTime<Utc>,
+    /// In these states; only terminal states (completed, failed,
+    /// canceled) may be purged.
+    pub states: Vec<JobState>,
+    /// At most this many per call (see [`Targets::Matching`]).
+    pub limit: usize,
+}
+
+/// The states [`Admin::retry`] moves jobs out of.
+pub const RETRYABLE_STATES: [JobState; 3] =
+    [JobState::Failed, JobState::Errored, JobState::Canceled];
+
+/// Reading and repairing a queue: what every operator surface needs of a
+/// store. See the [module docs](self).
+#[async_trait]
+pub trait Admin: Send + Sync + 'static {
+    /// The key type of the jobs.
+    type Id: JobId;
+
+    /// The job with key `id`, or `None` if there is none.
+    async fn get(&self, id: &Self::Id) -> Result<Option<JobView<Self::Id>>, StoreError>;
+
+    /// One page of the jobs matching `params.filter`, by key.
+    async fn list(&self, params: &ListParams<Self::Id>) -> Result<JobPage<Self::Id>, StoreError>;
+
+    /// Jobs per state and kind, the age of the oldest claimable job and
+    /// the number of stalled ones.
+    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;
+
+    /// Adds jobs; returns their keys in order. Workers waiting for jobs are
+    /// woken.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Self::Id>, StoreError>;
+
+    /// Makes failed, errored and canceled jobs queued and claimable at
+    /// once (their cancel flag and finish time cleared). Jobs in other
+    /// states are left alone.
+    async fn retry(
+        &self,
+        targets: &Targets<Self::Id>,
+        params: RetryParams,
+    ) -> Result<ActionReport<Self::Id>, StoreError>;
+
+    /// Cancels jobs: a queued or errored job becomes canceled at once (with
+    /// [`CANCELED_BEFORE_RUN_MESSAGE`](crate::CANCELED_BEFORE_RUN_MESSAGE)
+    /// and `now` as its finish time); a processing one gets its cancel flag
+    /// set, and its worker stops it at the next heartbeat. Finished jobs
+    /// are left alone.
+    async fn cancel(
+        &self,
+        targets: &Targets<Self::Id>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<Self::Id>, StoreError>;
+
+    /// Deletes jobs, in any state. A worker running one learns at its next
+    /// heartbeat that it is gone. A processing job whose attempt holds it
+    /// in a transaction is left alone (reported), never waited for.
+    async fn delete(
+        &self,
+        targets: &Targets<Self::Id>,
+    ) -> Result<ActionReport<Self::Id>, StoreError>;
+
+    /// Resets stalled jobs once, as the resetter does on each tick (see
+    /// [`resetter`](crate::resetter)).
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<Self::Id>, StoreError>;
+
+    /// Deletes up to `params.limit` jobs in `params.states` that finished
+    /// before `params.finished_before`; returns how many. Call again while
+    /// it returns `params.limit`.
+    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        if let Some(state) = params.states.iter().find(|s| !s.is_terminal()) {
+            return Err(StoreError::Config(format!(
+                "only finished jobs can be purged, not {state} ones; choose among completed, failed and canceled"
+            )));
+        }
+        if params.states.is_empty() {
+            return Ok(0);
+        }
+        let filter = JobFilter::default()
+            .states(params.states.iter().copied())
+            .finished_before(params.finished_before);
+        let report = self
+            .delete(&Targets::Matching {
+                filter,
+                limit: params.limit,
+            })
+            .await?;
+        Ok(report.changed)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn view(state: JobState) -> JobView<i64> {
+        JobView {
+            id: 1,
+            kind: Some("email".into()),
+            payload: None,
+            state: Some(state),
+            stored_state: state.as_str().into(),
+            priority: Some(0),
+            failure_message: Some("Upstream TIMEOUT after 30s".into()),
+            queued_at: Some(DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(100)),
+            started_at: None,
+            finished_at: None,
+            process_after: None,
+            num_resets: Some(0),
+            num_failures: Some(1),
+            last_heartbeat_at: None,
+            execution_logs: Vec::new(),
+            worker_hostname: None,
+            cancel: false,
+        }
+    }
+
+    #[test]
+    fn an_empty_filter_admits_every_job() {
+        assert!(JobFilter::default().matches(&view(JobState::Queued)));
+    }
+
+    #[test]
+    fn every_set_field_must_hold() {
+        let job = view(JobState::Failed);
+        let at = |s| DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(s);
+        assert!(JobFilter::default()
+            .failure_contains("timeout")
+            .matches(&job));
+        assert!(!JobFilter::default()
+            .failure_contains("refused")
+            .matches(&job));
+        assert!(!JobFilter::default()
+            .states([JobState::Failed])
+            .kinds(["sms"])
+            .matches(&job));
+        let window = |from, before| JobFilter {
+            queued_from: from,
+            queued_before: before,
+            ..JobFilter::default()
+        };
+        assert!(
+            window(Some(at(100)), Some(at(101))).matches(&job),
+            "from is inclusive"
+        );
+        assert!(
+            !window(None, Some(at(100))).matches(&job),
+            "before is exclusive"
+        );
+        assert!(
+            !JobFilter::default()
+                .finished_before(at(1_000))
+                .matches(&job),
+            "a job that never finished is not 'finished before' anything"
+        );
+    }
+
+    #[test]
+    fn a_skip_says_what_the_job_is() {
+        let missing = Skipped::<i64> {
+            id: 7,
+            stored_state: None,
+            state: None,
+        };
+        assert_eq!(
+            missing.reason("retried"),
+            "job 7 was not retried: there is no such job"
+        );
+        let running = Skipped {
+            id: 8,
+            stored_state: Some("running".into()),
+            state: Some(JobState::Processing),
+        };
+        assert_eq!(
+            running.reason("retried"),
+            "job 8 was not retried: it is running"
+        );
+        assert!(running
+            .reason("deleted")
+            .contains("held by its worker's transaction"));
+    }
+}

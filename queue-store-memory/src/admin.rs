@@ -1,0 +1,272 @@
+//! The admin contract on the memory store.
+
+use std::cmp::Reverse;
+use std::collections::BTreeMap;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    ActionReport, Admin, Job, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, NewJob,
+    QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount, StatsParams, Store,
+    StoreError, Targets, CANCELED_BEFORE_RUN_MESSAGE, RETRYABLE_STATES,
+};
+
+use crate::store::{eligible, MemoryStore, State};
+
+/// How a write treats one job: whether it applies, and what it does.
+type Write<'a> = &'a dyn Fn(&mut Job) -> Applied;
+
+/// What a write did to one job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Applied {
+    /// The job is not in a state the write moves it out of.
+    No,
+    /// Its state changed.
+    Changed,
+    /// A running job was asked to stop.
+    StopRequested,
+}
+
+impl MemoryStore {
+    /// Applies `write` to the targeted jobs; `eligible` says which jobs a
+    /// [`Targets::Matching`] call may pick. Keeps the claim index in step
+    /// and wakes workers if a job became claimable.
+    fn write_jobs(
+        &self,
+        targets: &Targets<i64>,
+        eligible_for: impl Fn(&Job) -> bool,
+        write: Write<'_>,
+    ) -> ActionReport<i64> {
+        let mut state = self.lock();
+        let mut report = ActionReport::default();
+        let ids: Vec<i64> = match targets {
+            Targets::Ids(ids) => ids.clone(),
+            Targets::Matching { filter, limit } => matching(&state, filter)
+                .filter(|job| eligible_for(job))
+                .take(*limit)
+                .map(|job| job.id)
+                .collect(),
+        };
+        let mut woke = false;
+        for id in ids {
+            let Some(job) = state.jobs.get_mut(&id) else {
+                report.skipped.push(Skipped {
+                    id,
+                    stored_state: None,
+                    state: None,
+                });
+                continue;
+            };
+            let claim_key = (Reverse(job.priority), id);
+            match write(job) {
+                Applied::No => report.skipped.push(Skipped {
+                    id,
+                    stored_state: Some(job.state.as_str().to_owned()),
+                    state: Some(job.state),
+                }),
+                Applied::StopRequested => report.stop_requested += 1,
+                Applied::Changed => {
+                    report.changed += 1;
+                    let claimable = matches!(job.state, JobState::Queued | JobState::Errored);
+                    state.claimable.remove(&claim_key);
+                    if claimable {
+                        state.make_claimable(id);
+                        woke = true;
+                    }
+                }
+            }
+        }
+        drop(state);
+        if woke {
+            self.wake_workers();
+        }
+        report
+    }
+}
+
+/// The jobs matching `filter`, lowest key first.
+fn matching<'s>(state: &'s State, filter: &'s JobFilter) -> impl Iterator<Item = &'s Job> + 's {
+    state
+        .jobs
+        .values()
+        .filter(move |job| filter.matches(&JobView::from((*job).clone())))
+}
+
+fn retry(job: &mut Job, params: RetryParams) -> Applied {
+    if !RETRYABLE_STATES.contains(&job.state) {
+        return Applied::No;
+    }
+    job.state = JobState::Queued;
+    job.process_after = None;
+    job.finished_at = None;
+    job.cancel = false;
+    if params.reset_attempts {
+        job.num_failures = 0;
+        job.num_resets = 0;
+    }
+    Applied::Changed
+}
+
+fn cancel(job: &mut Job, now: DateTime<Utc>) -> Applied {
+    match job.state {
+        JobState::Queued | JobState::Errored => {
+            job.state = JobState::Canceled;
+            job.finished_at = Some(now);
+            job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
+            Applied::Changed
+        }
+        JobState::Processing => {
+            job.cancel = true;
+            Applied::StopRequested
+        }
+        _ => Applied::No,
+    }
+}
+
+#[async_trait]
+impl Admin for MemoryStore {
+    type Id = i64;
+
+    async fn get(&self, id: &i64) -> Result<Option<JobView<i64>>, StoreError> {
+        Ok(self.lock().jobs.get(id).cloned().map(JobView::from))
+    }
+
+    async fn list(&self, params: &ListParams<i64>) -> Result<JobPage<i64>, StoreError> {
+        let state = self.lock();
+        let after = params.after;
+        let admitted = |job: &&Job| match (params.order, after) {
+            (_, None) => true,
+            (ListOrder::NewestFirst, Some(after)) => job.id < after,
+            (ListOrder::OldestFirst, Some(after)) => job.id > after,
+        };
+        let all = matching(&state, &params.filter);
+        let mut jobs: Vec<JobView<i64>> = match params.order {
+            ListOrder::OldestFirst => all
+                .filter(admitted)
+                .take(params.limit.saturating_add(1))
+                .map(|job| JobView::from(job.clone()))
+                .collect(),
+            ListOrder::NewestFirst => {
+                let all: Vec<&Job> = all.collect();
+                all.into_iter()
+                    .rev()
+                    .filter(admitted)
+                    .take(params.limit.saturating_add(1))
+                    .map(|job| JobView::from(job.clone()))
+                    .collect()
+            }
+        };
+        let next = if jobs.len() > params.limit {
+            jobs.truncate(params.limit);
+            jobs.last().map(|job| job.id)
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next })
+    }
+
+    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        let state = self.lock();
+        let mut counts: BTreeMap<(usize, String), u64> = BTreeMap::new();
+        let mut oldest: Option<DateTime<Utc>> = None;
+        let mut stalled = 0;
+        for job in state.jobs.values() {
+            let order = JobState::ALL
+                .iter()
+                .position(|s| *s == job.state)
+                .unwrap_or(JobState::ALL.len());
+            *counts.entry((order, job.kind.clone())).or_default() += 1;
+            if eligible(job, params.now) {
+                let since = job
+                    .process_after
+                    .map_or(job.queued_at, |at| at.max(job.queued_at));
+                oldest = Some(oldest.map_or(since, |o| o.min(since)));
+            }
+            if job.state == JobState::Processing
+                && job
+                    .last_heartbeat_at
+                    .is_none_or(|at| at < params.stalled_before)
+            {
+                stalled += 1;
+            }
+        }
+        Ok(QueueStats {
+            counts: counts
+                .into_iter()
+                .map(|((order, kind), count)| {
+                    let state = JobState::ALL[order];
+                    StateCount {
+                        state: Some(state),
+                        stored_state: state.as_str().to_owned(),
+                        kind: Some(kind),
+                        count,
+                    }
+                })
+                .collect(),
+            oldest_claimable_since: oldest,
+            stalled,
+            now: params.now,
+        })
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<i64>, StoreError> {
+        Ok(self.enqueue_many(jobs.iter().cloned()))
+    }
+
+    async fn retry(
+        &self,
+        targets: &Targets<i64>,
+        params: RetryParams,
+    ) -> Result<ActionReport<i64>, StoreError> {
+        Ok(self.write_jobs(
+            targets,
+            |job| RETRYABLE_STATES.contains(&job.state),
+            &|job| retry(job, params),
+        ))
+    }
+
+    async fn cancel(
+        &self,
+        targets: &Targets<i64>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<i64>, StoreError> {
+        // A bulk cancel picks each running job once: after its flag is set
+        // it no longer matches, so calls until a short one terminate.
+        let waiting_or_unflagged = |job: &Job| match job.state {
+            JobState::Queued | JobState::Errored => true,
+            JobState::Processing => !job.cancel,
+            _ => false,
+        };
+        Ok(self.write_jobs(targets, waiting_or_unflagged, &|job| cancel(job, now)))
+    }
+
+    async fn delete(&self, targets: &Targets<i64>) -> Result<ActionReport<i64>, StoreError> {
+        let mut state = self.lock();
+        let ids: Vec<i64> = match targets {
+            Targets::Ids(ids) => ids.clone(),
+            Targets::Matching { filter, limit } => matching(&state, filter)
+                .take(*limit)
+                .map(|job| job.id)
+                .collect(),
+        };
+        let mut report = ActionReport::default();
+        for id in ids {
+            match state.jobs.remove(&id) {
+                Some(job) => {
+                    state.claimable.remove(&(Reverse(job.priority), id));
+                    report.changed += 1;
+                }
+                None => report.skipped.push(Skipped {
+                    id,
+                    stored_state: None,
+                    state: None,
+                }),
+            }
+        }
+        Ok(report)
+    }
+
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
+        self.reset_stalled(params).await
+    }
+}

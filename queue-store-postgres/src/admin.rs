@@ -1,0 +1,577 @@
+//! [`PgAdmin`]: the admin contract on any Postgres table the options
+//! describe.
+
+use std::collections::HashSet;
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
+use queue_core::{
+    ActionReport, Admin, Delivery, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams,
+    NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount, StatsParams,
+    StoreError, Targets, CANCELED_BEFORE_RUN_MESSAGE,
+};
+use sqlx::postgres::PgRow;
+use sqlx::{PgPool, Row};
+
+use crate::bind::{query, state, Value};
+use crate::error::store_error;
+use crate::options::{Column, PgStoreOptions};
+use crate::record::PgKey;
+use crate::sql::admin::{AdminStatements, AdminWrite, Pick};
+use crate::sql::{catalog, Param, Statement, TableShape};
+
+struct Inner {
+    pool: PgPool,
+    options: PgStoreOptions,
+    sql: AdminStatements,
+    absent: Vec<Column>,
+}
+
+/// The admin contract ([`Admin`]) on a Postgres table: read, count, retry,
+/// cancel, delete, reset, purge and enqueue jobs, in the table's own
+/// columns and state values, whatever record type its workers decode.
+///
+/// It needs only a pool and the table's [`PgStoreOptions`] (the same as
+/// the workers', or read from a config file): no listener, no completer,
+/// so an operator tool or an HTTP server can hold one cheaply. A
+/// [`PgStore`](crate::PgStore) carries one too ([`PgStore::admin`](crate::PgStore::admin))
+/// and implements [`Admin`] through it.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use queue_core::{Admin, JobFilter, JobState, ListParams, RetryParams, Targets};
+/// use queue_store_postgres::{JobTable, PgAdmin};
+///
+/// let admin = PgAdmin::<i64>::new(pool, JobTable::default().store_options()).await?;
+/// let failed = admin
+///     .list(&ListParams::first(JobFilter::default().states([JobState::Failed]), 20))
+///     .await?;
+/// for job in &failed.jobs {
+///     println!("{} {:?}: {:?}", job.id, job.kind, job.failure_message);
+/// }
+/// let ids = failed.jobs.iter().map(|job| job.id).collect();
+/// let report = admin.retry(&Targets::Ids(ids), RetryParams::default()).await?;
+/// println!("{} retried", report.changed);
+/// # Ok(()) }
+/// ```
+pub struct PgAdmin<K> {
+    inner: Arc<Inner>,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for PgAdmin<K> {
+    fn clone(&self) -> Self {
+        PgAdmin {
+            inner: self.inner.clone(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for PgAdmin<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgAdmin")
+            .field("table", &self.inner.options.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: PgKey> PgAdmin<K> {
+    /// Checks `options` against the catalog (as a store does) and builds
+    /// the admin statements. `K` is the key column's type: `i32`, `i64`,
+    /// `uuid::Uuid` or `String`.
+    pub async fn new(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
+        options.check()?;
+        let (shape, absent) = catalog::inspect(&pool, &options, K::PG_TYPES).await?;
+        Ok(PgAdmin::from_parts(pool, options, &shape, absent))
+    }
+
+    /// From options the catalog has already confirmed.
+    pub(crate) fn from_parts(
+        pool: PgPool,
+        options: PgStoreOptions,
+        shape: &TableShape,
+        absent: Vec<Column>,
+    ) -> Self {
+        PgAdmin {
+            inner: Arc::new(Inner {
+                sql: AdminStatements::new(&options, shape, &absent),
+                pool,
+                options,
+                absent,
+            }),
+            key: PhantomData,
+        }
+    }
+
+    /// The pool it runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &PgStoreOptions {
+        &self.inner.options
+    }
+
+    /// The standard columns the table lacks, each with what is off because
+    /// of it.
+    pub fn disabled_features(&self) -> Vec<(Column, &'static str)> {
+        self.inner
+            .absent
+            .iter()
+            .map(|c| (*c, c.feature_lost()))
+            .collect()
+    }
+
+    /// The standard state a stored value stands for: the first state
+    /// mapped to it (errored sharing queued's value reads as queued).
+    pub fn state_of(&self, stored: &str) -> Option<JobState> {
+        JobState::ALL
+            .into_iter()
+            .find(|s| self.inner.options.states.get(*s) == stored)
+    }
+
+    fn view(&self, row: &PgRow) -> Result<JobView<K>, StoreError> {
+        let get = |e| store_error("reading a job", e);
+        let stored_state: String = row.try_get("state").map_err(get)?;
+        let logs: Option<serde_json::Value> = row.try_get("execution_logs").map_err(get)?;
+        let execution_logs = match logs {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(entries)) => entries,
+            Some(other) => vec![other],
+        };
+        Ok(JobView {
+            id: row.try_get("id").map_err(get)?,
+            kind: row.try_get("kind").map_err(get)?,
+            payload: row.try_get("payload").map_err(get)?,
+            state: self.state_of(&stored_state),
+            stored_state,
+            priority: row.try_get("priority").map_err(get)?,
+            failure_message: row.try_get("failure_message").map_err(get)?,
+            queued_at: row.try_get("queued_at").map_err(get)?,
+            started_at: row.try_get("started_at").map_err(get)?,
+            finished_at: row.try_get("finished_at").map_err(get)?,
+            process_after: row.try_get("process_after").map_err(get)?,
+            num_resets: row.try_get("num_resets").map_err(get)?,
+            num_failures: row.try_get("num_failures").map_err(get)?,
+            last_heartbeat_at: row.try_get("last_heartbeat_at").map_err(get)?,
+            execution_logs,
+            worker_hostname: row.try_get("worker_hostname").map_err(get)?,
+            cancel: row.try_get("cancel").map_err(get)?,
+        })
+    }
+
+    /// The value of a filter's input.
+    fn filter_value(&self, filter: &JobFilter, p: Param) -> Option<Value<K>> {
+        let texts = |v: &[String]| Value::Texts(v.iter().cloned().map(Some).collect());
+        match p {
+            Param::FilterStates => filter.states.as_ref().map(|states| {
+                Value::Texts(
+                    states
+                        .iter()
+                        .map(|s| Some(self.inner.options.states.get(*s).to_owned()))
+                        .collect(),
+                )
+            }),
+            Param::FilterKinds => filter.kinds.as_deref().map(texts),
+            Param::QueuedFrom => filter.queued_from.map(Value::Time),
+            Param::QueuedBefore => filter.queued_before.map(Value::Time),
+            Param::FinishedFrom => filter.finished_from.map(Value::Time),
+            Param::FinishedBefore => filter.finished_before.map(Value::Time),
+            Param::FailureText => filter.failure_contains.clone().map(Value::Text),
+            _ => None,
+        }
+    }
+
+    /// Runs `write` over `targets`; returns the keys it changed. `limit`
+    /// caps a [`Targets::Matching`] call.
+    async fn write(
+        &self,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<K>, StoreError> {
+        let (pick, filter) = match targets {
+            Targets::Ids(ids) if ids.is_empty() => return Ok(Vec::new()),
+            Targets::Ids(_) => (Pick::Ids, None),
+            Targets::Matching { .. } if limit == 0 => return Ok(Vec::new()),
+            Targets::Matching { filter, .. } => (Pick::Matching(filter), Some(filter)),
+        };
+        let Some(statement) = self.inner.sql.write(write, pick)? else {
+            return Ok(Vec::new());
+        };
+        let mut ids = match targets {
+            Targets::Ids(ids) => Some(ids.clone()),
+            Targets::Matching { .. } => None,
+        };
+        let context = match write {
+            AdminWrite::Retry(_) => "retrying jobs",
+            AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
+            AdminWrite::Delete => "deleting jobs",
+        };
+        let rows = query(&statement, |p| match p {
+            Param::Ids => ids.take().map(Value::Keys),
+            Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
+            Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
+            Param::Now => Some(Value::Time(now)),
+            other => filter.and_then(|f| self.filter_value(f, other)),
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        rows.iter()
+            .map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
+            .collect()
+    }
+
+    /// The keys of `targets` none of `changed` holds, each with its state
+    /// (none for a missing job).
+    async fn skipped(
+        &self,
+        targets: &Targets<K>,
+        changed: &[K],
+    ) -> Result<Vec<Skipped<K>>, StoreError> {
+        let Targets::Ids(ids) = targets else {
+            return Ok(Vec::new());
+        };
+        let changed: HashSet<&K> = changed.iter().collect();
+        let left: Vec<K> = ids
+            .iter()
+            .filter(|id| !changed.contains(id))
+            .cloned()
+            .collect();
+        if left.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut keys = Some(left.clone());
+        let rows = query(&self.inner.sql.states_of, |p| match p {
+            Param::Ids => keys.take().map(Value::Keys),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading the states of jobs", e))?;
+        let mut states = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let id: K = row
+                .try_get("id")
+                .map_err(|e| store_error("reading the states of jobs", e))?;
+            let stored: String = row
+                .try_get("state")
+                .map_err(|e| store_error("reading the states of jobs", e))?;
+            states.insert(id, stored);
+        }
+        Ok(left
+            .into_iter()
+            .map(|id| {
+                let stored_state = states.remove(&id);
+                Skipped {
+                    state: stored_state.as_deref().and_then(|s| self.state_of(s)),
+                    stored_state,
+                    id,
+                }
+            })
+            .collect())
+    }
+
+    /// Wakes the workers listening on the table's channel.
+    async fn notify(&self) -> Result<(), StoreError> {
+        query::<K>(&self.inner.sql.notify, |p| match p {
+            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
+            _ => None,
+        })?
+        .execute(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("notifying workers", e))?;
+        Ok(())
+    }
+
+    /// Refuses jobs whose kind or payload the table has no column for:
+    /// they would be lost.
+    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+        let table = &self.inner.options.table;
+        if !self.inner.sql.has(Column::Kind) {
+            if let Some(job) = jobs.iter().find(|j| !j.kind.is_empty()) {
+                return Err(StoreError::Config(format!(
+                    "table {table} has no kind column, so the kind {:?} would be lost; enqueue with an empty kind, or map the column (Column::Kind)",
+                    job.kind
+                )));
+            }
+        }
+        if !self.inner.sql.has(Column::Payload) {
+            let empty = |v: &serde_json::Value| {
+                v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
+            };
+            if jobs.iter().any(|j| !empty(&j.payload)) {
+                return Err(StoreError::Config(format!(
+                    "table {table} has no payload column, so the payload would be lost; map the column (Column::Payload)"
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    fn reset_statement(&self) -> Result<&Statement, StoreError> {
+        self.inner.sql.reset.as_ref().ok_or_else(|| {
+            StoreError::Config(format!(
+                "table {} has neither last_heartbeat_at nor started_at, so stalled jobs cannot be recognised",
+                self.inner.options.table
+            ))
+        })
+    }
+}
+
+fn limit_of<K>(targets: &Targets<K>) -> usize {
+    match targets {
+        Targets::Ids(ids) => ids.len(),
+        Targets::Matching { limit, .. } => *limit,
+    }
+}
+
+#[async_trait]
+impl<K: PgKey> Admin for PgAdmin<K> {
+    type Id = K;
+
+    async fn get(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
+        let row = query(&self.inner.sql.get, |p| match p {
+            Param::Id => Some(Value::Key(id.clone())),
+            _ => None,
+        })?
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading a job", e))?;
+        row.map(|row| self.view(&row)).transpose()
+    }
+
+    async fn list(&self, params: &ListParams<K>) -> Result<JobPage<K>, StoreError> {
+        let newest_first = params.order == ListOrder::NewestFirst;
+        let statement =
+            self.inner
+                .sql
+                .list(&params.filter, newest_first, params.after.is_some())?;
+        let fetch = i64::try_from(params.limit)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        let rows = query(&statement, |p| match p {
+            Param::Limit => Some(Value::Int(fetch)),
+            Param::After => params.after.clone().map(Value::Key),
+            other => self.filter_value(&params.filter, other),
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("listing jobs", e))?;
+        let mut jobs = rows
+            .iter()
+            .map(|row| self.view(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = if jobs.len() > params.limit {
+            jobs.truncate(params.limit);
+            jobs.last().map(|job| job.id.clone())
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next })
+    }
+
+    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        let rows = sqlx::query(&self.inner.sql.counts.text)
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("counting jobs", e))?;
+        let mut counts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored_state: String = row
+                .try_get("state")
+                .map_err(|e| store_error("counting jobs", e))?;
+            let count: i64 = row
+                .try_get("count")
+                .map_err(|e| store_error("counting jobs", e))?;
+            counts.push(StateCount {
+                state: self.state_of(&stored_state),
+                stored_state,
+                kind: row
+                    .try_get("kind")
+                    .map_err(|e| store_error("counting jobs", e))?,
+                count: u64::try_from(count).unwrap_or(0),
+            });
+        }
+        // Lifecycle order; values the mapping does not know last, by value.
+        counts.sort_by(|a, b| {
+            let order = |c: &StateCount| {
+                c.state
+                    .and_then(|s| JobState::ALL.iter().position(|x| *x == s))
+                    .unwrap_or(JobState::ALL.len())
+            };
+            (order(a), &a.stored_state, &a.kind).cmp(&(order(b), &b.stored_state, &b.kind))
+        });
+        let row = query::<K>(&self.inner.sql.waiting, |p| match p {
+            Param::Now => Some(Value::Time(params.now)),
+            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
+            _ => None,
+        })?
+        .fetch_one(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading the oldest waiting job", e))?;
+        let stalled: i64 = row
+            .try_get("stalled")
+            .map_err(|e| store_error("counting stalled jobs", e))?;
+        Ok(QueueStats {
+            counts,
+            oldest_claimable_since: row
+                .try_get("oldest")
+                .map_err(|e| store_error("reading the oldest waiting job", e))?,
+            stalled: u64::try_from(stalled).unwrap_or(0),
+            now: params.now,
+        })
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<K>, StoreError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.check_enqueue(jobs)?;
+        let statement = self.inner.sql.enqueue();
+        let mut tx = self
+            .inner
+            .pool
+            .begin()
+            .await
+            .map_err(|e| store_error("enqueueing jobs", e))?;
+        let rows = query::<K>(&statement, |p| match p {
+            Param::Kinds => Some(Value::Texts(
+                jobs.iter().map(|j| Some(j.kind.clone())).collect(),
+            )),
+            Param::Payloads => Some(Value::Jsons(
+                jobs.iter().map(|j| j.payload.clone()).collect(),
+            )),
+            Param::Priorities => Some(Value::Ints(
+                jobs.iter().map(|j| i64::from(j.priority)).collect(),
+            )),
+            Param::ProcessAfters => {
+                Some(Value::Times(jobs.iter().map(|j| j.process_after).collect()))
+            }
+            _ => None,
+        })?
+        .fetch_all(&mut *tx)
+        .await
+        .map_err(|e| store_error("enqueueing jobs", e))?;
+        // Tables without the default table's trigger learn of new jobs this
+        // way; Postgres folds it into the trigger's notification if both.
+        query::<K>(&self.inner.sql.notify, |p| match p {
+            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
+            _ => None,
+        })?
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| store_error("notifying workers", e))?;
+        tx.commit()
+            .await
+            .map_err(|e| store_error("enqueueing jobs", e))?;
+        rows.iter()
+            .map(|row| {
+                row.try_get(0)
+                    .map_err(|e| store_error("enqueueing jobs", e))
+            })
+            .collect()
+    }
+
+    async fn retry(
+        &self,
+        targets: &Targets<K>,
+        params: RetryParams,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let changed = self
+            .write(
+                AdminWrite::Retry(params.reset_attempts),
+                targets,
+                limit_of(targets),
+                Utc::now(),
+            )
+            .await?;
+        if !changed.is_empty() {
+            self.notify().await?;
+        }
+        Ok(ActionReport {
+            changed: changed.len() as u64,
+            stop_requested: 0,
+            skipped: self.skipped(targets, &changed).await?,
+        })
+    }
+
+    async fn cancel(
+        &self,
+        targets: &Targets<K>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let limit = limit_of(targets);
+        let canceled = self
+            .write(AdminWrite::CancelWaiting, targets, limit, now)
+            .await?;
+        let flagged = self
+            .write(
+                AdminWrite::RequestStop,
+                targets,
+                limit.saturating_sub(canceled.len()),
+                now,
+            )
+            .await?;
+        let mut changed = canceled.clone();
+        changed.extend(flagged.iter().cloned());
+        Ok(ActionReport {
+            changed: canceled.len() as u64,
+            stop_requested: flagged.len() as u64,
+            skipped: self.skipped(targets, &changed).await?,
+        })
+    }
+
+    async fn delete(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {
+        let deleted = self
+            .write(AdminWrite::Delete, targets, limit_of(targets), Utc::now())
+            .await?;
+        Ok(ActionReport {
+            changed: deleted.len() as u64,
+            stop_requested: 0,
+            skipped: self.skipped(targets, &deleted).await?,
+        })
+    }
+
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {
+        let statement = self.reset_statement()?;
+        let states = &self.inner.options.states;
+        let rows = query(statement, |p| match p {
+            Param::State(s) => Some(state::<K>(states, s)),
+            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
+            Param::MaxResets => Some(Value::Int4(
+                i32::try_from(params.max_resets).unwrap_or(i32::MAX),
+            )),
+            Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
+            Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
+            Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
+            Param::Now => Some(Value::Time(params.now)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("resetting stalled jobs", e))?;
+        let mut report = ResetReport::default();
+        for row in &rows {
+            let id: K = row
+                .try_get("id")
+                .map_err(|e| store_error("resetting stalled jobs", e))?;
+            let failed: bool = row
+                .try_get("failed")
+                .map_err(|e| store_error("resetting stalled jobs", e))?;
+            if failed {
+                report.failed.push(id);
+            } else {
+                report.reset.push(id);
+            }
+        }
+        Ok(report)
+    }
+}

@@ -1,0 +1,586 @@
+//! The statements of the admin contract ([`PgAdmin`](crate::PgAdmin)):
+//! reading jobs in the standard columns whatever the table calls them,
+//! counting them, and the guarded operator writes. The fixed ones are built
+//! once; those over a [`JobFilter`] are built per call from the fields the
+//! filter sets, each value a bind.
+
+use queue_core::{JobFilter, JobState, StoreError, RETRYABLE_STATES};
+
+use super::{literal, Builder, Names, Param, Statement, TableShape};
+use crate::options::{Column, PgStoreOptions};
+
+/// What an admin write does to the rows it picks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum AdminWrite {
+    /// Failed, errored or canceled → queued and due now; with `true`, the
+    /// failure and reset counts back to zero.
+    Retry(bool),
+    /// Queued or errored → canceled.
+    CancelWaiting,
+    /// Processing → the cancel flag set.
+    RequestStop,
+    /// Any state → deleted.
+    Delete,
+}
+
+/// Which rows an admin write picks.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Pick<'a> {
+    /// The keys bound as [`Param::Ids`].
+    Ids,
+    /// Up to [`Param::Limit`] rows matching the filter, lowest key first.
+    Matching(&'a JobFilter),
+}
+
+/// The admin contract's statements for one table.
+#[derive(Debug, Clone)]
+pub(crate) struct AdminStatements {
+    /// The select list of a [`JobView`](queue_core::JobView): every
+    /// standard column under its standard name, `NULL` where absent.
+    view: String,
+    table: String,
+    alias: String,
+    names: Names,
+    state_type: String,
+    key_type: String,
+    payload_type: Option<String>,
+    states: crate::options::StateValues,
+    /// One job by key.
+    pub get: Statement,
+    /// Jobs per stored state and kind.
+    pub counts: Statement,
+    /// The oldest claimable job's since-time and the stalled count.
+    pub waiting: Statement,
+    /// The stored states of the keys bound, for the skips of a write.
+    pub states_of: Statement,
+    /// `pg_notify` on the store's channel.
+    pub notify: Statement,
+    /// The resetter's statement: stalled rows that no transaction locks go
+    /// back to queued, or fail. `None` without a heartbeat or start column.
+    pub reset: Option<Statement>,
+}
+
+impl AdminStatements {
+    pub(crate) fn new(
+        options: &PgStoreOptions,
+        shape: &TableShape,
+        absent: &[Column],
+    ) -> AdminStatements {
+        let names = Names {
+            alias: options.alias.quoted(),
+            cols: Column::ALL
+                .iter()
+                .filter(|c| !absent.contains(c))
+                .filter_map(|c| options.column_name(*c).map(|i| (*c, i.quoted())))
+                .collect(),
+        };
+        let table = options.table.quoted();
+        let a = names.alias.clone();
+        let st = shape.state_type.clone();
+        let id = names.must(Column::Id);
+        let id_name = names.get(Column::Id).unwrap_or("\"id\"").to_owned();
+        let state = names.must(Column::State);
+        let state_name = names.get(Column::State).unwrap_or("\"state\"").to_owned();
+        let or_null = |c: Column, ty: &str, wrap: &dyn Fn(String) -> String| {
+            names
+                .at(c)
+                .map(wrap)
+                .unwrap_or_else(|| format!("NULL::{ty}"))
+        };
+        let cast = |ty: &'static str| move |at: String| format!("CAST({at} AS {ty})");
+        let plain = |at: String| at;
+        let view = [
+            format!("{id} AS \"id\""),
+            format!(
+                "{} AS \"kind\"",
+                or_null(Column::Kind, "text", &cast("text"))
+            ),
+            format!(
+                "{} AS \"payload\"",
+                or_null(Column::Payload, "jsonb", &|at| format!("to_jsonb({at})"))
+            ),
+            format!("CAST({state} AS text) AS \"state\""),
+            format!(
+                "{} AS \"priority\"",
+                or_null(Column::Priority, "int8", &cast("int8"))
+            ),
+            format!(
+                "{} AS \"failure_message\"",
+                or_null(Column::FailureMessage, "text", &cast("text"))
+            ),
+            format!(
+                "{} AS \"queued_at\"",
+                or_null(Column::QueuedAt, "timestamptz", &plain)
+            ),
+            format!(
+                "{} AS \"started_at\"",
+                or_null(Column::StartedAt, "timestamptz", &plain)
+            ),
+            format!(
+                "{} AS \"finished_at\"",
+                or_null(Column::FinishedAt, "timestamptz", &plain)
+            ),
+            format!(
+                "{} AS \"process_after\"",
+                or_null(Column::ProcessAfter, "timestamptz", &plain)
+            ),
+            format!(
+                "{} AS \"num_resets\"",
+                or_null(Column::NumResets, "int8", &cast("int8"))
+            ),
+            format!(
+                "{} AS \"num_failures\"",
+                or_null(Column::NumFailures, "int8", &cast("int8"))
+            ),
+            format!(
+                "{} AS \"last_heartbeat_at\"",
+                or_null(Column::LastHeartbeatAt, "timestamptz", &plain)
+            ),
+            format!(
+                "{} AS \"execution_logs\"",
+                or_null(Column::ExecutionLogs, "jsonb", &|at| format!(
+                    "to_jsonb({at})"
+                ))
+            ),
+            format!(
+                "{} AS \"worker_hostname\"",
+                or_null(Column::WorkerHostname, "text", &cast("text"))
+            ),
+            format!(
+                "({}) IS TRUE AS \"cancel\"",
+                names.at(Column::Cancel).unwrap_or_else(|| "false".into())
+            ),
+        ]
+        .join(", ");
+
+        let mut b = Builder::default();
+        let key = b.p(Param::Id);
+        b.push(&format!(
+            "SELECT {view} FROM {table} AS {a} WHERE {id} = {key}"
+        ));
+        let get = b.build();
+
+        let kind = or_null(Column::Kind, "text", &cast("text"));
+        let counts = Statement {
+            text: format!(
+                "SELECT CAST({state} AS text) AS \"state\", {kind} AS \"kind\", count(*) AS \"count\" \
+                 FROM {table} AS {a} GROUP BY 1, 2"
+            ),
+            params: Vec::new(),
+        };
+
+        let value = |s: JobState| format!("CAST({} AS {st})", literal(options.states.get(s)));
+        let (queued, errored, processing) = (
+            value(JobState::Queued),
+            value(JobState::Errored),
+            value(JobState::Processing),
+        );
+        let mut b = Builder::default();
+        let since: Vec<String> = [Column::QueuedAt, Column::ProcessAfter]
+            .iter()
+            .filter_map(|c| names.at(*c))
+            .collect();
+        let oldest = if since.is_empty() {
+            "NULL::timestamptz".to_owned()
+        } else {
+            let due = match names.at(Column::ProcessAfter) {
+                Some(after) => format!(" AND ({after} IS NULL OR {after} <= {})", b.p(Param::Now)),
+                None => String::new(),
+            };
+            format!(
+                "(SELECT min(greatest({})) FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){due})",
+                since.join(", ")
+            )
+        };
+        let stalled = match names
+            .at(Column::LastHeartbeatAt)
+            .or_else(|| names.at(Column::StartedAt))
+        {
+            Some(since) => format!(
+                "(SELECT count(*) FROM {table} AS {a} WHERE {state} = {processing} \
+                 AND ({since} IS NULL OR {since} < {}))",
+                b.p(Param::StalledBefore)
+            ),
+            None => "0::int8".to_owned(),
+        };
+        b.push(&format!(
+            "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
+        ));
+        let waiting = b.build();
+
+        let mut b = Builder::default();
+        let ids = b.p(Param::Ids);
+        b.push(&format!(
+            "SELECT {id} AS \"id\", CAST({state} AS text) AS \"state\" \
+             FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))",
+            kt = shape.key_type
+        ));
+        let states_of = b.build();
+
+        // Reset: stalled rows that no transaction locks go back to queued,
+        // or fail past the reset limit or under at-most-once delivery.
+        let stalled_since = names
+            .at(Column::LastHeartbeatAt)
+            .or_else(|| names.at(Column::StartedAt));
+        let reset = stalled_since.map(|since| {
+            let mut b = Builder::default();
+            let (processing, before, queued, failed, amo) = (
+                b.p(Param::State(JobState::Processing)),
+                b.p(Param::StalledBefore),
+                b.p(Param::State(JobState::Queued)),
+                b.p(Param::State(JobState::Failed)),
+                b.p(Param::AtMostOnce),
+            );
+            let fail = match names.at(Column::NumResets) {
+                Some(resets) => format!("({amo} OR {resets} >= {})", b.p(Param::MaxResets)),
+                None => format!("({amo})"),
+            };
+            let mut sets = vec![format!(
+                "{state_name} = CASE WHEN {fail} THEN CAST({failed} AS {st}) ELSE CAST({queued} AS {st}) END"
+            )];
+            if let (Some(n), Some(at)) = (names.get(Column::NumResets), names.at(Column::NumResets)) {
+                sets.push(format!("{n} = CASE WHEN {fail} THEN {at} ELSE {at} + 1 END"));
+            }
+            if let (Some(n), Some(at)) = (names.get(Column::FailureMessage), names.at(Column::FailureMessage)) {
+                let (amo_msg, max_msg) = (b.p(Param::AtMostOnceMessage), b.p(Param::MaxResetsMessage));
+                sets.push(format!(
+                    "{n} = CASE WHEN {fail} THEN (CASE WHEN {amo} THEN {amo_msg} ELSE {max_msg} END) ELSE {at} END"
+                ));
+            }
+            if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
+                let now = b.p(Param::Now);
+                sets.push(format!("{n} = CASE WHEN {fail} THEN {now} ELSE {at} END"));
+            }
+            b.push(&format!(
+                "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {state} = CAST({processing} AS {st}) \
+                 AND ({since} IS NULL OR {since} < {before}) ORDER BY {id} FOR UPDATE SKIP LOCKED) \
+                 UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM stalled)) \
+                 RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
+                sets = sets.join(", ")
+            ));
+            b.build()
+        });
+
+        let mut b = Builder::default();
+        let channel = b.p(Param::Channel);
+        b.push(&format!("SELECT pg_notify({channel}, '')"));
+        let notify = b.build();
+
+        AdminStatements {
+            view,
+            table,
+            alias: a,
+            names,
+            state_type: st,
+            key_type: shape.key_type.clone(),
+            payload_type: shape.payload_type.clone(),
+            states: options.states.clone(),
+            get,
+            counts,
+            waiting,
+            states_of,
+            notify,
+            reset,
+        }
+    }
+
+    /// `CAST('value' AS state type)` of a state.
+    fn state_value(&self, state: JobState) -> String {
+        format!(
+            "CAST({} AS {})",
+            literal(self.states.get(state)),
+            self.state_type
+        )
+    }
+
+    /// `state IN (..)` of the given states.
+    fn state_in(&self, states: &[JobState]) -> String {
+        let names = &self.names;
+        let values: Vec<String> = states.iter().map(|s| self.state_value(*s)).collect();
+        format!("{} IN ({})", names.must(Column::State), values.join(", "))
+    }
+
+    /// The condition of `filter` (`true` when it sets nothing); an error
+    /// names a field the table has no column for.
+    fn filter(&self, b: &mut Builder, filter: &JobFilter) -> Result<String, StoreError> {
+        let names = &self.names;
+        let column = |c: Column, field: &str| {
+            names.at(c).ok_or_else(|| {
+                StoreError::Config(format!(
+                    "cannot filter by {field}: table {} has no {c} column",
+                    self.table
+                ))
+            })
+        };
+        let mut parts = vec!["true".to_owned()];
+        if filter.states.is_some() {
+            let st = &self.state_type;
+            parts.push(format!(
+                "{} = ANY(CAST(CAST({} AS text[]) AS {st}[]))",
+                names.must(Column::State),
+                b.p(Param::FilterStates)
+            ));
+        }
+        if filter.kinds.is_some() {
+            let kind = column(Column::Kind, "kind")?;
+            parts.push(format!(
+                "CAST({kind} AS text) = ANY(CAST({} AS text[]))",
+                b.p(Param::FilterKinds)
+            ));
+        }
+        let times = [
+            (
+                filter.queued_from,
+                Column::QueuedAt,
+                ">=",
+                Param::QueuedFrom,
+                "enqueue time",
+            ),
+            (
+                filter.queued_before,
+                Column::QueuedAt,
+                "<",
+                Param::QueuedBefore,
+                "enqueue time",
+            ),
+            (
+                filter.finished_from,
+                Column::FinishedAt,
+                ">=",
+                Param::FinishedFrom,
+                "finish time",
+            ),
+            (
+                filter.finished_before,
+                Column::FinishedAt,
+                "<",
+                Param::FinishedBefore,
+                "finish time",
+            ),
+        ];
+        for (value, c, op, param, field) in times {
+            if value.is_some() {
+                let at = column(c, field)?;
+                parts.push(format!("{at} {op} {}", b.p(param)));
+            }
+        }
+        if filter.failure_contains.is_some() {
+            let message = column(Column::FailureMessage, "failure message")?;
+            parts.push(format!(
+                "strpos(lower({message}), lower({})) > 0",
+                b.p(Param::FailureText)
+            ));
+        }
+        Ok(parts.join(" AND "))
+    }
+
+    /// A page of jobs matching `filter`, by key (`newest_first`: highest
+    /// first), after [`Param::After`] if `after`, at most [`Param::Limit`].
+    pub(crate) fn list(
+        &self,
+        filter: &JobFilter,
+        newest_first: bool,
+        after: bool,
+    ) -> Result<Statement, StoreError> {
+        let mut b = Builder::default();
+        let condition = self.filter(&mut b, filter)?;
+        let id = self.names.must(Column::Id);
+        let (op, order) = if newest_first {
+            ("<", "DESC")
+        } else {
+            (">", "ASC")
+        };
+        let after = if after {
+            format!(" AND {id} {op} {}", b.p(Param::After))
+        } else {
+            String::new()
+        };
+        let limit = b.p(Param::Limit);
+        b.push(&format!(
+            "SELECT {view} FROM {table} AS {a} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
+            view = self.view,
+            table = self.table,
+            a = self.alias
+        ));
+        Ok(b.build())
+    }
+
+    /// The states `write` moves a row out of.
+    fn from_states(write: AdminWrite) -> &'static [JobState] {
+        match write {
+            AdminWrite::Retry(_) => &RETRYABLE_STATES,
+            AdminWrite::CancelWaiting => &[JobState::Queued, JobState::Errored],
+            AdminWrite::RequestStop => &[JobState::Processing],
+            AdminWrite::Delete => &[],
+        }
+    }
+
+    /// The statement of `write` over the rows `pick` chooses; it returns the
+    /// keys it changed. Rows another transaction holds are skipped, never
+    /// waited for: a claim or a job's transaction never waits on an
+    /// operator, nor an operator on them. `None`: the table lacks what the
+    /// write needs (a cancel flag to request a stop).
+    pub(crate) fn write(
+        &self,
+        write: AdminWrite,
+        pick: Pick<'_>,
+    ) -> Result<Option<Statement>, StoreError> {
+        let names = &self.names;
+        let (table, a) = (&self.table, &self.alias);
+        let id = names.must(Column::Id);
+        let mut b = Builder::default();
+        let mut conditions = Vec::new();
+        let from = Self::from_states(write);
+        if !from.is_empty() {
+            conditions.push(self.state_in(from));
+        }
+        if write == AdminWrite::RequestStop {
+            let Some(cancel) = names.at(Column::Cancel) else {
+                return Ok(None);
+            };
+            if matches!(pick, Pick::Matching(_)) {
+                // Each running job once: calls until a short one end.
+                conditions.push(format!("{cancel} IS NOT TRUE"));
+            }
+        }
+        let picked = match pick {
+            Pick::Ids => format!(
+                "{id} = ANY(CAST({} AS {kt}[]))",
+                b.p(Param::Ids),
+                kt = self.key_type
+            ),
+            Pick::Matching(filter) => self.filter(&mut b, filter)?,
+        };
+        conditions.push(picked);
+        let limit = match pick {
+            Pick::Ids => String::new(),
+            Pick::Matching(_) => format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit)),
+        };
+        let lock = if write == AdminWrite::Delete {
+            "FOR UPDATE"
+        } else {
+            "FOR NO KEY UPDATE"
+        };
+        let rows = format!(
+            "{id} = ANY(ARRAY(SELECT {id} FROM {table} AS {a} WHERE {} {limit} {lock} SKIP LOCKED))",
+            conditions.join(" AND ")
+        );
+        // The guard again in the outer statement: the inner select's
+        // snapshot may be older than the row it locked.
+        let guard = if from.is_empty() {
+            String::new()
+        } else {
+            format!(" AND {}", self.state_in(from))
+        };
+        let name = |c: Column| names.get(c).map(str::to_owned);
+        let text = match write {
+            AdminWrite::Delete => {
+                format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}")
+            }
+            AdminWrite::Retry(reset) => {
+                let mut sets = vec![format!(
+                    "{} = {}",
+                    names.get(Column::State).unwrap_or("\"state\""),
+                    self.state_value(JobState::Queued)
+                )];
+                for (c, value) in [
+                    (Column::ProcessAfter, "NULL"),
+                    (Column::FinishedAt, "NULL"),
+                    (Column::Cancel, "false"),
+                ] {
+                    if let Some(n) = name(c) {
+                        sets.push(format!("{n} = {value}"));
+                    }
+                }
+                if reset {
+                    for c in [Column::NumFailures, Column::NumResets] {
+                        if let Some(n) = name(c) {
+                            sets.push(format!("{n} = 0"));
+                        }
+                    }
+                }
+                format!(
+                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
+                    sets.join(", ")
+                )
+            }
+            AdminWrite::CancelWaiting => {
+                let mut sets = vec![format!(
+                    "{} = {}",
+                    names.get(Column::State).unwrap_or("\"state\""),
+                    self.state_value(JobState::Canceled)
+                )];
+                if let Some(n) = name(Column::FailureMessage) {
+                    sets.push(format!("{n} = {}", b.p(Param::Message)));
+                }
+                if let Some(n) = name(Column::FinishedAt) {
+                    sets.push(format!("{n} = {}", b.p(Param::Now)));
+                }
+                format!(
+                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
+                    sets.join(", ")
+                )
+            }
+            AdminWrite::RequestStop => {
+                let cancel = name(Column::Cancel).unwrap_or_else(|| "\"cancel\"".into());
+                format!(
+                    "UPDATE {table} AS {a} SET {cancel} = true WHERE {rows}{guard} RETURNING {id}"
+                )
+            }
+        };
+        b.push(&text);
+        Ok(Some(b.build()))
+    }
+
+    /// Inserts jobs from arrays ([`Param::Kinds`], [`Param::Payloads`],
+    /// [`Param::Priorities`], [`Param::ProcessAfters`]) into the columns the
+    /// table has, queued; returns their keys in order.
+    pub(crate) fn enqueue(&self) -> Statement {
+        let names = &self.names;
+        let mut b = Builder::default();
+        let arrays = [
+            (Param::Kinds, "text[]", "kind"),
+            (Param::Payloads, "jsonb[]", "payload"),
+            (Param::Priorities, "int8[]", "priority"),
+            (Param::ProcessAfters, "timestamptz[]", "process_after"),
+        ];
+        let unnest: Vec<String> = arrays
+            .iter()
+            .map(|(param, ty, _)| format!("CAST({} AS {ty})", b.p(*param)))
+            .collect();
+        let fields: Vec<&str> = arrays.iter().map(|(_, _, f)| *f).collect();
+        let mut columns = Vec::new();
+        let mut values = Vec::new();
+        for (c, field) in [
+            (Column::Kind, "kind"),
+            (Column::Payload, "payload"),
+            (Column::Priority, "priority"),
+            (Column::ProcessAfter, "process_after"),
+        ] {
+            if let Some(n) = names.get(c) {
+                columns.push(n.to_owned());
+                values.push(match (c, &self.payload_type) {
+                    (Column::Payload, Some(ty)) => format!("CAST(u.{field} AS {ty})"),
+                    _ => format!("u.{field}"),
+                });
+            }
+        }
+        columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
+        values.push(self.state_value(JobState::Queued));
+        b.push(&format!(
+            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) RETURNING {}",
+            columns.join(", "),
+            values.join(", "),
+            unnest.join(", "),
+            fields.join(", "),
+            names.must(Column::Id),
+            table = self.table,
+        ));
+        b.build()
+    }
+
+    /// Whether the table has `column`.
+    pub(crate) fn has(&self, column: Column) -> bool {
+        self.names.cols.contains_key(&column)
+    }
+}
