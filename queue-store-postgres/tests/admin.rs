@@ -1,0 +1,294 @@
+//! The admin contract on a foreign table: a uuid key, renamed columns, an
+//! enum state type with a label the mapping does not know (`archived`),
+//! errored sharing queued's value and canceled sharing failed's, a kind
+//! column called `job_type` and the payload in `body`. Every read and write
+//! speaks the table's own vocabulary; filter values stay values.
+
+mod support;
+
+use chrono::{TimeDelta, Utc};
+use queue_core::{
+    Admin, JobFilter, JobState, ListParams, NewJob, PurgeParams, RetryParams, StatsParams,
+    StoreError, Targets,
+};
+use queue_store_postgres::{Column, PgAdmin, PgStoreOptions};
+use sqlx::PgPool;
+use support::{awkward_schema, pool};
+use uuid::Uuid;
+
+async fn create(pool: &PgPool, schema: &str) -> String {
+    let s = format!("\"{}\"", schema.replace('"', "\"\""));
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TYPE {s}.\"Task Status\" AS ENUM ('pending', 'running', 'done', 'failed', 'archived');
+         CREATE TABLE {s}.tasks (
+           task_id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+           job_type text NOT NULL,
+           status {s}.\"Task Status\" NOT NULL DEFAULT 'pending',
+           error text, enqueued timestamptz NOT NULL DEFAULT now(), began timestamptz,
+           ended timestamptz, run_after timestamptz, failures integer NOT NULL DEFAULT 0,
+           alive_at timestamptz, host text, stop boolean NOT NULL DEFAULT false,
+           body jsonb NOT NULL DEFAULT '{{}}')"
+    ))
+    .execute(pool)
+    .await
+    .expect("the foreign table");
+    s
+}
+
+fn options(schema: &str) -> PgStoreOptions {
+    let renames = [
+        (Column::Id, "task_id"),
+        (Column::Kind, "job_type"),
+        (Column::Payload, "body"),
+        (Column::State, "status"),
+        (Column::FailureMessage, "error"),
+        (Column::QueuedAt, "enqueued"),
+        (Column::StartedAt, "began"),
+        (Column::FinishedAt, "ended"),
+        (Column::ProcessAfter, "run_after"),
+        (Column::NumFailures, "failures"),
+        (Column::LastHeartbeatAt, "alive_at"),
+        (Column::WorkerHostname, "host"),
+        (Column::Cancel, "stop"),
+    ];
+    let mut options = PgStoreOptions::new("tasks")
+        .and_then(|o| o.schema(schema))
+        .unwrap();
+    for (column, name) in renames {
+        options = options.column(column, name).unwrap();
+    }
+    for absent in [
+        Column::NumResets,
+        Column::ExecutionLogs,
+        Column::ClaimToken,
+        Column::Priority,
+    ] {
+        options = options.without(absent).unwrap();
+    }
+    options
+        .state_value(JobState::Queued, "pending")
+        .state_value(JobState::Processing, "running")
+        .state_value(JobState::Completed, "done")
+        .state_value(JobState::Errored, "pending")
+        .state_value(JobState::Failed, "failed")
+        .state_value(JobState::Canceled, "failed")
+}
+
+async fn set_status(pool: &PgPool, s: &str, id: Uuid, status: &str, error: Option<&str>) {
+    sqlx::query(&format!(
+        "UPDATE {s}.tasks SET status = $2::text::{s}.\"Task Status\", error = $3, ended = now() - interval '2 hours' WHERE task_id = $1"
+    ))
+    .bind(id)
+    .bind(status)
+    .bind(error)
+    .execute(pool)
+    .await
+    .expect("status set");
+}
+
+#[tokio::test]
+async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
+    let Some(pool) = pool("the_admin_contract_speaks_a_foreign_tables_vocabulary").await else {
+        return;
+    };
+    let schema = awkward_schema();
+    let s = create(&pool, &schema).await;
+    let admin = PgAdmin::<Uuid>::new(pool.clone(), options(&schema))
+        .await
+        .expect("the foreign table passes validation");
+
+    let ids = admin
+        .enqueue(&[
+            NewJob::new("resize", serde_json::json!({"w": 10})),
+            NewJob::new("resize", serde_json::json!({"w": 20})),
+            NewJob::new("email", serde_json::json!({"to": "a@b.c"})),
+            NewJob::new("email", serde_json::json!({"to": "d@e.f"})),
+        ])
+        .await
+        .expect("enqueue into mapped columns");
+    let job = admin.get(&ids[0]).await.unwrap().expect("enqueued");
+    assert_eq!(
+        (
+            job.kind.as_deref(),
+            job.payload.clone(),
+            job.stored_state.as_str(),
+            job.state
+        ),
+        (
+            Some("resize"),
+            Some(serde_json::json!({"w": 10})),
+            "pending",
+            Some(JobState::Queued)
+        ),
+        "kind, payload and state come from job_type, body and the enum"
+    );
+    assert_eq!(
+        (job.priority, job.num_resets),
+        (None, None),
+        "absent columns read as None"
+    );
+
+    set_status(&pool, &s, ids[1], "failed", Some("Disk FULL on /tmp")).await;
+    set_status(&pool, &s, ids[2], "archived", None).await;
+
+    let stats = admin
+        .stats(StatsParams {
+            now: Utc::now(),
+            stalled_before: Utc::now(),
+        })
+        .await
+        .unwrap();
+    let counts: Vec<(Option<JobState>, &str, Option<&str>, u64)> = stats
+        .counts
+        .iter()
+        .map(|c| (c.state, c.stored_state.as_str(), c.kind.as_deref(), c.count))
+        .collect();
+    assert_eq!(
+        counts,
+        vec![
+            (Some(JobState::Queued), "pending", Some("email"), 1),
+            (Some(JobState::Queued), "pending", Some("resize"), 1),
+            (Some(JobState::Failed), "failed", Some("resize"), 1),
+            (None, "archived", Some("email"), 1),
+        ],
+        "stored values, with the one the mapping does not know last"
+    );
+
+    let failed = admin
+        .list(&ListParams::first(
+            JobFilter::default()
+                .states([JobState::Failed])
+                .failure_contains("disk full"),
+            10,
+        ))
+        .await
+        .unwrap();
+    assert_eq!(failed.jobs.len(), 1);
+    assert_eq!(failed.jobs[0].id, ids[1]);
+    let archived = admin.get(&ids[2]).await.unwrap().expect("there");
+    assert_eq!(
+        (archived.state, archived.stored_state.as_str()),
+        (None, "archived")
+    );
+
+    // Values that look like SQL are bound, never spliced in.
+    let hostile = "x') OR true; DROP TABLE tasks; --";
+    let none = admin
+        .list(&ListParams::first(
+            JobFilter::default()
+                .kinds([hostile])
+                .failure_contains(hostile),
+            10,
+        ))
+        .await
+        .unwrap();
+    assert!(none.jobs.is_empty(), "a hostile kind matches nothing");
+    assert_eq!(
+        admin
+            .list(&ListParams::first(JobFilter::default(), 10))
+            .await
+            .unwrap()
+            .jobs
+            .len(),
+        4,
+        "and the table is intact"
+    );
+
+    // Retry writes the table's queued value; the archived job is left alone.
+    let report = admin
+        .retry(&Targets::Ids(vec![ids[1], ids[2]]), RetryParams::default())
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 1);
+    assert_eq!(report.skipped.len(), 1);
+    assert_eq!(
+        (
+            report.skipped[0].stored_state.as_deref(),
+            report.skipped[0].state
+        ),
+        (Some("archived"), None),
+        "a skip names the table's own state"
+    );
+    let retried = admin.get(&ids[1]).await.unwrap().expect("there");
+    assert_eq!(
+        (retried.stored_state.as_str(), retried.finished_at),
+        ("pending", None)
+    );
+
+    // Cancel writes canceled's value, here the same as failed's.
+    let report = admin
+        .cancel(&Targets::id(ids[3]), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 1);
+    let canceled = admin.get(&ids[3]).await.unwrap().expect("there");
+    assert_eq!(
+        (
+            canceled.stored_state.as_str(),
+            canceled.failure_message.as_deref()
+        ),
+        ("failed", Some(queue_core::CANCELED_BEFORE_RUN_MESSAGE))
+    );
+
+    // Purge on the finish-time column `ended`.
+    set_status(&pool, &s, ids[3], "done", None).await;
+    let purged = admin
+        .purge(&PurgeParams {
+            finished_before: Utc::now() - TimeDelta::hours(1),
+            states: vec![JobState::Completed],
+            limit: 10,
+        })
+        .await
+        .unwrap();
+    assert_eq!(purged, 1);
+    assert!(admin.get(&ids[3]).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn what_a_table_lacks_is_a_clear_error_not_a_silent_loss() {
+    let Some(pool) = pool("what_a_table_lacks_is_a_clear_error_not_a_silent_loss").await else {
+        return;
+    };
+    let schema = awkward_schema();
+    let s = create(&pool, &schema).await;
+    sqlx::query(&format!("ALTER TABLE {s}.tasks DROP COLUMN job_type"))
+        .execute(&pool)
+        .await
+        .unwrap();
+    let named = PgAdmin::<Uuid>::new(pool.clone(), options(&schema)).await;
+    let err = named.expect_err("a kind column mapped by name must exist");
+    assert!(
+        matches!(&err, StoreError::Config(m) if m.contains("job_type")),
+        "{err}"
+    );
+
+    let without_kind = options(&schema).without(Column::Kind).unwrap();
+    let admin = PgAdmin::<Uuid>::new(pool.clone(), without_kind)
+        .await
+        .expect("valid without a kind");
+    let err = admin
+        .list(&ListParams::first(
+            JobFilter::default().kinds(["email"]),
+            10,
+        ))
+        .await
+        .expect_err("no kind to filter by");
+    assert!(err.to_string().contains("cannot filter by kind"), "{err}");
+    let err = admin
+        .enqueue(&[NewJob::new("email", serde_json::json!({}))])
+        .await
+        .expect_err("the kind would be lost");
+    assert!(err.to_string().contains("no kind column"), "{err}");
+    let id = admin
+        .enqueue(&[NewJob::new("", serde_json::json!({"to": "x"}))])
+        .await
+        .expect("no kind, nothing lost")
+        .pop()
+        .unwrap();
+    let job = admin.get(&id).await.unwrap().expect("there");
+    assert_eq!(
+        (job.kind, job.payload),
+        (None, Some(serde_json::json!({"to": "x"})))
+    );
+}
