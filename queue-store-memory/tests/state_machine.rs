@@ -8,7 +8,8 @@
 //!
 //! - no job is held by two live leases at once;
 //! - no job is lost: every job not deleted is still there, in one state;
-//! - attempts never exceed `max_retries + 1`, resets never exceed `max_resets`;
+//! - attempts never exceed `max_retries + 1` (one more after each operator
+//!   retry that keeps the counts), resets never exceed `max_resets`;
 //! - a terminal state never changes, unless an operator retries the job;
 //! - the admin contract's counts and pages agree with the model.
 //!
@@ -150,6 +151,10 @@ struct Run {
     now: DateTime<Utc>,
     policy: OutcomePolicy,
     terminal: HashMap<usize, JobState>,
+    /// Failed attempts a job may reach: `MAX_RETRIES + 1`, or one more
+    /// than it had when an operator retried it without resetting its
+    /// counts (a retry grants one more attempt).
+    allowed_failures: HashMap<usize, u32>,
 }
 
 impl Run {
@@ -166,7 +171,23 @@ impl Run {
                 ..Default::default()
             },
             terminal: HashMap::new(),
+            allowed_failures: HashMap::new(),
         }
+    }
+
+    /// An operator retry of `job`, which had `failures` failed attempts.
+    fn grant_attempt(&mut self, job: usize, failures: u32) {
+        let reset = self.model.jobs[job].num_failures == 0;
+        let allowed = if reset { 0 } else { failures + 1 };
+        let entry = self.allowed_failures.entry(job).or_insert(MAX_RETRIES + 1);
+        *entry = (*entry).max(allowed);
+    }
+
+    fn allowed(&self, job: usize) -> u32 {
+        self.allowed_failures
+            .get(&job)
+            .copied()
+            .unwrap_or(MAX_RETRIES + 1)
     }
 
     fn take(&mut self, worker: usize, nth: usize) -> Option<Held> {
@@ -364,7 +385,11 @@ impl Run {
                 reset_attempts,
             } => {
                 if job < self.ids.len() && self.model.jobs[job].state.is_some() {
+                    let failures = self.model.jobs[job].num_failures;
                     let expected = self.model.retry(job, reset_attempts);
+                    if expected {
+                        self.grant_attempt(job, failures);
+                    }
                     let report = Admin::retry(
                         &self.store,
                         &Targets::id(self.ids[job]),
@@ -380,7 +405,11 @@ impl Run {
                 }
             }
             Op::RetryFailed { limit } => {
+                let failures: Vec<u32> = self.model.jobs.iter().map(|j| j.num_failures).collect();
                 let expected = self.model.retry_matching(&[JobState::Failed], limit);
+                for &job in &expected {
+                    self.grant_attempt(job, failures[job]);
+                }
                 let report = Admin::retry(
                     &self.store,
                     &Targets::Matching {
@@ -529,7 +558,7 @@ impl Run {
                 index
             );
             prop_assert!(
-                job.num_failures as u32 <= MAX_RETRIES + 1,
+                job.num_failures as u32 <= self.allowed(index),
                 "job {} ran too often",
                 index
             );
@@ -561,7 +590,7 @@ impl Run {
                 *holders.entry(held.lease.id).or_default() += 1;
             }
             prop_assert!(
-                held.lease.attempt <= MAX_RETRIES + 1,
+                held.lease.attempt <= self.allowed(held.index),
                 "attempt {} exceeds the limit",
                 held.lease.attempt
             );

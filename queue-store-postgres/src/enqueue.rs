@@ -6,7 +6,8 @@ use sqlx::PgPool;
 
 use crate::error::{store_error, OptionsError};
 use crate::ident::{Ident, QualifiedName};
-use crate::options::{default_channel, PgStoreOptions};
+use crate::migrate::Migration;
+use crate::options::PgStoreOptions;
 use crate::sql::default_table;
 
 /// The default jobs table: the spec's columns plus `kind`, `payload`
@@ -80,26 +81,20 @@ impl JobTable {
         options.unwrap_or_else(|e| panic!("validated names rejected: {e}"))
     }
 
-    /// Creates the schema, table, indexes and notify trigger if missing.
-    /// Idempotent, and safe to run from several processes at once.
-    pub async fn migrate(&self, pool: &PgPool) -> Result<(), StoreError> {
-        let mut tx = pool
-            .begin()
-            .await
-            .map_err(|e| store_error("starting the migration", e))?;
-        sqlx::query(default_table::MIGRATION_LOCK)
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_error("taking the migration lock", e))?;
-        for statement in default_table::migration(&self.table, &default_channel(&self.table.name)) {
-            sqlx::query(&statement)
-                .execute(&mut *tx)
-                .await
-                .map_err(|e| store_error(&format!("migrating {}", self.table), e))?;
-        }
-        tx.commit()
-            .await
-            .map_err(|e| store_error("committing the migration", e))
+    /// Brings the table to the newest version of its schema: creates the
+    /// schema, table, indexes and notify trigger where missing, then each
+    /// later version in order (see [`Migration`]). Returns the versions it
+    /// applied; none when the table is up to date, in which case it only
+    /// reads, so it is safe to call on every start-up, from several
+    /// processes at once, beside running workers.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        crate::migrate::apply(pool, &self.table).await
+    }
+
+    /// Every version of the table's schema, applied or pending, with when
+    /// each was applied and the SQL it runs.
+    pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        crate::migrate::status(pool, &self.table).await
     }
 
     /// Enqueues one job; returns its id.

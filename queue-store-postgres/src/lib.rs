@@ -11,6 +11,7 @@ mod error;
 mod ident;
 mod job_store;
 mod listen;
+mod migrate;
 mod options;
 mod record;
 mod ride;
@@ -24,6 +25,7 @@ pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
 pub use crate::job_store::PgJobStore;
+pub use crate::migrate::Migration;
 pub use crate::options::{
     ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions, StateValues,
 };

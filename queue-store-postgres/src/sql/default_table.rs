@@ -6,21 +6,87 @@
 use super::literal;
 use crate::ident::{Ident, QualifiedName};
 
-/// An identifier derived from the table name (`<table>_<suffix>`), cut to
+/// The name derived from the table name (`<table>_<suffix>`), cut to
 /// Postgres' 63-byte limit on a character boundary.
-fn derived(table: &Ident, suffix: &str) -> String {
+fn derived_name(table: &Ident, suffix: &str) -> String {
     let mut base = table.as_str().to_owned();
     while base.len() + suffix.len() + 1 > 63 {
         base.pop();
     }
-    Ident::new(format!("{base}_{suffix}"))
+    format!("{base}_{suffix}")
+}
+
+/// [`derived_name`], quoted.
+fn derived(table: &Ident, suffix: &str) -> String {
+    Ident::new(derived_name(table, suffix))
         .map(|i| i.quoted())
         .unwrap_or_else(|_| format!("\"{suffix}\""))
 }
 
-/// The statements that create (or complete) the default table, in order.
-/// Each is idempotent.
-pub(crate) fn migration(table: &QualifiedName, channel: &str) -> Vec<String> {
+/// The table recording which versions of `table`'s schema are applied:
+/// `<table>_migrations` beside it.
+pub(crate) fn version_table(table: &QualifiedName) -> QualifiedName {
+    let name =
+        Ident::new(derived_name(&table.name, "migrations")).unwrap_or_else(|_| table.name.clone());
+    QualifiedName::new(table.schema.clone(), name)
+}
+
+/// Whether the version table exists: `$1` its quoted, qualified name.
+pub(crate) const VERSION_TABLE_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL";
+
+/// Creates the schema and the version table.
+pub(crate) fn create_version_table(table: &QualifiedName) -> [String; 2] {
+    [
+        format!("CREATE SCHEMA IF NOT EXISTS {}", table.schema.quoted()),
+        format!(
+            "CREATE TABLE IF NOT EXISTS {} (\
+             \"version\" integer PRIMARY KEY, \
+             \"name\" text NOT NULL, \
+             \"applied_at\" timestamptz NOT NULL DEFAULT now())",
+            version_table(table).quoted()
+        ),
+    ]
+}
+
+/// The applied versions: version, name, applied_at.
+pub(crate) fn applied_versions(table: &QualifiedName) -> String {
+    format!(
+        "SELECT \"version\", \"name\", \"applied_at\" FROM {} ORDER BY \"version\"",
+        version_table(table).quoted()
+    )
+}
+
+/// Records a version: $1 version, $2 name.
+pub(crate) fn record_version(table: &QualifiedName) -> String {
+    format!(
+        "INSERT INTO {} (\"version\", \"name\") VALUES ($1, $2)",
+        version_table(table).quoted()
+    )
+}
+
+/// One version of the default table's schema: what it changes and the
+/// statements that make the change, run in order in one transaction.
+#[derive(Debug, Clone)]
+pub(crate) struct MigrationSql {
+    pub version: u32,
+    pub name: &'static str,
+    pub statements: Vec<String>,
+}
+
+/// Every version of the default table's schema, oldest first. A version,
+/// once released, never changes: a later change is a new version.
+pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationSql> {
+    vec![MigrationSql {
+        version: 1,
+        name: "the jobs table, its claim and processing indexes, and the notify trigger",
+        statements: version_1(table, channel),
+    }]
+}
+
+/// Version 1: the table as it stood before migrations were versioned.
+/// Each statement is idempotent, so a table created by an earlier release
+/// (with no version table) is recorded at version 1 unchanged.
+fn version_1(table: &QualifiedName, channel: &str) -> Vec<String> {
     let t = table.quoted();
     let schema = table.schema.quoted();
     let name = &table.name;
@@ -76,15 +142,41 @@ pub(crate) fn migration(table: &QualifiedName, channel: &str) -> Vec<String> {
             idx = derived(name, "processing_idx")
         ),
         format!(
-            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS $queue$ \
-             BEGIN PERFORM pg_notify({channel}, ''); RETURN NULL; END $queue$",
-            channel = literal(channel)
+            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS {}",
+            dollar_quoted(&format!(
+                "BEGIN PERFORM pg_notify({}, ''); RETURN NULL; END",
+                literal(channel)
+            ))
         ),
-        format!("DROP TRIGGER IF EXISTS {trigger} ON {t}"),
         // Statement level: one notification per INSERT statement however
         // many rows it adds, delivered only when the transaction commits.
-        format!("CREATE TRIGGER {trigger} AFTER INSERT ON {t} FOR EACH STATEMENT EXECUTE FUNCTION {function}()"),
+        // Created only where missing: creating a trigger locks the table
+        // against every reader and writer.
+        format!(
+            "DO {}",
+            dollar_quoted(&format!(
+                "BEGIN IF NOT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
+                 WHERE tgrelid = {regclass}::regclass AND tgname = {trigger_name}) THEN \
+                 CREATE TRIGGER {trigger} AFTER INSERT ON {t} FOR EACH STATEMENT EXECUTE FUNCTION {function}(); \
+                 END IF; END",
+                regclass = literal(&t),
+                trigger_name = literal(&derived_name(name, "notify")),
+            ))
+        ),
     ]
+}
+
+/// `body` between dollar quotes whose tag the body does not contain (a
+/// table or channel name may contain any tag we would pick otherwise).
+fn dollar_quoted(body: &str) -> String {
+    let mut n = 0;
+    loop {
+        let tag = format!("$queue{n}$");
+        if !body.contains(&tag) {
+            return format!("{tag}{body}{tag}");
+        }
+        n += 1;
+    }
 }
 
 fn truncate(s: &str, max: usize) -> &str {
@@ -128,9 +220,18 @@ mod tests {
     }
 
     #[test]
+    fn a_dollar_quote_never_meets_its_tag_in_the_body() {
+        assert_eq!(dollar_quoted("x"), "$queue0$x$queue0$");
+        assert_eq!(
+            dollar_quoted("a $queue0$ b"),
+            "$queue1$a $queue0$ b$queue1$"
+        );
+    }
+
+    #[test]
     fn the_channel_is_a_literal_even_with_quotes() {
         let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
-        let ddl = migration(&table, "it's");
+        let ddl = version_1(&table, "it's");
         assert!(ddl.iter().any(|s| s.contains("pg_notify(E'it''s', '')")));
     }
 
@@ -138,7 +239,7 @@ mod tests {
     #[test]
     fn the_table_creates_its_columns_in_the_order_decode_job_expects() {
         let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
-        let ddl = migration(&table, "c");
+        let ddl = version_1(&table, "c");
         let create = ddl
             .iter()
             .find(|s| s.starts_with("CREATE TABLE"))

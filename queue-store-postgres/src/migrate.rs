@@ -1,0 +1,157 @@
+//! Versioned migrations of the default table: each version of its schema is
+//! applied once, in order, in one transaction under an advisory lock, and
+//! recorded in `<table>_migrations` beside the table. A database already at
+//! the newest version is only read, so migrating on every start-up takes no
+//! lock a worker would wait for.
+
+use chrono::{DateTime, Utc};
+use queue_core::StoreError;
+use sqlx::{PgPool, Row};
+
+use crate::error::store_error;
+use crate::ident::QualifiedName;
+use crate::options::default_channel;
+use crate::sql::default_table::{self, MigrationSql};
+
+/// One version of the default table's schema.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Migration {
+    /// Its number: versions apply in ascending order.
+    pub version: u32,
+    /// What it changes.
+    pub name: String,
+    /// When it was applied to this database; `None` while pending.
+    pub applied_at: Option<DateTime<Utc>>,
+    /// The SQL it runs (empty for a version this release does not know,
+    /// applied by a newer one).
+    pub statements: Vec<String>,
+}
+
+fn known(table: &QualifiedName) -> Vec<MigrationSql> {
+    default_table::migrations(table, &default_channel(&table.name))
+}
+
+async fn applied(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+) -> Result<Vec<(u32, String, DateTime<Utc>)>, StoreError> {
+    let exists: bool = sqlx::query_scalar(default_table::VERSION_TABLE_EXISTS)
+        .bind(default_table::version_table(table).quoted())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))?;
+    if !exists {
+        return Ok(Vec::new());
+    }
+    let rows = sqlx::query(&default_table::applied_versions(table))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))?;
+    rows.iter()
+        .map(|row| {
+            let version: i32 = row.try_get("version")?;
+            Ok((
+                u32::try_from(version).unwrap_or(0),
+                row.try_get("name")?,
+                row.try_get("applied_at")?,
+            ))
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(|e| store_error("reading the migration versions", e))
+}
+
+/// Every version, known to this release or applied to the database, with
+/// when it was applied.
+pub(crate) async fn status(
+    pool: &PgPool,
+    table: &QualifiedName,
+) -> Result<Vec<Migration>, StoreError> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))?;
+    let applied = applied(&mut conn, table).await?;
+    let mut all: Vec<Migration> = known(table)
+        .into_iter()
+        .map(|m| Migration {
+            applied_at: applied
+                .iter()
+                .find(|(v, _, _)| *v == m.version)
+                .map(|(_, _, at)| *at),
+            version: m.version,
+            name: m.name.to_owned(),
+            statements: m.statements,
+        })
+        .collect();
+    for (version, name, at) in applied {
+        if !all.iter().any(|m| m.version == version) {
+            all.push(Migration {
+                version,
+                name,
+                applied_at: Some(at),
+                statements: Vec::new(),
+            });
+        }
+    }
+    all.sort_by_key(|m| m.version);
+    Ok(all)
+}
+
+/// Applies the pending versions; returns them as applied.
+pub(crate) async fn apply(
+    pool: &PgPool,
+    table: &QualifiedName,
+) -> Result<Vec<Migration>, StoreError> {
+    let mut tx = pool
+        .begin()
+        .await
+        .map_err(|e| store_error("starting the migration", e))?;
+    sqlx::query(default_table::MIGRATION_LOCK)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| store_error("taking the migration lock", e))?;
+    let done = applied(&mut tx, table).await?;
+    let pending: Vec<MigrationSql> = known(table)
+        .into_iter()
+        .filter(|m| !done.iter().any(|(v, _, _)| *v == m.version))
+        .collect();
+    if pending.is_empty() {
+        // Up to date: read only, nothing locked but the advisory lock.
+        tx.rollback()
+            .await
+            .map_err(|e| store_error("ending the migration", e))?;
+        return Ok(Vec::new());
+    }
+    for statement in default_table::create_version_table(table) {
+        sqlx::query(&statement)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error(&format!("creating the version table of {table}"), e))?;
+    }
+    let mut applied_now = Vec::with_capacity(pending.len());
+    for m in pending {
+        let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+        for statement in &m.statements {
+            sqlx::query(statement)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| store_error(&context, e))?;
+        }
+        sqlx::query(&default_table::record_version(table))
+            .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
+            .bind(m.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error(&context, e))?;
+        applied_now.push(Migration {
+            version: m.version,
+            name: m.name.to_owned(),
+            applied_at: Some(Utc::now()),
+            statements: m.statements,
+        });
+    }
+    tx.commit()
+        .await
+        .map_err(|e| store_error("committing the migration", e))?;
+    Ok(applied_now)
+}

@@ -1,0 +1,158 @@
+//! Versioned migrations of the default table: each version applied once,
+//! concurrent migrations safe, an up-to-date table migrated beside running
+//! job transactions without waiting for them, and a table created before
+//! versions existed recorded at version 1 with its rows intact.
+
+mod support;
+
+use std::time::Duration;
+
+use queue_core::NewJob;
+use queue_store_postgres::JobTable;
+use support::{awkward_schema, pool};
+
+fn table() -> JobTable {
+    JobTable::new(&awkward_schema(), "jobs").expect("valid names")
+}
+
+#[tokio::test]
+async fn each_version_is_applied_once_and_recorded() {
+    let Some(pool) = pool("each_version_is_applied_once_and_recorded").await else {
+        return;
+    };
+    let jobs = table();
+    let before = jobs.migrations(&pool).await.expect("status");
+    assert!(
+        before.iter().all(|m| m.applied_at.is_none()),
+        "nothing applied yet: {before:?}"
+    );
+    assert_eq!(before.first().map(|m| m.version), Some(1));
+    let applied = jobs.migrate(&pool).await.expect("first migration");
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        before.iter().map(|m| m.version).collect::<Vec<_>>(),
+        "every version applies on a new database"
+    );
+    assert!(
+        jobs.migrate(&pool)
+            .await
+            .expect("second migration")
+            .is_empty(),
+        "an up-to-date table has nothing to apply"
+    );
+    let after = jobs.migrations(&pool).await.expect("status");
+    assert!(after.iter().all(|m| m.applied_at.is_some()), "{after:?}");
+    assert!(after.iter().all(|m| !m.statements.is_empty()));
+    jobs.enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("the migrated table takes jobs");
+}
+
+#[tokio::test]
+async fn concurrent_migrations_apply_each_version_once() {
+    let Some(pool) = pool("concurrent_migrations_apply_each_version_once").await else {
+        return;
+    };
+    let jobs = table();
+    let runs = (0..4).map(|_| {
+        let (jobs, pool) = (jobs.clone(), pool.clone());
+        tokio::spawn(async move { jobs.migrate(&pool).await })
+    });
+    let mut applied = 0;
+    for run in runs {
+        applied += run
+            .await
+            .expect("the task")
+            .expect("every concurrent migration succeeds")
+            .len();
+    }
+    let versions = jobs.migrations(&pool).await.expect("status").len();
+    assert_eq!(
+        applied, versions,
+        "each version applied by exactly one of four"
+    );
+}
+
+#[tokio::test]
+async fn an_up_to_date_table_migrates_without_waiting_for_job_transactions() {
+    let Some(pool) =
+        pool("an_up_to_date_table_migrates_without_waiting_for_job_transactions").await
+    else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("migration");
+    let id = jobs
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueue");
+    let oid = |pool: sqlx::PgPool, name: String| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT oid::int8 FROM pg_catalog.pg_trigger WHERE tgrelid = $1::regclass AND NOT tgisinternal",
+        )
+        .bind(name)
+        .fetch_one(&pool)
+        .await
+        .expect("the notify trigger")
+    };
+    let name = jobs.name().quoted();
+    let before = oid(pool.clone(), name.clone()).await;
+    // A job's transaction holds its row (and so the table) while a worker
+    // process restarts and migrates.
+    let mut job_tx = pool.begin().await.expect("a job transaction");
+    sqlx::query(&format!("SELECT 1 FROM {name} WHERE id = $1 FOR KEY SHARE"))
+        .bind(id)
+        .execute(&mut *job_tx)
+        .await
+        .expect("the job's lock");
+    let again = tokio::time::timeout(Duration::from_secs(5), jobs.migrate(&pool))
+        .await
+        .expect("migrating an up-to-date table does not wait for the job's transaction")
+        .expect("migration");
+    assert!(again.is_empty());
+    job_tx.rollback().await.expect("rollback");
+    assert_eq!(
+        oid(pool.clone(), name).await,
+        before,
+        "the notify trigger is left as it was, not dropped and created again"
+    );
+}
+
+#[tokio::test]
+async fn a_table_from_before_versions_is_recorded_at_version_1() {
+    let Some(pool) = pool("a_table_from_before_versions_is_recorded_at_version_1").await else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("migration");
+    let id = jobs
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!({"kept": true})))
+        .await
+        .expect("enqueue");
+    // What an earlier release left: the table, no version table.
+    let versions = format!(
+        "{}.{}",
+        jobs.name().schema.quoted(),
+        queue_store_postgres::Ident::new(format!("{}_migrations", jobs.name().name.as_str()))
+            .expect("valid")
+            .quoted()
+    );
+    sqlx::query(&format!("DROP TABLE {versions}"))
+        .execute(&pool)
+        .await
+        .expect("drop the version table");
+    let applied = jobs
+        .migrate(&pool)
+        .await
+        .expect("migration of an older table");
+    assert_eq!(applied.first().map(|m| m.version), Some(1));
+    let payload: serde_json::Value = sqlx::query_scalar(&format!(
+        "SELECT payload FROM {} WHERE id = $1",
+        jobs.name().quoted()
+    ))
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .expect("the job is still there");
+    assert_eq!(payload, serde_json::json!({"kept": true}));
+}
