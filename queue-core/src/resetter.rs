@@ -28,7 +28,8 @@ pub const AT_MOST_ONCE_MESSAGE: &str =
     "job stalled and delivery is at most once: its worker stopped heartbeating, and it may have run, so it was not retried";
 
 /// What a stalled job may go through.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+#[serde(rename_all = "snake_case")]
 pub enum Delivery {
     /// Stalled jobs run again (handlers must be idempotent).
     #[default]

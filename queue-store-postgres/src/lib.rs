@@ -5,11 +5,14 @@ mod admin;
 mod bind;
 mod completer;
 mod conditions;
+#[cfg(feature = "config")]
+mod config;
 mod cursor;
 mod enqueue;
 mod error;
 mod ident;
 mod job_store;
+mod key_type;
 mod listen;
 mod migrate;
 mod options;
@@ -21,10 +24,16 @@ mod store;
 
 pub use crate::admin::PgAdmin;
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};
+#[cfg(feature = "config")]
+pub use crate::config::{
+    ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, PgConfig, ResetterConfig,
+    StatesConfig,
+};
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
 pub use crate::job_store::PgJobStore;
+pub use crate::key_type::PgKeyType;
 pub use crate::migrate::Migration;
 pub use crate::options::{
     ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions, StateValues,

@@ -142,6 +142,8 @@ impl fmt::Display for Column {
 
 /// How claimed jobs are held.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "config", derive(serde::Deserialize))]
+#[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
 pub enum ExecutionMode {
     /// The spec's mode: the claim is visible at once (processing), and the
     /// handler gets the job's transaction ([`PgJobStore::transaction`](crate::PgJobStore::transaction)),
@@ -160,6 +162,8 @@ pub enum ExecutionMode {
 
 /// Whether a claim's commit waits for its WAL to reach disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "config", derive(serde::Deserialize))]
+#[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
 pub enum ClaimCommit {
     /// The claim's own transaction commits with `synchronous_commit = off`
     /// (set for that transaction only): it does not wait for the WAL
@@ -181,6 +185,8 @@ pub enum ClaimCommit {
 
 /// What a job that succeeds leaves in the table.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[cfg_attr(feature = "config", derive(serde::Deserialize))]
+#[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
 pub enum CompletedJobs {
     /// The row stays, in the completed state (the spec's behaviour, and
     /// what `queue` and any report over the table can show later).
