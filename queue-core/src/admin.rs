@@ -401,6 +401,9 @@ pub trait Admin: Send + Sync + 'static {
     /// One page of the jobs matching `params.filter`, by key.
     async fn list(&self, params: &ListParams<Self::Id>) -> Result<JobPage<Self::Id>, StoreError>;
 
+    /// How many jobs match `filter`.
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError>;
+
     /// Jobs per state and kind, the age of the oldest claimable job and
     /// the number of stalled ones.
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;

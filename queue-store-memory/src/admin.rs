@@ -165,6 +165,10 @@ impl Admin for MemoryStore {
         Ok(JobPage { jobs, next })
     }
 
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        Ok(matching(&self.lock(), filter).count() as u64)
+    }
+
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         let state = self.lock();
         let mut counts: BTreeMap<(usize, String), u64> = BTreeMap::new();

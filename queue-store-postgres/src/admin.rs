@@ -378,6 +378,17 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         Ok(JobPage { jobs, next })
     }
 
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        let statement = self.inner.sql.count(filter)?;
+        let count: i64 = query(&statement, |p| self.filter_value(filter, p))?
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("counting jobs", e))?
+            .try_get(0)
+            .map_err(|e| store_error("counting jobs", e))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         let rows = sqlx::query(&self.inner.sql.counts.text)
             .fetch_all(&self.inner.pool)

@@ -7,9 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, ClaimParams, Claimed, DecodeError, HeartbeatReport, Job, JobPage,
-    JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams, QueueStats, ResetParams,
-    ResetReport, RetryParams, StatsParams, Store, StoreError, Targets, Transition, WriteResult,
+    ActionReport, Admin, ClaimParams, Claimed, DecodeError, HeartbeatReport, Job, JobFilter,
+    JobPage, JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams, QueueStats,
+    ResetParams, ResetReport, RetryParams, StatsParams, Store, StoreError, Targets, Transition,
+    WriteResult,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
@@ -614,6 +615,10 @@ where
 
     async fn list(&self, params: &ListParams<R::Id>) -> Result<JobPage<R::Id>, StoreError> {
         self.inner.admin.list(params).await
+    }
+
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        self.inner.admin.count(filter).await
     }
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {

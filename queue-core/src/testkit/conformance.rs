@@ -866,6 +866,23 @@ pub async fn admin_list_filters_and_pages_by_key<H: Harness>(h: &H) {
     let failed = ids[0].clone();
 
     let only = |filter: JobFilter| list_all::<H>(&store, filter);
+    for (filter, n) in [
+        (JobFilter::default(), 5),
+        (JobFilter::default().kinds(["a"]), 3),
+        (
+            JobFilter::default()
+                .states([JobState::Failed])
+                .failure_contains("TIMEOUT"),
+            1,
+        ),
+        (JobFilter::default().kinds(["c"]), 0),
+    ] {
+        assert_eq!(
+            Admin::count(&store, &filter).await.expect("count failed"),
+            n,
+            "count of {filter:?}"
+        );
+    }
     assert_eq!(
         only(JobFilter::default().states([JobState::Failed])).await,
         vec![failed.clone()],

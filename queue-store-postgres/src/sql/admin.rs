@@ -405,6 +405,18 @@ impl AdminStatements {
         Ok(b.build())
     }
 
+    /// How many jobs match `filter`.
+    pub(crate) fn count(&self, filter: &JobFilter) -> Result<Statement, StoreError> {
+        let mut b = Builder::default();
+        let condition = self.filter(&mut b, filter)?;
+        b.push(&format!(
+            "SELECT count(*) FROM {table} AS {a} WHERE {condition}",
+            table = self.table,
+            a = self.alias
+        ));
+        Ok(b.build())
+    }
+
     /// The states `write` moves a row out of.
     fn from_states(write: AdminWrite) -> &'static [JobState] {
         match write {
