@@ -1,16 +1,57 @@
 //! The `queue` operator commands, as a library so they can be tested: each
 //! command writes to a passed-in `impl Write`.
+//!
+//! Every command but `migrate` and `version` runs over the admin contract
+//! ([`queue_core::Admin`]), so it works the same on the default table and
+//! on a foreign table a config file describes ([`PgConfig`]).
 
-use std::io::Write;
+mod args;
+mod commands;
+mod output;
 
-use anyhow::Context;
+use std::io::{IsTerminal, Write};
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
-use queue_store_postgres::JobTable;
+use queue_core::Admin;
+use queue_store_postgres::{PgAdmin, PgConfig, PgKeyType};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::ConnectOptions as _;
+use sqlx::PgPool;
+
+pub use crate::args::FilterArgs;
+use crate::commands::{bulk, enqueue, maintenance, migrate, read};
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
-#[command(name = "queue", version, about = "Operate a Postgres job queue")]
+#[command(
+    name = "queue",
+    version,
+    about = "Look at and repair a Postgres job queue: the default table, or your own table described by a config file"
+)]
 pub struct Cli {
+    /// A TOML file describing the table (see docs/cli.md); without one,
+    /// the default table public.queue_jobs.
+    #[arg(long, global = true, env = "QUEUE_CONFIG", value_name = "FILE")]
+    pub config: Option<PathBuf>,
+    /// The database; else DATABASE_URL, else the config file's
+    /// database_url. `sslmode=require` works.
+    #[arg(long, global = true, env = "DATABASE_URL", hide_env_values = true)]
+    pub database_url: Option<String>,
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    pub json: bool,
+    /// More log output on standard error (-v: info, -vv: debug); warnings
+    /// are always shown.
+    #[arg(short, long, global = true, action = clap::ArgAction::Count)]
+    pub verbose: u8,
+    /// Answer yes to confirmations (needed for bulk changes when standard
+    /// input is not a terminal).
+    #[arg(short = 'y', long, global = true)]
+    pub yes: bool,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -19,41 +60,212 @@ pub struct Cli {
 /// The commands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
+    /// Counts of jobs per state and kind, the oldest waiting job's age and
+    /// the stalled jobs.
+    Stats(read::StatsArgs),
+    /// A page of jobs, newest first.
+    List(read::ListArgs),
+    /// One job, every column.
+    Show(read::ShowArgs),
+    /// Add a job of KIND with a JSON payload, or many from NDJSON on
+    /// standard input (one payload per line) with `-`.
+    Enqueue(enqueue::EnqueueArgs),
+    /// Make failed, errored or canceled jobs queued and due now: by key, or
+    /// every job matching a filter.
+    Retry(bulk::RetryArgs),
+    /// Cancel jobs: waiting ones end canceled, running ones are asked to
+    /// stop. By key, or every job matching a filter.
+    Cancel(bulk::BulkArgs),
+    /// Delete jobs, by key or every job matching a filter.
+    Delete(bulk::BulkArgs),
+    /// Reset stalled jobs once, as the resetter does.
+    ResetStalled(maintenance::ResetArgs),
+    /// Delete finished jobs older than an age, in batches.
+    Purge(maintenance::PurgeArgs),
+    /// Create or upgrade the default jobs table (versioned migrations).
+    Migrate(migrate::MigrateArgs),
     /// Print the version of the queue crates this binary was built with.
     Version,
-    /// Create (or complete) the default jobs table: columns, indexes and the
-    /// notify trigger. Idempotent.
-    Migrate {
-        /// The database.
-        #[arg(long, env = "DATABASE_URL")]
-        database_url: String,
-        /// The schema of the table.
-        #[arg(long, default_value = "public")]
-        schema: String,
-        /// The table name.
-        #[arg(long, default_value = "queue_jobs")]
-        table: String,
-    },
+}
+
+/// What every command gets besides its own arguments.
+pub(crate) struct Context {
+    pub config: PgConfig,
+    pub json: bool,
+    pub yes: bool,
+}
+
+impl Context {
+    /// Whether a person is at the terminal to answer a confirmation.
+    pub fn interactive(&self) -> bool {
+        std::io::stdin().is_terminal() && std::io::stderr().is_terminal()
+    }
+
+    /// Asks `question` on the terminal; `--yes` answers it. Without a
+    /// terminal and without `--yes`, refuses.
+    pub fn confirm(&self, question: &str) -> Result<bool> {
+        if self.yes {
+            return Ok(true);
+        }
+        if !self.interactive() {
+            anyhow::bail!(
+                "not confirmed: {} Standard input is not a terminal, so pass --yes to go ahead",
+                question.replace('?', ".")
+            );
+        }
+        eprint!("{question} [y/N] ");
+        std::io::stderr().flush()?;
+        let mut answer = String::new();
+        std::io::stdin().read_line(&mut answer)?;
+        Ok(matches!(answer.trim(), "y" | "Y" | "yes"))
+    }
+}
+
+/// What a job key must support to be named on the command line and printed.
+pub trait CliKey:
+    FromStr + std::fmt::Display + serde::Serialize + Clone + Send + Sync + 'static
+{
+}
+
+impl<T> CliKey for T where
+    T: FromStr + std::fmt::Display + serde::Serialize + Clone + Send + Sync + 'static
+{
 }
 
 /// Runs `cli`, writing its output to `out`.
-pub async fn run(cli: Cli, out: &mut impl Write) -> anyhow::Result<()> {
-    match cli.command {
-        Command::Version => writeln!(out, "queue {}", env!("CARGO_PKG_VERSION"))?,
-        Command::Migrate {
-            database_url,
-            schema,
-            table,
-        } => {
-            let table = JobTable::new(&schema, &table)?;
-            let pool = sqlx::PgPool::connect(&database_url)
-                .await
-                .context("connecting to the database (check --database-url / DATABASE_URL)")?;
-            table.migrate(&pool).await?;
-            writeln!(out, "migrated {}", table.name())?;
+pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
+    let config = match &cli.config {
+        Some(path) => PgConfig::load(path)?,
+        None => PgConfig::default(),
+    };
+    let context = Context {
+        json: cli.json,
+        yes: cli.yes,
+        config,
+    };
+    if let Command::Version = cli.command {
+        writeln!(out, "queue {}", env!("CARGO_PKG_VERSION"))?;
+        return Ok(());
+    }
+    let url = cli
+        .database_url
+        .clone()
+        .or_else(|| context.config.database_url.clone())
+        .context("no database: pass --database-url, set DATABASE_URL, or give database_url in the config file")?;
+    let pool = connect(&url).await?;
+    if let Command::Migrate(args) = &cli.command {
+        return migrate::run(&context, &pool, args, out).await;
+    }
+    let options = context.config.store_options()?;
+    let key = match context.config.key_type {
+        Some(key) => key,
+        None => PgKeyType::detect(&pool, &options).await?,
+    };
+    match key {
+        PgKeyType::Int4 => {
+            admin_command(
+                &PgAdmin::<i32>::new(pool, options).await?,
+                &context,
+                cli.command,
+                out,
+            )
+            .await
+        }
+        PgKeyType::Int8 => {
+            admin_command(
+                &PgAdmin::<i64>::new(pool, options).await?,
+                &context,
+                cli.command,
+                out,
+            )
+            .await
+        }
+        PgKeyType::Uuid => {
+            admin_command(
+                &PgAdmin::<uuid::Uuid>::new(pool, options).await?,
+                &context,
+                cli.command,
+                out,
+            )
+            .await
+        }
+        PgKeyType::Text => {
+            admin_command(
+                &PgAdmin::<String>::new(pool, options).await?,
+                &context,
+                cli.command,
+                out,
+            )
+            .await
         }
     }
-    Ok(())
+}
+
+/// Connects with a small pool: a command runs a few statements at a time.
+async fn connect(url: &str) -> Result<PgPool> {
+    let options: sqlx::postgres::PgConnectOptions = url
+        .parse()
+        .context("the database URL is not a valid postgres:// URL")?;
+    let target = format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("")
+    );
+    // One connection first, so that a refused or failed connection reports
+    // its own cause (the pool would only say that it timed out).
+    let first = tokio::time::timeout(Duration::from_secs(10), options.connect())
+        .await
+        .map_err(|_| anyhow::anyhow!("no answer within 10s"))
+        .and_then(|connected| connected.map_err(anyhow::Error::from))
+        .with_context(|| format!("cannot connect to the database at {target}"))?;
+    drop(first);
+    Ok(PgPoolOptions::new()
+        .max_connections(2)
+        .acquire_timeout(Duration::from_secs(10))
+        .connect_lazy_with(options))
+}
+
+/// Runs a command over the admin contract of any store.
+pub(crate) async fn admin_command<A>(
+    admin: &A,
+    context: &Context,
+    command: Command,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    match command {
+        Command::Stats(args) => read::stats(admin, context, &args, out).await,
+        Command::List(args) => read::list(admin, context, &args, out).await,
+        Command::Show(args) => read::show(admin, context, &args, out).await,
+        Command::Enqueue(args) => enqueue::run(admin, context, &args, out).await,
+        Command::Retry(args) => bulk::retry(admin, context, &args, out).await,
+        Command::Cancel(args) => bulk::cancel(admin, context, &args, out).await,
+        Command::Delete(args) => bulk::delete(admin, context, &args, out).await,
+        Command::ResetStalled(args) => maintenance::reset(admin, context, &args, out).await,
+        Command::Purge(args) => maintenance::purge(admin, context, &args, out).await,
+        Command::Migrate(_) | Command::Version => {
+            anyhow::bail!("this command does not run over the admin contract")
+        }
+    }
+}
+
+/// Parses job keys given on the command line.
+pub(crate) fn keys<K: CliKey>(texts: &[String]) -> Result<Vec<K>>
+where
+    K::Err: std::fmt::Display,
+{
+    texts
+        .iter()
+        .map(|t| {
+            t.parse::<K>()
+                .map_err(|e| anyhow::anyhow!("{t:?} is not a job key of this table: {e}"))
+        })
+        .collect()
 }
 
 #[cfg(test)]
@@ -76,44 +288,19 @@ mod tests {
     fn help_lists_the_commands() {
         let err = Cli::try_parse_from(["queue", "--help"]).unwrap_err();
         let help = err.to_string();
-        assert!(
-            help.contains("version") && help.contains("migrate"),
-            "{help}"
-        );
-    }
-
-    #[tokio::test]
-    async fn migrate_creates_the_default_table() {
-        let Some(url) = queue_core::testkit::database_url("migrate_creates_the_default_table")
-        else {
-            return;
-        };
-        let schema = format!("cli migrate {}", std::process::id());
-        let args = [
-            "queue",
+        for command in [
+            "stats",
+            "list",
+            "show",
+            "enqueue",
+            "retry",
+            "cancel",
+            "delete",
+            "reset-stalled",
+            "purge",
             "migrate",
-            "--database-url",
-            &url,
-            "--schema",
-            &schema,
-        ];
-        for _ in 0..2 {
-            let mut out = Vec::new();
-            run(Cli::parse_from(args), &mut out).await.unwrap();
-            assert_eq!(
-                String::from_utf8(out).unwrap(),
-                format!("migrated \"{schema}\".\"queue_jobs\"\n"),
-                "migrate is idempotent"
-            );
+        ] {
+            assert!(help.contains(command), "{command}: {help}");
         }
-        let pool = sqlx::PgPool::connect(&url).await.unwrap();
-        let exists: bool = sqlx::query_scalar(
-            "SELECT to_regclass(format('%I.%I', $1::text, 'queue_jobs')) IS NOT NULL",
-        )
-        .bind(&schema)
-        .fetch_one(&pool)
-        .await
-        .unwrap();
-        assert!(exists);
     }
 }

@@ -395,6 +395,12 @@ pub trait Admin: Send + Sync + 'static {
     /// The key type of the jobs.
     type Id: JobId;
 
+    /// How the store writes `state` (a foreign table's own vocabulary, enum
+    /// labels included); by default the standard name.
+    fn stored_state(&self, state: JobState) -> String {
+        state.as_str().to_owned()
+    }
+
     /// The job with key `id`, or `None` if there is none.
     async fn get(&self, id: &Self::Id) -> Result<Option<JobView<Self::Id>>, StoreError>;
 

@@ -53,7 +53,7 @@ pub struct ResetParams {
 }
 
 /// What a reset did.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct ResetReport<Id> {
     /// Jobs moved back to queued.
     pub reset: Vec<Id>,

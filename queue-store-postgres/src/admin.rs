@@ -337,6 +337,10 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
 impl<K: PgKey> Admin for PgAdmin<K> {
     type Id = K;
 
+    fn stored_state(&self, state: JobState) -> String {
+        self.inner.options.states.get(state).to_owned()
+    }
+
     async fn get(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
         let row = query(&self.inner.sql.get, |p| match p {
             Param::Id => Some(Value::Key(id.clone())),

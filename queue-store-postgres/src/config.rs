@@ -58,7 +58,7 @@ use crate::options::{ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreO
 #[non_exhaustive]
 pub enum ConfigError {
     /// The file could not be read.
-    #[error("cannot read the config file {path}: {source}")]
+    #[error("cannot read the config file {path}")]
     Read {
         /// The file.
         path: String,

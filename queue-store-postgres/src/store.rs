@@ -173,9 +173,6 @@ where
             );
         }
         let (shape, absent) = catalog::inspect(&pool, &options, R::Id::PG_TYPES).await?;
-        for column in &absent {
-            tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
-        }
         let sql = Arc::new(Statements::new(&options, &shape));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent.clone());
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
@@ -608,6 +605,10 @@ where
     R::Id: PgKey,
 {
     type Id = R::Id;
+
+    fn stored_state(&self, state: queue_core::JobState) -> String {
+        self.inner.admin.stored_state(state)
+    }
 
     async fn get(&self, id: &R::Id) -> Result<Option<JobView<R::Id>>, StoreError> {
         self.inner.admin.get(id).await

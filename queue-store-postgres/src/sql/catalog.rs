@@ -199,6 +199,9 @@ pub(crate) async fn inspect(
             )));
         }
     }
+    for column in &absent {
+        tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
+    }
     Ok((
         TableShape {
             state_type,

@@ -1,0 +1,152 @@
+//! Arguments shared by several commands: the job filter and times.
+
+use anyhow::{anyhow, bail, Result};
+use chrono::{DateTime, TimeDelta, Utc};
+use queue_core::{Admin, JobFilter, JobState};
+
+/// Which jobs a command looks at; every option given must hold.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct FilterArgs {
+    /// Only jobs in these states: standard names (queued, processing,
+    /// completed, errored, failed, canceled) or the table's own values.
+    /// Repeat, or separate with commas.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',')]
+    pub states: Vec<String>,
+    /// Only jobs of these kinds. Repeat, or separate with commas.
+    #[arg(long = "kind", value_name = "KIND", value_delimiter = ',')]
+    pub kinds: Vec<String>,
+    /// Only jobs whose failure message contains this text (any case).
+    #[arg(long, value_name = "TEXT")]
+    pub failure_contains: Option<String>,
+    /// Only jobs enqueued at or after this time (RFC 3339, or an age such
+    /// as 2h for two hours ago).
+    #[arg(long, value_name = "TIME", value_parser = past)]
+    pub queued_after: Option<DateTime<Utc>>,
+    /// Only jobs enqueued before this time.
+    #[arg(long, value_name = "TIME", value_parser = past)]
+    pub queued_before: Option<DateTime<Utc>>,
+    /// Only jobs that finished at or after this time.
+    #[arg(long, value_name = "TIME", value_parser = past)]
+    pub finished_after: Option<DateTime<Utc>>,
+    /// Only jobs that finished before this time.
+    #[arg(long, value_name = "TIME", value_parser = past)]
+    pub finished_before: Option<DateTime<Utc>>,
+}
+
+impl FilterArgs {
+    /// Whether no option was given (the filter admits every job).
+    pub fn is_empty(&self) -> bool {
+        self.states.is_empty()
+            && self.kinds.is_empty()
+            && self.failure_contains.is_none()
+            && self.queued_after.is_none()
+            && self.queued_before.is_none()
+            && self.finished_after.is_none()
+            && self.finished_before.is_none()
+    }
+
+    /// The filter, with state names read in the store's vocabulary.
+    pub fn to_filter<A: Admin>(&self, admin: &A) -> Result<JobFilter> {
+        let mut states = Vec::new();
+        for name in &self.states {
+            for state in states_named(admin, name)? {
+                if !states.contains(&state) {
+                    states.push(state);
+                }
+            }
+        }
+        Ok(JobFilter {
+            states: (!self.states.is_empty()).then_some(states),
+            kinds: (!self.kinds.is_empty()).then(|| self.kinds.clone()),
+            queued_from: self.queued_after,
+            queued_before: self.queued_before,
+            finished_from: self.finished_after,
+            finished_before: self.finished_before,
+            failure_contains: self.failure_contains.clone(),
+        })
+    }
+}
+
+/// The states `name` stands for: the states the table stores as `name`
+/// (several where values are shared), else the standard state of that name.
+pub fn states_named<A: Admin>(admin: &A, name: &str) -> Result<Vec<JobState>> {
+    let stored: Vec<JobState> = JobState::ALL
+        .into_iter()
+        .filter(|s| admin.stored_state(*s) == name)
+        .collect();
+    if !stored.is_empty() {
+        return Ok(stored);
+    }
+    if let Some(state) = JobState::ALL.into_iter().find(|s| s.as_str() == name) {
+        return Ok(vec![state]);
+    }
+    let known: Vec<String> = JobState::ALL
+        .into_iter()
+        .map(|s| {
+            let value = admin.stored_state(s);
+            if value == s.as_str() {
+                value
+            } else {
+                format!("{value} ({s})")
+            }
+        })
+        .collect();
+    bail!(
+        "unknown state {name:?}; the states are {}",
+        known.join(", ")
+    )
+}
+
+/// A time in the past: RFC 3339, or an age (`90s`, `2h`, `30d`) before now.
+pub fn past(text: &str) -> Result<DateTime<Utc>> {
+    time(text, -1)
+}
+
+/// A time in the future: RFC 3339, or a delay (`10m`) after now.
+pub fn future(text: &str) -> Result<DateTime<Utc>> {
+    time(text, 1)
+}
+
+fn time(text: &str, sign: i32) -> Result<DateTime<Utc>> {
+    if let Ok(at) = DateTime::parse_from_rfc3339(text) {
+        return Ok(at.with_timezone(&Utc));
+    }
+    let span = age(text).map_err(|_| {
+        anyhow!("{text:?} is neither an RFC 3339 time (2026-11-24T10:00:00Z) nor a duration (90s, 2h, 30d)")
+    })?;
+    Ok(Utc::now() + span * sign)
+}
+
+/// A duration such as `30d` or `1h 30m`.
+pub fn age(text: &str) -> Result<TimeDelta> {
+    let duration = humantime::parse_duration(text)
+        .map_err(|e| anyhow!("{text:?} is not a duration such as 90s, 2h or 30d: {e}"))?;
+    TimeDelta::from_std(duration).map_err(|_| anyhow!("{text:?} is too long a duration"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use queue_store_memory::MemoryStore;
+
+    #[test]
+    fn times_are_rfc_3339_or_an_age() {
+        let at = past("2026-11-24T10:00:00Z").unwrap();
+        assert_eq!(at.to_rfc3339(), "2026-11-24T10:00:00+00:00");
+        let two_hours_ago = past("2h").unwrap();
+        let delta = Utc::now() - two_hours_ago;
+        assert!((delta.num_seconds() - 7200).abs() < 5, "{delta}");
+        assert!(future("10m").unwrap() > Utc::now());
+        let err = past("yesterday").unwrap_err().to_string();
+        assert!(err.contains("neither an RFC 3339 time"), "{err}");
+    }
+
+    #[test]
+    fn an_unknown_state_lists_the_known_ones() {
+        let store = MemoryStore::new();
+        assert_eq!(states_named(&store, "failed").unwrap(), [JobState::Failed]);
+        let err = states_named(&store, "pending").unwrap_err().to_string();
+        assert!(err.contains("unknown state \"pending\""), "{err}");
+        assert!(err.contains("queued, processing"), "{err}");
+    }
+}

@@ -1,0 +1,294 @@
+//! `retry`, `cancel` and `delete`: by key, or every job matching a filter
+//! in batches, after a confirmation.
+
+use std::io::Write;
+use std::str::FromStr;
+
+use anyhow::{bail, Result};
+use chrono::Utc;
+use queue_core::{
+    ActionReport, Admin, JobFilter, JobState, RetryParams, Targets, RETRYABLE_STATES,
+};
+
+use crate::args::FilterArgs;
+use crate::output::{self, jobs, progress};
+
+/// `n running jobs`, or `1 running job`.
+fn running(n: u64) -> String {
+    jobs(n).replacen("job", "running job", 1)
+}
+use crate::{keys, CliKey, Context};
+
+/// The keys or filter of `cancel` and `delete`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct BulkArgs {
+    /// Job keys; without any, every job matching the filter options.
+    #[arg(value_name = "ID")]
+    pub ids: Vec<String>,
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Jobs changed per statement when working by filter: each batch is
+    /// one short transaction.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub batch: usize,
+}
+
+/// `queue retry`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct RetryArgs {
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+    /// Also set the failure and reset counts back to zero, so each job gets
+    /// its whole retry budget again (otherwise one more attempt).
+    #[arg(long)]
+    pub reset_attempts: bool,
+}
+
+/// A write of this module.
+#[derive(Debug, Clone, Copy)]
+enum Action {
+    Retry(RetryParams),
+    Cancel,
+    Delete,
+}
+
+impl Action {
+    fn verb(self) -> &'static str {
+        match self {
+            Action::Retry(_) => "retry",
+            Action::Cancel => "cancel",
+            Action::Delete => "delete",
+        }
+    }
+
+    fn done(self) -> &'static str {
+        match self {
+            Action::Retry(_) => "retried",
+            Action::Cancel => "canceled",
+            Action::Delete => "deleted",
+        }
+    }
+
+    /// The states the write applies to; `None` for any.
+    fn states(self) -> Option<&'static [JobState]> {
+        match self {
+            Action::Retry(_) => Some(&RETRYABLE_STATES),
+            Action::Cancel => Some(&[JobState::Queued, JobState::Errored, JobState::Processing]),
+            Action::Delete => None,
+        }
+    }
+
+    async fn apply<A: Admin>(
+        self,
+        admin: &A,
+        targets: &Targets<A::Id>,
+    ) -> Result<ActionReport<A::Id>> {
+        Ok(match self {
+            Action::Retry(params) => admin.retry(targets, params).await?,
+            Action::Cancel => admin.cancel(targets, Utc::now()).await?,
+            Action::Delete => admin.delete(targets).await?,
+        })
+    }
+}
+
+pub async fn retry<A>(
+    admin: &A,
+    context: &Context,
+    args: &RetryArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    let params = RetryParams {
+        reset_attempts: args.reset_attempts,
+    };
+    run(admin, context, &args.bulk, Action::Retry(params), out).await
+}
+
+pub async fn cancel<A>(
+    admin: &A,
+    context: &Context,
+    args: &BulkArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    run(admin, context, args, Action::Cancel, out).await
+}
+
+pub async fn delete<A>(
+    admin: &A,
+    context: &Context,
+    args: &BulkArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    run(admin, context, args, Action::Delete, out).await
+}
+
+async fn run<A>(
+    admin: &A,
+    context: &Context,
+    args: &BulkArgs,
+    action: Action,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    if !args.ids.is_empty() && !args.filter.is_empty() {
+        bail!("give job keys or filter options, not both");
+    }
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let report = if args.ids.is_empty() {
+        let filter = args.filter.to_filter(admin)?;
+        match by_filter(admin, context, filter, args.batch, action).await? {
+            Some(report) => report,
+            None => {
+                if context.json {
+                    return output::json(out, &ActionReport::<A::Id>::default());
+                }
+                writeln!(out, "no jobs match; nothing {}", action.done())?;
+                return Ok(());
+            }
+        }
+    } else {
+        let ids = keys::<A::Id>(&args.ids)?;
+        action.apply(admin, &Targets::Ids(ids)).await?
+    };
+    if context.json {
+        output::json(out, &report)?;
+    } else {
+        write!(out, "{} {}", action.done(), jobs(report.changed))?;
+        if let Action::Cancel = action {
+            write!(out, "; asked {} to stop", running(report.stop_requested))?;
+        }
+        writeln!(out)?;
+    }
+    match report.skipped.as_slice() {
+        [] => Ok(()),
+        [one] => bail!("{}", one.reason(action.done())),
+        many => {
+            for skipped in many {
+                eprintln!("{}", skipped.reason(action.done()));
+            }
+            bail!(
+                "{} of {} were not {}",
+                many.len(),
+                jobs(args.ids.len() as u64),
+                action.done()
+            )
+        }
+    }
+}
+
+/// Applies `action` to the jobs matching `filter`, `batch` at a time, after
+/// a confirmation naming how many; `None` if none match.
+async fn by_filter<A: Admin>(
+    admin: &A,
+    context: &Context,
+    mut filter: JobFilter,
+    batch: usize,
+    action: Action,
+) -> Result<Option<ActionReport<A::Id>>> {
+    // Count what the write can apply to: the filter's states within the
+    // action's.
+    let mut counted = filter.clone();
+    if let Some(states) = action.states() {
+        let within: Vec<JobState> = match &filter.states {
+            Some(chosen) => chosen
+                .iter()
+                .copied()
+                .filter(|s| states.contains(s))
+                .collect(),
+            None => states.to_vec(),
+        };
+        counted.states = Some(within);
+    }
+    let total = admin.count(&counted).await?;
+    if total == 0 {
+        return Ok(None);
+    }
+    let described = describe(admin, &counted);
+    if !context.confirm(&format!(
+        "{} {} ({described})?",
+        capitalised(action.verb()),
+        jobs(total)
+    ))? {
+        bail!("nothing {}: not confirmed", action.done());
+    }
+    filter.states = counted.states;
+    let bar = progress(total, action.verb(), !context.json);
+    let mut report = ActionReport::default();
+    let targets = |limit| Targets::Matching {
+        filter: filter.clone(),
+        limit,
+    };
+    // Never more than was confirmed, even if matching jobs keep coming.
+    while report.changed + report.stop_requested < total {
+        let left = usize::try_from(total - report.changed - report.stop_requested).unwrap_or(batch);
+        let limit = batch.min(left);
+        let done = action.apply(admin, &targets(limit)).await?;
+        let moved = done.changed + done.stop_requested;
+        report.changed += done.changed;
+        report.stop_requested += done.stop_requested;
+        bar.inc(moved);
+        if moved < limit as u64 {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    Ok(Some(report))
+}
+
+fn capitalised(verb: &str) -> String {
+    let mut chars = verb.chars();
+    chars
+        .next()
+        .map(|c| c.to_uppercase().chain(chars).collect())
+        .unwrap_or_default()
+}
+
+/// The filter in words, with the store's state names.
+fn describe<A: Admin>(admin: &A, filter: &JobFilter) -> String {
+    let mut parts = Vec::new();
+    if let Some(states) = &filter.states {
+        let names: Vec<String> = states.iter().map(|s| admin.stored_state(*s)).collect();
+        parts.push(format!("state {}", names.join(" or ")));
+    }
+    if let Some(kinds) = &filter.kinds {
+        parts.push(format!("kind {}", kinds.join(" or ")));
+    }
+    if let Some(text) = &filter.failure_contains {
+        parts.push(format!("failure containing {text:?}"));
+    }
+    for (label, at) in [
+        ("enqueued from", filter.queued_from),
+        ("enqueued before", filter.queued_before),
+        ("finished from", filter.finished_from),
+        ("finished before", filter.finished_before),
+    ] {
+        if let Some(at) = at {
+            parts.push(format!("{label} {}", at.to_rfc3339()));
+        }
+    }
+    if parts.is_empty() {
+        "every job".into()
+    } else {
+        parts.join(", ")
+    }
+}

@@ -1,0 +1,156 @@
+//! `reset-stalled` and `purge`: the resetter's and the pruner's work, by
+//! hand.
+
+use std::io::Write;
+use std::time::Duration;
+
+use anyhow::{bail, Result};
+use chrono::{TimeDelta, Utc};
+use queue_core::{Admin, Delivery, JobFilter, JobState, PurgeParams, ResetParams};
+
+use crate::args::{age, states_named};
+use crate::commands::read::stalled_max_age;
+use crate::output::{self, jobs, progress};
+use crate::{CliKey, Context};
+
+/// `queue reset-stalled`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ResetArgs {
+    /// Processing jobs silent for longer than this are stalled (default:
+    /// the config's resetter.stalled_max_age, else 60s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub stalled_max_age: Option<Duration>,
+    /// Resets a job may have before it fails instead (default: the
+    /// config's resetter.max_resets, else 3).
+    #[arg(long, value_name = "N")]
+    pub max_resets: Option<u32>,
+    /// Fail stalled jobs instead of running them again.
+    #[arg(long)]
+    pub at_most_once: bool,
+}
+
+/// `queue purge`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct PurgeArgs {
+    /// Delete jobs that finished longer ago than this (90s, 12h, 30d).
+    #[arg(long, value_name = "AGE", value_parser = age)]
+    pub older_than: TimeDelta,
+    /// Only jobs in these finished states (default: completed, failed and
+    /// canceled). Repeat, or separate with commas.
+    #[arg(long = "state", value_name = "STATE", value_delimiter = ',')]
+    pub states: Vec<String>,
+    /// Jobs deleted per statement: each batch is one short transaction, so
+    /// claims never wait on a purge for long.
+    #[arg(long, default_value_t = 1000, value_name = "N")]
+    pub batch: usize,
+}
+
+pub async fn reset<A>(
+    admin: &A,
+    context: &Context,
+    args: &ResetArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+{
+    let defaults = queue_worker::ResetterOptions::default();
+    let resetter = &context.config.resetter;
+    let now = Utc::now();
+    let max_age = TimeDelta::from_std(stalled_max_age(context, args.stalled_max_age))?;
+    let delivery = if args.at_most_once {
+        Delivery::AtMostOnce
+    } else {
+        resetter.delivery.unwrap_or(defaults.delivery)
+    };
+    let report = admin
+        .reset(ResetParams {
+            stalled_before: now - max_age,
+            max_resets: args
+                .max_resets
+                .or(resetter.max_resets)
+                .unwrap_or(defaults.max_resets),
+            delivery,
+            now,
+        })
+        .await?;
+    if context.json {
+        return output::json(out, &report);
+    }
+    writeln!(
+        out,
+        "{} queued again, {} failed (reset limit reached, or at most once)",
+        jobs(report.reset.len() as u64),
+        report.failed.len()
+    )?;
+    for id in &report.reset {
+        writeln!(out, "  reset  {id}")?;
+    }
+    for id in &report.failed {
+        writeln!(out, "  failed {id}")?;
+    }
+    Ok(())
+}
+
+pub async fn purge<A: Admin>(
+    admin: &A,
+    context: &Context,
+    args: &PurgeArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    if args.batch == 0 {
+        bail!("--batch must be at least 1");
+    }
+    let mut states = Vec::new();
+    for name in &args.states {
+        states.extend(states_named(admin, name)?);
+    }
+    if states.is_empty() {
+        states = vec![JobState::Completed, JobState::Failed, JobState::Canceled];
+    }
+    states.dedup();
+    let cutoff = Utc::now() - args.older_than;
+    let filter = JobFilter::default()
+        .states(states.iter().copied())
+        .finished_before(cutoff);
+    let total = admin.count(&filter).await?;
+    if total > 0 {
+        let names: Vec<String> = states.iter().map(|s| admin.stored_state(*s)).collect();
+        let question = format!(
+            "Delete {} ({}) that finished before {}?",
+            jobs(total),
+            names.join(", "),
+            cutoff.to_rfc3339()
+        );
+        if !context.confirm(&question)? {
+            bail!("nothing purged: not confirmed");
+        }
+    }
+    let bar = progress(total, "purging", !context.json);
+    let params = PurgeParams {
+        finished_before: cutoff,
+        states,
+        limit: args.batch,
+    };
+    let mut purged = 0;
+    let mut batches = 0;
+    while purged < total {
+        let n = admin.purge(&params).await?;
+        purged += n;
+        batches += 1;
+        bar.inc(n);
+        if n < args.batch as u64 {
+            break;
+        }
+    }
+    bar.finish_and_clear();
+    if context.json {
+        return output::json(
+            out,
+            &serde_json::json!({ "purged": purged, "batches": batches }),
+        );
+    }
+    writeln!(out, "purged {} in {batches} batches", jobs(purged))?;
+    Ok(())
+}

@@ -1,0 +1,114 @@
+//! `migrate`: the default table's versioned migrations.
+
+use std::io::Write;
+
+use anyhow::{bail, Result};
+use sqlx::PgPool;
+
+use crate::output::{self, Table};
+use crate::Context;
+
+/// `queue migrate`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct MigrateArgs {
+    /// List the versions, applied and pending, and change nothing.
+    #[arg(long, conflicts_with = "dry_run")]
+    pub status: bool,
+    /// Print the SQL of the pending versions and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// The table's schema (default: the config's, else public).
+    #[arg(long)]
+    pub schema: Option<String>,
+    /// The table (default: the config's, else queue_jobs).
+    #[arg(long)]
+    pub table: Option<String>,
+}
+
+pub async fn run(
+    context: &Context,
+    pool: &PgPool,
+    args: &MigrateArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    if !context.config.is_default_table() {
+        bail!(
+            "queue migrate creates and upgrades the default table; the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage"
+        );
+    }
+    let table = context.config.job_table()?;
+    let table = match (&args.schema, &args.table) {
+        (None, None) => table,
+        (schema, name) => queue_store_postgres::JobTable::new(
+            schema.as_deref().unwrap_or(table.name().schema.as_str()),
+            name.as_deref().unwrap_or(table.name().name.as_str()),
+        )?,
+    };
+    if args.status || args.dry_run {
+        let all = table.migrations(pool).await?;
+        if args.dry_run {
+            let pending: Vec<_> = all.iter().filter(|m| m.applied_at.is_none()).collect();
+            if context.json {
+                return output::json(
+                    out,
+                    &pending
+                        .iter()
+                        .map(|m| serde_json::json!({"version": m.version, "name": m.name, "sql": m.statements}))
+                        .collect::<Vec<_>>(),
+                );
+            }
+            if pending.is_empty() {
+                writeln!(out, "-- {} is up to date", table.name())?;
+            }
+            for m in pending {
+                writeln!(out, "-- version {}: {}", m.version, m.name)?;
+                for statement in &m.statements {
+                    writeln!(out, "{statement};")?;
+                }
+            }
+            return Ok(());
+        }
+        if context.json {
+            return output::json(
+                out,
+                &all.iter()
+                    .map(|m| serde_json::json!({"version": m.version, "name": m.name, "applied_at": m.applied_at}))
+                    .collect::<Vec<_>>(),
+            );
+        }
+        let mut rows = Table::new(vec!["VERSION", "APPLIED", "NAME"]).right(0);
+        for m in &all {
+            rows.row(vec![
+                m.version.to_string(),
+                m.applied_at.map_or("pending".into(), |at| {
+                    at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
+                }),
+                m.name.clone(),
+            ]);
+        }
+        return Ok(rows.print(out)?);
+    }
+    let applied = table.migrate(pool).await?;
+    if context.json {
+        return output::json(
+            out,
+            &serde_json::json!({
+                "table": table.name().to_string(),
+                "applied": applied.iter().map(|m| serde_json::json!({"version": m.version, "name": m.name})).collect::<Vec<_>>(),
+            }),
+        );
+    }
+    if applied.is_empty() {
+        writeln!(out, "{} is up to date", table.name())?;
+    }
+    for m in &applied {
+        writeln!(
+            out,
+            "{}: applied version {} ({})",
+            table.name(),
+            m.version,
+            m.name
+        )?;
+    }
+    Ok(())
+}

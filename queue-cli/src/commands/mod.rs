@@ -1,0 +1,7 @@
+//! One module per group of commands.
+
+pub mod bulk;
+pub mod enqueue;
+pub mod maintenance;
+pub mod migrate;
+pub mod read;

@@ -1,0 +1,247 @@
+//! `stats`, `list` and `show`: reading a queue.
+
+use std::io::Write;
+use std::str::FromStr;
+use std::time::Duration;
+
+use anyhow::{anyhow, Result};
+use chrono::Utc;
+use queue_core::{Admin, JobState, JobView, ListOrder, ListParams, StatsParams};
+
+use crate::args::FilterArgs;
+use crate::output::{self, cut, relative, span, Table};
+use crate::{keys, CliKey, Context};
+
+/// `queue stats`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct StatsArgs {
+    /// Processing jobs silent for longer than this count as stalled
+    /// (default: the config's resetter.stalled_max_age, else 60s).
+    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    pub stalled_max_age: Option<Duration>,
+}
+
+/// `queue list`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ListArgs {
+    #[command(flatten)]
+    pub filter: FilterArgs,
+    /// Jobs per page.
+    #[arg(long, default_value_t = 20)]
+    pub limit: usize,
+    /// Start after this key (the `next` of the previous page).
+    #[arg(long, value_name = "ID")]
+    pub after: Option<String>,
+    /// Lowest key first instead of newest first.
+    #[arg(long)]
+    pub oldest_first: bool,
+}
+
+/// `queue show`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ShowArgs {
+    /// The job's key.
+    pub id: String,
+}
+
+/// A state as the table stores it, with the standard name beside it where
+/// they differ: `pending (queued)`.
+pub fn state_label(stored: &str, state: Option<JobState>) -> String {
+    match state {
+        Some(s) if s.as_str() != stored => format!("{stored} ({s})"),
+        Some(_) => stored.to_owned(),
+        None => format!("{stored} (unmapped)"),
+    }
+}
+
+pub(crate) fn stalled_max_age(context: &Context, flag: Option<Duration>) -> Duration {
+    flag.or(context.config.resetter.stalled_max_age)
+        .unwrap_or_else(|| queue_worker::ResetterOptions::default().stalled_max_age)
+}
+
+pub async fn stats<A: Admin>(
+    admin: &A,
+    context: &Context,
+    args: &StatsArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    let now = Utc::now();
+    let max_age = chrono::TimeDelta::from_std(stalled_max_age(context, args.stalled_max_age))?;
+    let stats = admin
+        .stats(StatsParams {
+            now,
+            stalled_before: now - max_age,
+        })
+        .await?;
+    if context.json {
+        #[derive(serde::Serialize)]
+        struct Json<'a> {
+            #[serde(flatten)]
+            stats: &'a queue_core::QueueStats,
+            oldest_claimable_age_secs: Option<f64>,
+        }
+        let age = stats
+            .oldest_claimable_age()
+            .map(|d| d.num_milliseconds() as f64 / 1000.0);
+        return output::json(
+            out,
+            &Json {
+                stats: &stats,
+                oldest_claimable_age_secs: age,
+            },
+        );
+    }
+    let mut table = Table::new(vec!["STATE", "KIND", "COUNT"]).right(2);
+    for count in &stats.counts {
+        table.row(vec![
+            state_label(&count.stored_state, count.state),
+            count.kind.clone().unwrap_or_else(|| "-".into()),
+            count.count.to_string(),
+        ]);
+    }
+    table.print(out)?;
+    let total: u64 = stats.counts.iter().map(|c| c.count).sum();
+    let waiting = match stats.oldest_claimable_age() {
+        Some(age) => format!("the oldest waiting job has waited {}", span(age)),
+        None => "no job is waiting".into(),
+    };
+    writeln!(
+        out,
+        "\n{total} jobs; {waiting}; {} stalled (silent for over {})",
+        stats.stalled,
+        humantime::format_duration(stalled_max_age(context, args.stalled_max_age))
+    )?;
+    Ok(())
+}
+
+pub async fn list<A>(
+    admin: &A,
+    context: &Context,
+    args: &ListArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    let after = match &args.after {
+        Some(after) => keys::<A::Id>(std::slice::from_ref(after))?.pop(),
+        None => None,
+    };
+    let params = ListParams {
+        filter: args.filter.to_filter(admin)?,
+        order: if args.oldest_first {
+            ListOrder::OldestFirst
+        } else {
+            ListOrder::NewestFirst
+        },
+        limit: args.limit,
+        after,
+    };
+    let page = admin.list(&params).await?;
+    if context.json {
+        return output::json(out, &page);
+    }
+    let now = Utc::now();
+    let mut table = Table::new(vec![
+        "ID", "KIND", "STATE", "FAILURES", "QUEUED", "FINISHED", "FAILURE",
+    ])
+    .right(3);
+    for job in &page.jobs {
+        table.row(vec![
+            job.id.to_string(),
+            job.kind.clone().unwrap_or_else(|| "-".into()),
+            job.stored_state.clone(),
+            job.num_failures.map_or("-".into(), |n| n.to_string()),
+            relative(job.queued_at, now),
+            relative(job.finished_at, now),
+            job.failure_message
+                .as_deref()
+                .map_or(String::new(), |m| cut(m, 60)),
+        ]);
+    }
+    table.print(out)?;
+    match &page.next {
+        Some(next) => writeln!(out, "\nmore: queue list --after {next} …")?,
+        None if page.jobs.is_empty() => writeln!(out, "\nno jobs match")?,
+        None => {}
+    }
+    Ok(())
+}
+
+pub async fn show<A>(
+    admin: &A,
+    context: &Context,
+    args: &ShowArgs,
+    out: &mut impl Write,
+) -> Result<()>
+where
+    A: Admin,
+    A::Id: CliKey,
+    <A::Id as FromStr>::Err: std::fmt::Display,
+{
+    let id = keys::<A::Id>(std::slice::from_ref(&args.id))?
+        .pop()
+        .ok_or_else(|| anyhow!("no key given"))?;
+    let job = admin
+        .get(&id)
+        .await?
+        .ok_or_else(|| anyhow!("there is no job {id}"))?;
+    if context.json {
+        return output::json(out, &job);
+    }
+    print_job(&job, out)
+}
+
+fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> Result<()> {
+    let now = Utc::now();
+    let time = |at: Option<chrono::DateTime<Utc>>| match at {
+        Some(at) => format!("{} ({})", at.to_rfc3339(), relative(Some(at), now)),
+        None => "-".into(),
+    };
+    let count = |n: Option<i64>| n.map_or("-".into(), |n| n.to_string());
+    let fields = [
+        ("id", job.id.to_string()),
+        ("kind", job.kind.clone().unwrap_or_else(|| "-".into())),
+        ("state", state_label(&job.stored_state, job.state)),
+        ("priority", count(job.priority)),
+        ("failures", count(job.num_failures)),
+        ("resets", count(job.num_resets)),
+        ("queued", time(job.queued_at)),
+        ("process after", time(job.process_after)),
+        ("started", time(job.started_at)),
+        ("heartbeat", time(job.last_heartbeat_at)),
+        ("finished", time(job.finished_at)),
+        (
+            "worker",
+            job.worker_hostname.clone().unwrap_or_else(|| "-".into()),
+        ),
+        ("cancel requested", job.cancel.to_string()),
+        (
+            "failure",
+            job.failure_message.clone().unwrap_or_else(|| "-".into()),
+        ),
+    ];
+    for (name, value) in fields {
+        writeln!(out, "{:<17} {value}", format!("{name}:"))?;
+    }
+    writeln!(out, "payload:")?;
+    match &job.payload {
+        Some(payload) => writeln!(out, "{}", serde_json::to_string_pretty(payload)?)?,
+        None => writeln!(out, "  (the table has no payload column)")?,
+    }
+    writeln!(out, "execution log:")?;
+    if job.execution_logs.is_empty() {
+        writeln!(out, "  (empty)")?;
+    }
+    for entry in &job.execution_logs {
+        let at = entry.get("at").and_then(|v| v.as_str()).unwrap_or("");
+        let key = entry.get("key").and_then(|v| v.as_str()).unwrap_or("");
+        match entry.get("message").and_then(|v| v.as_str()) {
+            Some(message) => writeln!(out, "  {at} {key}: {message}")?,
+            None => writeln!(out, "  {entry}")?,
+        }
+    }
+    Ok(())
+}
