@@ -1,0 +1,329 @@
+//! Every `queue` command, run as the real binary against a real Postgres:
+//! on the default table, and on a foreign table a config file maps (renamed
+//! columns, an int4 key, an enum state type with its own labels), plus the
+//! ways a command fails.
+
+mod support;
+
+use support::{fails, json, ok, Setup};
+
+#[tokio::test]
+async fn an_operator_session_on_the_default_table() {
+    let Some(t) = Setup::new("an_operator_session_on_the_default_table").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+
+    assert!(ok(&mut q(&["migrate", "--status"])).contains("pending"));
+    assert!(ok(&mut q(&["migrate", "--dry-run"])).contains("CREATE TABLE IF NOT EXISTS"));
+    assert!(ok(&mut q(&["migrate"])).contains("applied version 1"));
+    assert!(ok(&mut q(&["migrate"])).contains("is up to date"));
+    let status = json(&mut q(&["migrate", "--status", "--json"]));
+    assert!(status[0]["applied_at"].is_string(), "{status}");
+
+    let email = ok(&mut q(&["enqueue", "email", r#"{"to":"ops@example.com"}"#]));
+    let email = email.trim().to_owned();
+    let resized = ok(q(&["enqueue", "resize", "-", "--priority", "5"])
+        .write_stdin("{\"w\": 1}\n{\"w\": 2}\n\n{\"w\": 3}\n"));
+    assert_eq!(
+        resized.lines().count(),
+        3,
+        "one key per NDJSON line: {resized}"
+    );
+    let later = json(&mut q(&["enqueue", "report", "--run-at", "1h", "--json"]));
+    let report_id = later["ids"][0].as_i64().expect("the new key");
+    let err = fails(&mut q(&["enqueue", "email", "{nope"]));
+    assert!(err.contains("the payload is not valid JSON"), "{err}");
+    let err = fails(q(&["enqueue", "email", "-"]).write_stdin("{}\nnot json\n"));
+    assert!(
+        err.contains("line 2 of standard input is not JSON"),
+        "{err}"
+    );
+
+    let stats = ok(&mut q(&["stats"]));
+    assert!(stats.contains("queued  resize      3"), "{stats}");
+    assert!(stats.contains("5 jobs;"), "{stats}");
+    let stats = json(&mut q(&["stats", "--json"]));
+    let queued_email = stats["counts"]
+        .as_array()
+        .expect("counts")
+        .iter()
+        .find(|c| c["kind"] == "email" && c["state"] == "queued")
+        .expect("the queued email count");
+    assert_eq!(queued_email["count"], 1, "{stats}");
+
+    // Pages of two, newest first.
+    let page = ok(&mut q(&["list", "--limit", "2"]));
+    assert_eq!(
+        page.lines().filter(|l| l.contains("ago")).count(),
+        2,
+        "{page}"
+    );
+    assert!(page.contains("more: queue list --after"), "{page}");
+    let page = json(&mut q(&["list", "--limit", "2", "--json"]));
+    let next = page["next"].to_string();
+    let rest = json(&mut q(&["list", "--after", &next, "--json"]));
+    assert_eq!(rest["jobs"].as_array().map(Vec::len), Some(3));
+    assert_eq!(rest["next"], serde_json::Value::Null);
+
+    // A bad day: two resizes failed, the email's worker died long ago.
+    let jobs = format!("{}.\"queue_jobs\"", t.s);
+    t.sql(&format!(
+        "UPDATE {jobs} SET state = 'failed', failure_message = 'convert: connection refused by imagemagick', \
+         num_failures = 6, finished_at = now() - interval '40 days' WHERE kind = 'resize' AND payload->>'w' IN ('1', '2');
+         UPDATE {jobs} SET state = 'processing', started_at = now() - interval '10 minutes', \
+         last_heartbeat_at = now() - interval '5 minutes', worker_hostname = 'w1' WHERE id = {email}"
+    ))
+    .await;
+    let failed = ok(&mut q(&[
+        "list",
+        "--state",
+        "failed",
+        "--failure-contains",
+        "REFUSED",
+    ]));
+    assert_eq!(
+        failed.lines().filter(|l| l.contains("failed")).count(),
+        2,
+        "{failed}"
+    );
+    let shown = ok(&mut q(&["show", &email]));
+    assert!(shown.contains("state:            processing"), "{shown}");
+    assert!(shown.contains("\"to\": \"ops@example.com\""), "{shown}");
+    let shown = json(&mut q(&["show", &email, "--json"]));
+    assert_eq!(shown["worker_hostname"], "w1");
+    let err = fails(&mut q(&["show", "999999"]));
+    assert_eq!(err, "queue: there is no job 999999");
+
+    let err = fails(&mut q(&["retry", &email]));
+    assert_eq!(
+        err,
+        format!("queue: job {email} was not retried: it is processing")
+    );
+    let err = fails(&mut q(&["retry", "--state", "failed"]));
+    assert!(
+        err.contains("Retry 2 jobs (state failed)") && err.contains("pass --yes"),
+        "{err}"
+    );
+    assert_eq!(
+        ok(&mut q(&["retry", "--state", "failed", "--yes"])),
+        "retried 2 jobs\n"
+    );
+    let err = fails(&mut q(&["retry", "1", "--kind", "x"]));
+    assert!(err.contains("not both"), "{err}");
+
+    assert_eq!(
+        ok(&mut q(&["reset-stalled", "--stalled-max-age", "1m"])),
+        format!("1 job queued again, 0 failed (reset limit reached, or at most once)\n  reset  {email}\n")
+    );
+    assert_eq!(
+        ok(&mut q(&["cancel", &report_id.to_string()])),
+        "canceled 1 job; asked 0 running jobs to stop\n"
+    );
+    assert_eq!(
+        ok(&mut q(&["delete", "--kind", "email", "--yes"])),
+        "deleted 1 job\n"
+    );
+    let err = fails(&mut q(&["list", "--state", "lost"]));
+    assert!(
+        err.contains("unknown state \"lost\"") && err.contains("queued, processing"),
+        "{err}"
+    );
+
+    t.sql(&format!(
+        "UPDATE {jobs} SET state = 'completed', finished_at = now() - interval '40 days' WHERE kind = 'resize'"
+    ))
+    .await;
+    let purged = json(&mut q(&[
+        "purge",
+        "--older-than",
+        "30d",
+        "--batch",
+        "2",
+        "--yes",
+        "--json",
+    ]));
+    assert_eq!(purged, serde_json::json!({"purged": 3, "batches": 2}));
+    let stats = json(&mut q(&["stats", "--json"]));
+    let left: Vec<(String, String)> = stats["counts"]
+        .as_array()
+        .expect("counts")
+        .iter()
+        .map(|c| {
+            (
+                c["stored_state"].as_str().unwrap_or_default().to_owned(),
+                c["kind"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(left, [("canceled".to_owned(), "report".to_owned())]);
+}
+
+#[tokio::test]
+async fn an_operator_session_on_a_mapped_foreign_table() {
+    let Some(t) = Setup::new("an_operator_session_on_a_mapped_foreign_table").await else {
+        return;
+    };
+    let s = &t.s;
+    t.sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TYPE {s}.task_status AS ENUM ('new', 'working', 'done', 'broken', 'dropped');
+         CREATE TABLE {s}.tasks (
+           task_no serial PRIMARY KEY,
+           job_type text NOT NULL,
+           status {s}.task_status NOT NULL DEFAULT 'new',
+           error text, enqueued timestamptz NOT NULL DEFAULT now(), began timestamptz,
+           ended timestamptz, run_after timestamptz, tries integer NOT NULL DEFAULT 0,
+           alive_at timestamptz, host text, stop boolean NOT NULL DEFAULT false,
+           args jsonb NOT NULL DEFAULT '{{}}')"
+    ))
+    .await;
+    let config = t.config(
+        r#"table = "tasks"
+mode = "lease"
+
+[columns]
+id = "task_no"
+kind = "job_type"
+payload = "args"
+state = "status"
+failure_message = "error"
+queued_at = "enqueued"
+started_at = "began"
+finished_at = "ended"
+process_after = "run_after"
+num_failures = "tries"
+last_heartbeat_at = "alive_at"
+worker_hostname = "host"
+cancel = "stop"
+num_resets = false
+execution_logs = false
+claim_token = false
+priority = false
+
+[states]
+queued = "new"
+processing = "working"
+completed = "done"
+errored = "new"
+failed = "broken"
+canceled = "dropped"
+"#,
+    );
+    let q = |args: &[&str]| t.queue(&config, args);
+    let status = |id: String| {
+        let pool = t.pool.clone();
+        let s = s.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(&format!(
+                "SELECT status::text FROM {s}.tasks WHERE task_no = $1"
+            ))
+            .bind(id.trim().parse::<i32>().expect("an int4 key"))
+            .fetch_one(&pool)
+            .await
+            .expect("the task")
+        }
+    };
+
+    let err = fails(&mut q(&["migrate"]));
+    assert!(err.contains("a table of your own"), "{err}");
+
+    let a = ok(&mut q(&["enqueue", "resize", r#"{"w": 10}"#]));
+    let b = ok(&mut q(&["enqueue", "resize", r#"{"w": 20}"#]));
+    let c = ok(&mut q(&["enqueue", "email", r#"{"to": "x"}"#]));
+    assert_eq!(
+        status(a.clone()).await,
+        "new",
+        "enqueue writes the table's queued label"
+    );
+    let shown = ok(&mut q(&["show", a.trim()]));
+    assert!(shown.contains("state:            new (queued)"), "{shown}");
+    assert!(shown.contains("\"w\": 10"), "{shown}");
+
+    t.sql(&format!(
+        "UPDATE {s}.tasks SET status = 'broken', error = 'upstream 503', tries = 3, ended = now() - interval '2 hours' WHERE task_no = {}",
+        b.trim()
+    ))
+    .await;
+    let stats = ok(&mut q(&["stats"]));
+    assert!(stats.contains("new (queued)     email       1"), "{stats}");
+    assert!(stats.contains("broken (failed)  resize      1"), "{stats}");
+    let listed = json(&mut q(&["list", "--state", "broken", "--json"]));
+    assert_eq!(listed["jobs"][0]["stored_state"], "broken");
+    assert_eq!(listed["jobs"][0]["state"], "failed");
+    assert_eq!(
+        json(&mut q(&["list", "--state", "failed", "--json"]))["jobs"],
+        listed["jobs"],
+        "the standard name and the table's label select the same jobs"
+    );
+
+    assert_eq!(ok(&mut q(&["retry", b.trim()])), "retried 1 job\n");
+    assert_eq!(status(b.clone()).await, "new");
+    assert_eq!(
+        ok(&mut q(&["cancel", c.trim()])),
+        "canceled 1 job; asked 0 running jobs to stop\n"
+    );
+    assert_eq!(
+        status(c.clone()).await,
+        "dropped",
+        "cancel writes the table's canceled label"
+    );
+
+    t.sql(&format!(
+        "UPDATE {s}.tasks SET status = 'done', ended = now() - interval '2 hours' WHERE task_no = {}",
+        a.trim()
+    ))
+    .await;
+    assert_eq!(
+        ok(&mut q(&[
+            "purge",
+            "--older-than",
+            "1h",
+            "--state",
+            "done",
+            "--yes"
+        ])),
+        "purged 1 job in 1 batches\n"
+    );
+    assert_eq!(
+        ok(&mut q(&["delete", "--state", "dropped", "--yes"])),
+        "deleted 1 job\n"
+    );
+    let stats = json(&mut q(&["stats", "--json"]));
+    assert_eq!(stats["counts"].as_array().map(Vec::len), Some(1), "{stats}");
+}
+
+#[tokio::test]
+async fn failures_are_one_clear_line() {
+    let Some(t) = Setup::new("failures_are_one_clear_line").await else {
+        return;
+    };
+    let config = t.config("");
+    let err = fails(
+        t.queue(&config, &["stats"])
+            .env("DATABASE_URL", "postgres://nobody@127.0.0.1:1/nowhere"),
+    );
+    assert!(
+        err.starts_with("queue: cannot connect to the database at 127.0.0.1:1/nowhere: ")
+            && err.contains("refused"),
+        "{err}"
+    );
+    let err = fails(&mut t.queue(&config, &["stats"]));
+    assert!(
+        err.contains("does not exist") && err.contains("queue migrate"),
+        "a missing default table says how to create it: {err}"
+    );
+    let bad = t.dir.path().join("bad.toml");
+    std::fs::write(&bad, "table = \"jobs\"\n[columns]\nstatus = \"state\"\n").expect("file");
+    let err = fails(&mut t.queue(&bad, &["stats"]));
+    assert!(
+        err.starts_with(&format!(
+            "queue: {}:3:1: unknown field `status`",
+            bad.display()
+        )),
+        "{err}"
+    );
+    let err = fails(t.queue(&config, &["stats"]).env_remove("DATABASE_URL"));
+    assert!(err.contains("no database"), "{err}");
+}
