@@ -92,7 +92,7 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
                     .expect("a claim");
                 waits.push(started.elapsed());
                 for job in claimed {
-                    store
+                    let done = store
                         .finish(
                             job.job_store,
                             &job.lease,
@@ -101,6 +101,7 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
                         )
                         .await
                         .expect("a completion");
+                    assert!(done.is_applied(), "the prober's job completes");
                 }
                 tokio::time::sleep(Duration::from_millis(5)).await;
             }
