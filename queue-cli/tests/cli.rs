@@ -327,3 +327,44 @@ async fn failures_are_one_clear_line() {
     let err = fails(t.queue(&config, &["stats"]).env_remove("DATABASE_URL"));
     assert!(err.contains("no database"), "{err}");
 }
+
+#[tokio::test]
+async fn sslmode_require_connects_over_tls() {
+    let Some(t) = Setup::new("sslmode_require_connects_over_tls").await else {
+        return;
+    };
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(&t.pool)
+        .await
+        .expect("SHOW ssl");
+    if ssl != "on" {
+        assert!(
+            std::env::var("QUEUE_TEST_REQUIRE_TLS").as_deref() != Ok("1"),
+            "the test server serves no TLS, though cargo xtask test-pg gave its cluster a certificate"
+        );
+        eprintln!(
+            "sslmode_require_connects_over_tls: skipped: the server at DATABASE_URL serves no TLS"
+        );
+        return;
+    }
+    let separator = if t.url.contains('?') { '&' } else { '?' };
+    let url = format!("{}{separator}sslmode=require", t.url);
+    // The library: a pool on the same URL talks TLS.
+    let pool = sqlx::PgPool::connect(&url).await.expect("a TLS connection");
+    let encrypted: bool =
+        sqlx::query_scalar("SELECT ssl FROM pg_stat_ssl WHERE pid = pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .expect("pg_stat_ssl");
+    assert!(encrypted, "sslmode=require gives an encrypted connection");
+    // The binary: sqlx refuses sslmode=require without TLS, so success
+    // means the command ran over TLS.
+    let config = t.config("");
+    let q = |args: &[&str]| {
+        let mut command = t.queue(&config, args);
+        command.env("DATABASE_URL", &url);
+        command
+    };
+    assert!(ok(&mut q(&["migrate"])).contains("applied version 1"));
+    assert!(ok(&mut q(&["stats"])).contains("0 jobs;"));
+}

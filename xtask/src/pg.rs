@@ -27,6 +27,10 @@ pub struct ClusterOptions {
 pub struct Postgres {
     /// A connection URL for the `postgres` database.
     pub url: String,
+    /// Whether the server accepts TLS (`sslmode=require`): the throwaway
+    /// cluster does, with a self-signed certificate, when `openssl` is
+    /// installed.
+    pub tls: bool,
     /// Human-readable origin, for logs.
     pub origin: String,
     /// Held so that the throwaway cluster is stopped and removed on drop.
@@ -64,6 +68,7 @@ impl Postgres {
             if !url.is_empty() {
                 return Ok(Postgres {
                     url,
+                    tls: false,
                     origin: "DATABASE_URL".into(),
                     _cluster: None,
                     #[cfg(feature = "docker")]
@@ -78,6 +83,7 @@ impl Postgres {
         let cluster = Cluster::start(options)?;
         Ok(Postgres {
             url: cluster.url(),
+            tls: cluster.tls,
             origin: format!(
                 "throwaway cluster (PostgreSQL {}) on port {} in {}",
                 cluster.version,
@@ -98,6 +104,8 @@ struct Cluster {
     version: String,
     /// The non-root user the server runs as, when xtask runs as root.
     run_as: Option<String>,
+    /// Whether the server was given a certificate and serves TLS.
+    tls: bool,
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl`: on `PATH`, or the
@@ -207,12 +215,13 @@ impl Cluster {
                     .to_owned()
             })
             .unwrap_or_else(|_| "?".into());
-        let cluster = Cluster {
+        let mut cluster = Cluster {
             bin,
             dir: base,
             port,
             version,
             run_as,
+            tls: false,
         };
         if let Some(user) = &cluster.run_as {
             let status = Command::new("chown")
@@ -244,7 +253,58 @@ impl Cluster {
         }
     }
 
-    fn init_and_start(&self, options: ClusterOptions) -> Result<()> {
+    /// Gives the server a self-signed certificate for TLS, if `openssl` is
+    /// installed; returns whether it did.
+    fn make_certificate(&self) -> Result<bool> {
+        let (crt, key) = (
+            self.data().join("server.crt"),
+            self.data().join("server.key"),
+        );
+        let made = Command::new("openssl")
+            .args([
+                "req",
+                "-new",
+                "-x509",
+                "-days",
+                "2",
+                "-nodes",
+                "-subj",
+                "/CN=localhost",
+            ])
+            .arg("-keyout")
+            .arg(&key)
+            .arg("-out")
+            .arg(&crt)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .status();
+        if !made.is_ok_and(|s| s.success()) {
+            eprintln!(
+                "xtask: no openssl, so the throwaway cluster serves no TLS (the TLS test says so)"
+            );
+            return Ok(false);
+        }
+        // Postgres reads its key only if the server's user owns it, alone.
+        let mut steps = vec![Command::new("chmod")];
+        steps[0].arg("600").arg(&key);
+        if let Some(user) = &self.run_as {
+            let mut chown = Command::new("chown");
+            chown.arg(user).arg(&key).arg(&crt);
+            steps.push(chown);
+        }
+        for mut step in steps {
+            if !step
+                .status()
+                .context("preparing the certificate")?
+                .success()
+            {
+                bail!("could not hand the certificate to the server's user");
+            }
+        }
+        Ok(true)
+    }
+
+    fn init_and_start(&mut self, options: ClusterOptions) -> Result<()> {
         let out = self
             .command("initdb")
             .args([
@@ -265,11 +325,17 @@ impl Cluster {
                 String::from_utf8_lossy(&out.stderr)
             );
         }
+        self.tls = self.make_certificate()?;
         let mut server_options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_buffers=256MB",
             self.port,
             self.dir.display()
         );
+        if self.tls {
+            // Relative to the data directory.
+            server_options
+                .push_str(" -c ssl=on -c ssl_cert_file=server.crt -c ssl_key_file=server.key");
+        }
         if !options.durable {
             server_options
                 .push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
@@ -363,6 +429,7 @@ mod container {
         };
         Ok(Postgres {
             url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+            tls: false,
             origin: format!("a testcontainers container (postgres:16-alpine) on port {port}"),
             _cluster: None,
             _container: Some(container),

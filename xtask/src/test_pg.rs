@@ -21,6 +21,10 @@ pub async fn run(extra: &[String]) -> Result<()> {
         .args(extra)
         .env("DATABASE_URL", &pg.url)
         .env("QUEUE_TEST_REQUIRE_POSTGRES", "1");
+    if pg.tls {
+        // The cluster serves TLS: the TLS test must run, not skip.
+        command.env("QUEUE_TEST_REQUIRE_TLS", "1");
+    }
     let status = tokio::task::spawn_blocking(move || command.status())
         .await?
         .context("running cargo test")?;
