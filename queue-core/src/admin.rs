@@ -418,13 +418,14 @@ pub trait Admin: Send + Sync + 'static {
     /// woken.
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Self::Id>, StoreError>;
 
-    /// Makes failed, errored and canceled jobs queued and claimable at
-    /// once (their cancel flag and finish time cleared). Jobs in other
-    /// states are left alone.
+    /// Makes failed, errored and canceled jobs queued and claimable from
+    /// `now` (their `process_after`; their cancel flag and finish time
+    /// cleared). Jobs in other states are left alone.
     async fn retry(
         &self,
         targets: &Targets<Self::Id>,
         params: RetryParams,
+        now: DateTime<Utc>,
     ) -> Result<ActionReport<Self::Id>, StoreError>;
 
     /// Cancels jobs: a queued or errored job becomes canceled at once (with

@@ -92,12 +92,12 @@ fn matching<'s>(state: &'s State, filter: &'s JobFilter) -> impl Iterator<Item =
         .filter(move |job| filter.matches(&JobView::from((*job).clone())))
 }
 
-fn retry(job: &mut Job, params: RetryParams) -> Applied {
+fn retry(job: &mut Job, params: RetryParams, now: DateTime<Utc>) -> Applied {
     if !RETRYABLE_STATES.contains(&job.state) {
         return Applied::No;
     }
     job.state = JobState::Queued;
-    job.process_after = None;
+    job.process_after = Some(now);
     job.finished_at = None;
     job.cancel = false;
     if params.reset_attempts {
@@ -221,11 +221,12 @@ impl Admin for MemoryStore {
         &self,
         targets: &Targets<i64>,
         params: RetryParams,
+        now: DateTime<Utc>,
     ) -> Result<ActionReport<i64>, StoreError> {
         Ok(self.write_jobs(
             targets,
             |job| RETRYABLE_STATES.contains(&job.state),
-            &|job| retry(job, params),
+            &|job| retry(job, params, now),
         ))
     }
 

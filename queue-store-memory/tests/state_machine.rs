@@ -386,7 +386,7 @@ impl Run {
             } => {
                 if job < self.ids.len() && self.model.jobs[job].state.is_some() {
                     let failures = self.model.jobs[job].num_failures;
-                    let expected = self.model.retry(job, reset_attempts);
+                    let expected = self.model.retry(job, reset_attempts, self.now);
                     if expected {
                         self.grant_attempt(job, failures);
                     }
@@ -394,6 +394,7 @@ impl Run {
                         &self.store,
                         &Targets::id(self.ids[job]),
                         RetryParams { reset_attempts },
+                        self.now,
                     )
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -406,7 +407,9 @@ impl Run {
             }
             Op::RetryFailed { limit } => {
                 let failures: Vec<u32> = self.model.jobs.iter().map(|j| j.num_failures).collect();
-                let expected = self.model.retry_matching(&[JobState::Failed], limit);
+                let expected = self
+                    .model
+                    .retry_matching(&[JobState::Failed], limit, self.now);
                 for &job in &expected {
                     self.grant_attempt(job, failures[job]);
                 }
@@ -417,6 +420,7 @@ impl Run {
                         limit,
                     },
                     RetryParams::default(),
+                    self.now,
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;

@@ -53,7 +53,9 @@ struct Inner {
 ///     println!("{} {:?}: {:?}", job.id, job.kind, job.failure_message);
 /// }
 /// let ids = failed.jobs.iter().map(|job| job.id).collect();
-/// let report = admin.retry(&Targets::Ids(ids), RetryParams::default()).await?;
+/// let report = admin
+///     .retry(&Targets::Ids(ids), RetryParams::default(), chrono::Utc::now())
+///     .await?;
 /// println!("{} retried", report.changed);
 /// # Ok(()) }
 /// ```
@@ -499,13 +501,14 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         &self,
         targets: &Targets<K>,
         params: RetryParams,
+        now: DateTime<Utc>,
     ) -> Result<ActionReport<K>, StoreError> {
         let changed = self
             .write(
                 AdminWrite::Retry(params.reset_attempts),
                 targets,
                 limit_of(targets),
-                Utc::now(),
+                now,
             )
             .await?;
         if !changed.is_empty() {

@@ -634,8 +634,9 @@ where
         &self,
         targets: &Targets<R::Id>,
         params: RetryParams,
+        now: DateTime<Utc>,
     ) -> Result<ActionReport<R::Id>, StoreError> {
-        self.inner.admin.retry(targets, params).await
+        self.inner.admin.retry(targets, params, now).await
     }
 
     async fn cancel(

@@ -197,7 +197,11 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
 
     // Retry writes the table's queued value; the archived job is left alone.
     let report = admin
-        .retry(&Targets::Ids(vec![ids[1], ids[2]]), RetryParams::default())
+        .retry(
+            &Targets::Ids(vec![ids[1], ids[2]]),
+            RetryParams::default(),
+            Utc::now(),
+        )
         .await
         .unwrap();
     assert_eq!(report.changed, 1);

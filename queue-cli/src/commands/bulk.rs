@@ -84,7 +84,7 @@ impl Action {
         targets: &Targets<A::Id>,
     ) -> Result<ActionReport<A::Id>> {
         Ok(match self {
-            Action::Retry(params) => admin.retry(targets, params).await?,
+            Action::Retry(params) => admin.retry(targets, params, Utc::now()).await?,
             Action::Cancel => admin.cancel(targets, Utc::now()).await?,
             Action::Delete => admin.delete(targets).await?,
         })

@@ -1086,6 +1086,7 @@ pub async fn admin_retry_requeues_failed_errored_and_canceled_jobs<H: Harness>(h
             gone.clone(),
         ]),
         RetryParams::default(),
+        at(t, 2),
     )
     .await
     .expect("retry failed");
@@ -1110,8 +1111,8 @@ pub async fn admin_retry_requeues_failed_errored_and_canceled_jobs<H: Harness>(h
     let s = snapshot(h, &store, &e).await;
     assert_eq!(
         (s.state, s.process_after),
-        (JobState::Queued, None),
-        "due at once"
+        (JobState::Queued, Some(at(t, 2))),
+        "due from the retry on, not at its old retry time"
     );
     assert_eq!(s.num_failures, 1, "the failure count is kept by default");
     let again = claim::<H>(&store, 10, at(t, 2)).await;
@@ -1133,6 +1134,7 @@ pub async fn admin_retry_requeues_failed_errored_and_canceled_jobs<H: Harness>(h
         RetryParams {
             reset_attempts: true,
         },
+        at(t, 4),
     )
     .await
     .expect("retry failed");
@@ -1167,7 +1169,7 @@ pub async fn admin_bulk_retry_works_in_batches<H: Harness>(h: &H) {
     };
     let mut batches = Vec::new();
     loop {
-        let report = Admin::retry(&store, &targets, RetryParams::default())
+        let report = Admin::retry(&store, &targets, RetryParams::default(), at(t, 2))
             .await
             .expect("retry failed");
         assert!(report.skipped.is_empty(), "a filter reports no skips");

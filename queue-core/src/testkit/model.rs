@@ -242,15 +242,16 @@ impl Model {
         }
     }
 
-    /// An operator retries job `index`: failed, errored and canceled jobs
-    /// are queued and due at once; returns whether it applied.
-    pub fn retry(&mut self, index: usize, reset_attempts: bool) -> bool {
+    /// An operator retries job `index` at `now`: failed, errored and
+    /// canceled jobs are queued and due from `now`; returns whether it
+    /// applied.
+    pub fn retry(&mut self, index: usize, reset_attempts: bool, now: DateTime<Utc>) -> bool {
         let job = &mut self.jobs[index];
         if !job.state.is_some_and(|s| RETRYABLE_STATES.contains(&s)) {
             return false;
         }
         job.state = Some(JobState::Queued);
-        job.process_after = None;
+        job.process_after = Some(now);
         job.finished_at = None;
         job.cancel = false;
         if reset_attempts {
@@ -261,8 +262,13 @@ impl Model {
     }
 
     /// An operator retries up to `limit` jobs in `states` (lowest index
-    /// first); returns their indexes.
-    pub fn retry_matching(&mut self, states: &[JobState], limit: usize) -> Vec<usize> {
+    /// first) at `now`; returns their indexes.
+    pub fn retry_matching(
+        &mut self,
+        states: &[JobState],
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Vec<usize> {
         let picked: Vec<usize> = (0..self.jobs.len())
             .filter(|&i| {
                 self.jobs[i]
@@ -272,7 +278,7 @@ impl Model {
             .take(limit)
             .collect();
         for &i in &picked {
-            self.retry(i, false);
+            self.retry(i, false, now);
         }
         picked
     }

@@ -12,7 +12,8 @@ use crate::options::{Column, PgStoreOptions};
 /// What an admin write does to the rows it picks.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum AdminWrite {
-    /// Failed, errored or canceled → queued and due now; with `true`, the
+    /// Failed, errored or canceled → queued and due from [`Param::Now`];
+    /// with `true`, the
     /// failure and reset counts back to zero.
     Retry(bool),
     /// Queued or errored → canceled.
@@ -495,11 +496,10 @@ impl AdminStatements {
                     names.get(Column::State).unwrap_or("\"state\""),
                     self.state_value(JobState::Queued)
                 )];
-                for (c, value) in [
-                    (Column::ProcessAfter, "NULL"),
-                    (Column::FinishedAt, "NULL"),
-                    (Column::Cancel, "false"),
-                ] {
+                if let Some(n) = name(Column::ProcessAfter) {
+                    sets.push(format!("{n} = {}", b.p(Param::Now)));
+                }
+                for (c, value) in [(Column::FinishedAt, "NULL"), (Column::Cancel, "false")] {
                     if let Some(n) = name(c) {
                         sets.push(format!("{n} = {value}"));
                     }
