@@ -401,6 +401,14 @@ pub trait Admin: Send + Sync + 'static {
         state.as_str().to_owned()
     }
 
+    /// The states [`Admin::retry`] moves jobs out of: failed, errored and
+    /// canceled, less any the store cannot tell apart from a state that is
+    /// not retryable (errored stored as queued's value: retrying it would
+    /// pull waiting and scheduled jobs forward).
+    fn retryable_states(&self) -> Vec<JobState> {
+        distinct_retryable_states(|s| self.stored_state(s))
+    }
+
     /// The job with key `id`, or `None` if there is none.
     async fn get(&self, id: &Self::Id) -> Result<Option<JobView<Self::Id>>, StoreError>;
 
@@ -418,9 +426,10 @@ pub trait Admin: Send + Sync + 'static {
     /// woken.
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Self::Id>, StoreError>;
 
-    /// Makes failed, errored and canceled jobs queued and claimable from
-    /// `now` (their `process_after`; their cancel flag and finish time
-    /// cleared). Jobs in other states are left alone.
+    /// Makes jobs in the [retryable states](Admin::retryable_states)
+    /// (failed, errored, canceled) queued and claimable from `now` (their
+    /// `process_after`; their cancel flag and finish time cleared). Jobs in
+    /// other states are left alone.
     async fn retry(
         &self,
         targets: &Targets<Self::Id>,
@@ -474,6 +483,20 @@ pub trait Admin: Send + Sync + 'static {
             .await?;
         Ok(report.changed)
     }
+}
+
+/// The [`RETRYABLE_STATES`] a store writing each state as `stored` can
+/// tell apart from every state that is not retryable.
+pub fn distinct_retryable_states(stored: impl Fn(JobState) -> String) -> Vec<JobState> {
+    let others: Vec<String> = JobState::ALL
+        .into_iter()
+        .filter(|s| !RETRYABLE_STATES.contains(s))
+        .map(&stored)
+        .collect();
+    RETRYABLE_STATES
+        .into_iter()
+        .filter(|s| !others.contains(&stored(*s)))
+        .collect()
 }
 
 #[cfg(test)]
@@ -540,6 +563,18 @@ mod tests {
                 .matches(&job),
             "a job that never finished is not 'finished before' anything"
         );
+    }
+
+    #[test]
+    fn errored_stored_as_queued_is_not_retryable() {
+        let standard = distinct_retryable_states(|s| s.as_str().to_owned());
+        assert_eq!(standard, RETRYABLE_STATES);
+        let merged = distinct_retryable_states(|s| match s {
+            JobState::Errored => "queued".to_owned(),
+            JobState::Canceled => "failed".to_owned(),
+            other => other.as_str().to_owned(),
+        });
+        assert_eq!(merged, [JobState::Failed, JobState::Canceled]);
     }
 
     #[test]

@@ -14,8 +14,9 @@ mod store;
 pub mod testkit;
 
 pub use crate::admin::{
-    ActionReport, Admin, JobFilter, JobPage, JobView, ListOrder, ListParams, PurgeParams,
-    QueueStats, RetryParams, Skipped, StateCount, StatsParams, Targets, RETRYABLE_STATES,
+    distinct_retryable_states, ActionReport, Admin, JobFilter, JobPage, JobView, ListOrder,
+    ListParams, PurgeParams, QueueStats, RetryParams, Skipped, StateCount, StatsParams, Targets,
+    RETRYABLE_STATES,
 };
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};

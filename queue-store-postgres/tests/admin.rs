@@ -220,6 +220,35 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
         ("pending", None)
     );
 
+    // Errored shares queued's value here, so a retry cannot tell an errored
+    // job from a waiting one: it takes failed (and canceled) jobs only, and
+    // a scheduled job keeps its time.
+    assert_eq!(
+        admin.retryable_states(),
+        [JobState::Failed, JobState::Canceled]
+    );
+    let later = Utc::now() + TimeDelta::hours(1);
+    let scheduled = admin
+        .enqueue(&[NewJob::new("resize", serde_json::json!({})).process_after(later)])
+        .await
+        .unwrap()[0];
+    let everything = Targets::Matching {
+        filter: JobFilter::default(),
+        limit: 100,
+    };
+    let report = admin
+        .retry(&everything, RetryParams::default(), Utc::now())
+        .await
+        .unwrap();
+    assert_eq!(report.changed, 0, "nothing failed is left to retry");
+    let kept = admin.get(&scheduled).await.unwrap().expect("there");
+    assert_eq!(
+        kept.process_after.map(|at| at.timestamp_micros()),
+        Some(later.timestamp_micros()),
+        "a bulk retry does not pull a scheduled job forward"
+    );
+    admin.delete(&Targets::id(scheduled)).await.unwrap();
+
     // Cancel writes canceled's value, here the same as failed's.
     let report = admin
         .cancel(&Targets::id(ids[3]), Utc::now())

@@ -6,9 +6,7 @@ use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use chrono::Utc;
-use queue_core::{
-    ActionReport, Admin, JobFilter, JobState, RetryParams, Targets, RETRYABLE_STATES,
-};
+use queue_core::{ActionReport, Admin, JobFilter, JobState, RetryParams, Targets};
 
 use crate::args::FilterArgs;
 use crate::output::{self, jobs, progress};
@@ -70,10 +68,14 @@ impl Action {
     }
 
     /// The states the write applies to; `None` for any.
-    fn states(self) -> Option<&'static [JobState]> {
+    fn states<A: Admin>(self, admin: &A) -> Option<Vec<JobState>> {
         match self {
-            Action::Retry(_) => Some(&RETRYABLE_STATES),
-            Action::Cancel => Some(&[JobState::Queued, JobState::Errored, JobState::Processing]),
+            Action::Retry(_) => Some(admin.retryable_states()),
+            Action::Cancel => Some(vec![
+                JobState::Queued,
+                JobState::Errored,
+                JobState::Processing,
+            ]),
             Action::Delete => None,
         }
     }
@@ -208,7 +210,7 @@ async fn by_filter<A: Admin>(
     // Count what the write can apply to: the filter's states within the
     // action's.
     let mut counted = filter.clone();
-    if let Some(states) = action.states() {
+    if let Some(states) = action.states(admin) {
         let within: Vec<JobState> = match &filter.states {
             Some(chosen) => chosen
                 .iter()

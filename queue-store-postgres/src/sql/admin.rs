@@ -4,7 +4,7 @@
 //! once; those over a [`JobFilter`] are built per call from the fields the
 //! filter sets, each value a bind.
 
-use queue_core::{JobFilter, JobState, StoreError, RETRYABLE_STATES};
+use queue_core::{distinct_retryable_states, JobFilter, JobState, StoreError};
 
 use super::{literal, Builder, Names, Param, Statement, TableShape};
 use crate::options::{Column, PgStoreOptions};
@@ -418,13 +418,15 @@ impl AdminStatements {
         Ok(b.build())
     }
 
-    /// The states `write` moves a row out of.
-    fn from_states(write: AdminWrite) -> &'static [JobState] {
+    /// The states `write` moves a row out of. A retry leaves alone a
+    /// retryable state stored as a state that is not (errored sharing
+    /// queued's value).
+    fn states_moved_by(&self, write: AdminWrite) -> Vec<JobState> {
         match write {
-            AdminWrite::Retry(_) => &RETRYABLE_STATES,
-            AdminWrite::CancelWaiting => &[JobState::Queued, JobState::Errored],
-            AdminWrite::RequestStop => &[JobState::Processing],
-            AdminWrite::Delete => &[],
+            AdminWrite::Retry(_) => distinct_retryable_states(|s| self.states.get(s).to_owned()),
+            AdminWrite::CancelWaiting => vec![JobState::Queued, JobState::Errored],
+            AdminWrite::RequestStop => vec![JobState::Processing],
+            AdminWrite::Delete => Vec::new(),
         }
     }
 
@@ -443,9 +445,12 @@ impl AdminStatements {
         let id = names.must(Column::Id);
         let mut b = Builder::default();
         let mut conditions = Vec::new();
-        let from = Self::from_states(write);
+        let from = self.states_moved_by(write);
+        if matches!(write, AdminWrite::Retry(_)) && from.is_empty() {
+            return Ok(None);
+        }
         if !from.is_empty() {
-            conditions.push(self.state_in(from));
+            conditions.push(self.state_in(&from));
         }
         if write == AdminWrite::RequestStop {
             let Some(cancel) = names.at(Column::Cancel) else {
@@ -483,7 +488,7 @@ impl AdminStatements {
         let guard = if from.is_empty() {
             String::new()
         } else {
-            format!(" AND {}", self.state_in(from))
+            format!(" AND {}", self.state_in(&from))
         };
         let name = |c: Column| names.get(c).map(str::to_owned);
         let text = match write {
