@@ -270,6 +270,24 @@ canceled = "dropped"
         "cancel writes the table's canceled label"
     );
 
+    // A worker died holding the task: the table has no reset counter, so
+    // the reset always queues it again, writing the table's label.
+    t.sql(&format!(
+        "UPDATE {s}.tasks SET status = 'working', began = now() - interval '10 minutes', \
+         alive_at = now() - interval '5 minutes', host = 'gone' WHERE task_no = {}",
+        a.trim()
+    ))
+    .await;
+    assert!(ok(&mut q(&["stats"])).contains("1 stalled"));
+    assert_eq!(
+        ok(&mut q(&["reset-stalled", "--stalled-max-age", "1m"])),
+        format!(
+            "1 job queued again, 0 failed (reset limit reached, or at most once)\n  reset  {}\n",
+            a.trim()
+        )
+    );
+    assert_eq!(status(a.clone()).await, "new");
+
     t.sql(&format!(
         "UPDATE {s}.tasks SET status = 'done', ended = now() - interval '2 hours' WHERE task_no = {}",
         a.trim()
