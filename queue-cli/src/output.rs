@@ -132,7 +132,7 @@ pub fn progress(total: u64, what: &str, for_person: bool) -> ProgressBar {
     }
     let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
     if let Ok(style) =
-        ProgressStyle::with_template("{msg} [{bar:30}] {pos}/{len} jobs ({per_sec}, {eta} left)")
+        ProgressStyle::with_template("{msg} [{bar:30}] {human_pos}/{human_len} jobs, {eta} left")
     {
         bar.set_style(style.progress_chars("=> "));
     }
