@@ -144,7 +144,11 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
         config,
     };
     if let Command::Version = cli.command {
-        writeln!(out, "queue {}", env!("CARGO_PKG_VERSION"))?;
+        let version = env!("CARGO_PKG_VERSION");
+        if context.json {
+            return output::json(out, &serde_json::json!({ "version": version }));
+        }
+        writeln!(out, "queue {version}")?;
         return Ok(());
     }
     let url = cli
@@ -282,6 +286,16 @@ mod tests {
             String::from_utf8(out).unwrap(),
             format!("queue {}\n", env!("CARGO_PKG_VERSION"))
         );
+    }
+
+    #[tokio::test]
+    async fn version_speaks_json_too() {
+        let mut out = Vec::new();
+        run(Cli::parse_from(["queue", "version", "--json"]), &mut out)
+            .await
+            .unwrap();
+        let json: serde_json::Value = serde_json::from_slice(&out).unwrap();
+        assert_eq!(json["version"], env!("CARGO_PKG_VERSION"));
     }
 
     #[test]
