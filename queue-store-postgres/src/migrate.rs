@@ -31,16 +31,21 @@ fn known(table: &QualifiedName) -> Vec<MigrationSql> {
     default_table::migrations(table, &default_channel(&table.name))
 }
 
+async fn exists(conn: &mut sqlx::PgConnection, table: &QualifiedName) -> Result<bool, StoreError> {
+    sqlx::query_scalar(default_table::RELATION_EXISTS)
+        .bind(table.quoted())
+        .fetch_one(&mut *conn)
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))
+}
+
+/// The versions recorded for `table`; none if the table itself is gone
+/// (dropped since: its versions no longer describe anything).
 async fn applied(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
 ) -> Result<Vec<(u32, String, DateTime<Utc>)>, StoreError> {
-    let exists: bool = sqlx::query_scalar(default_table::VERSION_TABLE_EXISTS)
-        .bind(default_table::version_table(table).quoted())
-        .fetch_one(&mut *conn)
-        .await
-        .map_err(|e| store_error("reading the migration versions", e))?;
-    if !exists {
+    if !exists(conn, &default_table::version_table(table)).await? || !exists(conn, table).await? {
         return Ok(Vec::new());
     }
     let rows = sqlx::query(&default_table::applied_versions(table))
@@ -127,6 +132,13 @@ pub(crate) async fn apply(
             .execute(&mut *tx)
             .await
             .map_err(|e| store_error(&format!("creating the version table of {table}"), e))?;
+    }
+    if done.is_empty() {
+        // Versions recorded for a table dropped since describe nothing.
+        sqlx::query(&default_table::forget_versions(table))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
     }
     let mut applied_now = Vec::with_capacity(pending.len());
     for m in pending {

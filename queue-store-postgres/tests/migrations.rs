@@ -119,6 +119,33 @@ async fn an_up_to_date_table_migrates_without_waiting_for_job_transactions() {
 }
 
 #[tokio::test]
+async fn a_dropped_table_is_created_again() {
+    let Some(pool) = pool("a_dropped_table_is_created_again").await else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("migration");
+    sqlx::query(&format!("DROP TABLE {}", jobs.name().quoted()))
+        .execute(&pool)
+        .await
+        .expect("drop the jobs table, not its versions");
+    assert!(
+        jobs.migrations(&pool)
+            .await
+            .expect("status")
+            .iter()
+            .all(|m| m.applied_at.is_none()),
+        "the versions of a dropped table count as pending"
+    );
+    let applied = jobs.migrate(&pool).await.expect("migration");
+    assert_eq!(applied.first().map(|m| m.version), Some(1));
+    jobs.enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("the table is back");
+    assert!(jobs.migrate(&pool).await.expect("migration").is_empty());
+}
+
+#[tokio::test]
 async fn a_table_from_before_versions_is_recorded_at_version_1() {
     let Some(pool) = pool("a_table_from_before_versions_is_recorded_at_version_1").await else {
         return;

@@ -31,8 +31,8 @@ pub(crate) fn version_table(table: &QualifiedName) -> QualifiedName {
     QualifiedName::new(table.schema.clone(), name)
 }
 
-/// Whether the version table exists: `$1` its quoted, qualified name.
-pub(crate) const VERSION_TABLE_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL";
+/// Whether a relation exists: `$1` its quoted, qualified name.
+pub(crate) const RELATION_EXISTS: &str = "SELECT to_regclass($1) IS NOT NULL";
 
 /// Creates the schema and the version table.
 pub(crate) fn create_version_table(table: &QualifiedName) -> [String; 2] {
@@ -54,6 +54,11 @@ pub(crate) fn applied_versions(table: &QualifiedName) -> String {
         "SELECT \"version\", \"name\", \"applied_at\" FROM {} ORDER BY \"version\"",
         version_table(table).quoted()
     )
+}
+
+/// Forgets every recorded version.
+pub(crate) fn forget_versions(table: &QualifiedName) -> String {
+    format!("DELETE FROM {}", version_table(table).quoted())
 }
 
 /// Records a version: $1 version, $2 name.
