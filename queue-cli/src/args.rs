@@ -70,12 +70,17 @@ impl FilterArgs {
 /// The states `name` stands for: the states the table stores as `name`
 /// (several where values are shared), else the standard state of that name.
 pub fn states_named<A: Admin>(admin: &A, name: &str) -> Result<Vec<JobState>> {
-    let stored: Vec<JobState> = JobState::ALL
+    states_named_in(|s| admin.stored_state(s), name)
+}
+
+/// [`states_named`] for a store that writes each state as `stored`.
+pub fn states_named_in(stored: impl Fn(JobState) -> String, name: &str) -> Result<Vec<JobState>> {
+    let matching: Vec<JobState> = JobState::ALL
         .into_iter()
-        .filter(|s| admin.stored_state(*s) == name)
+        .filter(|s| stored(*s) == name)
         .collect();
-    if !stored.is_empty() {
-        return Ok(stored);
+    if !matching.is_empty() {
+        return Ok(matching);
     }
     if let Some(state) = JobState::ALL.into_iter().find(|s| s.as_str() == name) {
         return Ok(vec![state]);
@@ -83,7 +88,7 @@ pub fn states_named<A: Admin>(admin: &A, name: &str) -> Result<Vec<JobState>> {
     let known: Vec<String> = JobState::ALL
         .into_iter()
         .map(|s| {
-            let value = admin.stored_state(s);
+            let value = stored(s);
             if value == s.as_str() {
                 value
             } else {

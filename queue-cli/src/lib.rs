@@ -8,6 +8,7 @@
 mod args;
 mod commands;
 mod output;
+pub mod serve;
 
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
@@ -84,6 +85,9 @@ pub enum Command {
     Purge(maintenance::PurgeArgs),
     /// Create or upgrade the default jobs table (versioned migrations).
     Migrate(migrate::MigrateArgs),
+    /// Serve the HTTP API (OpenAPI document at /openapi.json) and
+    /// Prometheus metrics at /metrics.
+    Serve(serve::ServeArgs),
     /// Print the version of the queue crates this binary was built with.
     Version,
 }
@@ -156,7 +160,8 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
         .clone()
         .or_else(|| context.config.database_url.clone())
         .context("no database: pass --database-url, set DATABASE_URL, or give database_url in the config file")?;
-    let pool = connect(&url).await?;
+    let serving = matches!(cli.command, Command::Serve(_));
+    let pool = connect(&url, if serving { 16 } else { 2 }).await?;
     if let Command::Migrate(args) = &cli.command {
         return migrate::run(&context, &pool, args, out).await;
     }
@@ -165,6 +170,9 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
         Some(key) => key,
         None => PgKeyType::detect(&pool, &options).await?,
     };
+    if let Command::Serve(args) = &cli.command {
+        return serve::run(&context, pool, options, key, args, out).await;
+    }
     match key {
         PgKeyType::Int4 => {
             admin_command(
@@ -205,8 +213,9 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
     }
 }
 
-/// Connects with a small pool: a command runs a few statements at a time.
-async fn connect(url: &str) -> Result<PgPool> {
+/// Connects with a pool of `size`: a command runs a few statements at a
+/// time, the server more.
+async fn connect(url: &str, size: u32) -> Result<PgPool> {
     let options: sqlx::postgres::PgConnectOptions = url
         .parse()
         .context("the database URL is not a valid postgres:// URL")?;
@@ -225,8 +234,9 @@ async fn connect(url: &str) -> Result<PgPool> {
         .with_context(|| format!("cannot connect to the database at {target}"))?;
     drop(first);
     Ok(PgPoolOptions::new()
-        .max_connections(2)
-        .acquire_timeout(Duration::from_secs(10))
+        .max_connections(size)
+        .test_before_acquire(false)
+        .acquire_timeout(Duration::from_secs(5))
         .connect_lazy_with(options))
 }
 
@@ -252,7 +262,7 @@ where
         Command::Delete(args) => bulk::delete(admin, context, &args, out).await,
         Command::ResetStalled(args) => maintenance::reset(admin, context, &args, out).await,
         Command::Purge(args) => maintenance::purge(admin, context, &args, out).await,
-        Command::Migrate(_) | Command::Version => {
+        Command::Migrate(_) | Command::Version | Command::Serve(_) => {
             anyhow::bail!("this command does not run over the admin contract")
         }
     }

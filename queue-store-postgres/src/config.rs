@@ -205,6 +205,22 @@ pub struct ResetterConfig {
     pub delivery: Option<Delivery>,
 }
 
+/// The `[serve]` table: the settings of `queue serve`, the HTTP API.
+#[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ServeConfig {
+    /// Where to listen, such as `127.0.0.1:8080`.
+    pub listen: Option<String>,
+    /// Bearer tokens that may read and write.
+    #[serde(default)]
+    pub admin_tokens: Vec<String>,
+    /// Bearer tokens that may only read.
+    #[serde(default)]
+    pub read_tokens: Vec<String>,
+    /// The largest request body accepted, in bytes.
+    pub max_body_bytes: Option<usize>,
+}
+
 /// A claim cursor setting: a duration, or `false` for none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CursorSetting(pub Option<Duration>);
@@ -288,6 +304,9 @@ pub struct PgConfig {
     /// The resetter's settings.
     #[serde(default)]
     pub resetter: ResetterConfig,
+    /// `queue serve`'s settings.
+    #[serde(default)]
+    pub serve: ServeConfig,
 }
 
 /// `file:line:column` of a byte offset.

@@ -27,7 +27,7 @@ pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 #[cfg(feature = "config")]
 pub use crate::config::{
     ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, PgConfig, ResetterConfig,
-    StatesConfig,
+    ServeConfig, StatesConfig,
 };
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;

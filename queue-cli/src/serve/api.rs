@@ -1,0 +1,628 @@
+//! The HTTP API's handlers and the JSON they take and give, described for
+//! the OpenAPI document by their types (`utoipa`). Every handler is a thin
+//! call into the admin contract.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::extract::rejection::{JsonRejection, QueryRejection};
+use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
+use axum::http::request::Parts;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::Json;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    ActionReport, JobFilter, JobState, JobView, ListOrder, ListParams, NewJob, RetryParams,
+    StatsParams, StoreError, Targets,
+};
+use serde::{Deserialize, Serialize};
+use utoipa::{IntoParams, ToSchema};
+
+use super::erased::{KeyOr, TextAdmin};
+use crate::args::states_named_in;
+
+/// What the handlers share.
+#[derive(Clone)]
+pub struct Api {
+    /// The queue.
+    pub admin: Arc<dyn TextAdmin>,
+    /// Processing jobs silent for longer are counted stalled.
+    pub stalled_max_age: Duration,
+}
+
+/// An error as the API reports it: a status, a stable code and a message.
+#[derive(Debug)]
+pub struct ApiError {
+    status: StatusCode,
+    code: &'static str,
+    message: String,
+}
+
+/// The body of every error response.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorBody {
+    /// What went wrong.
+    pub error: ErrorDetail,
+}
+
+/// An error's code and message.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ErrorDetail {
+    /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
+    /// `not_found`, `conflict`, `payload_too_large`,
+    /// `unsupported_media_type`, `database_unavailable`, `internal`.
+    pub code: String,
+    /// For people.
+    pub message: String,
+}
+
+impl ApiError {
+    /// An error with this status, code and message.
+    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            code,
+            message: message.into(),
+        }
+    }
+
+    /// 400.
+    pub fn bad_request(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
+    }
+
+    /// 404.
+    pub fn not_found(message: impl Into<String>) -> Self {
+        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = ErrorBody {
+            error: ErrorDetail {
+                code: self.code.to_owned(),
+                message: self.message,
+            },
+        };
+        let mut response = (self.status, Json(body)).into_response();
+        if self.status == StatusCode::UNAUTHORIZED {
+            response
+                .headers_mut()
+                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
+        }
+        if self.status == StatusCode::SERVICE_UNAVAILABLE {
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
+        }
+        response
+    }
+}
+
+impl From<StoreError> for ApiError {
+    fn from(error: StoreError) -> Self {
+        match &error {
+            StoreError::Unavailable { .. } | StoreError::Conflict { .. } => ApiError::new(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "database_unavailable",
+                error.to_string(),
+            ),
+            StoreError::Config(message) => ApiError::bad_request(message.clone()),
+            StoreError::Backend { source, .. } => {
+                // A value the table refuses (a constraint, an enum label, a
+                // length) is the request's fault, and Postgres says which.
+                let database = source
+                    .downcast_ref::<sqlx::Error>()
+                    .and_then(|e| e.as_database_error());
+                match database {
+                    Some(db)
+                        if db
+                            .code()
+                            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")) =>
+                    {
+                        ApiError::bad_request(format!(
+                            "the table refused the values: {}",
+                            db.message()
+                        ))
+                    }
+                    _ => {
+                        tracing::error!(error = %error, source = %source, "store failure");
+                        ApiError::new(
+                            StatusCode::INTERNAL_SERVER_ERROR,
+                            "internal",
+                            format!("{error}: {source}"),
+                        )
+                    }
+                }
+            }
+            _ => ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                error.to_string(),
+            ),
+        }
+    }
+}
+
+/// A JSON body whose rejections are [`ApiError`]s.
+pub struct ApiJson<T>(pub T);
+
+impl<S, T> FromRequest<S> for ApiJson<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
+        match Json::<T>::from_request(request, state).await {
+            Ok(Json(value)) => Ok(ApiJson(value)),
+            Err(rejection) => Err(json_rejection(rejection)),
+        }
+    }
+}
+
+fn json_rejection(rejection: JsonRejection) -> ApiError {
+    let message = rejection.body_text();
+    match rejection.status() {
+        StatusCode::PAYLOAD_TOO_LARGE => {
+            ApiError::new(StatusCode::PAYLOAD_TOO_LARGE, "payload_too_large", message)
+        }
+        StatusCode::UNSUPPORTED_MEDIA_TYPE => ApiError::new(
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            "unsupported_media_type",
+            message,
+        ),
+        _ => ApiError::bad_request(message),
+    }
+}
+
+/// A query string whose rejections are [`ApiError`]s.
+pub struct ApiQuery<T>(pub T);
+
+impl<S, T> FromRequestParts<S> for ApiQuery<T>
+where
+    S: Send + Sync,
+    T: serde::de::DeserializeOwned,
+{
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
+        axum::extract::Query::<T>::from_request_parts(parts, state)
+            .await
+            .map(|q| ApiQuery(q.0))
+            .map_err(|rejection: QueryRejection| ApiError::bad_request(rejection.body_text()))
+    }
+}
+
+/// A job: its key, kind, payload, state and every standard column the
+/// table has (`null` where it has none).
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Job {
+    /// The key, as text whatever the key column's type.
+    pub id: String,
+    pub kind: Option<String>,
+    pub payload: Option<serde_json::Value>,
+    /// The standard state (queued, processing, completed, errored, failed,
+    /// canceled), or `null` for a stored value the mapping does not know.
+    pub state: Option<String>,
+    /// The state as the table stores it.
+    pub stored_state: String,
+    pub priority: Option<i64>,
+    pub failure_message: Option<String>,
+    pub queued_at: Option<DateTime<Utc>>,
+    pub started_at: Option<DateTime<Utc>>,
+    pub finished_at: Option<DateTime<Utc>>,
+    pub process_after: Option<DateTime<Utc>>,
+    pub num_resets: Option<i64>,
+    pub num_failures: Option<i64>,
+    pub last_heartbeat_at: Option<DateTime<Utc>>,
+    /// The last attempt's log entries, as stored.
+    pub execution_logs: Vec<serde_json::Value>,
+    pub worker_hostname: Option<String>,
+    /// Whether a stop was asked of the running attempt.
+    pub cancel: bool,
+}
+
+impl From<JobView<String>> for Job {
+    fn from(job: JobView<String>) -> Self {
+        Job {
+            id: job.id,
+            kind: job.kind,
+            payload: job.payload,
+            state: job.state.map(|s| s.as_str().to_owned()),
+            stored_state: job.stored_state,
+            priority: job.priority,
+            failure_message: job.failure_message,
+            queued_at: job.queued_at,
+            started_at: job.started_at,
+            finished_at: job.finished_at,
+            process_after: job.process_after,
+            num_resets: job.num_resets,
+            num_failures: job.num_failures,
+            last_heartbeat_at: job.last_heartbeat_at,
+            execution_logs: job.execution_logs,
+            worker_hostname: job.worker_hostname,
+            cancel: job.cancel,
+        }
+    }
+}
+
+/// A page of jobs.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct JobList {
+    pub jobs: Vec<Job>,
+    /// Pass as `after` for the next page; `null` on the last.
+    pub next: Option<String>,
+}
+
+/// Which jobs to list, and how.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct ListQuery {
+    /// States, comma-separated: standard names or the table's own values.
+    pub state: Option<String>,
+    /// Kinds, comma-separated.
+    pub kind: Option<String>,
+    /// Text the failure message contains (any case).
+    pub failure_contains: Option<String>,
+    /// Enqueued at or after (RFC 3339).
+    pub queued_after: Option<DateTime<Utc>>,
+    /// Enqueued before.
+    pub queued_before: Option<DateTime<Utc>>,
+    /// Finished at or after.
+    pub finished_after: Option<DateTime<Utc>>,
+    /// Finished before.
+    pub finished_before: Option<DateTime<Utc>>,
+    /// `newest` (default) or `oldest` first.
+    pub order: Option<Order>,
+    /// Jobs per page, 1 to 1000 (default 50).
+    #[param(minimum = 1, maximum = 1000)]
+    pub limit: Option<u32>,
+    /// The `next` of the previous page.
+    pub after: Option<String>,
+}
+
+/// The order of a list.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Order {
+    Newest,
+    Oldest,
+}
+
+/// A job to add.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct EnqueueRequest {
+    /// The kind.
+    pub kind: String,
+    /// The arguments (default `{}`).
+    #[serde(default = "empty_object")]
+    pub payload: serde_json::Value,
+    /// Not before this time.
+    pub run_at: Option<DateTime<Utc>>,
+    /// Higher runs first (default 0).
+    #[serde(default)]
+    pub priority: i32,
+}
+
+fn empty_object() -> serde_json::Value {
+    serde_json::json!({})
+}
+
+/// The key of an added job.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Enqueued {
+    pub id: String,
+}
+
+/// What a write did.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct ActionResult {
+    /// Jobs whose state changed (or that were deleted).
+    pub changed: u64,
+    /// Running jobs asked to stop (cancel).
+    pub stop_requested: u64,
+}
+
+/// Retry options.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct RetryQuery {
+    /// Also set the failure and reset counts back to zero.
+    pub reset_attempts: Option<bool>,
+}
+
+/// Jobs of one state and kind.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct StateCount {
+    pub state: Option<String>,
+    pub stored_state: String,
+    pub kind: Option<String>,
+    pub count: u64,
+}
+
+/// The queue at a glance.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct Stats {
+    /// Per state (lifecycle order) and kind.
+    pub counts: Vec<StateCount>,
+    /// Since when the longest-waiting claimable job has been claimable.
+    pub oldest_claimable_since: Option<DateTime<Utc>>,
+    /// How long, in seconds.
+    pub oldest_claimable_age_seconds: Option<f64>,
+    /// Processing jobs silent for longer than the stalled age.
+    pub stalled: u64,
+    pub now: DateTime<Utc>,
+}
+
+impl Api {
+    fn filter(&self, query: &ListQuery) -> Result<JobFilter, ApiError> {
+        let split = |text: &Option<String>| {
+            text.as_deref().map(|t| {
+                t.split(',')
+                    .map(str::trim)
+                    .filter(|s| !s.is_empty())
+                    .map(str::to_owned)
+                    .collect::<Vec<_>>()
+            })
+        };
+        let states = match split(&query.state) {
+            None => None,
+            Some(names) => {
+                let mut states: Vec<JobState> = Vec::new();
+                for name in names {
+                    let named = states_named_in(|s| self.admin.stored_state(s), &name)
+                        .map_err(|e| ApiError::bad_request(e.to_string()))?;
+                    states.extend(
+                        named
+                            .into_iter()
+                            .filter(|s| !states.contains(s))
+                            .collect::<Vec<_>>(),
+                    );
+                }
+                Some(states)
+            }
+        };
+        Ok(JobFilter {
+            states,
+            kinds: split(&query.kind),
+            queued_from: query.queued_after,
+            queued_before: query.queued_before,
+            finished_from: query.finished_after,
+            finished_before: query.finished_before,
+            failure_contains: query.failure_contains.clone(),
+        })
+    }
+}
+
+/// One job's write: 404 if there is no such job, 409 if it is in a state
+/// the write leaves alone.
+fn one(report: ActionReport<String>, action: &str) -> Result<Json<ActionResult>, ApiError> {
+    if let Some(skipped) = report.skipped.first() {
+        return Err(match skipped.stored_state {
+            None => ApiError::not_found(format!("there is no job {}", skipped.id)),
+            Some(_) => ApiError::new(StatusCode::CONFLICT, "conflict", skipped.reason(action)),
+        });
+    }
+    Ok(Json(ActionResult {
+        changed: report.changed,
+        stop_requested: report.stop_requested,
+    }))
+}
+
+/// One job.
+#[utoipa::path(
+    get, path = "/api/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's key")),
+    responses(
+        (status = 200, description = "The job", body = Job),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn get_job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<Job>, ApiError> {
+    match api.admin.get(&id).await? {
+        Some(job) => Ok(Json(job.into())),
+        None => Err(ApiError::not_found(format!("there is no job {id}"))),
+    }
+}
+
+/// A page of jobs matching the filter, by key.
+#[utoipa::path(
+    get, path = "/api/jobs", tag = "jobs",
+    params(ListQuery),
+    responses(
+        (status = 200, description = "A page", body = JobList),
+        (status = 400, description = "A bad filter value", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn list_jobs(
+    State(api): State<Api>,
+    ApiQuery(query): ApiQuery<ListQuery>,
+) -> Result<Json<JobList>, ApiError> {
+    let limit = query.limit.unwrap_or(50);
+    if !(1..=1000).contains(&limit) {
+        return Err(ApiError::bad_request("limit must be between 1 and 1000"));
+    }
+    let params = ListParams {
+        filter: api.filter(&query)?,
+        order: match query.order {
+            Some(Order::Oldest) => ListOrder::OldestFirst,
+            _ => ListOrder::NewestFirst,
+        },
+        limit: limit as usize,
+        after: query.after.clone(),
+    };
+    let page = api.admin.list(params).await.map_err(|e| match e {
+        KeyOr::BadKey(text) => {
+            ApiError::bad_request(format!("after: {text:?} is not a key of this table"))
+        }
+        KeyOr::Store(e) => e.into(),
+    })?;
+    Ok(Json(JobList {
+        jobs: page.jobs.into_iter().map(Job::from).collect(),
+        next: page.next,
+    }))
+}
+
+/// Adds a job.
+#[utoipa::path(
+    post, path = "/api/jobs", tag = "jobs",
+    request_body = EnqueueRequest,
+    responses(
+        (status = 201, description = "Added", body = Enqueued),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+        (status = 415, description = "The body is not JSON", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn enqueue(
+    State(api): State<Api>,
+    ApiJson(request): ApiJson<EnqueueRequest>,
+) -> Result<(StatusCode, Json<Enqueued>), ApiError> {
+    let mut job = NewJob::new(request.kind, request.payload).priority(request.priority);
+    if let Some(at) = request.run_at {
+        job = job.process_after(at);
+    }
+    let id = api
+        .admin
+        .enqueue(std::slice::from_ref(&job))
+        .await?
+        .pop()
+        .ok_or_else(|| {
+            ApiError::new(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                "internal",
+                "the store returned no key",
+            )
+        })?;
+    Ok((StatusCode::CREATED, Json(Enqueued { id })))
+}
+
+/// Makes a failed, errored or canceled job queued and claimable now.
+#[utoipa::path(
+    post, path = "/api/jobs/{id}/retry", tag = "jobs",
+    params(("id" = String, Path, description = "The job's key"), RetryQuery),
+    responses(
+        (status = 200, description = "Retried", body = ActionResult),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job is in a state a retry leaves alone", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn retry_job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    ApiQuery(query): ApiQuery<RetryQuery>,
+) -> Result<Json<ActionResult>, ApiError> {
+    let params = RetryParams {
+        reset_attempts: query.reset_attempts.unwrap_or(false),
+    };
+    let report = api.admin.retry(Targets::id(id), params, Utc::now()).await?;
+    one(report, "retried")
+}
+
+/// Cancels a job: a waiting one ends canceled, a running one is asked to
+/// stop.
+#[utoipa::path(
+    post, path = "/api/jobs/{id}/cancel", tag = "jobs",
+    params(("id" = String, Path, description = "The job's key")),
+    responses(
+        (status = 200, description = "Canceled, or asked to stop", body = ActionResult),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job has finished", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn cancel_job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<ActionResult>, ApiError> {
+    let report = api.admin.cancel(Targets::id(id), Utc::now()).await?;
+    one(report, "canceled")
+}
+
+/// Deletes a job.
+#[utoipa::path(
+    delete, path = "/api/jobs/{id}", tag = "jobs",
+    params(("id" = String, Path, description = "The job's key")),
+    responses(
+        (status = 200, description = "Deleted", body = ActionResult),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job's attempt holds it in a transaction", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn delete_job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+) -> Result<Json<ActionResult>, ApiError> {
+    let report = api.admin.delete(Targets::id(id)).await?;
+    one(report, "deleted")
+}
+
+/// Counts per state and kind, the oldest waiting job, the stalled jobs.
+#[utoipa::path(
+    get, path = "/api/stats", tag = "queue",
+    responses(
+        (status = 200, description = "The queue at a glance", body = Stats),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn stats(State(api): State<Api>) -> Result<Json<Stats>, ApiError> {
+    let now = Utc::now();
+    let max_age = chrono::TimeDelta::from_std(api.stalled_max_age)
+        .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
+    let stats = api
+        .admin
+        .stats(StatsParams {
+            now,
+            stalled_before: now - max_age,
+        })
+        .await?;
+    Ok(Json(Stats {
+        oldest_claimable_age_seconds: stats
+            .oldest_claimable_age()
+            .map(|age| age.num_milliseconds() as f64 / 1000.0),
+        counts: stats
+            .counts
+            .into_iter()
+            .map(|c| StateCount {
+                state: c.state.map(|s| s.as_str().to_owned()),
+                stored_state: c.stored_state,
+                kind: c.kind,
+                count: c.count,
+            })
+            .collect(),
+        oldest_claimable_since: stats.oldest_claimable_since,
+        stalled: stats.stalled,
+        now: stats.now,
+    }))
+}

@@ -1,0 +1,102 @@
+//! `/metrics`: the process's metrics in Prometheus' text format, plus
+//! gauges read from the database (jobs per state and kind, the oldest
+//! waiting job's age, stalled jobs), refreshed at most every few seconds.
+
+use std::collections::HashSet;
+use std::sync::{Arc, OnceLock};
+use std::time::{Duration, Instant};
+
+use axum::extract::State;
+use axum::http::header;
+use axum::response::IntoResponse;
+use chrono::Utc;
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use queue_core::StatsParams;
+use tokio::sync::Mutex;
+
+use super::api::{Api, ApiError};
+
+/// How old the database gauges may be.
+const REFRESH: Duration = Duration::from_secs(5);
+
+/// The process-wide Prometheus recorder (installed once; a second server
+/// in the same process shares it).
+pub fn handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            if metrics::set_global_recorder(recorder).is_err() {
+                tracing::warn!("another metrics recorder is installed; /metrics shows only what reaches this one");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// The gauges' last refresh and the label sets they have shown.
+#[derive(Default)]
+pub struct Gauges {
+    refreshed: Option<Instant>,
+    shown: HashSet<(String, String)>,
+}
+
+/// What `/metrics` needs.
+#[derive(Clone)]
+pub struct MetricsState {
+    pub api: Api,
+    pub handle: PrometheusHandle,
+    pub gauges: Arc<Mutex<Gauges>>,
+}
+
+/// Reads the queue's figures into gauges, unless they are fresh.
+async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
+    let mut gauges = state.gauges.lock().await;
+    if gauges.refreshed.is_some_and(|at| at.elapsed() < REFRESH) {
+        return Ok(());
+    }
+    let now = Utc::now();
+    let max_age = chrono::TimeDelta::from_std(state.api.stalled_max_age)
+        .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
+    let stats = state
+        .api
+        .admin
+        .stats(StatsParams {
+            now,
+            stalled_before: now - max_age,
+        })
+        .await?;
+    let mut shown = HashSet::new();
+    for count in &stats.counts {
+        let labels = (
+            count.stored_state.clone(),
+            count.kind.clone().unwrap_or_default(),
+        );
+        metrics::gauge!("queue_jobs", "state" => labels.0.clone(), "kind" => labels.1.clone())
+            .set(count.count as f64);
+        shown.insert(labels);
+    }
+    // A state and kind with no jobs left reads 0, not its last count.
+    for (state, kind) in gauges.shown.difference(&shown) {
+        metrics::gauge!("queue_jobs", "state" => state.clone(), "kind" => kind.clone()).set(0.0);
+    }
+    metrics::gauge!("queue_oldest_claimable_age_seconds").set(
+        stats
+            .oldest_claimable_age()
+            .map_or(0.0, |age| age.num_milliseconds() as f64 / 1000.0),
+    );
+    metrics::gauge!("queue_stalled_jobs").set(stats.stalled as f64);
+    gauges.shown.extend(shown);
+    gauges.refreshed = Some(Instant::now());
+    Ok(())
+}
+
+/// `GET /metrics`.
+pub async fn metrics(State(state): State<MetricsState>) -> Result<impl IntoResponse, ApiError> {
+    refresh(&state).await?;
+    Ok((
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        state.handle.render(),
+    ))
+}

@@ -1,0 +1,179 @@
+//! `queue serve`: an HTTP API over the admin contract, its OpenAPI
+//! document at `/openapi.json`, and Prometheus metrics at `/metrics`.
+
+pub mod api;
+mod auth;
+mod erased;
+mod metrics;
+mod openapi;
+
+use std::io::Write;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use anyhow::{bail, Context as _, Result};
+use axum::extract::DefaultBodyLimit;
+use axum::http::{header, StatusCode};
+use axum::middleware::from_fn_with_state;
+use axum::response::IntoResponse;
+use axum::routing::{get, post};
+use axum::Router;
+use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
+use sqlx::PgPool;
+
+pub use self::api::Api;
+pub use self::auth::Tokens;
+pub use self::erased::{Erased, TextAdmin};
+pub use self::openapi::document as openapi_document;
+use crate::Context;
+
+/// The largest request body by default: 1 MiB.
+const MAX_BODY: usize = 1 << 20;
+
+/// `queue serve`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct ServeArgs {
+    /// Where to listen (default: the config's serve.listen, else
+    /// 127.0.0.1:8080). Any address but loopback needs a token
+    /// (QUEUE_ADMIN_TOKENS, or serve.admin_tokens in the config).
+    #[arg(long, value_name = "ADDR")]
+    pub listen: Option<SocketAddr>,
+    /// The largest request body accepted, in bytes (default 1 MiB).
+    #[arg(long, value_name = "BYTES")]
+    pub max_body_bytes: Option<usize>,
+}
+
+/// The whole application: the API under `/api`, `/metrics`,
+/// `/openapi.json` and `/healthz`.
+pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
+    let tokens = Arc::new(tokens);
+    let metrics = metrics::MetricsState {
+        api: api.clone(),
+        handle: metrics::handle(),
+        gauges: Default::default(),
+    };
+    let protected = Router::new()
+        .route("/api/jobs", get(api::list_jobs).post(api::enqueue))
+        .route("/api/jobs/{id}", get(api::get_job).delete(api::delete_job))
+        .route("/api/jobs/{id}/retry", post(api::retry_job))
+        .route("/api/jobs/{id}/cancel", post(api::cancel_job))
+        .route("/api/stats", get(api::stats))
+        .with_state(api)
+        .merge(
+            Router::new()
+                .route("/metrics", get(metrics::metrics))
+                .with_state(metrics),
+        )
+        .route_layer(from_fn_with_state(tokens, auth::authorize));
+    Router::new()
+        .route(
+            "/openapi.json",
+            get(|| async {
+                (
+                    [(header::CONTENT_TYPE, "application/json")],
+                    openapi::document(),
+                )
+            }),
+        )
+        .route("/healthz", get(|| async { "ok" }))
+        .merge(protected)
+        .fallback(|| async {
+            api::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
+                .into_response()
+        })
+        .layer(DefaultBodyLimit::max(max_body))
+}
+
+/// The tokens from the environment and the config file.
+fn tokens(context: &Context) -> Tokens {
+    let from_env = |name: &str| -> Vec<String> {
+        std::env::var(name)
+            .unwrap_or_default()
+            .split(',')
+            .map(str::trim)
+            .filter(|t| !t.is_empty())
+            .map(str::to_owned)
+            .collect()
+    };
+    let serve = &context.config.serve;
+    Tokens {
+        admin: [from_env("QUEUE_ADMIN_TOKENS"), serve.admin_tokens.clone()].concat(),
+        read: [from_env("QUEUE_READ_TOKENS"), serve.read_tokens.clone()].concat(),
+    }
+}
+
+/// Serves until SIGINT or SIGTERM; the first line on `out` says where.
+pub(crate) async fn run(
+    context: &Context,
+    pool: PgPool,
+    options: PgStoreOptions,
+    key: PgKeyType,
+    args: &ServeArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    let serve = &context.config.serve;
+    let listen = match (args.listen, &serve.listen) {
+        (Some(addr), _) => addr,
+        (None, Some(text)) => text.parse().with_context(|| {
+            format!("serve.listen: {text:?} is not an address such as 127.0.0.1:8080")
+        })?,
+        (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
+    };
+    let tokens = tokens(context);
+    if !listen.ip().is_loopback() && !tokens.any() {
+        bail!(
+            "refusing to serve on {listen} without a token: set QUEUE_ADMIN_TOKENS (and QUEUE_READ_TOKENS) or serve.admin_tokens in the config, or listen on 127.0.0.1"
+        );
+    }
+    let admin = match key {
+        PgKeyType::Int4 => Erased::shared(PgAdmin::<i32>::new(pool, options).await?),
+        PgKeyType::Int8 => Erased::shared(PgAdmin::<i64>::new(pool, options).await?),
+        PgKeyType::Uuid => Erased::shared(PgAdmin::<uuid::Uuid>::new(pool, options).await?),
+        PgKeyType::Text => Erased::shared(PgAdmin::<String>::new(pool, options).await?),
+    };
+    let api = Api {
+        admin,
+        stalled_max_age: crate::commands::read::stalled_max_age(context, None),
+    };
+    let max_body = args
+        .max_body_bytes
+        .or(serve.max_body_bytes)
+        .unwrap_or(MAX_BODY);
+    let app = router(api, tokens, max_body);
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .with_context(|| format!("cannot listen on {listen}"))?;
+    let local = listener.local_addr()?;
+    writeln!(out, "listening on http://{local}")?;
+    out.flush()?;
+    axum::serve(listener, app)
+        .with_graceful_shutdown(stopped())
+        .await
+        .context("serving")?;
+    Ok(())
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stopped() {
+    let interrupt = tokio::signal::ctrl_c();
+    #[cfg(unix)]
+    {
+        let mut term =
+            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+                Ok(term) => term,
+                Err(_) => {
+                    let _ = interrupt.await;
+                    return;
+                }
+            };
+        tokio::select! {
+            _ = interrupt => {}
+            _ = term.recv() => {}
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = interrupt.await;
+    }
+    tracing::info!("stopping: finishing the requests under way");
+}

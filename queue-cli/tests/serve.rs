@@ -1,0 +1,583 @@
+//! The HTTP API of `queue serve`, against Postgres: every endpoint on the
+//! default table and on a mapped foreign table, bad input of every kind,
+//! the tokens, filter values that look like SQL, the database going away
+//! and coming back, and the binary itself.
+
+mod support;
+
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, Method, Request, StatusCode};
+use axum::Router;
+use queue_cli::serve::{router, Api, Erased, Tokens};
+use queue_store_postgres::{JobTable, PgAdmin};
+use serde_json::{json, Value};
+use sqlx::postgres::PgPoolOptions;
+use support::Setup;
+use tower::ServiceExt;
+
+/// A request's status, `WWW-Authenticate` header and body (JSON when it
+/// parses, else a string).
+async fn call(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    token: Option<&str>,
+    body: Option<(&str, &str)>,
+) -> (StatusCode, Value) {
+    let mut request = Request::builder().method(method).uri(uri);
+    if let Some(token) = token {
+        request = request.header(header::AUTHORIZATION, format!("Bearer {token}"));
+    }
+    let request = match body {
+        Some((content_type, text)) => request
+            .header(header::CONTENT_TYPE, content_type)
+            .body(Body::from(text.to_owned())),
+        None => request.body(Body::empty()),
+    }
+    .expect("a request");
+    let response = app.clone().oneshot(request).await.expect("a response");
+    let status = response.status();
+    let bytes = axum::body::to_bytes(response.into_body(), 10 << 20)
+        .await
+        .expect("the body");
+    let text = String::from_utf8_lossy(&bytes).into_owned();
+    (
+        status,
+        serde_json::from_str(&text).unwrap_or(Value::String(text)),
+    )
+}
+
+async fn get(app: &Router, uri: &str) -> (StatusCode, Value) {
+    call(app, Method::GET, uri, None, None).await
+}
+
+async fn post(app: &Router, uri: &str, body: &str) -> (StatusCode, Value) {
+    call(
+        app,
+        Method::POST,
+        uri,
+        None,
+        Some(("application/json", body)),
+    )
+    .await
+}
+
+fn app_over<A>(admin: A, tokens: Tokens) -> Router
+where
+    A: queue_core::Admin,
+    A::Id: queue_cli::CliKey,
+{
+    let api = Api {
+        admin: Erased::shared(admin),
+        stalled_max_age: Duration::from_secs(60),
+    };
+    router(api, tokens, 4096)
+}
+
+async fn default_table(t: &Setup) -> Router {
+    let jobs = JobTable::new(&t.schema, "queue_jobs").expect("valid names");
+    jobs.migrate(&t.pool).await.expect("migration");
+    let admin = PgAdmin::<i64>::new(t.pool.clone(), jobs.store_options())
+        .await
+        .expect("an admin");
+    app_over(admin, Tokens::default())
+}
+
+#[tokio::test]
+async fn the_api_on_the_default_table() {
+    let Some(t) = Setup::new("the_api_on_the_default_table").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+
+    let (status, body) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "email", "payload": {"to": "a@b.c"}, "priority": 3}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().expect("the key, as text").to_owned();
+    let (status, job) = get(&app, &format!("/api/jobs/{id}")).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        (
+            &job["kind"],
+            &job["payload"],
+            &job["state"],
+            &job["stored_state"],
+            &job["priority"]
+        ),
+        (
+            &json!("email"),
+            &json!({"to": "a@b.c"}),
+            &json!("queued"),
+            &json!("queued"),
+            &json!(3)
+        )
+    );
+    for n in 0..3 {
+        let (status, _) = post(
+            &app,
+            "/api/jobs",
+            &format!(r#"{{"kind": "resize", "payload": {{"n": {n}}}}}"#),
+        )
+        .await;
+        assert_eq!(status, StatusCode::CREATED);
+    }
+
+    // Pages, filters and their mistakes.
+    let (status, page) = get(&app, "/api/jobs?state=queued&kind=resize&limit=2").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["jobs"].as_array().map(Vec::len), Some(2));
+    let next = page["next"].as_str().expect("a next page").to_owned();
+    let (_, rest) = get(&app, &format!("/api/jobs?kind=resize&limit=2&after={next}")).await;
+    assert_eq!(rest["jobs"].as_array().map(Vec::len), Some(1));
+    assert_eq!(rest["next"], Value::Null);
+    for (uri, says) in [
+        ("/api/jobs?limit=0", "limit must be between 1 and 1000"),
+        ("/api/jobs?state=lost", "unknown state \"lost\""),
+        ("/api/jobs?after=abc", "is not a key of this table"),
+        ("/api/jobs?queued_after=yesterday", "queued_after"),
+        ("/api/jobs?order=sideways", "order"),
+    ] {
+        let (status, body) = get(&app, uri).await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
+        assert_eq!(body["error"]["code"], "bad_request", "{uri}");
+        assert!(
+            body["error"]["message"]
+                .as_str()
+                .unwrap_or_default()
+                .contains(says),
+            "{uri}: {body}"
+        );
+    }
+    let hostile = "x'%29%3B%20DROP%20TABLE%20queue_jobs%3B%20--";
+    let (status, none) = get(
+        &app,
+        &format!("/api/jobs?kind={hostile}&failure_contains={hostile}"),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        none["jobs"],
+        json!([]),
+        "values that look like SQL are values"
+    );
+    assert_eq!(
+        get(&app, "/api/jobs").await.1["jobs"]
+            .as_array()
+            .map(Vec::len),
+        Some(4),
+        "and the table is intact"
+    );
+
+    // Bodies: not JSON, not the schema, not JSON at all, too large.
+    let (status, body) = post(&app, "/api/jobs", "{nope").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::BAD_REQUEST, &json!("bad_request"))
+    );
+    let (status, _) = post(&app, "/api/jobs", r#"{"kind": "x", "colour": "red"}"#).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "unknown fields are refused"
+    );
+    let (status, body) = call(
+        &app,
+        Method::POST,
+        "/api/jobs",
+        None,
+        Some(("text/plain", "{}")),
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (
+            StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            &json!("unsupported_media_type")
+        )
+    );
+    let big = format!(r#"{{"kind": "x", "payload": "{}"}}"#, "a".repeat(8192));
+    let (status, body) = post(&app, "/api/jobs", &big).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::PAYLOAD_TOO_LARGE, &json!("payload_too_large"))
+    );
+
+    // Writes, guarded.
+    let (status, body) = post(&app, &format!("/api/jobs/{id}/retry"), "").await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::CONFLICT, &json!("conflict")),
+        "{body}"
+    );
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("it is queued"));
+    let (status, _) = post(&app, "/api/jobs/999999/retry", "").await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, _) = post(&app, "/api/jobs/not-a-key/cancel", "").await;
+    assert_eq!(
+        status,
+        StatusCode::NOT_FOUND,
+        "a text no key can be is no job"
+    );
+    t.sql(&format!(
+        "UPDATE {}.\"queue_jobs\" SET state = 'failed', failure_message = 'boom' WHERE id = {id}",
+        t.s
+    ))
+    .await;
+    let (status, done) = post(
+        &app,
+        &format!("/api/jobs/{id}/retry?reset_attempts=true"),
+        "",
+    )
+    .await;
+    assert_eq!((status, &done["changed"]), (StatusCode::OK, &json!(1)));
+    let (status, done) = post(&app, &format!("/api/jobs/{id}/cancel"), "").await;
+    assert_eq!((status, &done["changed"]), (StatusCode::OK, &json!(1)));
+    let (status, body) = post(&app, &format!("/api/jobs/{id}/cancel"), "").await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, done) = call(&app, Method::DELETE, &format!("/api/jobs/{id}"), None, None).await;
+    assert_eq!((status, &done["changed"]), (StatusCode::OK, &json!(1)));
+    let (status, _) = call(&app, Method::DELETE, &format!("/api/jobs/{id}"), None, None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+
+    let (status, stats) = get(&app, "/api/stats").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        stats["counts"],
+        json!([{"state": "queued", "stored_state": "queued", "kind": "resize", "count": 3}])
+    );
+    assert!(stats["oldest_claimable_age_seconds"].is_number());
+    let (status, metrics) = get(&app, "/metrics").await;
+    assert_eq!(status, StatusCode::OK);
+    let metrics = metrics.as_str().expect("text").to_owned();
+    assert!(
+        metrics.contains("queue_jobs{state=\"queued\",kind=\"resize\"} 3"),
+        "{metrics}"
+    );
+    assert!(metrics.contains("queue_stalled_jobs 0"), "{metrics}");
+    let (status, doc) = get(&app, "/openapi.json").await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        doc["paths"]["/api/jobs/{id}/retry"]["post"].is_object(),
+        "{doc}"
+    );
+    assert_eq!(get(&app, "/nowhere").await.0, StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn tokens_decide_who_reads_and_who_writes() {
+    let Some(t) = Setup::new("tokens_decide_who_reads_and_who_writes").await else {
+        return;
+    };
+    let jobs = JobTable::new(&t.schema, "queue_jobs").expect("valid names");
+    jobs.migrate(&t.pool).await.expect("migration");
+    let admin = PgAdmin::<i64>::new(t.pool.clone(), jobs.store_options())
+        .await
+        .expect("an admin");
+    let app = app_over(
+        admin,
+        Tokens {
+            admin: vec!["admin-secret".into()],
+            read: vec!["read-secret".into()],
+        },
+    );
+    let job = Some(("application/json", r#"{"kind": "k"}"#));
+    let (status, body) = call(&app, Method::GET, "/api/jobs", None, None).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::UNAUTHORIZED, &json!("unauthorized"))
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/api/jobs", Some("wrong"), None)
+            .await
+            .0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/metrics", None, None).await.0,
+        StatusCode::UNAUTHORIZED
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/api/jobs", Some("read-secret"), None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    let (status, body) = call(&app, Method::POST, "/api/jobs", Some("read-secret"), job).await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::FORBIDDEN, &json!("forbidden"))
+    );
+    assert_eq!(
+        call(&app, Method::POST, "/api/jobs", Some("admin-secret"), job)
+            .await
+            .0,
+        StatusCode::CREATED
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/api/stats", Some("admin-secret"), None)
+            .await
+            .0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/openapi.json", None, None).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        call(&app, Method::GET, "/healthz", None, None).await.0,
+        StatusCode::OK
+    );
+}
+
+#[tokio::test]
+async fn the_api_on_a_mapped_foreign_table() {
+    let Some(t) = Setup::new("the_api_on_a_mapped_foreign_table").await else {
+        return;
+    };
+    let s = &t.s;
+    t.sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TYPE {s}.task_status AS ENUM ('new', 'working', 'done', 'broken', 'dropped');
+         CREATE TABLE {s}.tasks (task_no serial PRIMARY KEY, job_type text NOT NULL,
+           status {s}.task_status NOT NULL DEFAULT 'new', error text,
+           enqueued timestamptz NOT NULL DEFAULT now(), began timestamptz, ended timestamptz,
+           args jsonb NOT NULL DEFAULT '{{}}')"
+    ))
+    .await;
+    let config = queue_store_postgres::PgConfig::parse(
+        "tasks.toml",
+        &format!(
+            "schema = {schema:?}\ntable = \"tasks\"\n[columns]\nid = \"task_no\"\nkind = \"job_type\"\npayload = \"args\"\nstate = \"status\"\n\
+             failure_message = \"error\"\nqueued_at = \"enqueued\"\nfinished_at = \"ended\"\n\
+             started_at = \"began\"\nprocess_after = false\nnum_resets = false\nnum_failures = false\n\
+             last_heartbeat_at = false\nexecution_logs = false\nworker_hostname = false\ncancel = false\n\
+             claim_token = false\npriority = false\n\
+             [states]\nqueued = \"new\"\nprocessing = \"working\"\ncompleted = \"done\"\nerrored = \"new\"\nfailed = \"broken\"\ncanceled = \"dropped\"\n",
+            schema = t.schema
+        ),
+    )
+    .expect("the config");
+    let options = config.store_options().expect("valid options");
+    let admin = PgAdmin::<i32>::new(t.pool.clone(), options)
+        .await
+        .expect("an admin");
+    let app = app_over(admin, Tokens::default());
+    let (status, body) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "resize", "payload": {"w": 10}}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id = body["id"].as_str().expect("a key").to_owned();
+    let status_of = |id: String| {
+        let (pool, s) = (t.pool.clone(), s.clone());
+        async move {
+            sqlx::query_scalar::<_, String>(&format!(
+                "SELECT status::text FROM {s}.tasks WHERE task_no = $1"
+            ))
+            .bind(id.parse::<i32>().expect("an int4 key"))
+            .fetch_one(&pool)
+            .await
+            .expect("the task")
+        }
+    };
+    assert_eq!(status_of(id.clone()).await, "new");
+    let (_, page) = get(&app, "/api/jobs?state=new").await;
+    assert_eq!(page["jobs"][0]["stored_state"], "new");
+    assert_eq!(page["jobs"][0]["state"], "queued");
+    let (status, _) = post(&app, &format!("/api/jobs/{id}/cancel"), "").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(status_of(id.clone()).await, "dropped");
+    let (_, stats) = get(&app, "/api/stats").await;
+    assert_eq!(stats["counts"][0]["stored_state"], "dropped");
+}
+
+/// A TCP proxy to Postgres that can go down and come back on the same port.
+struct Proxy {
+    addr: SocketAddr,
+    target: SocketAddr,
+    task: Option<tokio::task::JoinHandle<()>>,
+}
+
+impl Proxy {
+    async fn start(target: SocketAddr) -> Proxy {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let addr = listener.local_addr().expect("its address");
+        let mut proxy = Proxy {
+            addr,
+            target,
+            task: None,
+        };
+        proxy.serve(listener);
+        proxy
+    }
+
+    fn serve(&mut self, listener: tokio::net::TcpListener) {
+        let target = self.target;
+        self.task = Some(tokio::spawn(async move {
+            let mut connections = tokio::task::JoinSet::new();
+            while let Ok((mut client, _)) = listener.accept().await {
+                connections.spawn(async move {
+                    if let Ok(mut server) = tokio::net::TcpStream::connect(target).await {
+                        let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
+                    }
+                });
+            }
+        }));
+    }
+
+    /// Closes the port and every connection through it.
+    fn down(&mut self) {
+        if let Some(task) = self.task.take() {
+            task.abort();
+        }
+    }
+
+    async fn up(&mut self) {
+        let listener = tokio::net::TcpListener::bind(self.addr)
+            .await
+            .expect("the same port again");
+        self.serve(listener);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_going_away_is_a_503_and_then_recovers() {
+    let Some(t) = Setup::new("the_database_going_away_is_a_503_and_then_recovers").await else {
+        return;
+    };
+    let jobs = JobTable::new(&t.schema, "queue_jobs").expect("valid names");
+    jobs.migrate(&t.pool).await.expect("migration");
+    let url: sqlx::postgres::PgConnectOptions = t.url.parse().expect("the test URL");
+    let target: SocketAddr = format!(
+        "{}:{}",
+        url.get_host().replace("localhost", "127.0.0.1"),
+        url.get_port()
+    )
+    .parse()
+    .expect("a TCP address for the test database");
+    let mut proxy = Proxy::start(target).await;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .acquire_timeout(Duration::from_secs(2))
+        .test_before_acquire(false)
+        .connect_with(url.clone().host("127.0.0.1").port(proxy.addr.port()))
+        .await
+        .expect("a pool through the proxy");
+    let admin = PgAdmin::<i64>::new(pool, jobs.store_options())
+        .await
+        .expect("an admin");
+    let app = app_over(admin, Tokens::default());
+    assert_eq!(get(&app, "/api/stats").await.0, StatusCode::OK);
+
+    proxy.down();
+    let mut answers = Vec::new();
+    for _ in 0..3 {
+        let (status, body) = get(&app, "/api/stats").await;
+        answers.push((status, body["error"]["code"].clone()));
+    }
+    assert!(
+        answers.iter().all(
+            |(s, code)| *s == StatusCode::SERVICE_UNAVAILABLE && code == "database_unavailable"
+        ),
+        "every request while the database is away: {answers:?}"
+    );
+
+    proxy.up().await;
+    let started = std::time::Instant::now();
+    loop {
+        let (status, _) = get(&app, "/api/stats").await;
+        if status == StatusCode::OK {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "never recovered: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "recovered {:?} after the database came back",
+        started.elapsed()
+    );
+}
+
+#[tokio::test]
+async fn the_binary_serves_and_refuses_to_serve_openly() {
+    let Some(t) = Setup::new("the_binary_serves_and_refuses_to_serve_openly").await else {
+        return;
+    };
+    let config = t.config("");
+    assert!(support::ok(&mut t.queue(&config, &["migrate"])).contains("applied"));
+    let err = support::fails(
+        t.queue(&config, &["serve", "--listen", "0.0.0.0:0"])
+            .env_remove("QUEUE_ADMIN_TOKENS")
+            .env_remove("QUEUE_READ_TOKENS"),
+    );
+    assert!(
+        err.contains("refusing to serve on 0.0.0.0:0 without a token"),
+        "{err}"
+    );
+
+    // Serve on a free loopback port, ask over HTTP, stop with SIGTERM.
+    let binary = assert_cmd::cargo::cargo_bin("queue");
+    let mut child = tokio::process::Command::new(binary)
+        .env("DATABASE_URL", &t.url)
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("queue serve starts");
+    let stdout = child.stdout.take().expect("its output");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("it says where it listens")
+        .expect("a line")
+        .expect("not the end");
+    let addr = first
+        .strip_prefix("listening on http://")
+        .unwrap_or_else(|| panic!("{first}"))
+        .to_owned();
+    let mut stream = tokio::net::TcpStream::connect(&addr)
+        .await
+        .expect("a connection");
+    tokio::io::AsyncWriteExt::write_all(
+        &mut stream,
+        b"GET /api/stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .expect("a request");
+    let mut answer = String::new();
+    tokio::io::AsyncReadExt::read_to_string(&mut stream, &mut answer)
+        .await
+        .expect("an answer");
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    assert!(answer.contains("\"counts\":[]"), "{answer}");
+    let pid = child.id().expect("its pid");
+    let killed = std::process::Command::new("kill")
+        .args(["-TERM", &pid.to_string()])
+        .status()
+        .expect("kill");
+    assert!(killed.success());
+    let exit = tokio::time::timeout(Duration::from_secs(10), child.wait())
+        .await
+        .expect("it stops on SIGTERM")
+        .expect("its status");
+    assert!(exit.success(), "a graceful stop exits 0: {exit}");
+}
