@@ -12,7 +12,7 @@ use axum::body::Body;
 use axum::http::{header, Method, Request, StatusCode};
 use axum::Router;
 use queue_cli::serve::{router, Api, Erased, Tokens};
-use queue_store_postgres::{JobTable, PgAdmin};
+use queue_store_postgres::{JobTable, PgAdmin, PgKeyType};
 use serde_json::{json, Value};
 use sqlx::postgres::PgPoolOptions;
 use support::Setup;
@@ -65,13 +65,14 @@ async fn post(app: &Router, uri: &str, body: &str) -> (StatusCode, Value) {
     .await
 }
 
-fn app_over<A>(admin: A, tokens: Tokens) -> Router
+fn app_over<A>(admin: A, key: PgKeyType, tokens: Tokens) -> Router
 where
     A: queue_core::Admin,
     A::Id: queue_cli::CliKey,
 {
     let api = Api {
         admin: Erased::shared(admin),
+        key,
         stalled_max_age: Duration::from_secs(60),
     };
     router(api, tokens, 4096)
@@ -83,7 +84,7 @@ async fn default_table(t: &Setup) -> Router {
     let admin = PgAdmin::<i64>::new(t.pool.clone(), jobs.store_options())
         .await
         .expect("an admin");
-    app_over(admin, Tokens::default())
+    app_over(admin, PgKeyType::Int8, Tokens::default())
 }
 
 #[tokio::test]
@@ -143,6 +144,7 @@ async fn the_api_on_the_default_table() {
         ("/api/jobs?after=abc", "is not a key of this table"),
         ("/api/jobs?queued_after=yesterday", "queued_after"),
         ("/api/jobs?order=sideways", "order"),
+        ("/api/jobs?state=", "at least one state"),
     ] {
         let (status, body) = get(&app, uri).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");
@@ -181,6 +183,31 @@ async fn the_api_on_the_default_table() {
         (status, &body["error"]["code"]),
         (StatusCode::BAD_REQUEST, &json!("bad_request"))
     );
+    let (status, body) = post(&app, "/api/jobs", r#"{"kind": "x", "priority": 2.5}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(body["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .contains("not a whole number"));
+    let (status, whole) = post(&app, "/api/jobs", r#"{"kind": "x", "priority": 7.0}"#).await;
+    assert_eq!(
+        status,
+        StatusCode::CREATED,
+        "7.0 is a JSON Schema integer: {whole}"
+    );
+    let whole = whole["id"].as_str().expect("a key").to_owned();
+    assert_eq!(
+        get(&app, &format!("/api/jobs/{whole}")).await.1["priority"],
+        7
+    );
+    call(
+        &app,
+        Method::DELETE,
+        &format!("/api/jobs/{whole}"),
+        None,
+        None,
+    )
+    .await;
     let (status, _) = post(&app, "/api/jobs", r#"{"kind": "x", "colour": "red"}"#).await;
     assert_eq!(
         status,
@@ -266,9 +293,20 @@ async fn the_api_on_the_default_table() {
     assert!(metrics.contains("queue_stalled_jobs 0"), "{metrics}");
     let (status, doc) = get(&app, "/openapi.json").await;
     assert_eq!(status, StatusCode::OK);
+    let retry = &doc["paths"]["/api/jobs/{id}/retry"]["post"];
+    assert_eq!(
+        retry["parameters"][0]["schema"]["pattern"], "^-?[0-9]{1,18}$",
+        "the document says what a key of this table looks like: {retry}"
+    );
+    let state = doc["paths"]["/api/jobs"]["get"]["parameters"]
+        .as_array()
+        .and_then(|ps| ps.iter().find(|p| p["name"] == "state"))
+        .expect("the state parameter");
     assert!(
-        doc["paths"]["/api/jobs/{id}/retry"]["post"].is_object(),
-        "{doc}"
+        state["schema"]["pattern"]
+            .as_str()
+            .is_some_and(|p| p.contains("queued|processing")),
+        "and which states it knows: {state}"
     );
     assert_eq!(get(&app, "/nowhere").await.0, StatusCode::NOT_FOUND);
 }
@@ -285,6 +323,7 @@ async fn tokens_decide_who_reads_and_who_writes() {
         .expect("an admin");
     let app = app_over(
         admin,
+        PgKeyType::Int8,
         Tokens {
             admin: vec!["admin-secret".into()],
             read: vec!["read-secret".into()],
@@ -371,7 +410,7 @@ async fn the_api_on_a_mapped_foreign_table() {
     let admin = PgAdmin::<i32>::new(t.pool.clone(), options)
         .await
         .expect("an admin");
-    let app = app_over(admin, Tokens::default());
+    let app = app_over(admin, PgKeyType::Int4, Tokens::default());
     let (status, body) = post(
         &app,
         "/api/jobs",
@@ -480,7 +519,7 @@ async fn the_database_going_away_is_a_503_and_then_recovers() {
     let admin = PgAdmin::<i64>::new(pool, jobs.store_options())
         .await
         .expect("an admin");
-    let app = app_over(admin, Tokens::default());
+    let app = app_over(admin, PgKeyType::Int8, Tokens::default());
     assert_eq!(get(&app, "/api/stats").await.0, StatusCode::OK);
 
     proxy.down();

@@ -7,6 +7,7 @@
 
 mod bench;
 mod demo;
+mod fuzz_api;
 mod pg;
 mod test_pg;
 
@@ -17,7 +18,8 @@ const USAGE: &str = "usage: cargo xtask <command>
 commands:
   test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL,
                    testcontainers, or a throwaway cluster from the local
-                   PostgreSQL binaries); ARGS go to `cargo test`
+                   PostgreSQL binaries); ARGS go to `cargo test`; then fuzz
+                   the HTTP API with schemathesis (a virtualenv in target/)
   demo [FLAGS]     on a throwaway Postgres, run a worker over jobs and print
                    a summary; FLAGS: --jobs N (10000), --handlers N (16),
                    --mode lease|transactional (lease), --noop

@@ -3,7 +3,8 @@
 //! The server comes from [`crate::pg`]. Tests read `DATABASE_URL`, and
 //! `QUEUE_TEST_REQUIRE_POSTGRES=1` turns a missing database into a failure
 //! instead of an announced skip, so under test-pg no Postgres test is ever
-//! skipped.
+//! skipped. After the tests, the HTTP API is fuzzed from its OpenAPI
+//! document on the same server ([`crate::fuzz_api`]).
 
 use std::process::Command;
 
@@ -28,9 +29,13 @@ pub async fn run(extra: &[String]) -> Result<()> {
     let status = tokio::task::spawn_blocking(move || command.status())
         .await?
         .context("running cargo test")?;
-    drop(pg);
     if !status.success() {
+        drop(pg);
         bail!("tests failed ({status})");
     }
-    Ok(())
+    // The HTTP API, fuzzed from its OpenAPI document on the same server.
+    let url = pg.url.clone();
+    let fuzzed = tokio::task::spawn_blocking(move || crate::fuzz_api::run(&url, 60)).await?;
+    drop(pg);
+    fuzzed
 }

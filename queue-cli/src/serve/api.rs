@@ -27,6 +27,8 @@ use crate::args::states_named_in;
 pub struct Api {
     /// The queue.
     pub admin: Arc<dyn TextAdmin>,
+    /// The type of its keys, which the OpenAPI document describes.
+    pub key: queue_store_postgres::PgKeyType,
     /// Processing jobs silent for longer are counted stalled.
     pub stalled_max_age: Duration,
 }
@@ -305,8 +307,25 @@ pub struct EnqueueRequest {
     /// Not before this time.
     pub run_at: Option<DateTime<Utc>>,
     /// Higher runs first (default 0).
-    #[serde(default)]
+    #[serde(default, deserialize_with = "integral")]
+    #[schema(minimum = -2147483648, maximum = 2147483647)]
     pub priority: i32,
+}
+
+/// An `i32` written as any JSON number with no fraction (`3` or `3.0`, as
+/// JSON Schema's integer allows).
+fn integral<'de, D: serde::Deserializer<'de>>(deserializer: D) -> Result<i32, D::Error> {
+    let number = serde_json::Number::deserialize(deserializer)?;
+    let value = match (number.as_i64(), number.as_f64()) {
+        (Some(n), _) => Some(n),
+        (None, Some(f)) if f.fract() == 0.0 && f.abs() < 1e18 => Some(f as i64),
+        _ => None,
+    };
+    value.and_then(|n| i32::try_from(n).ok()).ok_or_else(|| {
+        serde::de::Error::custom(format!(
+            "{number} is not a whole number from -2147483648 to 2147483647"
+        ))
+    })
 }
 
 fn empty_object() -> serde_json::Value {
@@ -372,6 +391,9 @@ impl Api {
         };
         let states = match split(&query.state) {
             None => None,
+            Some(names) if names.is_empty() => {
+                return Err(ApiError::bad_request("state: give at least one state"))
+            }
             Some(names) => {
                 let mut states: Vec<JobState> = Vec::new();
                 for name in names {
@@ -521,6 +543,7 @@ pub async fn enqueue(
     params(("id" = String, Path, description = "The job's key"), RetryQuery),
     responses(
         (status = 200, description = "Retried", body = ActionResult),
+        (status = 400, description = "A bad option", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "A read-only token", body = ErrorBody),
         (status = 404, description = "No such job", body = ErrorBody),

@@ -47,6 +47,15 @@ pub struct ServeArgs {
 /// `/openapi.json` and `/healthz`.
 pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
     let tokens = Arc::new(tokens);
+    let mut states: Vec<String> = Vec::new();
+    for state in queue_core::JobState::ALL {
+        for name in [state.as_str().to_owned(), api.admin.stored_state(state)] {
+            if !states.contains(&name) {
+                states.push(name);
+            }
+        }
+    }
+    let document = openapi::document(api.key, &states);
     let metrics = metrics::MetricsState {
         api: api.clone(),
         handle: metrics::handle(),
@@ -68,12 +77,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
     Router::new()
         .route(
             "/openapi.json",
-            get(|| async {
-                (
-                    [(header::CONTENT_TYPE, "application/json")],
-                    openapi::document(),
-                )
-            }),
+            get(|| async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
         )
         .route("/healthz", get(|| async { "ok" }))
         .merge(protected)
@@ -133,6 +137,7 @@ pub(crate) async fn run(
     };
     let api = Api {
         admin,
+        key,
         stalled_max_age: crate::commands::read::stalled_max_age(context, None),
     };
     let max_body = args

@@ -1,6 +1,9 @@
 //! The OpenAPI document, generated from the handlers and their types.
 
+use queue_store_postgres::PgKeyType;
+use utoipa::openapi::schema::{ObjectBuilder, SchemaFormat, Type};
 use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
+use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
 use super::api;
@@ -49,9 +52,67 @@ impl Modify for Bearer {
     }
 }
 
-/// The document as JSON.
-pub fn document() -> String {
-    ApiDoc::openapi().to_pretty_json().unwrap_or_else(|e| {
+/// The form of the table's keys, as a string schema: the key parameters
+/// (`{id}`, `after`) take only what the key column holds.
+fn key_schema(key: PgKeyType) -> Option<RefOr<Schema>> {
+    let (pattern, format) = match key {
+        // Digits that fit the column, so a generated key parses.
+        PgKeyType::Int4 => ("^-?[0-9]{1,9}$", None),
+        PgKeyType::Int8 => ("^-?[0-9]{1,18}$", None),
+        PgKeyType::Uuid => (
+            "^[0-9a-fA-F]{8}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{4}-[0-9a-fA-F]{12}$",
+            Some(SchemaFormat::Custom("uuid".into())),
+        ),
+        PgKeyType::Text => return None,
+    };
+    Some(
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(pattern))
+            .format(format)
+            .into(),
+    )
+}
+
+/// A comma-separated list of `names`, as a string schema.
+fn list_schema(names: &[String]) -> RefOr<Schema> {
+    let escaped: Vec<String> = names
+        .iter()
+        .map(|name| {
+            name.chars()
+                .flat_map(|c| {
+                    let special = "\\^$.|?*+()[]{}".contains(c);
+                    special.then_some('\\').into_iter().chain([c])
+                })
+                .collect()
+        })
+        .collect();
+    let one = format!("({})", escaped.join("|"));
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(format!("^{one}(,{one})*$")))
+        .into()
+}
+
+/// The document, for a table whose keys are `key`s and whose states are
+/// named `states` (standard names and stored values), as JSON.
+pub fn document(key: PgKeyType, states: &[String]) -> String {
+    let mut doc = ApiDoc::openapi();
+    let key = key_schema(key);
+    let states = list_schema(states);
+    for item in doc.paths.paths.values_mut() {
+        let operations = [&mut item.get, &mut item.post, &mut item.delete];
+        for operation in operations.into_iter().flatten() {
+            for parameter in operation.parameters.iter_mut().flatten() {
+                match parameter.name.as_str() {
+                    "id" | "after" if key.is_some() => parameter.schema = key.clone(),
+                    "state" => parameter.schema = Some(states.clone()),
+                    _ => {}
+                }
+            }
+        }
+    }
+    doc.to_pretty_json().unwrap_or_else(|e| {
         format!("{{\"error\": \"the OpenAPI document did not serialize: {e}\"}}")
     })
 }
