@@ -14,4 +14,8 @@ pub enum WorkerError {
     /// misconfigured). Transient store errors are logged and retried instead.
     #[error("the store failed permanently, so the worker stopped")]
     Store(#[from] StoreError),
+    /// The metrics endpoint could not start (the address is taken, or a
+    /// metrics recorder is already installed).
+    #[error("cannot serve metrics: {0}")]
+    Metrics(String),
 }

@@ -18,6 +18,24 @@ pub const JOBS_IN_FLIGHT: &str = "queue_jobs_in_flight";
 /// (`reset` or `failed`).
 pub const JOBS_RESET: &str = "queue_jobs_reset_total";
 
+/// Serves every metric of this process (the worker's, the store's and the
+/// application's own) in Prometheus' text format over HTTP at `addr`, such
+/// as `0.0.0.0:9100`: one line in `main`, inside a Tokio runtime, before
+/// the worker starts (feature `prometheus`).
+///
+/// ```no_run
+/// # #[tokio::main] async fn main() -> Result<(), queue_worker::WorkerError> {
+/// queue_worker::metrics::serve_prometheus(([0, 0, 0, 0], 9100).into())?;
+/// # Ok(()) }
+/// ```
+#[cfg(feature = "prometheus")]
+pub fn serve_prometheus(addr: std::net::SocketAddr) -> Result<(), crate::WorkerError> {
+    metrics_exporter_prometheus::PrometheusBuilder::new()
+        .with_http_listener(addr)
+        .install()
+        .map_err(|e| crate::WorkerError::Metrics(format!("{addr}: {e}")))
+}
+
 pub(crate) fn job_started(kind: &str) {
     metrics::gauge!(JOBS_IN_FLIGHT, "kind" => kind.to_owned()).increment(1.0);
 }
