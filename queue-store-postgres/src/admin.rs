@@ -453,12 +453,6 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         }
         self.check_enqueue(jobs)?;
         let statement = self.inner.sql.enqueue();
-        let mut tx = self
-            .inner
-            .pool
-            .begin()
-            .await
-            .map_err(|e| store_error("enqueueing jobs", e))?;
         let rows = query::<K>(&statement, |p| match p {
             Param::Kinds => Some(Value::Texts(
                 jobs.iter().map(|j| Some(j.kind.clone())).collect(),
@@ -472,23 +466,12 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             Param::ProcessAfters => {
                 Some(Value::Times(jobs.iter().map(|j| j.process_after).collect()))
             }
-            _ => None,
-        })?
-        .fetch_all(&mut *tx)
-        .await
-        .map_err(|e| store_error("enqueueing jobs", e))?;
-        // Tables without the default table's trigger learn of new jobs this
-        // way; Postgres folds it into the trigger's notification if both.
-        query::<K>(&self.inner.sql.notify, |p| match p {
             Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
             _ => None,
         })?
-        .execute(&mut *tx)
+        .fetch_all(&self.inner.pool)
         .await
-        .map_err(|e| store_error("notifying workers", e))?;
-        tx.commit()
-            .await
-            .map_err(|e| store_error("enqueueing jobs", e))?;
+        .map_err(|e| store_error("enqueueing jobs", e))?;
         rows.iter()
             .map(|row| {
                 row.try_get(0)

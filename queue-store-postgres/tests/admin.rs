@@ -97,6 +97,14 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
     let admin = PgAdmin::<Uuid>::new(pool.clone(), options(&schema))
         .await
         .expect("the foreign table passes validation");
+    // The table has no notify trigger: the enqueue itself notifies.
+    let mut listener = sqlx::postgres::PgListener::connect_with(&pool)
+        .await
+        .expect("a listener");
+    listener
+        .listen(&admin.options().notify_channel())
+        .await
+        .expect("LISTEN");
 
     let ids = admin
         .enqueue(&[
@@ -107,6 +115,11 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
         ])
         .await
         .expect("enqueue into mapped columns");
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a notification within 5 s")
+        .expect("a notification");
+    assert_eq!(woken.channel(), admin.options().notify_channel());
     let job = admin.get(&ids[0]).await.unwrap().expect("enqueued");
     assert_eq!(
         (

@@ -551,7 +551,10 @@ impl AdminStatements {
 
     /// Inserts jobs from arrays ([`Param::Kinds`], [`Param::Payloads`],
     /// [`Param::Priorities`], [`Param::ProcessAfters`]) into the columns the
-    /// table has, queued; returns their keys in order.
+    /// table has, queued; returns their keys in order. It also notifies
+    /// [`Param::Channel`], for tables without the default table's trigger
+    /// (Postgres folds the two into one notification): an initplan, run
+    /// once per statement, so one round trip does both.
     pub(crate) fn enqueue(&self) -> Statement {
         let names = &self.names;
         let mut b = Builder::default();
@@ -584,8 +587,10 @@ impl AdminStatements {
         }
         columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
         values.push(self.state_value(JobState::Queued));
+        let channel = b.p(Param::Channel);
         b.push(&format!(
-            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) RETURNING {}",
+            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) \
+             RETURNING {}, (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"",
             columns.join(", "),
             values.join(", "),
             unnest.join(", "),
