@@ -452,8 +452,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             return Ok(Vec::new());
         }
         self.check_enqueue(jobs)?;
-        let statement = self.inner.sql.enqueue();
-        let rows = query::<K>(&statement, |p| match p {
+        let rows = query::<K>(&self.inner.sql.enqueue, |p| match p {
             Param::Kinds => Some(Value::Texts(
                 jobs.iter().map(|j| Some(j.kind.clone())).collect(),
             )),

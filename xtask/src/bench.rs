@@ -28,6 +28,7 @@ use crate::pg::{ClusterOptions, Postgres};
 
 #[path = "../../bench/cpu.rs"]
 mod cpu;
+mod http_enqueue;
 #[path = "../../bench/quiet.rs"]
 mod quiet;
 use cpu::{CpuPerJob, CpuSample};
@@ -42,6 +43,8 @@ struct Sizes {
     /// Jobs scheduled a day ahead in the scheduled scenario.
     scheduled_rows: u64,
     single_enqueues: usize,
+    /// Jobs per round of the HTTP enqueue scenario, each way.
+    http_enqueues: usize,
     /// Rounds of the alternating scenarios (ceiling with drains, and the
     /// head-to-head with graphile_worker).
     rounds: usize,
@@ -55,6 +58,7 @@ const FULL: Sizes = Sizes {
     growth_rows: [0, 1_000_000, 10_000_000],
     scheduled_rows: 200_000,
     single_enqueues: 5_000,
+    http_enqueues: 16_000,
     rounds: 5,
 };
 
@@ -66,6 +70,7 @@ const QUICK: Sizes = Sizes {
     growth_rows: [0, 10_000, 50_000],
     scheduled_rows: 5_000,
     single_enqueues: 500,
+    http_enqueues: 800,
     rounds: 1,
 };
 
@@ -265,6 +270,27 @@ pub async fn run(args: &[String]) -> Result<()> {
             batch,
             "jobs/s",
             format!("{} jobs", sizes.drain_jobs),
+        );
+        let table = fresh_table(&pool, "http_enqueue").await?;
+        let rounds = sizes.rounds.min(3);
+        let over_http =
+            http_enqueue::measure(&pg.url, &pool, &table, sizes.http_enqueues, rounds).await?;
+        results.add(
+            "enqueue",
+            "single inserts, 16 connections",
+            over_http.direct,
+            "jobs/s",
+            format!("{} jobs a round, median of {rounds}", sizes.http_enqueues),
+        );
+        results.add(
+            "enqueue",
+            "over HTTP (queue serve), 16 keep-alive clients",
+            over_http.http,
+            "jobs/s",
+            format!(
+                "{:.2}x the 16 connections' rate; single-job POSTs",
+                over_http.http / over_http.direct
+            ),
         );
     }
 

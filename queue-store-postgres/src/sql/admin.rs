@@ -56,6 +56,8 @@ pub(crate) struct AdminStatements {
     pub states_of: Statement,
     /// `pg_notify` on the store's channel.
     pub notify: Statement,
+    /// The enqueue ([`AdminStatements::enqueue_statement`]).
+    pub enqueue: Statement,
     /// The resetter's statement: stalled rows that no transaction locks go
     /// back to queued, or fail. `None` without a heartbeat or start column.
     pub reset: Option<Statement>,
@@ -267,7 +269,7 @@ impl AdminStatements {
         b.push(&format!("SELECT pg_notify({channel}, '')"));
         let notify = b.build();
 
-        AdminStatements {
+        let mut statements = AdminStatements {
             view,
             table,
             alias: a,
@@ -282,7 +284,14 @@ impl AdminStatements {
             states_of,
             notify,
             reset,
-        }
+            enqueue: Statement::default(),
+        };
+        // The default table's trigger notifies the default channel on every
+        // insert; any other table, or channel, needs the enqueue to.
+        let notify = !(shape.notify_trigger
+            && options.notify_channel() == crate::options::default_channel(&options.table.name));
+        statements.enqueue = statements.enqueue_statement(notify);
+        statements
     }
 
     /// `CAST('value' AS state type)` of a state.
@@ -551,11 +560,11 @@ impl AdminStatements {
 
     /// Inserts jobs from arrays ([`Param::Kinds`], [`Param::Payloads`],
     /// [`Param::Priorities`], [`Param::ProcessAfters`]) into the columns the
-    /// table has, queued; returns their keys in order. It also notifies
-    /// [`Param::Channel`], for tables without the default table's trigger
-    /// (Postgres folds the two into one notification): an initplan, run
-    /// once per statement, so one round trip does both.
-    pub(crate) fn enqueue(&self) -> Statement {
+    /// table has, queued; returns their keys in order. With `notify` (a
+    /// table without the default table's trigger on the store's channel)
+    /// it also notifies [`Param::Channel`]: an initplan, run once per
+    /// statement, so one round trip does both.
+    fn enqueue_statement(&self, notify: bool) -> Statement {
         let names = &self.names;
         let mut b = Builder::default();
         let arrays = [
@@ -587,10 +596,14 @@ impl AdminStatements {
         }
         columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
         values.push(self.state_value(JobState::Queued));
-        let channel = b.p(Param::Channel);
+        let notified = if notify {
+            let channel = b.p(Param::Channel);
+            format!(", (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"")
+        } else {
+            String::new()
+        };
         b.push(&format!(
-            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) \
-             RETURNING {}, (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"",
+            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) RETURNING {}{notified}",
             columns.join(", "),
             values.join(", "),
             unnest.join(", "),
@@ -604,5 +617,45 @@ impl AdminStatements {
     /// Whether the table has `column`.
     pub(crate) fn has(&self, column: Column) -> bool {
         self.names.cols.contains_key(&column)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shape(notify_trigger: bool) -> TableShape {
+        TableShape {
+            state_type: "text".into(),
+            key_type: "bigint".into(),
+            log_element: "json".into(),
+            payload_type: Some("jsonb".into()),
+            notify_trigger,
+        }
+    }
+
+    #[test]
+    fn the_enqueue_notifies_unless_the_default_trigger_does() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let with_trigger = AdminStatements::new(&options, &shape(true), &[]);
+        assert!(
+            !with_trigger.enqueue.text.contains("pg_notify"),
+            "{}",
+            with_trigger.enqueue.text
+        );
+        let without = AdminStatements::new(&options, &shape(false), &[]);
+        assert!(
+            without
+                .enqueue
+                .text
+                .contains("(SELECT 1 FROM pg_notify($5, ''))"),
+            "{}",
+            without.enqueue.text
+        );
+        let elsewhere = AdminStatements::new(&options.clone().channel("other"), &shape(true), &[]);
+        assert!(
+            elsewhere.enqueue.text.contains("pg_notify"),
+            "the trigger notifies the default channel, not the store's"
+        );
     }
 }

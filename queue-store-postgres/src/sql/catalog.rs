@@ -23,6 +23,11 @@ const COLUMNS: &str =
      FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped";
 
+/// Whether the table has a trigger of this name (`$2`): the default
+/// table's notify trigger.
+const HAS_TRIGGER: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
+     WHERE tgrelid = $1::oid AND tgname = $2 AND NOT tgisinternal)";
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 
@@ -199,6 +204,12 @@ pub(crate) async fn inspect(
             )));
         }
     }
+    let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
+        .bind(oid)
+        .bind(super::default_table::derived_name(&table.name, "notify"))
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
     for column in &absent {
         tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
     }
@@ -208,6 +219,7 @@ pub(crate) async fn inspect(
             key_type,
             log_element,
             payload_type,
+            notify_trigger,
         },
         absent,
     ))

@@ -8,7 +8,7 @@ use crate::ident::{Ident, QualifiedName};
 
 /// The name derived from the table name (`<table>_<suffix>`), cut to
 /// Postgres' 63-byte limit on a character boundary.
-fn derived_name(table: &Ident, suffix: &str) -> String {
+pub(crate) fn derived_name(table: &Ident, suffix: &str) -> String {
     let mut base = table.as_str().to_owned();
     while base.len() + suffix.len() + 1 > 63 {
         base.pop();

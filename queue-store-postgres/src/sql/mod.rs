@@ -154,6 +154,8 @@ pub(crate) struct TableShape {
     pub log_element: String,
     /// `format_type` of the payload column, if the table has one.
     pub payload_type: Option<String>,
+    /// Whether the table has the default table's notify trigger.
+    pub notify_trigger: bool,
 }
 
 /// All statements of one store.
@@ -675,6 +677,7 @@ mod tests {
             key_type: "bigint".into(),
             log_element: "json".into(),
             payload_type: Some("jsonb".into()),
+            notify_trigger: true,
         }
     }
 
