@@ -208,6 +208,27 @@ async fn the_api_on_the_default_table() {
         None,
     )
     .await;
+    // jsonb keeps numbers exactly and prints f64::MAX as 309 digits, which
+    // the payload must read back as it went in.
+    let (status, big) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "x", "payload": [1.7976931348623157e308, 5e-324]}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED);
+    let big = big["id"].as_str().expect("a key").to_owned();
+    let (status, read) = get(&app, &format!("/api/jobs/{big}")).await;
+    assert_eq!(status, StatusCode::OK, "{read}");
+    assert_eq!(read["payload"], json!([f64::MAX, 5e-324]));
+    call(
+        &app,
+        Method::DELETE,
+        &format!("/api/jobs/{big}"),
+        None,
+        None,
+    )
+    .await;
     let (status, _) = post(&app, "/api/jobs", r#"{"kind": "x", "colour": "red"}"#).await;
     assert_eq!(
         status,

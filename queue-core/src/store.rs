@@ -188,6 +188,15 @@ pub trait Store: Send + Sync + 'static {
         false
     }
 
+    /// Whether the store counts the resets of each job, so that
+    /// [`ResetParams::max_resets`] bounds them. A store that cannot (a table
+    /// without a reset counter) re-queues a stalled job however often it
+    /// stalled; the resetter refuses to run at-least-once over it. The
+    /// default says yes.
+    fn counts_resets(&self) -> bool {
+        true
+    }
+
     /// Sets `last_heartbeat_at = now` on every job still held under the given
     /// leases, and reports which were cancelled or are gone.
     async fn heartbeat(

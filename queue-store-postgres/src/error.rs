@@ -34,6 +34,16 @@ pub enum OptionsError {
         /// The shared value.
         value: String,
     },
+    /// Two standard columns are mapped onto one column of the table.
+    #[error("columns {first} and {second} are both mapped to {name}; a statement that sets both would assign it twice. Map each to a column of its own, or declare one absent with `without(Column::..)` (in a config file: {second} = false)")]
+    SharedColumn {
+        /// One standard column.
+        first: &'static str,
+        /// The other.
+        second: &'static str,
+        /// The table's column both name, quoted.
+        name: String,
+    },
     /// Neither a claim token nor a started_at column is available.
     #[error(
         "the store needs a fencing column to tell claims apart: keep claim_token or started_at"

@@ -118,10 +118,12 @@ impl Column {
             Column::ProcessAfter => {
                 "retry delays and scheduled jobs are off: errored jobs are claimable at once"
             }
-            Column::NumResets => "the reset limit is off: stalled jobs are always queued again",
+            Column::NumResets => {
+                "the reset limit is off: a resetter runs only at most once (failing stalled jobs)"
+            }
             Column::NumFailures => "retries are off: every retryable error fails the job",
             Column::LastHeartbeatAt => {
-                "heartbeats are not stored: the resetter judges stalls by started_at"
+                "heartbeats are not stored: a store for workers refuses to start (a long job would be reset and run again)"
             }
             Column::ExecutionLogs => "execution logs are off: entries are dropped",
             Column::WorkerHostname => "the claiming worker is not recorded",
@@ -557,6 +559,19 @@ impl PgStoreOptions {
                 }
             }
         }
+        for (i, a) in Column::ALL.iter().enumerate() {
+            for b in &Column::ALL[i + 1..] {
+                if let (Some(x), Some(y)) = (self.column_name(*a), self.column_name(*b)) {
+                    if x == y {
+                        return Err(OptionsError::SharedColumn {
+                            first: a.standard_name(),
+                            second: b.standard_name(),
+                            name: x.quoted(),
+                        });
+                    }
+                }
+            }
+        }
         if self.notify_channel().is_empty() || self.notify_channel().len() > 63 {
             return Err(OptionsError::Invalid {
                 option: "channel",
@@ -613,6 +628,25 @@ mod tests {
             o.without(Column::StartedAt).unwrap_err(),
             OptionsError::NoFencingColumn
         );
+    }
+
+    #[test]
+    fn two_standard_columns_cannot_share_a_table_column() {
+        let o = PgStoreOptions::new("jobs")
+            .unwrap()
+            .column(Column::StartedAt, "updated_at")
+            .unwrap()
+            .column(Column::LastHeartbeatAt, "updated_at")
+            .unwrap();
+        let err = o.check().unwrap_err().to_string();
+        assert!(
+            err.starts_with(
+                "columns started_at and last_heartbeat_at are both mapped to \"updated_at\""
+            ) && err.contains("declare one absent"),
+            "{err}"
+        );
+        let fixed = o.without(Column::LastHeartbeatAt).unwrap();
+        assert_eq!(fixed.check(), Ok(()));
     }
 
     #[test]

@@ -173,6 +173,18 @@ where
             );
         }
         let (shape, absent) = catalog::inspect(&pool, &options, R::Id::PG_TYPES).await?;
+        if absent.contains(&Column::LastHeartbeatAt) {
+            // Stalls would be judged by the claim time alone: a healthy job
+            // running longer than the stalled age would be reset and run
+            // again, over and over.
+            return Err(StoreError::Config(format!(
+                "table {} has no heartbeat column, so a job running longer than the resetter's \
+                 stalled age would be taken for a crashed one and run again, over and over: add a \
+                 timestamptz column and map it (`column(Column::LastHeartbeatAt, ..)`; in a config \
+                 file, columns.last_heartbeat_at)",
+                options.table
+            )));
+        }
         let sql = Arc::new(Statements::new(&options, &shape));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent.clone());
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
@@ -515,6 +527,10 @@ where
             context: "recording a job outcome".into(),
             source: "the store's completer dropped the request".into(),
         })?
+    }
+
+    fn counts_resets(&self) -> bool {
+        self.has(Column::NumResets)
     }
 
     fn finish_ends_transaction(&self, job_store: &PgJobStore<R::Id>) -> bool {

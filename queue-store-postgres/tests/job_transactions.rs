@@ -55,7 +55,8 @@ async fn keyed_table(pool: &PgPool, keys: &[&str]) -> String {
          CREATE TABLE {s}.victims (x int);
          CREATE TABLE {s}.side (note text);
          CREATE TABLE {s}.keyed (id text PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
-            started_at timestamptz, finished_at timestamptz, claim_token bigint NOT NULL DEFAULT 0)"
+            started_at timestamptz, finished_at timestamptz, last_heartbeat_at timestamptz,
+            claim_token bigint NOT NULL DEFAULT 0)"
     ))
     .execute(pool)
     .await
@@ -81,7 +82,7 @@ async fn keyed_store(pool: &PgPool, schema: &str, prepared: bool) -> PgStore<Key
     for column in queue_store_postgres::Column::ALL {
         if !matches!(
             column.standard_name(),
-            "id" | "state" | "started_at" | "finished_at" | "claim_token"
+            "id" | "state" | "started_at" | "finished_at" | "last_heartbeat_at" | "claim_token"
         ) {
             options = options.without(column).unwrap();
         }

@@ -198,3 +198,22 @@ async fn a_claimed_job_is_the_row_the_claim_left() {
         }
     }
 }
+
+/// jsonb keeps numbers exactly and prints the largest f64 as 309 digits:
+/// a claimed job's payload reads back as it went in, not as undecodable.
+#[tokio::test]
+async fn extreme_numbers_in_a_payload_survive_the_claim() {
+    let Some(pool) = support::pool("extreme_numbers_in_a_payload_survive_the_claim").await else {
+        return;
+    };
+    let table = support::fresh_table(&pool).await;
+    let payload = serde_json::json!([f64::MAX, f64::MIN, 5e-324]);
+    table
+        .enqueue(&pool, &queue_core::NewJob::new("k", payload.clone()))
+        .await
+        .expect("enqueue");
+    let store = support::store(&pool, &table, queue_store_postgres::ExecutionMode::Lease).await;
+    let claimed = support::claim_now(&store, 1).await;
+    let record = claimed[0].record.as_ref().expect("the record decodes");
+    assert_eq!(record.payload, payload);
+}

@@ -71,10 +71,17 @@ impl<S: Store> Resetter<S> {
                     .into(),
             ));
         }
-        Ok(Resetter {
-            store: store.into(),
-            options,
-        })
+        let store = store.into();
+        if options.delivery == Delivery::AtLeastOnce && !store.counts_resets() {
+            return Err(WorkerError::InvalidOptions(
+                "the store counts no resets (the table has no num_resets column), so max_resets \
+                 cannot bound them and a job whose worker keeps dying would run forever: add and \
+                 map a num_resets integer column, or reset at most once \
+                 (ResetterOptions::delivery = Delivery::AtMostOnce)"
+                    .into(),
+            ));
+        }
+        Ok(Resetter { store, options })
     }
 
     /// One reset pass.
