@@ -127,14 +127,27 @@ impl Context {
 
 /// What a job key must support to be named on the command line and printed.
 pub trait CliKey:
-    FromStr + std::fmt::Display + serde::Serialize + Clone + Send + Sync + 'static
+    FromStr<Err: std::fmt::Display>
+    + std::fmt::Display
+    + serde::Serialize
+    + Clone
+    + Send
+    + Sync
+    + 'static
 {
 }
 
-impl<T> CliKey for T where
-    T: FromStr + std::fmt::Display + serde::Serialize + Clone + Send + Sync + 'static
+impl<T> CliKey for T
+where
+    T: FromStr + std::fmt::Display + serde::Serialize + Clone + Send + Sync + 'static,
+    T::Err: std::fmt::Display,
 {
 }
+
+/// A store's admin contract whose keys the CLI can read and print.
+pub trait CliAdmin: Admin<Id: CliKey> {}
+
+impl<A> CliAdmin for A where A: Admin<Id: CliKey> {}
 
 /// Runs `cli`, writing its output to `out`.
 pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
@@ -248,9 +261,7 @@ pub(crate) async fn admin_command<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     match command {
         Command::Stats(args) => read::stats(admin, context, &args, out).await,
@@ -269,10 +280,7 @@ where
 }
 
 /// Parses job keys given on the command line.
-pub(crate) fn keys<K: CliKey>(texts: &[String]) -> Result<Vec<K>>
-where
-    K::Err: std::fmt::Display,
-{
+pub(crate) fn keys<K: CliKey>(texts: &[String]) -> Result<Vec<K>> {
     texts
         .iter()
         .map(|t| {

@@ -68,6 +68,31 @@ pub struct JobView<Id> {
     pub cancel: bool,
 }
 
+impl<Id> JobView<Id> {
+    /// The same job with its key turned by `f` (into text, for example).
+    pub fn map_id<T>(self, f: impl FnOnce(Id) -> T) -> JobView<T> {
+        JobView {
+            id: f(self.id),
+            kind: self.kind,
+            payload: self.payload,
+            state: self.state,
+            stored_state: self.stored_state,
+            priority: self.priority,
+            failure_message: self.failure_message,
+            queued_at: self.queued_at,
+            started_at: self.started_at,
+            finished_at: self.finished_at,
+            process_after: self.process_after,
+            num_resets: self.num_resets,
+            num_failures: self.num_failures,
+            last_heartbeat_at: self.last_heartbeat_at,
+            execution_logs: self.execution_logs,
+            worker_hostname: self.worker_hostname,
+            cancel: self.cancel,
+        }
+    }
+}
+
 impl From<Job> for JobView<i64> {
     /// The view of a default-table [`Job`]: every column present.
     fn from(job: Job) -> Self {

@@ -227,11 +227,7 @@ where
     /// The standard columns the table lacks, each with the feature that is
     /// off because of it.
     pub fn disabled_features(&self) -> Vec<(Column, &'static str)> {
-        self.inner
-            .absent
-            .iter()
-            .map(|c| (*c, c.feature_lost()))
-            .collect()
+        self.inner.admin.disabled_features()
     }
 
     /// The pool the store runs on.

@@ -8,12 +8,13 @@
 //! jsonb, so a kind or payload holding `\u0000` is refused (400, naming the
 //! problem), which no JSON schema can say.
 
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
+
+use crate::served;
 
 /// The schemathesis release the checks were written against.
 const SCHEMATHESIS: &str = "schemathesis==4.32.5";
@@ -48,32 +49,11 @@ fn schemathesis(target: &Path) -> Result<PathBuf> {
     Ok(program)
 }
 
-/// Kills the server when the fuzzing ends, however it ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Fuzzes `queue serve` on the database at `url` for `seconds`.
 pub fn run(url: &str, seconds: u32) -> Result<()> {
-    let root = std::env::current_dir()?;
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| root.join("target"));
+    let target = served::target_dir();
     let schemathesis = schemathesis(&target)?;
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let built = Command::new(&cargo)
-        .args(["build", "--quiet", "-p", "queue-cli", "--bin", "queue"])
-        .status()
-        .context("building the queue binary")?;
-    if !built.success() {
-        bail!("building the queue binary failed");
-    }
-    let queue = target.join("debug").join("queue");
+    let queue = served::queue_binary(false)?;
     let schema = format!("fuzz_api_{}", std::process::id());
     let config = target.join("fuzz-api.toml");
     std::fs::write(&config, format!("schema = \"{schema}\"\n"))?;
@@ -98,20 +78,8 @@ pub fn run(url: &str, seconds: u32) -> Result<()> {
             bail!("queue {args:?}: {}", String::from_utf8_lossy(&out.stderr));
         }
     }
-    let mut child = queue_command(&["serve", "--listen", "127.0.0.1:0"])
-        .env("QUEUE_ADMIN_TOKENS", TOKEN)
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting queue serve")?;
-    let stdout = child.stdout.take().context("queue serve's output")?;
-    let server = Server(child);
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first)?;
-    let base = first
-        .trim()
-        .strip_prefix("listening on ")
-        .with_context(|| format!("queue serve said {first:?}"))?
-        .to_owned();
+    let server = served::start(&queue, url, &config, &[("QUEUE_ADMIN_TOKENS", TOKEN)])?;
+    let base = server.base.clone();
     eprintln!("fuzz-api: schemathesis against {base} for {seconds}s");
     let status = Command::new(&schemathesis)
         .arg("run")

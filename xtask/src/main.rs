@@ -9,6 +9,7 @@ mod bench;
 mod demo;
 mod fuzz_api;
 mod pg;
+mod served;
 mod test_pg;
 
 use anyhow::{bail, Result};

@@ -2,7 +2,6 @@
 //! in batches, after a confirmation.
 
 use std::io::Write;
-use std::str::FromStr;
 
 use anyhow::{bail, Result};
 use chrono::Utc;
@@ -15,7 +14,7 @@ use crate::output::{self, jobs, progress};
 fn running(n: u64) -> String {
     jobs(n).replacen("job", "running job", 1)
 }
-use crate::{keys, CliKey, Context};
+use crate::{keys, CliAdmin, Context};
 
 /// The keys or filter of `cancel` and `delete`.
 #[derive(Debug, Clone, clap::Args)]
@@ -100,9 +99,7 @@ pub async fn retry<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     let params = RetryParams {
         reset_attempts: args.reset_attempts,
@@ -117,9 +114,7 @@ pub async fn cancel<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     run(admin, context, args, Action::Cancel, out).await
 }
@@ -131,9 +126,7 @@ pub async fn delete<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     run(admin, context, args, Action::Delete, out).await
 }
@@ -146,9 +139,7 @@ async fn run<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     if !args.ids.is_empty() && !args.filter.is_empty() {
         bail!("give job keys or filter options, not both");

@@ -8,7 +8,7 @@ use queue_core::{Admin, NewJob};
 
 use crate::args::future;
 use crate::output::{self, progress};
-use crate::{CliKey, Context};
+use crate::{CliAdmin, Context};
 
 /// Jobs per enqueue statement when reading many.
 const BATCH: usize = 1000;
@@ -46,8 +46,7 @@ pub async fn run<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
+    A: CliAdmin,
 {
     let ids = match args.payload.as_deref() {
         Some("-") => from_lines(admin, context, args, std::io::stdin().lock()).await?,

@@ -11,7 +11,7 @@ use queue_core::{Admin, Delivery, JobFilter, JobState, PurgeParams, ResetParams}
 use crate::args::{age, states_named};
 use crate::commands::read::stalled_max_age;
 use crate::output::{self, jobs, progress};
-use crate::{CliKey, Context};
+use crate::{CliAdmin, Context};
 
 /// `queue reset-stalled`.
 #[derive(Debug, Clone, clap::Args)]
@@ -52,8 +52,7 @@ pub async fn reset<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
+    A: CliAdmin,
 {
     let defaults = queue_worker::ResetterOptions::default();
     let resetter = &context.config.resetter;

@@ -1,7 +1,6 @@
 //! `stats`, `list` and `show`: reading a queue.
 
 use std::io::Write;
-use std::str::FromStr;
 use std::time::Duration;
 
 use anyhow::{anyhow, Result};
@@ -10,7 +9,7 @@ use queue_core::{Admin, JobState, JobView, ListOrder, ListParams, StatsParams};
 
 use crate::args::FilterArgs;
 use crate::output::{self, cut, relative, span, Table};
-use crate::{keys, CliKey, Context};
+use crate::{keys, CliAdmin, Context};
 
 /// `queue stats`.
 #[derive(Debug, Clone, clap::Args)]
@@ -121,9 +120,7 @@ pub async fn list<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     let after = match &args.after {
         Some(after) => keys::<A::Id>(std::slice::from_ref(after))?.pop(),
@@ -177,9 +174,7 @@ pub async fn show<A>(
     out: &mut impl Write,
 ) -> Result<()>
 where
-    A: Admin,
-    A::Id: CliKey,
-    <A::Id as FromStr>::Err: std::fmt::Display,
+    A: CliAdmin,
 {
     let id = keys::<A::Id>(std::slice::from_ref(&args.id))?
         .pop()

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, JobFilter, JobPage, JobState, JobView, ListParams, NewJob, QueueStats,
+    ActionReport, JobFilter, JobPage, JobState, JobView, ListParams, NewJob, QueueStats,
     RetryParams, Skipped, StatsParams, StoreError, Targets,
 };
 
-use crate::CliKey;
+use crate::CliAdmin;
 
 /// [`Admin`] with keys as text.
 #[async_trait]
@@ -66,8 +66,7 @@ pub struct Erased<A>(pub A);
 
 impl<A> Erased<A>
 where
-    A: Admin,
-    A::Id: CliKey,
+    A: CliAdmin,
 {
     /// `self` as a shared [`TextAdmin`].
     pub fn shared(admin: A) -> Arc<dyn TextAdmin> {
@@ -76,25 +75,7 @@ where
 }
 
 fn view<Id: ToString>(job: JobView<Id>) -> JobView<String> {
-    JobView {
-        id: job.id.to_string(),
-        kind: job.kind,
-        payload: job.payload,
-        state: job.state,
-        stored_state: job.stored_state,
-        priority: job.priority,
-        failure_message: job.failure_message,
-        queued_at: job.queued_at,
-        started_at: job.started_at,
-        finished_at: job.finished_at,
-        process_after: job.process_after,
-        num_resets: job.num_resets,
-        num_failures: job.num_failures,
-        last_heartbeat_at: job.last_heartbeat_at,
-        execution_logs: job.execution_logs,
-        worker_hostname: job.worker_hostname,
-        cancel: job.cancel,
-    }
+    job.map_id(|id| id.to_string())
 }
 
 fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> ActionReport<String> {
@@ -121,8 +102,7 @@ fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> Acti
 
 impl<A> Erased<A>
 where
-    A: Admin,
-    A::Id: CliKey,
+    A: CliAdmin,
 {
     /// The targets with keys parsed; texts that are no key come back apart
     /// (no job can have them).
@@ -149,8 +129,7 @@ where
 #[async_trait]
 impl<A> TextAdmin for Erased<A>
 where
-    A: Admin,
-    A::Id: CliKey,
+    A: CliAdmin,
 {
     fn stored_state(&self, state: JobState) -> String {
         self.0.stored_state(state)

@@ -3,14 +3,14 @@
 //! keep-alive clients, against single inserts from 16 connections, in
 //! alternating rounds on the same table.
 
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
 use std::time::Instant;
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{bail, Result};
 use queue_core::NewJob;
 use queue_store_postgres::JobTable;
 use sqlx::PgPool;
+
+use crate::served::{self, Served};
 
 /// Concurrent clients, and connections, on each side.
 const CLIENTS: usize = 16;
@@ -21,37 +21,10 @@ pub struct HttpEnqueue {
     pub http: f64,
 }
 
-/// Stops the server however the scenario ends.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// Builds the queue binary of this profile and starts `queue serve` on the
-/// database at `url`, on `table`; returns it and its base URL.
-fn serve(url: &str, table: &JobTable) -> Result<(Server, String)> {
-    let release = !cfg!(debug_assertions);
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
-    let mut build = Command::new(cargo);
-    build.args(["build", "--quiet", "-p", "queue-cli", "--bin", "queue"]);
-    if release {
-        build.arg("--release");
-    }
-    ensure!(
-        build.status()?.success(),
-        "building the queue binary failed"
-    );
-    let target = std::env::var_os("CARGO_TARGET_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("target"));
-    let binary = target
-        .join(if release { "release" } else { "debug" })
-        .join("queue");
-    let config = target.join("bench-http-enqueue.toml");
+/// Starts `queue serve` (this profile's binary) on `table`.
+fn serve(url: &str, table: &JobTable) -> Result<Served> {
+    let binary = served::queue_binary(!cfg!(debug_assertions))?;
+    let config = served::target_dir().join("bench-http-enqueue.toml");
     std::fs::write(
         &config,
         format!(
@@ -60,25 +33,7 @@ fn serve(url: &str, table: &JobTable) -> Result<(Server, String)> {
             table.name().name.as_str()
         ),
     )?;
-    let mut child = Command::new(binary)
-        .env("DATABASE_URL", url)
-        .env_remove("QUEUE_CONFIG")
-        .arg("--config")
-        .arg(&config)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(Stdio::piped())
-        .spawn()
-        .context("starting queue serve")?;
-    let stdout = child.stdout.take().context("queue serve's output")?;
-    let server = Server(child);
-    let mut first = String::new();
-    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut first)?;
-    let base = first
-        .trim()
-        .strip_prefix("listening on ")
-        .with_context(|| format!("queue serve said {first:?}"))?
-        .to_owned();
-    Ok((server, base))
+    served::start(&binary, url, &config, &[])
 }
 
 /// `n` single inserts from [`CLIENTS`] connections; jobs per second.
@@ -153,7 +108,8 @@ pub async fn measure(
     n: usize,
     rounds: usize,
 ) -> Result<HttpEnqueue> {
-    let (_server, base) = serve(url, table)?;
+    let server = serve(url, table)?;
+    let base = server.base.clone();
     // One request first: the server's pool opens, its statements prepare.
     http(&base, CLIENTS).await?;
     let (mut directs, mut https) = (Vec::new(), Vec::new());
