@@ -197,6 +197,14 @@ pub trait Store: Send + Sync + 'static {
         true
     }
 
+    /// Whether the store counts the failed attempts of each job, which
+    /// bounds retries. A store that cannot (a table without a failure
+    /// counter) fails a job on a retryable error instead, and the worker
+    /// reports it as failed. The default says yes.
+    fn counts_failures(&self) -> bool {
+        true
+    }
+
     /// Sets `last_heartbeat_at = now` on every job still held under the given
     /// leases, and reports which were cancelled or are gone.
     async fn heartbeat(

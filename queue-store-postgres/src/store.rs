@@ -529,6 +529,10 @@ where
         self.has(Column::NumResets)
     }
 
+    fn counts_failures(&self) -> bool {
+        self.has(Column::NumFailures)
+    }
+
     fn finish_ends_transaction(&self, job_store: &PgJobStore<R::Id>) -> bool {
         job_store.in_transaction()
     }

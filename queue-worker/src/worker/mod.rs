@@ -504,6 +504,7 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
         options
             .outcome_policy
             .decide(end, lease.attempt, options.clock.now(), fastrand::f64());
+    let outcome = without_uncounted_retry(outcome, shared.store.counts_failures());
     let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
     drop(run_slot);
     if let Outcome::Retried { retry_at, .. } = &outcome {
@@ -590,6 +591,20 @@ fn wake_when_due<S: Store, H>(shared: &Shared<S, H>, retry_at: chrono::DateTime<
         tokio::time::sleep(delay).await;
         retry_due.notify_one();
     });
+}
+
+/// A retry the store cannot count is a failure: retries without a failure
+/// count would be unbounded, so such a store fails the job, and the
+/// metrics, the report and PostHandle say so.
+fn without_uncounted_retry(outcome: Outcome, store_counts_failures: bool) -> Outcome {
+    match outcome {
+        Outcome::Retried { message, .. } if !store_counts_failures => Outcome::Failed {
+            message: format!(
+                "{message} (not retried: the store counts no failures, so it could not bound the retries)"
+            ),
+        },
+        other => other,
+    }
 }
 
 /// Writes the outcome's transition; a stale write turns it into `Lost`.
