@@ -40,3 +40,19 @@ pub use crate::options::{
 };
 pub use crate::record::{decode_job, Decoder, PgKey};
 pub use crate::store::PgStore;
+
+/// The Rust in `docs/*.md`, compiled and run as doctests so that the guides
+/// cannot drift from the code (blocks that need a database are `no_run`).
+#[cfg(doctest)]
+mod docs {
+    #[doc = include_str!("../../docs/existing-tables.md")]
+    struct ExistingTables;
+    #[doc = include_str!("../../docs/cli.md")]
+    struct Cli;
+    #[doc = include_str!("../../docs/job-lifecycle.md")]
+    struct JobLifecycle;
+    #[doc = include_str!("../../docs/architecture.md")]
+    struct Architecture;
+    #[doc = include_str!("../../docs/benchmarks.md")]
+    struct Benchmarks;
+}
