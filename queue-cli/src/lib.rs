@@ -269,8 +269,8 @@ where
         Command::Show(args) => read::show(admin, context, &args, out).await,
         Command::Enqueue(args) => enqueue::run(admin, context, &args, out).await,
         Command::Retry(args) => bulk::retry(admin, context, &args, out).await,
-        Command::Cancel(args) => bulk::cancel(admin, context, &args, out).await,
-        Command::Delete(args) => bulk::delete(admin, context, &args, out).await,
+        Command::Cancel(args) => bulk::run(admin, context, &args, bulk::Action::Cancel, out).await,
+        Command::Delete(args) => bulk::run(admin, context, &args, bulk::Action::Delete, out).await,
         Command::ResetStalled(args) => maintenance::reset(admin, context, &args, out).await,
         Command::Purge(args) => maintenance::purge(admin, context, &args, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {

@@ -129,6 +129,11 @@ impl<K: PgKey> PgAdmin<K> {
             .collect()
     }
 
+    /// Whether the table has `column`.
+    pub(crate) fn has(&self, column: Column) -> bool {
+        !self.inner.absent.contains(&column)
+    }
+
     /// The standard state a stored value stands for: the first state
     /// mapped to it (errored sharing queued's value reads as queued).
     pub fn state_of(&self, stored: &str) -> Option<JobState> {
@@ -221,6 +226,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
             Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
             Param::Now => Some(Value::Time(now)),
+            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
             other => filter.and_then(|f| self.filter_value(f, other)),
         })?
         .fetch_all(&self.inner.pool)
@@ -281,23 +287,11 @@ impl<K: PgKey> PgAdmin<K> {
             .collect())
     }
 
-    /// Wakes the workers listening on the table's channel.
-    async fn notify(&self) -> Result<(), StoreError> {
-        query::<K>(&self.inner.sql.notify, |p| match p {
-            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
-            _ => None,
-        })?
-        .execute(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("notifying workers", e))?;
-        Ok(())
-    }
-
     /// Refuses jobs whose kind or payload the table has no column for:
     /// they would be lost.
     fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
         let table = &self.inner.options.table;
-        if !self.inner.sql.has(Column::Kind) {
+        if !self.has(Column::Kind) {
             if let Some(job) = jobs.iter().find(|j| !j.kind.is_empty()) {
                 return Err(StoreError::Config(format!(
                     "table {table} has no kind column, so the kind {:?} would be lost; enqueue with an empty kind, or map the column (Column::Kind)",
@@ -305,7 +299,7 @@ impl<K: PgKey> PgAdmin<K> {
                 )));
             }
         }
-        if !self.inner.sql.has(Column::Payload) {
+        if !self.has(Column::Payload) {
             let empty = |v: &serde_json::Value| {
                 v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
             };
@@ -493,9 +487,6 @@ impl<K: PgKey> Admin for PgAdmin<K> {
                 now,
             )
             .await?;
-        if !changed.is_empty() {
-            self.notify().await?;
-        }
         Ok(ActionReport {
             changed: changed.len() as u64,
             stop_requested: 0,

@@ -47,7 +47,6 @@ struct Inner<R: JobRecord> {
     listener: JoinHandle<()>,
     /// The batched completer: outcomes that need no job transaction.
     completer: mpsc::UnboundedSender<Completion<R::Id>>,
-    absent: Vec<Column>,
     /// Where claims into a backlog start, if the store keeps a cursor.
     cursor: Option<ClaimCursor<R::Id>>,
     /// Where job locks ride on other jobs' commits (transactional mode).
@@ -186,7 +185,7 @@ where
             )));
         }
         let sql = Arc::new(Statements::new(&options, &shape));
-        let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent.clone());
+        let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
             ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
@@ -216,7 +215,6 @@ where
                 wake,
                 listener,
                 completer,
-                absent,
                 cursor: options_cursor,
                 rides,
                 admin,
@@ -251,7 +249,7 @@ where
     }
 
     fn has(&self, column: Column) -> bool {
-        !self.inner.absent.contains(&column)
+        self.inner.admin.has(column)
     }
 
     /// Without a failure counter retries cannot be bounded, so they are off.

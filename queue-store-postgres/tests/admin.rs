@@ -218,6 +218,11 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
         .await
         .unwrap();
     assert_eq!(report.changed, 1);
+    let woken = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
+        .await
+        .expect("a retry wakes the workers: a notification within 5 s")
+        .expect("a notification");
+    assert_eq!(woken.channel(), admin.options().notify_channel());
     assert_eq!(report.skipped.len(), 1);
     assert_eq!(
         (

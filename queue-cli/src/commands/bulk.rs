@@ -43,9 +43,12 @@ pub struct RetryArgs {
 
 /// A write of this module.
 #[derive(Debug, Clone, Copy)]
-enum Action {
+pub enum Action {
+    /// `queue retry`.
     Retry(RetryParams),
+    /// `queue cancel`.
     Cancel,
+    /// `queue delete`.
     Delete,
 }
 
@@ -107,31 +110,8 @@ where
     run(admin, context, &args.bulk, Action::Retry(params), out).await
 }
 
-pub async fn cancel<A>(
-    admin: &A,
-    context: &Context,
-    args: &BulkArgs,
-    out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
-    run(admin, context, args, Action::Cancel, out).await
-}
-
-pub async fn delete<A>(
-    admin: &A,
-    context: &Context,
-    args: &BulkArgs,
-    out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
-    run(admin, context, args, Action::Delete, out).await
-}
-
-async fn run<A>(
+/// Applies `action` to the jobs `args` name, or to those its filter matches.
+pub async fn run<A>(
     admin: &A,
     context: &Context,
     args: &BulkArgs,

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, JobFilter, JobPage, JobState, JobView, ListParams, NewJob, QueueStats,
-    RetryParams, Skipped, StatsParams, StoreError, Targets,
+    ActionReport, JobPage, JobState, JobView, ListParams, NewJob, QueueStats, RetryParams, Skipped,
+    StatsParams, StoreError, Targets,
 };
 
 use crate::CliAdmin;
@@ -25,8 +25,6 @@ pub trait TextAdmin: Send + Sync + 'static {
     async fn list(&self, params: ListParams<String>) -> Result<JobPage<String>, KeyOr>;
     /// See [`Admin::stats`].
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;
-    /// See [`Admin::count`].
-    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError>;
     /// See [`Admin::enqueue`].
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError>;
     /// See [`Admin::retry`]; texts that are no key are reported missing.
@@ -164,10 +162,6 @@ where
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         self.0.stats(params).await
-    }
-
-    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
-        self.0.count(filter).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError> {

@@ -24,6 +24,14 @@ pub(crate) enum AdminWrite {
     Delete,
 }
 
+/// A `RETURNING` column that notifies [`Param::Channel`]: an initplan,
+/// run once when the statement returns its first row (never when it
+/// returns none), so the write and the wake-up share a round trip.
+fn notified(b: &mut Builder) -> String {
+    let channel = b.p(Param::Channel);
+    format!(", (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"")
+}
+
 /// Which rows an admin write picks.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum Pick<'a> {
@@ -54,8 +62,6 @@ pub(crate) struct AdminStatements {
     pub waiting: Statement,
     /// The stored states of the keys bound, for the skips of a write.
     pub states_of: Statement,
-    /// `pg_notify` on the store's channel.
-    pub notify: Statement,
     /// The enqueue ([`AdminStatements::enqueue_statement`]).
     pub enqueue: Statement,
     /// The resetter's statement: stalled rows that no transaction locks go
@@ -264,11 +270,6 @@ impl AdminStatements {
             b.build()
         });
 
-        let mut b = Builder::default();
-        let channel = b.p(Param::Channel);
-        b.push(&format!("SELECT pg_notify({channel}, '')"));
-        let notify = b.build();
-
         let mut statements = AdminStatements {
             view,
             table,
@@ -282,7 +283,6 @@ impl AdminStatements {
             counts,
             waiting,
             states_of,
-            notify,
             reset,
             enqueue: Statement::default(),
         };
@@ -525,9 +525,12 @@ impl AdminStatements {
                         }
                     }
                 }
+                // Retried jobs are claimable: wake the workers, in the same
+                // round trip.
                 format!(
-                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
-                    sets.join(", ")
+                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}{}",
+                    sets.join(", "),
+                    notified(&mut b)
                 )
             }
             AdminWrite::CancelWaiting => {
@@ -597,8 +600,7 @@ impl AdminStatements {
         columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
         values.push(self.state_value(JobState::Queued));
         let notified = if notify {
-            let channel = b.p(Param::Channel);
-            format!(", (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"")
+            notified(&mut b)
         } else {
             String::new()
         };
@@ -612,11 +614,6 @@ impl AdminStatements {
             table = self.table,
         ));
         b.build()
-    }
-
-    /// Whether the table has `column`.
-    pub(crate) fn has(&self, column: Column) -> bool {
-        self.names.cols.contains_key(&column)
     }
 }
 
