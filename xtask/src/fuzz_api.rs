@@ -10,7 +10,6 @@
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 
@@ -97,7 +96,6 @@ pub fn run(url: &str, seconds: u32) -> Result<()> {
         .status()
         .context("running schemathesis")?;
     drop(server);
-    std::thread::sleep(Duration::from_millis(100));
     if !status.success() {
         bail!("schemathesis found problems in the HTTP API (see above)");
     }
