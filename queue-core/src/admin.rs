@@ -309,6 +309,81 @@ impl QueueStats {
     }
 }
 
+/// What [`Admin::finished_timeline`] needs: `buckets` intervals of
+/// `bucket` each, the first starting at `since`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TimelineParams {
+    /// Where the first interval starts.
+    pub since: DateTime<Utc>,
+    /// How long each interval is; at least a second.
+    pub bucket: chrono::TimeDelta,
+    /// How many intervals.
+    pub buckets: u32,
+}
+
+impl TimelineParams {
+    /// The `buckets` intervals of `bucket` that end at `until`.
+    pub fn ending(until: DateTime<Utc>, bucket: chrono::TimeDelta, buckets: u32) -> Self {
+        TimelineParams {
+            since: until - bucket * buckets as i32,
+            bucket,
+            buckets,
+        }
+    }
+
+    /// Where the intervals end.
+    pub fn until(&self) -> DateTime<Utc> {
+        self.since + self.bucket * self.buckets as i32
+    }
+
+    /// The interval `at` falls in, if any.
+    pub fn bucket_of(&self, at: DateTime<Utc>) -> Option<usize> {
+        let millis = self.bucket.num_milliseconds();
+        if at < self.since || at >= self.until() || millis <= 0 {
+            return None;
+        }
+        usize::try_from((at - self.since).num_milliseconds() / millis).ok()
+    }
+
+    /// Empty intervals, to be counted into.
+    pub fn empty(&self) -> Vec<FinishedBucket> {
+        (0..self.buckets)
+            .map(|i| FinishedBucket {
+                start: self.since + self.bucket * i as i32,
+                completed: 0,
+                failed: 0,
+                canceled: 0,
+            })
+            .collect()
+    }
+}
+
+/// How many jobs finished, per end state, in one interval.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct FinishedBucket {
+    /// Where the interval starts.
+    pub start: DateTime<Utc>,
+    /// Jobs that completed in it.
+    pub completed: u64,
+    /// Jobs that failed for good in it.
+    pub failed: u64,
+    /// Jobs canceled in it.
+    pub canceled: u64,
+}
+
+impl FinishedBucket {
+    /// Counts `count` jobs that ended in `state` (a state that is not an end
+    /// state is not counted).
+    pub fn add(&mut self, state: JobState, count: u64) {
+        match state {
+            JobState::Completed => self.completed += count,
+            JobState::Failed => self.failed += count,
+            JobState::Canceled => self.canceled += count,
+            _ => {}
+        }
+    }
+}
+
 /// Which jobs a write applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Targets<Id> {
@@ -450,6 +525,15 @@ pub trait Admin: Send + Sync + 'static {
     /// Adds jobs; returns their keys in order. Workers waiting for jobs are
     /// woken.
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Self::Id>, StoreError>;
+
+    /// How many jobs finished in each interval of `params`, by the time
+    /// the store recorded as their finish time: the completions and
+    /// failures per minute of a dashboard. Jobs deleted since are not
+    /// counted. `None` when the store keeps no finish time.
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError>;
 
     /// Makes jobs in the [retryable states](Admin::retryable_states)
     /// (failed, errored, canceled) queued and claimable from `now` (their

@@ -14,9 +14,9 @@ mod store;
 pub mod testkit;
 
 pub use crate::admin::{
-    distinct_retryable_states, ActionReport, Admin, JobFilter, JobPage, JobView, ListOrder,
-    ListParams, PurgeParams, QueueStats, RetryParams, Skipped, StateCount, StatsParams, Targets,
-    RETRYABLE_STATES,
+    distinct_retryable_states, ActionReport, Admin, FinishedBucket, JobFilter, JobPage, JobView,
+    ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, Skipped, StateCount, StatsParams,
+    Targets, TimelineParams, RETRYABLE_STATES,
 };
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, Job, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, NewJob,
-    QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount, StatsParams, Store,
-    StoreError, Targets, CANCELED_BEFORE_RUN_MESSAGE, RETRYABLE_STATES,
+    ActionReport, Admin, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView, ListOrder,
+    ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount,
+    StatsParams, Store, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
+    RETRYABLE_STATES,
 };
 
 use crate::store::{eligible, MemoryStore, State};
@@ -167,6 +168,20 @@ impl Admin for MemoryStore {
 
     async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
         Ok(matching(&self.lock(), filter).count() as u64)
+    }
+
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        let mut buckets = params.empty();
+        for job in self.lock().jobs.values() {
+            let at = job.finished_at.and_then(|at| params.bucket_of(at));
+            if let Some(bucket) = at.and_then(|i| buckets.get_mut(i)) {
+                bucket.add(job.state, 1);
+            }
+        }
+        Ok(Some(buckets))
     }
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {

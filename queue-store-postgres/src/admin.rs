@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ActionReport, Admin, Delivery, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams,
-    NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount, StatsParams,
-    StoreError, Targets, CANCELED_BEFORE_RUN_MESSAGE,
+    ActionReport, Admin, Delivery, FinishedBucket, JobFilter, JobPage, JobState, JobView,
+    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
+    StateCount, StatsParams, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -439,6 +439,45 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             stalled: u64::try_from(stalled).unwrap_or(0),
             now: params.now,
         })
+    }
+
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        let Some(statement) = &self.inner.sql.timeline else {
+            return Ok(None);
+        };
+        let seconds = params.bucket.num_seconds();
+        if seconds < 1 {
+            return Err(StoreError::Config(format!(
+                "a timeline's interval must be at least a second, not {} ms",
+                params.bucket.num_milliseconds()
+            )));
+        }
+        let rows = query::<K>(statement, |p| match p {
+            Param::FinishedFrom => Some(Value::Time(params.since)),
+            Param::FinishedBefore => Some(Value::Time(params.until())),
+            Param::BucketSeconds => Some(Value::Int(seconds)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("counting finished jobs", e))?;
+        let mut buckets = params.empty();
+        for row in &rows {
+            let read = |e| store_error("counting finished jobs", e);
+            let bucket: i64 = row.try_get("bucket").map_err(read)?;
+            let stored: String = row.try_get("state").map_err(read)?;
+            let count: i64 = row.try_get("count").map_err(read)?;
+            let slot = usize::try_from(bucket)
+                .ok()
+                .and_then(|i| buckets.get_mut(i));
+            if let (Some(slot), Some(state)) = (slot, self.state_of(&stored)) {
+                slot.add(state, u64::try_from(count).unwrap_or(0));
+            }
+        }
+        Ok(Some(buckets))
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<K>, StoreError> {

@@ -7,10 +7,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, ClaimParams, Claimed, DecodeError, HeartbeatReport, Job, JobFilter,
-    JobPage, JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams, QueueStats,
-    ResetParams, ResetReport, RetryParams, StatsParams, Store, StoreError, Targets, Transition,
-    WriteResult,
+    ActionReport, Admin, ClaimParams, Claimed, DecodeError, FinishedBucket, HeartbeatReport, Job,
+    JobFilter, JobPage, JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams,
+    QueueStats, ResetParams, ResetReport, RetryParams, StatsParams, Store, StoreError, Targets,
+    TimelineParams, Transition, WriteResult,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
@@ -638,6 +638,13 @@ where
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         self.inner.admin.stats(params).await
+    }
+
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        self.inner.admin.finished_timeline(params).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<R::Id>, StoreError> {

@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, JobPage, JobState, JobView, ListParams, NewJob, QueueStats, RetryParams, Skipped,
-    StatsParams, StoreError, Targets,
+    ActionReport, FinishedBucket, JobPage, JobState, JobView, ListParams, NewJob, QueueStats,
+    RetryParams, Skipped, StatsParams, StoreError, Targets, TimelineParams,
 };
 
 use crate::CliAdmin;
@@ -25,6 +25,11 @@ pub trait TextAdmin: Send + Sync + 'static {
     async fn list(&self, params: ListParams<String>) -> Result<JobPage<String>, KeyOr>;
     /// See [`Admin::stats`].
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;
+    /// See [`Admin::finished_timeline`].
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError>;
     /// See [`Admin::enqueue`].
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError>;
     /// See [`Admin::retry`]; texts that are no key are reported missing.
@@ -162,6 +167,13 @@ where
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         self.0.stats(params).await
+    }
+
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        self.0.finished_timeline(params).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError> {

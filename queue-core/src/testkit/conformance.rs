@@ -1385,6 +1385,53 @@ pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H)
     );
 }
 
+/// `finished_timeline` counts the jobs that finished in each interval by
+/// end state, leaves out those that finished outside the intervals and
+/// those still running, and returns every interval, empty ones too.
+pub async fn admin_timeline_counts_finished_jobs_per_interval<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    for n in 0..6 {
+        h.enqueue(&store, NewJob::new("k", serde_json::json!(n)))
+            .await;
+    }
+    let mut claimed = claim::<H>(&store, 6, at(t, -600)).await;
+    assert_eq!(claimed.len(), 6);
+    let running = claimed.pop().expect("6th");
+    let long_ago = claimed.pop().expect("5th");
+    end::<H>(&store, long_ago, Transition::Complete, at(t, -3600)).await;
+    let failed = claimed.pop().expect("4th");
+    end::<H>(&store, failed, fail("x"), at(t, -90)).await;
+    for (c, seconds) in claimed.into_iter().zip([-150, -130, -10]) {
+        end::<H>(&store, c, Transition::Complete, at(t, seconds)).await;
+    }
+    let params = crate::TimelineParams::ending(t, chrono::TimeDelta::minutes(1), 3);
+    let Some(buckets) = Admin::finished_timeline(&store, &params)
+        .await
+        .expect("timeline failed")
+    else {
+        panic!("a store with finish times has a timeline");
+    };
+    let counts: Vec<(i64, u64, u64, u64)> = buckets
+        .iter()
+        .map(|b| {
+            (
+                (b.start - t).num_seconds(),
+                b.completed,
+                b.failed,
+                b.canceled,
+            )
+        })
+        .collect();
+    assert_eq!(
+        counts,
+        vec![(-180, 2, 0, 0), (-120, 0, 1, 0), (-60, 1, 0, 0)],
+        "per minute: two completions, then a failure, then a completion; the \
+         hour-old completion and the running job are not counted"
+    );
+    drop(running);
+}
+
 /// `enqueue` through the admin contract returns the keys of claimable jobs.
 pub async fn admin_enqueue_adds_claimable_jobs<H: Harness>(h: &H) {
     let store = h.store().await;
@@ -1462,6 +1509,7 @@ macro_rules! conformance_tests {
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             admin_enqueue_adds_claimable_jobs,
+            admin_timeline_counts_finished_jobs_per_interval,
             admin_reset_resets_stalled_jobs_once
         );
     };

@@ -60,6 +60,9 @@ pub(crate) struct AdminStatements {
     pub counts: Statement,
     /// The oldest claimable job's since-time and the stalled count.
     pub waiting: Statement,
+    /// Finished jobs per interval and stored state; `None` without a
+    /// finish column.
+    pub timeline: Option<Statement>,
     /// The stored states of the keys bound, for the skips of a write.
     pub states_of: Statement,
     /// The enqueue ([`AdminStatements::enqueue_statement`]).
@@ -217,6 +220,24 @@ impl AdminStatements {
         ));
         let waiting = b.build();
 
+        let timeline = names.at(Column::FinishedAt).map(|finished| {
+            let mut b = Builder::default();
+            let (from, before, seconds) = (
+                b.p(Param::FinishedFrom),
+                b.p(Param::FinishedBefore),
+                b.p(Param::BucketSeconds),
+            );
+            let ended = [JobState::Completed, JobState::Failed, JobState::Canceled]
+                .map(value)
+                .join(", ");
+            b.push(&format!(
+                "SELECT CAST(floor(extract(epoch FROM ({finished} - {from})) / {seconds}) AS int8) AS \"bucket\", \
+                 CAST({state} AS text) AS \"state\", count(*) AS \"count\" FROM {table} AS {a} \
+                 WHERE {finished} >= {from} AND {finished} < {before} AND {state} IN ({ended}) GROUP BY 1, 2"
+            ));
+            b.build()
+        });
+
         let mut b = Builder::default();
         let ids = b.p(Param::Ids);
         b.push(&format!(
@@ -282,6 +303,7 @@ impl AdminStatements {
             get,
             counts,
             waiting,
+            timeline,
             states_of,
             reset,
             enqueue: Statement::default(),

@@ -65,6 +65,8 @@ pub(crate) enum Param {
     FailureText,
     Limit,
     After,
+    /// The length of a timeline's interval, in whole seconds (int8).
+    BucketSeconds,
     Kinds,
     Payloads,
     Priorities,
