@@ -70,11 +70,7 @@ where
     A: queue_core::Admin,
     A::Id: queue_cli::CliKey,
 {
-    let api = Api {
-        admin: Erased::shared(admin),
-        key,
-        stalled_max_age: Duration::from_secs(60),
-    };
+    let api = Api::new(Erased::shared(admin), key, Duration::from_secs(60));
     router(api, tokens, 4096)
 }
 
@@ -619,7 +615,7 @@ async fn the_binary_serves_and_refuses_to_serve_openly() {
         .expect("a connection");
     tokio::io::AsyncWriteExt::write_all(
         &mut stream,
-        b"GET /api/stats HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n",
+        format!("GET /api/stats HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n").as_bytes(),
     )
     .await
     .expect("a request");

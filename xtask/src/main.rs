@@ -6,6 +6,7 @@
 //! - `bench [--quick] [--peers]`: the benchmark program.
 
 mod bench;
+mod dashboard_test;
 mod demo;
 mod fuzz_api;
 mod pg;
@@ -21,6 +22,10 @@ commands:
                    testcontainers, or a throwaway cluster from the local
                    PostgreSQL binaries); ARGS go to `cargo test`; then fuzz
                    the HTTP API with schemathesis (a virtualenv in target/)
+                   and test the dashboard in headless Chromium
+  dashboard [--screenshots DIR]
+                   the dashboard's browser test alone (screenshots to DIR,
+                   default target/dashboard-shots)
   demo [FLAGS]     on a throwaway Postgres, run a worker over jobs and print
                    a summary; FLAGS: --jobs N (10000), --handlers N (16),
                    --mode lease|transactional (lease), --noop
@@ -65,6 +70,7 @@ fn main() -> Result<()> {
     match command {
         Some("test-pg") => runtime.block_on(test_pg::run(&args[1..])),
         Some("demo") => runtime.block_on(demo::run(&args[1..])),
+        Some("dashboard") => runtime.block_on(dashboard_test::command(&args[1..])),
         Some("bench") => runtime.block_on(bench::run(&args[1..])),
         Some("bench-memory-worker") => runtime.block_on(bench::memory_worker(&args[1..])),
         Some("help" | "--help" | "-h") | None => {

@@ -4,7 +4,8 @@
 //! `QUEUE_TEST_REQUIRE_POSTGRES=1` turns a missing database into a failure
 //! instead of an announced skip, so under test-pg no Postgres test is ever
 //! skipped. After the tests, the HTTP API is fuzzed from its OpenAPI
-//! document on the same server ([`crate::fuzz_api`]).
+//! document on the same server ([`crate::fuzz_api`]), and the dashboard
+//! is driven in headless Chromium ([`crate::dashboard_test`]).
 
 use std::process::Command;
 
@@ -36,6 +37,13 @@ pub async fn run(extra: &[String]) -> Result<()> {
     // The HTTP API, fuzzed from its OpenAPI document on the same server.
     let url = pg.url.clone();
     let fuzzed = tokio::task::spawn_blocking(move || crate::fuzz_api::run(&url, 60)).await?;
+    if fuzzed.is_err() {
+        drop(pg);
+        return fuzzed;
+    }
+    // The dashboard, in headless Chromium.
+    let browsed =
+        crate::dashboard_test::run(&pg.url, &crate::dashboard_test::default_shots()).await;
     drop(pg);
-    fuzzed
+    browsed
 }

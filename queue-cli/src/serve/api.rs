@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::erased::{KeyOr, TextAdmin};
+use super::timeline::DepthHistory;
 use crate::args::states_named_in;
 
 /// What the handlers share.
@@ -31,6 +32,40 @@ pub struct Api {
     pub key: queue_store_postgres::PgKeyType,
     /// Processing jobs silent for longer are counted stalled.
     pub stalled_max_age: Duration,
+    /// The depth samples the timeline draws.
+    pub depth: Arc<DepthHistory>,
+}
+
+impl Api {
+    /// The API over `admin`, whose keys are of type `key`.
+    pub fn new(
+        admin: Arc<dyn TextAdmin>,
+        key: queue_store_postgres::PgKeyType,
+        stalled_max_age: Duration,
+    ) -> Self {
+        Api {
+            admin,
+            key,
+            stalled_max_age,
+            depth: Arc::default(),
+        }
+    }
+
+    /// The queue's figures now, recorded in the depth history.
+    pub async fn stats_now(&self) -> Result<queue_core::QueueStats, StoreError> {
+        let now = Utc::now();
+        let max_age = chrono::TimeDelta::from_std(self.stalled_max_age)
+            .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
+        let stats = self
+            .admin
+            .stats(StatsParams {
+                now,
+                stalled_before: now - max_age,
+            })
+            .await?;
+        self.depth.record(&stats);
+        Ok(stats)
+    }
 }
 
 /// An error as the API reports it: a status, a stable code and a message.
@@ -620,16 +655,7 @@ pub async fn delete_job(
     security((), ("bearer" = []))
 )]
 pub async fn stats(State(api): State<Api>) -> Result<Json<Stats>, ApiError> {
-    let now = Utc::now();
-    let max_age = chrono::TimeDelta::from_std(api.stalled_max_age)
-        .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
-    let stats = api
-        .admin
-        .stats(StatsParams {
-            now,
-            stalled_before: now - max_age,
-        })
-        .await?;
+    let stats = api.stats_now().await?;
     Ok(Json(Stats {
         oldest_claimable_age_seconds: stats
             .oldest_claimable_age()

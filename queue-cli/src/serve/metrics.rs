@@ -9,9 +9,7 @@ use std::time::{Duration, Instant};
 use axum::extract::State;
 use axum::http::header;
 use axum::response::IntoResponse;
-use chrono::Utc;
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
-use queue_core::StatsParams;
 use tokio::sync::Mutex;
 
 use super::api::{Api, ApiError};
@@ -56,17 +54,7 @@ async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
     if gauges.refreshed.is_some_and(|at| at.elapsed() < REFRESH) {
         return Ok(());
     }
-    let now = Utc::now();
-    let max_age = chrono::TimeDelta::from_std(state.api.stalled_max_age)
-        .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
-    let stats = state
-        .api
-        .admin
-        .stats(StatsParams {
-            now,
-            stalled_before: now - max_age,
-        })
-        .await?;
+    let stats = state.api.stats_now().await?;
     let mut shown = HashSet::new();
     for count in &stats.counts {
         let labels = (

@@ -1,11 +1,15 @@
 //! `queue serve`: an HTTP API over the admin contract, its OpenAPI
-//! document at `/openapi.json`, and Prometheus metrics at `/metrics`.
+//! document at `/openapi.json`, Prometheus metrics at `/metrics`, and a
+//! dashboard at `/`.
 
 pub mod api;
 mod auth;
+mod cross_site;
+mod dashboard;
 mod erased;
 mod metrics;
 mod openapi;
+mod timeline;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -43,8 +47,8 @@ pub struct ServeArgs {
     pub max_body_bytes: Option<usize>,
 }
 
-/// The whole application: the API under `/api`, `/metrics`,
-/// `/openapi.json` and `/healthz`.
+/// The whole application: the dashboard at `/`, the API under `/api`,
+/// `/metrics`, `/openapi.json` and `/healthz`.
 pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
     let tokens = Arc::new(tokens);
     let mut states: Vec<String> = Vec::new();
@@ -67,14 +71,16 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/jobs/{id}/retry", post(api::retry_job))
         .route("/api/jobs/{id}/cancel", post(api::cancel_job))
         .route("/api/stats", get(api::stats))
+        .route("/api/timeline", get(timeline::timeline))
         .with_state(api)
         .merge(
             Router::new()
                 .route("/metrics", get(metrics::metrics))
                 .with_state(metrics),
         )
-        .route_layer(from_fn_with_state(tokens, auth::authorize));
+        .route_layer(from_fn_with_state(tokens.clone(), auth::authorize));
     Router::new()
+        .merge(dashboard::routes())
         .route(
             "/openapi.json",
             get(|| async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
@@ -86,6 +92,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
                 .into_response()
         })
         .layer(DefaultBodyLimit::max(max_body))
+        .layer(from_fn_with_state(tokens, cross_site::guard))
 }
 
 /// The tokens from the environment and the config file.
@@ -135,11 +142,12 @@ pub(crate) async fn run(
         PgKeyType::Uuid => Erased::shared(PgAdmin::<uuid::Uuid>::new(pool, options).await?),
         PgKeyType::Text => Erased::shared(PgAdmin::<String>::new(pool, options).await?),
     };
-    let api = Api {
+    let api = Api::new(
         admin,
         key,
-        stalled_max_age: crate::commands::read::stalled_max_age(context, None),
-    };
+        crate::commands::read::stalled_max_age(context, None),
+    );
+    let sampler = tokio::spawn(sample_depth(api.clone()));
     let max_body = args
         .max_body_bytes
         .or(serve.max_body_bytes)
@@ -155,7 +163,21 @@ pub(crate) async fn run(
         .with_graceful_shutdown(stopped())
         .await
         .context("serving")?;
+    sampler.abort();
     Ok(())
+}
+
+/// Counts the jobs every [`timeline::SAMPLE_EVERY`], for the timeline's
+/// depth line. A failure (the database away) leaves a gap, nothing more.
+async fn sample_depth(api: Api) {
+    let mut every = tokio::time::interval(timeline::SAMPLE_EVERY);
+    every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        every.tick().await;
+        if let Err(error) = api.stats_now().await {
+            tracing::debug!(%error, "sampling the queue's depth failed");
+        }
+    }
 }
 
 /// Resolves on SIGINT or SIGTERM.

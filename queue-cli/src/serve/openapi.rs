@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::api;
+use super::{api, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -22,7 +22,8 @@ use super::api;
         api::retry_job,
         api::cancel_job,
         api::delete_job,
-        api::stats
+        api::stats,
+        timeline::timeline
     ),
     components(schemas(
         api::Job,
@@ -34,7 +35,9 @@ use super::api;
         api::StateCount,
         api::Order,
         api::ErrorBody,
-        api::ErrorDetail
+        api::ErrorDetail,
+        timeline::Timeline,
+        timeline::TimelinePoint
     )),
     modifiers(&Bearer)
 )]

@@ -1,0 +1,457 @@
+// The dashboard: plain JavaScript over the HTTP API, no build step.
+// Everything a job holds (kind, payload, messages) reaches the page through
+// text nodes only, never as HTML, and the server's Content-Security-Policy
+// allows no script but this file.
+
+const main = document.getElementById('main');
+const notice = document.getElementById('notice');
+const tokenForm = document.getElementById('token-form');
+const tokenInput = document.getElementById('token-input');
+const tokenButton = document.getElementById('token-button');
+const TOKEN_KEY = 'queue-token';
+const STATES = ['queued', 'processing', 'completed', 'errored', 'failed', 'canceled'];
+let refreshTimer = null;
+// A notice set just before navigating survives that one navigation.
+let keepNotice = false;
+
+// --- The API ---------------------------------------------------------
+
+class ApiError extends Error {
+  constructor(status, code, message) {
+    super(message);
+    this.status = status;
+    this.code = code;
+  }
+}
+
+function token() {
+  return sessionStorage.getItem(TOKEN_KEY) || '';
+}
+
+// Writes carry the token in a header, which no other site's page can make
+// a browser send: that, and the server's origin check, keep them safe.
+async function api(method, path, body) {
+  const headers = { Accept: 'application/json' };
+  if (token()) headers.Authorization = 'Bearer ' + token();
+  const init = { method, headers, credentials: 'omit' };
+  if (body !== undefined) {
+    headers['Content-Type'] = 'application/json';
+    init.body = JSON.stringify(body);
+  }
+  let response;
+  try {
+    response = await fetch(path, init);
+  } catch (e) {
+    throw new ApiError(0, 'network', 'the server did not answer (' + e.message + ')');
+  }
+  let data = null;
+  try {
+    data = await response.json();
+  } catch (_) {
+    data = null;
+  }
+  if (!response.ok) {
+    const error = (data && data.error) || {};
+    throw new ApiError(response.status, error.code || 'http_' + response.status,
+      error.message || response.statusText);
+  }
+  return data;
+}
+
+// --- Building the page -----------------------------------------------
+
+// An element; children are nodes or text (always text, never HTML).
+function h(tag, attrs, ...children) {
+  const el = document.createElement(tag);
+  for (const [name, value] of Object.entries(attrs || {})) {
+    if (value === undefined || value === null || value === false) continue;
+    if (name.startsWith('on')) el.addEventListener(name.slice(2), value);
+    else if (name === 'class') el.className = value;
+    else el.setAttribute(name, value === true ? '' : String(value));
+  }
+  for (const child of children.flat()) {
+    if (child === null || child === undefined || child === false) continue;
+    el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  }
+  return el;
+}
+
+const SVG = 'http://www.w3.org/2000/svg';
+function s(tag, attrs, ...children) {
+  const el = document.createElementNS(SVG, tag);
+  for (const [name, value] of Object.entries(attrs || {})) el.setAttribute(name, String(value));
+  for (const child of children) el.append(child instanceof Node ? child : document.createTextNode(String(child)));
+  return el;
+}
+
+function say(text, kind) {
+  notice.hidden = !text;
+  notice.className = 'notice' + (kind ? ' ' + kind : '');
+  notice.textContent = text || '';
+}
+
+// What an error means for the person looking.
+function explain(error) {
+  if (error.status === 401) {
+    showTokenForm();
+    return 'This server needs a token: enter a read or admin token above.';
+  }
+  if (error.status === 403 && error.code === 'forbidden') {
+    showTokenForm();
+    return 'This needs an admin token: ' + error.message;
+  }
+  if (error.status === 503) return 'The database is unavailable; retrying. (' + error.message + ')';
+  return error.message;
+}
+
+async function guarded(work) {
+  try {
+    await work();
+    if (notice.classList.contains('error')) say('');
+  } catch (error) {
+    if (!(error instanceof ApiError)) throw error;
+    say(explain(error), 'error');
+  }
+}
+
+function time(text) {
+  if (!text) return '—';
+  const d = new Date(text);
+  return d.toISOString().replace('T', ' ').slice(0, 19) + ' UTC';
+}
+
+function ago(seconds) {
+  if (seconds === null || seconds === undefined) return '—';
+  if (seconds < 90) return Math.round(seconds) + ' s';
+  if (seconds < 5400) return Math.round(seconds / 60) + ' min';
+  if (seconds < 172800) return Math.round(seconds / 3600) + ' h';
+  return Math.round(seconds / 86400) + ' d';
+}
+
+// A state badge, with the table's own value beside it when it differs.
+function stateBadge(state, stored) {
+  const shown = state || stored;
+  return h('span', {},
+    h('span', { class: 'state ' + (state || 'unknown'), 'data-state': shown }, shown),
+    stored && stored !== state ? h('span', { class: 'stored-as' }, 'stored as ', h('code', {}, stored)) : null);
+}
+
+function jobLink(id) {
+  return h('a', { href: '#/jobs/' + encodeURIComponent(id), class: 'mono' }, id);
+}
+
+// --- Token -------------------------------------------------------------
+
+function showTokenForm() {
+  tokenForm.hidden = false;
+  tokenButton.hidden = true;
+  tokenInput.focus();
+}
+
+function showTokenState() {
+  tokenButton.textContent = token() ? 'Token ✓' : 'Token';
+}
+
+tokenButton.addEventListener('click', showTokenForm);
+tokenForm.addEventListener('submit', (event) => {
+  event.preventDefault();
+  const value = tokenInput.value.trim();
+  if (value) sessionStorage.setItem(TOKEN_KEY, value);
+  tokenInput.value = '';
+  tokenForm.hidden = true;
+  tokenButton.hidden = false;
+  showTokenState();
+  say('');
+  route();
+});
+document.getElementById('token-forget').addEventListener('click', () => {
+  sessionStorage.removeItem(TOKEN_KEY);
+  tokenForm.hidden = true;
+  tokenButton.hidden = false;
+  showTokenState();
+  route();
+});
+
+// --- Overview ------------------------------------------------------------
+
+async function overview() {
+  main.replaceChildren(h('h1', {}, 'Overview'), h('p', { class: 'muted' }, 'Loading…'));
+  const load = async () => {
+    const [stats, timeline] = await Promise.all([
+      api('GET', '/api/stats'),
+      api('GET', '/api/timeline?minutes=60'),
+    ]);
+    main.replaceChildren(
+      h('h1', {}, 'Overview'),
+      stateCards(stats),
+      h('div', { class: 'facts' },
+        h('span', {}, 'Oldest waiting: ', h('b', { id: 'oldest' }, ago(stats.oldest_claimable_age_seconds))),
+        h('span', {}, 'Stalled: ', h('b', { id: 'stalled' }, stats.stalled)),
+        h('span', {}, 'As of ', time(stats.now))),
+      h('h2', {}, 'Last hour'),
+      h('div', { class: 'panel chart' }, chart(timeline)),
+      h('h2', {}, 'Jobs by state and kind'),
+      countsTable(stats));
+  };
+  await guarded(load);
+  refreshTimer = setInterval(() => guarded(load), 5000);
+}
+
+function stateCards(stats) {
+  const cards = [];
+  const seen = new Set();
+  for (const state of STATES) {
+    const rows = stats.counts.filter((c) => c.state === state);
+    const stored = [...new Set(rows.map((c) => c.stored_state))].filter((v) => v !== state);
+    const total = rows.reduce((sum, c) => sum + c.count, 0);
+    rows.forEach((c) => seen.add(c.stored_state));
+    cards.push(h('a', { class: 'card', href: '#/jobs?state=' + state, 'data-card': state },
+      h('div', { class: 'label' }, state),
+      h('div', { class: 'n' }, total.toLocaleString('en')),
+      stored.length ? h('div', { class: 'stored' }, 'stored as ', stored.join(', ')) : null));
+  }
+  // Values the mapping does not know, in the table's own words.
+  for (const c of stats.counts.filter((c) => c.state === null)) {
+    if (seen.has(c.stored_state)) continue;
+    seen.add(c.stored_state);
+    const total = stats.counts.filter((x) => x.stored_state === c.stored_state)
+      .reduce((sum, x) => sum + x.count, 0);
+    cards.push(h('div', { class: 'card' },
+      h('div', { class: 'label' }, c.stored_state),
+      h('div', { class: 'n' }, total.toLocaleString('en')),
+      h('div', { class: 'stored' }, 'not a mapped state')));
+  }
+  return h('div', { class: 'cards' }, cards);
+}
+
+function countsTable(stats) {
+  if (!stats.counts.length) return h('p', { class: 'muted' }, 'No jobs.');
+  return h('table', { id: 'counts' },
+    h('thead', {}, h('tr', {}, h('th', {}, 'State'), h('th', {}, 'Kind'), h('th', { class: 'num' }, 'Jobs'))),
+    h('tbody', {}, stats.counts.map((c) => {
+      const query = new URLSearchParams({ state: c.stored_state });
+      if (c.kind !== null) query.set('kind', c.kind);
+      return h('tr', {},
+        h('td', {}, stateBadge(c.state, c.stored_state)),
+        h('td', {}, c.kind === null ? h('span', { class: 'muted' }, '—') : h('a', { href: '#/jobs?' + query }, c.kind)),
+        h('td', { class: 'num' }, c.count.toLocaleString('en')));
+    })));
+}
+
+// Finished jobs per minute as stacked bars (left scale), the number of
+// waiting jobs as a line (right scale).
+function chart(timeline) {
+  const points = timeline.points;
+  const W = 960, H = 220, L = 48, R = 56, T = 12, B = 28;
+  const w = W - L - R, hgt = H - T - B;
+  const finished = points.map((p) => p.completed + p.failed + p.canceled);
+  const maxFinished = Math.max(1, ...finished);
+  const waits = points.map((p) => p.waiting).filter((v) => v !== null);
+  const maxWaiting = Math.max(1, ...waits);
+  const step = w / points.length;
+  const svg = s('svg', { viewBox: `0 0 ${W} ${H}`, role: 'img', 'aria-label': 'Jobs finished per minute and jobs waiting, last hour' });
+  svg.append(s('line', { class: 'axis', x1: L, y1: T + hgt, x2: L + w, y2: T + hgt }));
+  for (const frac of [0.5, 1]) {
+    const y = T + hgt - frac * hgt;
+    svg.append(s('line', { class: 'axis', x1: L, y1: y, x2: L + w, y2: y, 'stroke-dasharray': '3 4' }));
+    svg.append(s('text', { x: L - 6, y: y + 4, 'text-anchor': 'end' }, Math.round(maxFinished * frac).toLocaleString('en')));
+    svg.append(s('text', { x: L + w + 6, y: y + 4 }, Math.round(maxWaiting * frac).toLocaleString('en')));
+  }
+  points.forEach((p, i) => {
+    const x = L + i * step + 1;
+    let y = T + hgt;
+    for (const [value, kind] of [[p.completed, 'completed'], [p.failed, 'failed'], [p.canceled, 'canceled']]) {
+      if (!value) continue;
+      const height = (value / maxFinished) * hgt;
+      y -= height;
+      const bar = s('rect', { x, y, width: Math.max(1, step - 2), height, class: 'bar ' + kind });
+      bar.append(s('title', {}, `${time(p.start)}: ${p.completed} completed, ${p.failed} failed, ${p.canceled} canceled`));
+      svg.append(bar);
+    }
+  });
+  let path = '';
+  points.forEach((p, i) => {
+    if (p.waiting === null) return;
+    const x = L + i * step + step / 2;
+    const y = T + hgt - (p.waiting / maxWaiting) * hgt;
+    path += (path && points[i - 1] && points[i - 1].waiting !== null ? 'L' : 'M') + x.toFixed(1) + ' ' + y.toFixed(1);
+    svg.append(s('circle', { cx: x, cy: y, r: 2.5, class: 'waiting' }));
+  });
+  if (path) svg.append(s('path', { d: path, class: 'waiting' }));
+  for (const [i, label] of [[0, '−60 min'], [Math.floor(points.length / 2), '−30 min'], [points.length - 1, 'now']]) {
+    if (!points[i]) continue;
+    svg.append(s('text', { x: L + i * step + step / 2, y: H - 8, 'text-anchor': 'middle' }, label));
+  }
+  const legend = h('div', { class: 'legend' },
+    h('span', {}, h('span', { class: 'swatch completed' }), 'completed / min'),
+    h('span', {}, h('span', { class: 'swatch failed' }), 'failed / min'),
+    h('span', {}, h('span', { class: 'swatch canceled' }), 'canceled / min'),
+    h('span', {}, h('span', { class: 'swatch waiting' }), 'waiting (right scale; sampled since the server started)'));
+  const note = timeline.finish_times_kept ? null
+    : h('p', { class: 'muted' }, 'This table keeps no finish times, so finished jobs cannot be counted per minute.');
+  return h('div', {}, svg, legend, note);
+}
+
+// --- Job list ------------------------------------------------------------
+
+async function jobs(params) {
+  const filters = filterForm(params);
+  main.replaceChildren(h('h1', {}, 'Jobs'), filters, h('p', { class: 'muted' }, 'Loading…'));
+  await guarded(async () => {
+    const query = new URLSearchParams();
+    for (const name of ['state', 'kind', 'failure_contains', 'order', 'after']) {
+      if (params.get(name)) query.set(name, params.get(name));
+    }
+    query.set('limit', '25');
+    const page = await api('GET', '/api/jobs?' + query);
+    const rows = page.jobs.map((job) => h('tr', { 'data-id': job.id },
+      h('td', {}, jobLink(job.id)),
+      h('td', {}, job.kind === null ? '—' : job.kind),
+      h('td', {}, stateBadge(job.state, job.stored_state)),
+      h('td', { class: 'num' }, job.priority === null ? '—' : job.priority),
+      h('td', {}, time(job.queued_at)),
+      h('td', {}, time(job.finished_at)),
+      h('td', { class: 'failure', title: job.failure_message || '' }, job.failure_message || '')));
+    const table = page.jobs.length
+      ? h('table', { id: 'jobs' },
+        h('thead', {}, h('tr', {}, ['ID', 'Kind', 'State', 'Priority', 'Queued', 'Finished', 'Failure'].map((t) => h('th', {}, t)))),
+        h('tbody', {}, rows))
+      : h('p', { class: 'muted', id: 'no-jobs' }, 'No jobs match.');
+    const first = new URLSearchParams(params);
+    first.delete('after');
+    const next = new URLSearchParams(params);
+    if (page.next !== null) next.set('after', page.next);
+    const pager = h('div', { class: 'pager' },
+      params.get('after') ? h('a', { href: '#/jobs?' + first }, '← First page') : null,
+      page.next !== null ? h('a', { href: '#/jobs?' + next, id: 'next-page' }, 'Next page →') : null);
+    main.replaceChildren(h('h1', {}, 'Jobs'), filters, table, pager);
+  });
+}
+
+function filterForm(params) {
+  const state = h('select', { name: 'state', id: 'filter-state' },
+    h('option', { value: '' }, 'any'),
+    STATES.map((st) => h('option', { value: st, selected: params.get('state') === st }, st)));
+  const kind = h('input', { name: 'kind', id: 'filter-kind', value: params.get('kind') || '', placeholder: 'any kind' });
+  const failure = h('input', { name: 'failure_contains', id: 'filter-failure', value: params.get('failure_contains') || '', placeholder: 'text in the failure' });
+  const order = h('select', { name: 'order', id: 'filter-order' },
+    h('option', { value: 'newest' }, 'newest first'),
+    h('option', { value: 'oldest', selected: params.get('order') === 'oldest' }, 'oldest first'));
+  // A stored value the standard names do not cover (a foreign table's own
+  // word) stays selectable.
+  const current = params.get('state');
+  if (current && !STATES.includes(current)) {
+    state.append(h('option', { value: current, selected: true }, current));
+  }
+  return h('form', {
+    class: 'filters',
+    onsubmit: (event) => {
+      event.preventDefault();
+      const query = new URLSearchParams();
+      for (const [name, input] of [['state', state], ['kind', kind], ['failure_contains', failure], ['order', order]]) {
+        if (input.value && !(name === 'order' && input.value === 'newest')) query.set(name, input.value);
+      }
+      location.hash = '#/jobs' + (query.toString() ? '?' + query : '');
+    },
+  },
+  h('label', {}, 'State', state),
+  h('label', {}, 'Kind', kind),
+  h('label', {}, 'Failure contains', failure),
+  h('label', {}, 'Order', order),
+  h('button', { type: 'submit', class: 'primary', id: 'filter-apply' }, 'Filter'));
+}
+
+// --- One job -------------------------------------------------------------
+
+async function job(id) {
+  main.replaceChildren(h('h1', {}, 'Job ', id), h('p', { class: 'muted' }, 'Loading…'));
+  await guarded(async () => {
+    const j = await api('GET', '/api/jobs/' + encodeURIComponent(id));
+    const act = (label, method, path, confirmText, cls) => h('button', {
+      class: cls,
+      id: 'action-' + label.toLowerCase(),
+      onclick: async () => {
+        if (confirmText && !window.confirm(confirmText)) return;
+        try {
+          const result = await api(method, path);
+          if (method === 'DELETE') {
+            say('Job ' + id + ' deleted.', 'ok');
+            keepNotice = true;
+            location.hash = '#/jobs';
+            return;
+          }
+          say(label + ': ' + (result.changed ? 'done.' : result.stop_requested ? 'asked the running attempt to stop.' : 'nothing changed.'), 'ok');
+          await job(id);
+        } catch (error) {
+          if (!(error instanceof ApiError)) throw error;
+          say(explain(error), 'error');
+        }
+      },
+    }, label);
+    const base = '/api/jobs/' + encodeURIComponent(id);
+    const retryable = ['failed', 'errored', 'canceled'].includes(j.state);
+    const cancelable = ['queued', 'errored', 'processing'].includes(j.state);
+    const field = (name, value) => [h('dt', {}, name), h('dd', {}, value === null || value === undefined ? '—' : value)];
+    const logs = j.execution_logs.length
+      ? h('ol', { class: 'log' }, j.execution_logs.map((entry) =>
+        h('li', {}, entry && typeof entry === 'object' && 'message' in entry
+          ? [h('span', { class: 'muted mono' }, time(entry.at), ' ', entry.key || ''), ' ', String(entry.message)]
+          : h('code', {}, JSON.stringify(entry)))))
+      : h('p', { class: 'muted' }, 'No log entries.');
+    main.replaceChildren(
+      h('h1', {}, 'Job ', h('span', { class: 'mono' }, j.id), stateBadge(j.state, j.stored_state)),
+      h('div', { class: 'actions' },
+        retryable ? act('Retry', 'POST', base + '/retry', null, 'primary') : null,
+        cancelable ? act('Cancel', 'POST', base + '/cancel', null, '') : null,
+        act('Delete', 'DELETE', base, 'Delete job ' + id + '? This cannot be undone.', 'danger')),
+      h('div', { class: 'two' },
+        h('div', {},
+          h('h2', {}, 'Details'),
+          h('dl', { class: 'fields panel' },
+            field('Kind', j.kind),
+            field('State', stateBadge(j.state, j.stored_state)),
+            field('Priority', j.priority),
+            field('Failed attempts', j.num_failures),
+            field('Resets (stalled attempts)', j.num_resets),
+            field('Queued', time(j.queued_at)),
+            field('Runs after', j.process_after ? time(j.process_after) : null),
+            field('Started', time(j.started_at)),
+            field('Last heartbeat', j.last_heartbeat_at ? time(j.last_heartbeat_at) : null),
+            field('Finished', time(j.finished_at)),
+            field('Worker', j.worker_hostname),
+            field('Stop requested', j.cancel ? 'yes' : 'no'))),
+        h('div', {},
+          h('h2', {}, 'Payload'),
+          h('pre', { id: 'payload' }, j.payload === null ? '—' : JSON.stringify(j.payload, null, 2)),
+          j.failure_message ? [h('h2', {}, 'Failure'), h('pre', { class: 'failure', id: 'failure' }, j.failure_message)] : null,
+          h('h2', {}, 'Execution log'),
+          logs)));
+  });
+}
+
+// --- Routing -------------------------------------------------------------
+
+function route() {
+  clearInterval(refreshTimer);
+  refreshTimer = null;
+  const hash = location.hash.replace(/^#/, '') || '/';
+  const [path, query] = hash.split('?');
+  const params = new URLSearchParams(query || '');
+  const section = path.startsWith('/jobs') ? 'jobs' : 'overview';
+  for (const a of document.querySelectorAll('[data-nav]')) {
+    a.classList.toggle('active', a.dataset.nav === section);
+  }
+  if (path === '/' || path === '') return overview();
+  if (path === '/jobs') return jobs(params);
+  if (path.startsWith('/jobs/')) return job(decodeURIComponent(path.slice('/jobs/'.length)));
+  main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the overview')));
+  return undefined;
+}
+
+window.addEventListener('hashchange', () => {
+  if (!keepNotice) say('');
+  keepNotice = false;
+  route();
+});
+showTokenState();
+route();

@@ -1,0 +1,283 @@
+//! What `queue serve` adds for the dashboard, over the memory store (no
+//! database needed): the page and its assets with a policy that lets no
+//! other script run, the refusal of writes from other sites and of foreign
+//! host names when no token is set, and the timeline the chart draws. The
+//! page itself is driven in Chromium by `cargo xtask test-pg`.
+
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::http::{header, HeaderMap, Method, Request, StatusCode};
+use axum::Router;
+use chrono::Utc;
+use queue_cli::serve::{router, Api, Erased, Tokens};
+use queue_core::{Admin, ClaimParams, NewJob, Store, Transition};
+use queue_store_memory::MemoryStore;
+use queue_store_postgres::PgKeyType;
+use serde_json::Value;
+use tower::ServiceExt;
+
+fn app(store: MemoryStore, tokens: Tokens) -> Router {
+    let api = Api::new(
+        Erased::shared(store),
+        PgKeyType::Int8,
+        Duration::from_secs(60),
+    );
+    router(api, tokens, 4096)
+}
+
+/// A request with these headers: its status, headers and body.
+async fn send(
+    app: &Router,
+    method: Method,
+    uri: &str,
+    headers: &[(&str, &str)],
+) -> (StatusCode, HeaderMap, String) {
+    let mut request = Request::builder().method(method).uri(uri);
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    let response = app
+        .clone()
+        .oneshot(request.body(Body::empty()).expect("a request"))
+        .await
+        .expect("a response");
+    let (status, headers) = (response.status(), response.headers().clone());
+    let bytes = axum::body::to_bytes(response.into_body(), 10 << 20)
+        .await
+        .expect("the body");
+    (
+        status,
+        headers,
+        String::from_utf8_lossy(&bytes).into_owned(),
+    )
+}
+
+fn code(body: &str) -> String {
+    serde_json::from_str::<Value>(body).expect("a JSON error")["error"]["code"]
+        .as_str()
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[tokio::test]
+async fn the_page_and_its_assets_are_served_under_a_strict_policy() {
+    let app = app(MemoryStore::new(), Tokens::default());
+    for (path, content_type, contains) in [
+        ("/", "text/html", "/assets/app.js"),
+        ("/assets/app.js", "text/javascript", "textContent"),
+        ("/assets/app.css", "text/css", ".card"),
+    ] {
+        let (status, headers, body) = send(&app, Method::GET, path, &[]).await;
+        assert_eq!(status, StatusCode::OK, "{path}");
+        let header = |name: header::HeaderName| {
+            headers
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert!(
+            header(header::CONTENT_TYPE).starts_with(content_type),
+            "{path}"
+        );
+        let policy = header(header::CONTENT_SECURITY_POLICY);
+        assert!(
+            policy.contains("script-src 'self'") && !policy.contains("unsafe"),
+            "{path}: only this server's scripts may run: {policy}"
+        );
+        assert!(
+            policy.contains("frame-ancestors 'none'"),
+            "{path}: no framing"
+        );
+        assert_eq!(header(header::X_CONTENT_TYPE_OPTIONS), "nosniff");
+        assert!(body.contains(contains), "{path} is the file it names");
+    }
+    let (_, _, script) = send(&app, Method::GET, "/assets/app.js", &[]).await;
+    assert!(
+        !script.contains("innerHTML") && !script.contains("insertAdjacentHTML"),
+        "the page writes job data as text only"
+    );
+}
+
+#[tokio::test]
+async fn writes_from_another_site_are_refused() {
+    let store = MemoryStore::new();
+    let id = Admin::enqueue(&store, &[NewJob::new("k", serde_json::json!({}))])
+        .await
+        .expect("enqueued")[0];
+    let app = app(store, Tokens::default());
+    let cancel = format!("/api/jobs/{id}/cancel");
+    for headers in [
+        &[("origin", "https://evil.example")][..],
+        &[("origin", "null")],
+        &[("sec-fetch-site", "cross-site")],
+        &[
+            ("sec-fetch-site", "same-site"),
+            ("origin", "http://127.0.0.1:8080"),
+        ],
+        &[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:9999"),
+        ],
+    ] {
+        let (status, _, body) = send(&app, Method::POST, &cancel, headers).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::FORBIDDEN, "cross_site".to_owned()),
+            "{headers:?}"
+        );
+    }
+    let (status, _, body) = send(
+        &app,
+        Method::GET,
+        &format!("/api/jobs/{id}"),
+        &[("sec-fetch-site", "cross-site")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "reads are not refused: {body}");
+    assert!(
+        body.contains("\"queued\""),
+        "the job was not canceled: {body}"
+    );
+    let (status, _, body) = send(
+        &app,
+        Method::POST,
+        &cancel,
+        &[
+            ("host", "127.0.0.1:8080"),
+            ("origin", "http://127.0.0.1:8080"),
+            ("sec-fetch-site", "same-origin"),
+        ],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the dashboard's own write: {body}");
+    let (status, _, _) = send(&app, Method::POST, &cancel, &[]).await;
+    assert_eq!(
+        status,
+        StatusCode::CONFLICT,
+        "a program (no Origin) reaches the handler, which finds it canceled"
+    );
+}
+
+#[tokio::test]
+async fn without_tokens_only_loopback_host_names_are_answered() {
+    let open = app(MemoryStore::new(), Tokens::default());
+    for host in [
+        "127.0.0.1:8080",
+        "localhost:8080",
+        "[::1]:8080",
+        "localhost",
+    ] {
+        let (status, _, _) = send(&open, Method::GET, "/api/stats", &[("host", host)]).await;
+        assert_eq!(status, StatusCode::OK, "{host}");
+    }
+    let (status, _, body) = send(
+        &open,
+        Method::GET,
+        "/api/stats",
+        &[("host", "rebound.evil.example:8080")],
+    )
+    .await;
+    assert_eq!(
+        (status, code(&body)),
+        (StatusCode::FORBIDDEN, "forbidden".to_owned()),
+        "a name that resolves to loopback from another site (DNS rebinding)"
+    );
+    let guarded = app(
+        MemoryStore::new(),
+        Tokens {
+            admin: vec!["secret".into()],
+            read: Vec::new(),
+        },
+    );
+    let (status, _, _) = send(
+        &guarded,
+        Method::GET,
+        "/api/stats",
+        &[
+            ("host", "queue.internal.example"),
+            ("authorization", "Bearer secret"),
+        ],
+    )
+    .await;
+    assert_eq!(
+        status,
+        StatusCode::OK,
+        "with tokens any host name is served"
+    );
+}
+
+#[tokio::test]
+async fn the_timeline_counts_finished_jobs_per_minute_and_samples_the_depth() {
+    let store = MemoryStore::new();
+    let jobs: Vec<NewJob> = (0..5)
+        .map(|n| NewJob::new("k", serde_json::json!(n)))
+        .collect();
+    Admin::enqueue(&store, &jobs).await.expect("enqueued");
+    let now = Utc::now();
+    let claimed = store
+        .claim(ClaimParams {
+            limit: 3,
+            worker: "w",
+            conditions: None,
+            now,
+        })
+        .await
+        .expect("claimed");
+    let mut transitions = [
+        Transition::Complete,
+        Transition::Complete,
+        Transition::Fail {
+            message: "no".into(),
+        },
+    ]
+    .into_iter();
+    for job in claimed {
+        let transition = transitions.next().expect("three");
+        let written = store
+            .finish(job.job_store, &job.lease, transition, now)
+            .await
+            .expect("finished");
+        assert_eq!(written, queue_core::WriteResult::Applied);
+    }
+    let app = app(store, Tokens::default());
+    let (status, _, body) = send(&app, Method::GET, "/api/timeline", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let timeline: Value = serde_json::from_str(&body).expect("JSON");
+    let points = timeline["points"].as_array().expect("points");
+    assert_eq!(points.len(), 60, "an hour of minutes");
+    assert_eq!(timeline["finish_times_kept"], true);
+    let last = &points[59];
+    assert_eq!(
+        (last["completed"].as_u64(), last["failed"].as_u64()),
+        (Some(2), Some(1))
+    );
+    assert_eq!(
+        last["waiting"],
+        Value::Null,
+        "no depth sample yet: the server has not counted the jobs"
+    );
+    send(&app, Method::GET, "/api/stats", &[]).await;
+    let (_, _, body) = send(&app, Method::GET, "/api/timeline?minutes=5", &[]).await;
+    let timeline: Value = serde_json::from_str(&body).expect("JSON");
+    let points = timeline["points"].as_array().expect("points");
+    assert_eq!(points.len(), 5);
+    assert_eq!(
+        points[4]["waiting"].as_u64(),
+        Some(2),
+        "the stats call sampled two waiting jobs"
+    );
+    for bad in [
+        "/api/timeline?minutes=0",
+        "/api/timeline?minutes=1441",
+        "/api/timeline?minutes=x",
+    ] {
+        let (status, _, body) = send(&app, Method::GET, bad, &[]).await;
+        assert_eq!(
+            (status, code(&body)),
+            (StatusCode::BAD_REQUEST, "bad_request".to_owned()),
+            "{bad}"
+        );
+    }
+}

@@ -1,0 +1,144 @@
+// The dashboard of `queue serve` in headless Chromium, as a person uses it.
+// Run by `cargo xtask test-pg` (xtask/src/dashboard_test.rs), which seeds
+// the table, starts the server and passes, in the environment:
+//   BASE          the server, http://127.0.0.1:PORT
+//   READ_TOKEN    a read-only token; ADMIN_TOKEN an admin one
+//   HOSTILE_ID    the key of a failed job whose payload and failure hold HTML
+//   FAILED_COUNT  how many jobs failed
+//   FOREIGN_BASE  a second server, over a foreign table whose failed state
+//                 is stored as "broken"
+//   SHOTS         where the screenshots go
+//   CHROMIUM      the browser (default /usr/bin/chromium)
+// Every step says what it checks; the first that fails ends the run with
+// its message and a screenshot of the page as it was.
+
+import { chromium } from 'playwright-core';
+import { mkdirSync } from 'node:fs';
+import { join } from 'node:path';
+import { tmpdir } from 'node:os';
+import { mkdtempSync, rmSync } from 'node:fs';
+
+const env = (name) => {
+  const value = process.env[name];
+  if (!value) throw new Error(`${name} is not set`);
+  return value;
+};
+const BASE = env('BASE');
+const FOREIGN_BASE = env('FOREIGN_BASE');
+const READ_TOKEN = env('READ_TOKEN');
+const ADMIN_TOKEN = env('ADMIN_TOKEN');
+const HOSTILE_ID = env('HOSTILE_ID');
+const FAILED_COUNT = Number(env('FAILED_COUNT'));
+const SHOTS = env('SHOTS');
+mkdirSync(SHOTS, { recursive: true });
+
+function check(condition, message) {
+  if (!condition) throw new Error(message);
+}
+
+const profile = mkdtempSync(join(tmpdir(), 'queue-dashboard-chromium-'));
+const context = await chromium.launchPersistentContext(profile, {
+  executablePath: process.env.CHROMIUM || '/usr/bin/chromium',
+  headless: true,
+  args: ['--no-sandbox', '--disable-gpu', '--no-first-run', '--disable-background-networking',
+    '--disable-component-update', '--disable-sync'],
+  viewport: { width: 1280, height: 860 },
+});
+const page = context.pages()[0] || await context.newPage();
+const problems = [];
+page.on('pageerror', (error) => problems.push(`page error: ${error.message}`));
+page.on('console', (message) => {
+  if (message.type() === 'error' && !/status of 40[13]/.test(message.text())) {
+    problems.push(`console error: ${message.text()}`);
+  }
+});
+page.on('dialog', (dialog) => dialog.accept());
+
+let step = '';
+async function run(name, body) {
+  step = name;
+  process.stdout.write(`dashboard: ${name} ... `);
+  await body();
+  check(problems.length === 0, problems.join('\n'));
+  console.log('ok');
+}
+
+try {
+  await run('the overview asks for a token, then shows the counts with a read token', async () => {
+    await page.goto(BASE + '/');
+    await page.locator('#token-form').waitFor({ state: 'visible' });
+    check(/needs a token/.test(await page.locator('#notice').textContent()), 'a 401 explains that a token is needed');
+    await page.fill('#token-input', READ_TOKEN);
+    await page.click('#token-form button[type=submit]');
+    const failedCard = page.locator('[data-card=failed] .n');
+    await failedCard.waitFor();
+    await page.waitForFunction((n) => document.querySelector('[data-card=failed] .n').textContent === String(n), FAILED_COUNT);
+    check(await page.locator('#counts tbody tr').count() >= 3, 'the counts table has a row per state and kind');
+    check(await page.locator('.chart svg rect').count() > 0, 'the chart draws the finished jobs as bars');
+    await page.waitForSelector('.chart svg circle');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-overview.png'), fullPage: true });
+  });
+
+  await run('the job list filters to failed jobs', async () => {
+    await page.click('a[data-nav=jobs]');
+    await page.locator('#jobs tbody tr').first().waitFor();
+    await page.selectOption('#filter-state', 'failed');
+    await page.click('#filter-apply');
+    await page.waitForFunction(() => location.hash.includes('state=failed'));
+    await page.waitForFunction((n) => {
+      const rows = document.querySelectorAll('#jobs tbody tr');
+      return rows.length === n && [...rows].every((r) => r.querySelector('[data-state]').dataset.state === 'failed');
+    }, FAILED_COUNT);
+  });
+
+  await run('a job with HTML in its payload and failure shows it as text, never runs it', async () => {
+    await page.click(`#jobs tr[data-id="${HOSTILE_ID}"] a`);
+    await page.locator('#payload').waitFor();
+    const payload = await page.locator('#payload').textContent();
+    check(payload.includes('<script>window.__pwned = 1</script>'), `the payload is shown as text: ${payload}`);
+    check((await page.locator('#failure').textContent()).includes('<img src=x'), 'the failure message is shown as text');
+    check(await page.locator('#payload script, #payload img, #failure img, #failure script').count() === 0,
+      'no element was made from the payload');
+    check(await page.evaluate(() => window.__pwned) === undefined, 'no script from the payload ran');
+    check(/"title": "<b>bold<\/b>"/.test(payload), 'the payload is formatted JSON');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-job.png'), fullPage: true });
+  });
+
+  await run('a read token cannot retry; an admin token can, and the job moves to queued', async () => {
+    await page.click('#action-retry');
+    await page.waitForFunction(() => /admin token/.test(document.querySelector('#notice').textContent));
+    await page.fill('#token-input', ADMIN_TOKEN);
+    await page.click('#token-form button[type=submit]');
+    await page.locator('#action-retry').waitFor();
+    await page.click('#action-retry');
+    await page.waitForFunction(() => document.querySelector('h1 [data-state]')?.dataset.state === 'queued');
+    check(await page.locator('#action-retry').count() === 0, 'a queued job offers no retry');
+  });
+
+  await run('the retried job has left the failed list', async () => {
+    await page.goto(BASE + '/#/jobs?state=failed');
+    await page.waitForFunction((n) => document.querySelectorAll('#jobs tbody tr').length === n, FAILED_COUNT - 1);
+    check(await page.locator(`#jobs tr[data-id="${HOSTILE_ID}"]`).count() === 0, 'the retried job is not listed as failed');
+    await page.goto(BASE + '/#/');
+    await page.waitForFunction((n) => document.querySelector('[data-card=failed] .n')?.textContent === String(n), FAILED_COUNT - 1);
+  });
+
+  await run('a foreign table shows its own state values beside the standard ones', async () => {
+    await page.goto(FOREIGN_BASE + '/');
+    await page.locator('[data-card=failed] .stored').waitFor();
+    check((await page.locator('[data-card=failed] .stored').textContent()).includes('broken'), 'the failed card says it is stored as broken');
+    await page.goto(FOREIGN_BASE + '/#/jobs?state=broken');
+    await page.locator('#jobs tbody tr').first().waitFor();
+    const badges = await page.locator('#jobs tbody .stored-as').allTextContents();
+    check(badges.length > 0 && badges.every((b) => b.includes('broken')), `each row shows the stored value: ${badges}`);
+  });
+} catch (error) {
+  console.log('FAILED');
+  await page.screenshot({ path: join(SHOTS, 'dashboard-failure.png'), fullPage: true }).catch(() => {});
+  console.error(`dashboard: "${step}" failed: ${error.message}`);
+  console.error(`dashboard: the page as it was: ${join(SHOTS, 'dashboard-failure.png')}`);
+  process.exitCode = 1;
+} finally {
+  await context.close();
+  rmSync(profile, { recursive: true, force: true });
+}
