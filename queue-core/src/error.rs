@@ -51,6 +51,12 @@ pub enum StoreError {
 }
 
 impl StoreError {
+    /// This error and each cause under it, joined by `: `, for a log line
+    /// that says what the database said.
+    pub fn chain(&self) -> String {
+        chain(self)
+    }
+
     /// Whether trying the same operation again later may succeed.
     pub fn is_retryable(&self) -> bool {
         matches!(
@@ -170,15 +176,20 @@ impl JobError {
     /// The error and its sources joined with `": "`, as stored in
     /// `failure_message`.
     pub fn message(&self) -> String {
-        let mut message = self.source.to_string();
-        let mut next = self.source.source();
-        while let Some(cause) = next {
-            message.push_str(": ");
-            message.push_str(&cause.to_string());
-            next = cause.source();
-        }
-        message
+        chain(&*self.source)
     }
+}
+
+/// `error` and its sources joined with `": "`.
+fn chain(error: &(dyn std::error::Error + 'static)) -> String {
+    let mut text = error.to_string();
+    let mut next = error.source();
+    while let Some(cause) = next {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        next = cause.source();
+    }
+    text
 }
 
 impl fmt::Display for JobError {
@@ -221,6 +232,21 @@ mod tests {
         let err = JobError::retry(Outer(std::io::Error::other("disk full")));
         assert_eq!(err.message(), "outer: disk full");
         assert_eq!(err.class(), ErrorClass::Retry { after: None });
+    }
+
+    #[test]
+    fn a_store_error_chain_says_what_the_backend_said() {
+        let err = StoreError::Unavailable {
+            context: "claiming jobs".into(),
+            source: Box::new(Outer(std::io::Error::other("connection reset"))),
+        };
+        assert!(
+            err.chain()
+                .starts_with("the job store is unavailable (claiming jobs)")
+                && err.chain().ends_with(": outer: connection reset"),
+            "{}",
+            err.chain()
+        );
     }
 
     #[test]

@@ -121,7 +121,7 @@ impl<S: Store> Resetter<S> {
             match self.reset_once().await {
                 Ok(_) => {}
                 Err(error) if error.is_retryable() => {
-                    tracing::warn!(%error, "reset failed; retrying next interval");
+                    tracing::warn!(error = %error.chain(), "reset failed; retrying next interval");
                 }
                 Err(error) => return Err(WorkerError::Store(error)),
             }

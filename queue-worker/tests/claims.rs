@@ -133,6 +133,52 @@ async fn not_now_is_asked_again_when_a_job_finishes_not_after_the_poll_interval(
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failed_claims_are_retried_within_a_second_not_after_the_poll_interval() {
+    let memory = MemoryStore::new();
+    let store = Slowed::new(memory.clone(), Duration::ZERO);
+    // Five failures in a row: 25 + 50 + 100 + 200 + 400 ms of backoff.
+    store.failing_claims.store(5, Ordering::SeqCst);
+    let id = memory.enqueue(NewJob::new("quick", serde_json::json!(null)));
+    let options = WorkerOptions {
+        // Far longer than the test: waiting it out would fail the test.
+        poll_interval: Duration::from_secs(60),
+        ..fast_options().handlers(2)
+    };
+    struct Completes;
+    #[async_trait]
+    impl Handler<Slowed> for Completes {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+    let worker = Worker::new(store.clone(), Completes, options).unwrap();
+    let shutdown = CancellationToken::new();
+    let started = Instant::now();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    common::wait_for_state(&memory, id, JobState::Completed).await;
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_secs(3),
+        "the job waited {took:?} after five failed claims"
+    );
+    let failed = store
+        .events
+        .lock()
+        .unwrap()
+        .iter()
+        .filter(|e| *e == "claim failed")
+        .count();
+    assert_eq!(failed, 5, "every failure was retried");
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn jobs_of_a_claim_that_returns_after_shutdown_go_back_unstarted() {
     let memory = MemoryStore::new();
     let ids = memory.enqueue_many(jobs(3));

@@ -8,6 +8,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
+use std::time::Duration;
 
 use futures_util::stream::{FuturesUnordered, StreamExt};
 use futures_util::FutureExt;
@@ -33,7 +34,7 @@ enum Pause {
     /// PreDequeue said not now: until a job finishes, a claim comes back or
     /// the poll interval passes.
     NotNow(Pin<Box<tokio::time::Sleep>>),
-    /// A claim failed: until the poll interval passes.
+    /// A claim failed: until a short backoff passes ([`claim_backoff`]).
     Backoff(Pin<Box<tokio::time::Sleep>>),
 }
 
@@ -71,6 +72,8 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
     let mut claims: FuturesUnordered<ClaimInFlight<S>> = FuturesUnordered::new();
     let mut pause: Option<Pause> = None;
     let mut result = Ok(());
+    // Claims failed in a row, for the backoff.
+    let mut failures: u32 = 0;
 
     loop {
         reap(tasks);
@@ -89,6 +92,7 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
             Some((claimed, permits)) = claims.next(), if !claims.is_empty() => {
                 match claimed {
                     Ok(jobs) => {
+                        failures = 0;
                         if jobs.is_empty() {
                             if pause.is_none() {
                                 let store = shared.store.clone();
@@ -104,11 +108,18 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                         start_jobs(shared, jobs, permits, tasks).await;
                     }
                     Err(error) if error.is_retryable() => {
-                        tracing::warn!(%error, "claim failed; retrying after the poll interval");
-                        pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(options.poll_interval))));
+                        let wait = claim_backoff(failures, options.poll_interval);
+                        failures = failures.saturating_add(1);
+                        tracing::warn!(
+                            error = %error.chain(),
+                            retry_in = ?wait,
+                            failures_in_a_row = failures,
+                            "claim failed; retrying on a fresh connection"
+                        );
+                        pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(wait))));
                     }
                     Err(error) => {
-                        tracing::error!(%error, "claim failed permanently; the worker stops");
+                        tracing::error!(error = %error.chain(), "claim failed permanently; the worker stops");
                         result = Err(WorkerError::Store(error));
                         break;
                     }
@@ -139,6 +150,19 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
         }
     }
     result
+}
+
+/// How long to wait after `failures` claims in a row failed (0 for the
+/// first): 25 ms, doubling, at most a second (or the poll interval if
+/// shorter). A claim that failed because a connection died succeeds on the
+/// next one at once, so the first retries come fast; a database that is
+/// down is asked about once a second, never left alone for a whole poll
+/// interval.
+pub(super) fn claim_backoff(failures: u32, poll_interval: Duration) -> Duration {
+    let cap = Duration::from_secs(1).min(poll_interval);
+    Duration::from_millis(25)
+        .saturating_mul(1 << failures.min(16))
+        .min(cap)
 }
 
 /// Adds the free slots to `permits`, up to `batch` in all.
@@ -272,7 +296,7 @@ async fn release<S: Store, H>(shared: &Shared<S, H>, job: Claimed<S>) {
         )
         .await
     {
-        tracing::warn!(%error, id = %job.lease.id, "could not hand back a claimed job; the resetter will");
+        tracing::warn!(error = %error.chain(), id = %job.lease.id, "could not hand back a claimed job; the resetter will");
     }
 }
 
@@ -293,7 +317,25 @@ fn claim_size(wanted: usize) -> usize {
 
 #[cfg(test)]
 mod tests {
-    use super::claim_size;
+    use super::{claim_backoff, claim_size};
+    use std::time::Duration;
+
+    #[test]
+    fn a_failed_claim_is_retried_soon_and_never_later_than_a_second() {
+        let waits: Vec<u128> = (0..9)
+            .map(|n| claim_backoff(n, Duration::from_secs(5)).as_millis())
+            .collect();
+        assert_eq!(waits, [25, 50, 100, 200, 400, 800, 1000, 1000, 1000]);
+        assert_eq!(
+            claim_backoff(u32::MAX, Duration::from_secs(5)),
+            Duration::from_secs(1)
+        );
+        assert_eq!(
+            claim_backoff(5, Duration::from_millis(300)),
+            Duration::from_millis(300),
+            "never longer than the poll interval"
+        );
+    }
 
     #[test]
     fn claims_come_in_few_sizes_at_most_a_fifth_below_the_free_slots() {

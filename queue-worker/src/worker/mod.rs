@@ -627,7 +627,7 @@ async fn record_outcome<S: Store, H>(
         Err(error) => {
             // The job stays processing; once its heartbeat goes stale the
             // resetter queues it again, so nothing is lost.
-            tracing::error!(%error, id = %lease.id, "could not record the job's outcome; the resetter will recover it");
+            tracing::error!(error = %error.chain(), id = %lease.id, "could not record the job's outcome; the resetter will recover it");
             Outcome::Lost
         }
     }
@@ -668,7 +668,7 @@ async fn heartbeat_loop<S: Store, H>(shared: Arc<Shared<S, H>>, stop: Cancellati
                 }
             }
             Err(error) => {
-                tracing::warn!(%error, jobs = leases.len(), "heartbeat failed; retrying next interval")
+                tracing::warn!(error = %error.chain(), jobs = leases.len(), "heartbeat failed; retrying next interval")
             }
         }
     }

@@ -97,6 +97,8 @@ pub struct Slowed {
     pub finish_delay: Duration,
     pub ends_transaction: bool,
     pub events: Arc<Mutex<Vec<String>>>,
+    /// The next this many claims fail as if the connection died.
+    pub failing_claims: Arc<AtomicUsize>,
 }
 
 impl Slowed {
@@ -110,6 +112,7 @@ impl Slowed {
             finish_delay: Duration::ZERO,
             ends_transaction: false,
             events: Arc::default(),
+            failing_claims: Arc::default(),
         }
     }
 
@@ -130,6 +133,16 @@ impl Store for Slowed {
         &self,
         params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        let failing = self
+            .failing_claims
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
+        if failing.is_ok() {
+            self.record("claim failed".into());
+            return Err(StoreError::Unavailable {
+                context: "claiming jobs".into(),
+                source: "server closed the connection unexpectedly".into(),
+            });
+        }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
         // The rows are claimed at once; the answer takes `claim_delay` to
