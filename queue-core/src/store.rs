@@ -102,6 +102,10 @@ pub enum WriteResult {
     Applied,
     /// The job had moved on (or vanished): nothing was written.
     Stale,
+    /// The store has nowhere to keep this write (an execution log entry on
+    /// a table without a log column): nothing was written, though the job
+    /// is still held by the attempt.
+    NotKept,
 }
 
 impl WriteResult {
@@ -214,6 +218,7 @@ pub trait Store: Send + Sync + 'static {
     ) -> Result<HeartbeatReport<Self::Id>, StoreError>;
 
     /// Appends an entry to the execution log of the job held by `lease`.
+    /// [`WriteResult::NotKept`] when the store has no log to append to.
     async fn append_log(
         &self,
         lease: &Lease<Self::Id>,

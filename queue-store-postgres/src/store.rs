@@ -579,7 +579,7 @@ where
     ) -> Result<WriteResult, StoreError> {
         let Some(statement) = &self.inner.sql.append_log else {
             tracing::debug!(id = %lease.id, "execution log entry dropped: the table has no execution_logs column");
-            return Ok(WriteResult::Applied);
+            return Ok(WriteResult::NotKept);
         };
         // Written outside the job's transaction (whose key-share lock does
         // not block it), so the log of a failed attempt survives.

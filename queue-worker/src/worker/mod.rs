@@ -620,6 +620,12 @@ async fn record_outcome<S: Store, H>(
     let now = shared.options.clock.now();
     match shared.store.finish(job_store, lease, transition, now).await {
         Ok(WriteResult::Applied) => outcome.clone(),
+        Ok(WriteResult::NotKept) => {
+            // No store answers a finish so; were one to, the job would stay
+            // processing until the resetter recovers it.
+            tracing::error!(id = %lease.id, "the store kept no outcome for the job; the resetter will recover it");
+            Outcome::Lost
+        }
         Ok(WriteResult::Stale) => {
             tracing::warn!(id = %lease.id, "job moved on while it ran (reset, reclaimed or deleted); its outcome was not recorded");
             Outcome::Lost
