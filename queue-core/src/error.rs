@@ -29,6 +29,12 @@ pub enum StoreError {
     /// message names the object and what was expected.
     #[error("the job store is misconfigured: {0}")]
     Config(String),
+    /// The extra conditions a PreDequeue hook gave a claim were refused (a
+    /// placeholder without a bound value, or SQL the database rejects).
+    /// That claim fails; the worker says so and keeps running, since the
+    /// hook may give other conditions next time.
+    #[error("the claim's dequeue conditions were refused: {0}")]
+    Conditions(String),
     /// A transient conflict such as a serialization failure or a deadlock;
     /// retrying the operation is safe.
     #[error("transient conflict in the job store ({context}); the operation can be retried")]

@@ -54,7 +54,9 @@ arg_from! {
 
 /// One condition on the claimed rows: an SQL boolean expression over the
 /// table alias, with `{}` where each bound value goes. The SQL is written by
-/// the developer; values are never interpolated.
+/// the developer; values are never interpolated. As in Rust's format
+/// strings, `{{` and `}}` stand for literal braces (`'{{}}'::jsonb` is the
+/// empty JSON object); any other brace is kept as written.
 ///
 /// ```
 /// use queue_store_postgres::PgCondition;
@@ -95,22 +97,45 @@ impl PgCondition {
         &self.args
     }
 
-    /// How many `{}` placeholders the SQL has.
+    /// How many `{}` placeholders the SQL has (escaped braces not
+    /// counted).
     pub fn placeholders(&self) -> usize {
-        self.sql.matches("{}").count()
+        self.pieces().len() - 1
     }
 
-    /// The SQL with each `{}` replaced by `$next`, `$next + 1`, ...
+    /// The SQL with each `{}` replaced by `$next`, `$next + 1`, ... and
+    /// each escaped brace by the brace.
     pub(crate) fn numbered(&self, next: &mut usize) -> String {
-        let mut parts = self.sql.split("{}");
-        let mut out = parts.next().unwrap_or_default().to_owned();
-        for part in parts {
+        let mut pieces = self.pieces().into_iter();
+        let mut out = pieces.next().unwrap_or_default();
+        for piece in pieces {
             out.push('$');
             out.push_str(&next.to_string());
             *next += 1;
-            out.push_str(part);
+            out.push_str(&piece);
         }
         out
+    }
+
+    /// The SQL between placeholders, escapes resolved.
+    fn pieces(&self) -> Vec<String> {
+        let mut pieces = vec![String::new()];
+        let mut chars = self.sql.chars().peekable();
+        while let Some(c) = chars.next() {
+            let piece = pieces.last_mut().expect("never empty");
+            match (c, chars.peek()) {
+                ('{', Some('{')) | ('}', Some('}')) => {
+                    chars.next();
+                    piece.push(c);
+                }
+                ('{', Some('}')) => {
+                    chars.next();
+                    pieces.push(String::new());
+                }
+                _ => piece.push(c),
+            }
+        }
+        pieces
     }
 }
 
@@ -125,5 +150,25 @@ mod tests {
         assert_eq!(c.numbered(&mut next), "a = $4 OR b = $5");
         assert_eq!(next, 6);
         assert_eq!(c.placeholders(), 2);
+    }
+
+    #[test]
+    fn doubled_braces_are_literal_braces() {
+        let c = PgCondition::new("jobs.meta <> '{{}}'::jsonb AND jobs.kind = {}").bind("x");
+        assert_eq!(c.placeholders(), 1);
+        let mut next = 1;
+        assert_eq!(
+            c.numbered(&mut next),
+            "jobs.meta <> '{}'::jsonb AND jobs.kind = $1"
+        );
+        let json = PgCondition::new(r#"jobs.meta @> '{"tier": 1}'::jsonb"#);
+        assert_eq!(json.placeholders(), 0, "a lone brace is kept as written");
+        assert_eq!(
+            json.numbered(&mut next),
+            r#"jobs.meta @> '{"tier": 1}'::jsonb"#
+        );
+        let escaped = PgCondition::new("'{{{}}}'").bind(1i64);
+        assert_eq!(escaped.placeholders(), 1);
+        assert_eq!(escaped.numbered(&mut 1), "'{$1}'");
     }
 }

@@ -383,8 +383,8 @@ where
         let conditions = params.conditions.map(Vec::as_slice).unwrap_or(&[]);
         for c in conditions {
             if c.placeholders() != c.args().len() {
-                return Err(StoreError::Config(format!(
-                    "a dequeue condition has {} placeholders but {} bound values: {c:?}",
+                return Err(StoreError::Conditions(format!(
+                    "a condition has {} placeholders but {} bound values (write a literal brace as {{{{ or }}}}): {c:?}",
                     c.placeholders(),
                     c.args().len()
                 )));
@@ -415,7 +415,17 @@ where
                 Err(_) => cursor.ended(None, false),
             }
         }
-        let rows = rows?;
+        let rows = match rows {
+            // With the table checked at start-up, a claim that fails for
+            // good with conditions fails for its conditions.
+            Err(error) if !conditions.is_empty() && !error.is_retryable() => {
+                return Err(StoreError::Conditions(format!(
+                    "{}; the conditions: {conditions:?}",
+                    error.chain()
+                )))
+            }
+            rows => rows?,
+        };
         if rows.is_empty() {
             self.inner.stash.put(conn);
             return Ok(Vec::new());

@@ -118,6 +118,11 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                         );
                         pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(wait))));
                     }
+                    Err(StoreError::Conditions(message)) => {
+                        // The hook may give other conditions next round.
+                        tracing::error!(%message, "the PreDequeue hook's conditions were refused; claiming again after the poll interval");
+                        pause = Some(Pause::Backoff(Box::pin(tokio::time::sleep(options.poll_interval))));
+                    }
                     Err(error) => {
                         tracing::error!(error = %error.chain(), "claim failed permanently; the worker stops");
                         result = Err(WorkerError::Store(error));
