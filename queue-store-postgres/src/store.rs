@@ -1,6 +1,7 @@
 //! [`PgStore`]: the store contract on a Postgres table.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -53,6 +54,9 @@ struct Inner<R: JobRecord> {
     rides: Option<Arc<Rides>>,
     /// The admin contract on the same table.
     admin: PgAdmin<R::Id>,
+    /// Whether claimed rows are read again with enum columns as text (the
+    /// record type reads them as strings).
+    enums_as_text: AtomicBool,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -218,6 +222,7 @@ where
                 cursor: options_cursor,
                 rides,
                 admin,
+                enums_as_text: AtomicBool::new(false),
             }),
         })
     }
@@ -266,8 +271,9 @@ where
         }
     }
 
-    /// Reads the claimed records through the view, by key.
-    async fn records_from_view(
+    /// Reads the claimed records by key with `statement` (through the view,
+    /// or with enum columns as text).
+    async fn records_by_key(
         conn: &mut PgConnection,
         statement: &Statement,
         ids: Vec<R::Id>,
@@ -279,7 +285,7 @@ where
         })?
         .fetch_all(conn)
         .await
-        .map_err(|e| store_error("reading claimed jobs through the view", e))?;
+        .map_err(|e| store_error("reading claimed jobs by key", e))?;
         let mut by_id = HashMap::with_capacity(rows.len());
         for row in rows {
             let id: R::Id = row
@@ -447,38 +453,79 @@ where
             id: id.to_string(),
             message,
         };
-        let records: Vec<Result<R, DecodeError>> = match &self.inner.sql.select_view {
-            None => rows
+        let keyed = |mut by_id: HashMap<R::Id, PgRow>, missing: &str| {
+            leases
                 .iter()
-                .zip(&leases)
-                .map(|(row, lease)| {
-                    decode(row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
+                .map(|lease| match by_id.remove(&lease.id) {
+                    Some(row) => {
+                        decode(&row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
+                    }
+                    None => Err(decode_error(&lease.id, missing.to_owned())),
                 })
-                .collect(),
-            Some(statement) => {
-                let ids = leases.iter().map(|l| l.id.clone()).collect();
-                // On the claim's connection: no second checkout.
-                let mut by_id = Self::records_from_view(&mut conn, statement, ids).await?;
-                leases
+                .collect::<Vec<Result<R, DecodeError>>>()
+        };
+        let ids = || leases.iter().map(|l| l.id.clone()).collect::<Vec<_>>();
+        let sql = &self.inner.sql;
+        let as_text = sql
+            .select_text
+            .as_ref()
+            .filter(|_| self.inner.enums_as_text.load(Ordering::Relaxed));
+        // A second read, by key, on the claim's connection (no second
+        // checkout): through the view, or with enum columns as text.
+        let records: Vec<Result<R, DecodeError>> = match (&sql.select_view, as_text) {
+            (Some(view), _) => {
+                let by_id = Self::records_by_key(&mut conn, view, ids()).await?;
+                let missing = format!(
+                    "the row is not visible through the view {}",
+                    self.inner
+                        .options
+                        .view
+                        .as_ref()
+                        .map(|v| v.quoted())
+                        .unwrap_or_default()
+                );
+                keyed(by_id, &missing)
+            }
+            (None, Some(text)) => keyed(
+                Self::records_by_key(&mut conn, text, ids()).await?,
+                "the row vanished after its claim",
+            ),
+            (None, None) => {
+                let records: Vec<Result<R, DecodeError>> = rows
                     .iter()
-                    .map(|lease| match by_id.remove(&lease.id) {
-                        Some(row) => {
-                            decode(&row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
-                        }
-                        None => Err(decode_error(
-                            &lease.id,
-                            format!(
-                                "the row is not visible through the view {}",
-                                self.inner
-                                    .options
-                                    .view
-                                    .as_ref()
-                                    .map(|v| v.quoted())
-                                    .unwrap_or_default()
-                            ),
-                        )),
+                    .zip(&leases)
+                    .map(|(row, lease)| {
+                        decode(row, lease).map_err(|e| decode_error(&lease.id, e.to_string()))
                     })
-                    .collect()
+                    .collect();
+                let failed = |records: &[Result<R, DecodeError>]| {
+                    records.iter().filter(|r| r.is_err()).count()
+                };
+                let mismatched = records
+                    .iter()
+                    .any(|r| matches!(r, Err(e) if e.message.contains("mismatched types")));
+                match &sql.select_text {
+                    // The record reads an enum column as a string, which
+                    // sqlx refuses: read the rows again with enum columns
+                    // cast to text, and from now on always so.
+                    Some(text) if mismatched => {
+                        let again = keyed(
+                            Self::records_by_key(&mut conn, text, ids()).await?,
+                            "the row vanished after its claim",
+                        );
+                        if failed(&again) < failed(&records) {
+                            self.inner.enums_as_text.store(true, Ordering::Relaxed);
+                            tracing::info!(
+                                table = %self.inner.options.table,
+                                "the record type reads enum columns as strings: claimed rows are read again with enum columns cast to text (one more round trip per claim; a select list with the casts saves it)"
+                            );
+                            again
+                        } else {
+                            records
+                        }
+                    }
+                    _ => records,
+                }
             }
         };
         let transactional = self.inner.options.mode == ExecutionMode::Transactional;

@@ -6,7 +6,7 @@
 
 use queue_core::{distinct_retryable_states, JobFilter, JobState, StoreError};
 
-use super::{literal, Builder, Names, Param, Statement, TableShape};
+use super::{failure_text, failure_value, literal, Builder, Names, Param, Statement, TableShape};
 use crate::options::{Column, PgStoreOptions};
 
 /// What an admin write does to the rows it picks.
@@ -53,6 +53,8 @@ pub(crate) struct AdminStatements {
     state_type: String,
     key_type: String,
     payload_type: Option<String>,
+    /// How the failure column stores messages.
+    shape: TableShape,
     states: crate::options::StateValues,
     /// One job by key.
     pub get: Statement,
@@ -118,7 +120,9 @@ impl AdminStatements {
             ),
             format!(
                 "{} AS \"failure_message\"",
-                or_null(Column::FailureMessage, "text", &cast("text"))
+                or_null(Column::FailureMessage, "text", &|at| failure_text(
+                    shape, &at
+                ))
             ),
             format!(
                 "{} AS \"queued_at\"",
@@ -273,9 +277,13 @@ impl AdminStatements {
             }
             if let (Some(n), Some(at)) = (names.get(Column::FailureMessage), names.at(Column::FailureMessage)) {
                 let (amo_msg, max_msg) = (b.p(Param::AtMostOnceMessage), b.p(Param::MaxResetsMessage));
-                sets.push(format!(
-                    "{n} = CASE WHEN {fail} THEN (CASE WHEN {amo} THEN {amo_msg} ELSE {max_msg} END) ELSE {at} END"
-                ));
+                let attempt = names.at(Column::NumFailures).map(|f| format!("{f} + 1"));
+                let message = failure_value(
+                    shape,
+                    &format!("(CASE WHEN {amo} THEN {amo_msg} ELSE {max_msg} END)"),
+                    attempt.as_deref(),
+                );
+                sets.push(format!("{n} = CASE WHEN {fail} THEN {message} ELSE {at} END"));
             }
             if let (Some(n), Some(at)) = (names.get(Column::FinishedAt), names.at(Column::FinishedAt)) {
                 let now = b.p(Param::Now);
@@ -299,6 +307,7 @@ impl AdminStatements {
             state_type: st,
             key_type: shape.key_type.clone(),
             payload_type: shape.payload_type.clone(),
+            shape: shape.clone(),
             states: options.states.clone(),
             get,
             counts,
@@ -397,7 +406,10 @@ impl AdminStatements {
             }
         }
         if filter.failure_contains.is_some() {
-            let message = column(Column::FailureMessage, "failure message")?;
+            let message = failure_text(
+                &self.shape,
+                &column(Column::FailureMessage, "failure message")?,
+            );
             parts.push(format!(
                 "strpos(lower({message}), lower({})) > 0",
                 b.p(Param::FailureText)
@@ -562,7 +574,11 @@ impl AdminStatements {
                     self.state_value(JobState::Canceled)
                 )];
                 if let Some(n) = name(Column::FailureMessage) {
-                    sets.push(format!("{n} = {}", b.p(Param::Message)));
+                    let message = b.p(Param::Message);
+                    sets.push(format!(
+                        "{n} = {}",
+                        failure_value(&self.shape, &message, None)
+                    ));
                 }
                 if let Some(n) = name(Column::FinishedAt) {
                     sets.push(format!("{n} = {}", b.p(Param::Now)));
@@ -650,6 +666,8 @@ mod tests {
             log_element: "json".into(),
             payload_type: Some("jsonb".into()),
             notify_trigger,
+            failure_json: None,
+            text_select: None,
         }
     }
 

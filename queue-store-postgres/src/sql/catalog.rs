@@ -21,7 +21,7 @@ const COLUMNS: &str =
      t.typtype::text AS typtype, a.atttypid::int8 AS type_oid, \
      CASE WHEN t.typcategory = 'A' THEN format_type(t.typelem, NULL) END AS element \
      FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
-     WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped";
+     WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
 /// Whether the table has a trigger of this name (`$2`): the default
 /// table's notify trigger.
@@ -51,13 +51,18 @@ async fn relation(
     Ok(row.map(|r| (r.get("oid"), r.get("kind"))))
 }
 
-async fn columns(pool: &PgPool, oid: i64) -> Result<HashMap<String, ColumnInfo>, StoreError> {
+/// A relation's columns by name, and their names in table order.
+async fn columns(
+    pool: &PgPool,
+    oid: i64,
+) -> Result<(HashMap<String, ColumnInfo>, Vec<String>), StoreError> {
     let rows = sqlx::query(COLUMNS)
         .bind(oid)
         .fetch_all(pool)
         .await
         .map_err(|e| store_error("reading the catalog", e))?;
-    Ok(rows
+    let order = rows.iter().map(|r| r.get::<String, _>("name")).collect();
+    let by_name = rows
         .into_iter()
         .map(|r| {
             (
@@ -70,7 +75,35 @@ async fn columns(pool: &PgPool, oid: i64) -> Result<HashMap<String, ColumnInfo>,
                 },
             )
         })
-        .collect())
+        .collect();
+    Ok((by_name, order))
+}
+
+/// The table's columns in order, enum columns cast to text, or `None` if
+/// it has no enum column.
+fn text_select(
+    options: &PgStoreOptions,
+    cols: &HashMap<String, ColumnInfo>,
+    order: &[String],
+) -> Option<String> {
+    if !cols.values().any(|c| c.typtype == "e") {
+        return None;
+    }
+    let alias = options.alias.quoted();
+    let list: Vec<String> = order
+        .iter()
+        .filter_map(|name| {
+            let info = cols.get(name)?;
+            // A name from the catalog: a valid identifier.
+            let quoted = crate::ident::Ident::new(name.as_str()).ok()?.quoted();
+            Some(if info.typtype == "e" {
+                format!("CAST({alias}.{quoted} AS text) AS {quoted}")
+            } else {
+                format!("{alias}.{quoted}")
+            })
+        })
+        .collect();
+    Some(list.join(", "))
 }
 
 /// The types a standard column may have (`format_type` spellings; varchar
@@ -78,10 +111,11 @@ async fn columns(pool: &PgPool, oid: i64) -> Result<HashMap<String, ColumnInfo>,
 fn accepted_types(column: Column) -> &'static [&'static str] {
     const TEXT: &[&str] = &["text", "character varying"];
     const TIME: &[&str] = &["timestamp with time zone"];
-    const INT: &[&str] = &["integer", "bigint"];
+    const INT: &[&str] = &["smallint", "integer", "bigint"];
     match column {
         Column::Id | Column::State => &[],
-        Column::FailureMessage | Column::WorkerHostname => TEXT,
+        Column::FailureMessage => &["text", "character varying", "jsonb", "json"],
+        Column::WorkerHostname => TEXT,
         Column::QueuedAt
         | Column::StartedAt
         | Column::FinishedAt
@@ -121,7 +155,8 @@ pub(crate) async fn inspect(
             "{table} is not a table (relkind {kind:?}); the store updates rows, so it needs a table, with any view configured separately"
         )));
     }
-    let cols = columns(pool, oid).await?;
+    let (cols, order) = columns(pool, oid).await?;
+    let mut failure_json = None;
     let mut absent = Vec::new();
     let mut state_type = String::new();
     let mut key_type = String::new();
@@ -181,6 +216,10 @@ pub(crate) async fn inspect(
                 if column == Column::Payload {
                     payload_type = Some(info.type_name.clone());
                 }
+                if column == Column::FailureMessage {
+                    failure_json = matches!(info.type_name.as_str(), "json" | "jsonb")
+                        .then(|| info.type_name.clone());
+                }
             }
         }
     }
@@ -193,7 +232,7 @@ pub(crate) async fn inspect(
                 "{view} is not a view (relkind {view_kind:?})"
             )));
         }
-        let view_cols = columns(pool, view_oid).await?;
+        let (view_cols, _) = columns(pool, view_oid).await?;
         let key = options
             .column_name(Column::Id)
             .map(|i| i.as_str())
@@ -220,6 +259,8 @@ pub(crate) async fn inspect(
             log_element,
             payload_type,
             notify_trigger,
+            failure_json,
+            text_select: text_select(options, &cols, &order),
         },
         absent,
     ))

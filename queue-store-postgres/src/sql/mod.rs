@@ -158,6 +158,38 @@ pub(crate) struct TableShape {
     pub payload_type: Option<String>,
     /// Whether the table has the default table's notify trigger.
     pub notify_trigger: bool,
+    /// `json` or `jsonb` when the failure column is one (it then holds an
+    /// object with the message, the attempt and the time; see
+    /// [`failure_value`]); `None` for text.
+    pub failure_json: Option<String>,
+    /// Every column of the table, enum columns cast to text, if it has
+    /// any (unqualified names after the alias).
+    pub text_select: Option<String>,
+}
+
+/// What a write puts in the failure column for `message` (an SQL text
+/// expression; NULL writes NULL): the text itself, or in a `json`/`jsonb`
+/// column the object `{"message": .., "attempt": .., "at": ..}`, the
+/// attempt being the one that failed (`attempt`, an SQL integer
+/// expression, or null when the table counts none) and the time the
+/// database's.
+pub(crate) fn failure_value(shape: &TableShape, message: &str, attempt: Option<&str>) -> String {
+    match &shape.failure_json {
+        None => message.to_owned(),
+        Some(json) => format!(
+            "CASE WHEN {message} IS NULL THEN NULL ELSE CAST(jsonb_build_object('message', {message}, \
+             'attempt', {attempt}, 'at', now()) AS {json}) END",
+            attempt = attempt.unwrap_or("NULL")
+        ),
+    }
+}
+
+/// The failure message as text, from the failure column at `at`.
+pub(crate) fn failure_text(shape: &TableShape, at: &str) -> String {
+    match &shape.failure_json {
+        None => format!("CAST({at} AS text)"),
+        Some(_) => format!("({at} ->> 'message')"),
+    }
 }
 
 /// All statements of one store.
@@ -174,6 +206,10 @@ pub(crate) struct Statements {
     /// after the cursor, numbered after `claim_params`, and its inputs.
     claim_after: Option<(String, Vec<Param>)>,
     pub select_view: Option<Statement>,
+    /// Claimed rows by key with enum columns cast to text, for a record
+    /// type that reads them as strings; `None` without enum columns (or
+    /// with a view or select list of the user's).
+    pub select_text: Option<Statement>,
     pub lock: Statement,
     /// The lock of a job's transaction, prepared: fails ([`prepared::NOT_HELD`])
     /// unless it locked the claim's row.
@@ -363,6 +399,19 @@ impl Statements {
             b.build()
         });
 
+        let select_text = shape
+            .text_select
+            .as_ref()
+            .filter(|_| options.select.is_none() && options.view.is_none())
+            .map(|list| {
+                let mut b = Builder::default();
+                let ids = b.p(Param::Ids);
+                b.push(&format!(
+                    "SELECT {id} AS \"__queue_id\", {list} FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))"
+                ));
+                b.build()
+            });
+
         // Guards shared by the per-job statements.
         let held = |b: &mut Builder| {
             let (i, p, t) = (
@@ -443,6 +492,8 @@ impl Statements {
                 names.at(Column::FailureMessage),
             ) {
                 let v = value(Param::Message, "message");
+                let attempt = names.at(Column::NumFailures).map(|f| format!("{f} + 1"));
+                let v = failure_value(shape, &v, attempt.as_deref());
                 sets.push(format!("{n} = COALESCE({v}, {at})"));
             }
             if let (Some(n), Some(at)) = (
@@ -616,6 +667,7 @@ impl Statements {
             claim_params,
             claim_after,
             select_view,
+            select_text,
             lock,
             held_lock,
             held_complete,
@@ -680,6 +732,8 @@ mod tests {
             log_element: "json".into(),
             payload_type: Some("jsonb".into()),
             notify_trigger: true,
+            failure_json: None,
+            text_select: None,
         }
     }
 

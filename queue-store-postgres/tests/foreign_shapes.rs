@@ -1,0 +1,229 @@
+//! Shapes real teams' tables have, mapped and drained in both modes: a
+//! scheduler's `jobs` table with an enum status that the record reads as a
+//! `String`, smallint counters and priority, and a jsonb `failure_info`
+//! that receives `{"message", "attempt", "at"}` objects.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use queue_core::{
+    Admin, CancellationToken, Handler, JobContext, JobError, JobRecord, JobState, NewJob,
+};
+use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore, PgStoreOptions};
+use queue_worker::{Worker, WorkerOptions};
+use sqlx::PgPool;
+use support::{awkward_schema, pool};
+use uuid::Uuid;
+
+/// The record: the status enum read as a string, the smallint count as
+/// `i16`.
+#[derive(Debug, sqlx::FromRow)]
+struct SchedJob {
+    id: Uuid,
+    name: String,
+    status: String,
+    attempts: i16,
+    args: serde_json::Value,
+}
+
+impl JobRecord for SchedJob {
+    type Id = Uuid;
+    fn id(&self) -> &Uuid {
+        &self.id
+    }
+    fn kind(&self) -> &str {
+        &self.name
+    }
+}
+
+fn quoted(schema: &str) -> String {
+    format!("\"{}\"", schema.replace('"', "\"\""))
+}
+
+async fn create(pool: &PgPool, schema: &str) {
+    let s = quoted(schema);
+    sqlx::raw_sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TYPE {s}.job_status AS ENUM ('scheduled', 'running', 'done', 'retrying', 'dead', 'cancelled');
+         CREATE TABLE {s}.jobs (
+           id uuid PRIMARY KEY DEFAULT gen_random_uuid(),
+           name text NOT NULL,
+           status {s}.job_status NOT NULL DEFAULT 'scheduled',
+           priority smallint NOT NULL DEFAULT 0,
+           attempts smallint NOT NULL DEFAULT 0,
+           resets smallint NOT NULL DEFAULT 0,
+           failure_info jsonb,
+           created_at timestamptz NOT NULL DEFAULT now(), started_at timestamptz,
+           finished_at timestamptz, run_at timestamptz, heartbeat_at timestamptz,
+           args jsonb NOT NULL DEFAULT '{{}}')"
+    ))
+    .execute(pool)
+    .await
+    .expect("the scheduler's table");
+}
+
+fn options(schema: &str, mode: ExecutionMode) -> PgStoreOptions {
+    let mut options = PgStoreOptions::new("jobs")
+        .and_then(|o| o.schema(schema))
+        .expect("valid names");
+    for (column, name) in [
+        (Column::Kind, "name"),
+        (Column::State, "status"),
+        (Column::NumFailures, "attempts"),
+        (Column::NumResets, "resets"),
+        (Column::FailureMessage, "failure_info"),
+        (Column::QueuedAt, "created_at"),
+        (Column::ProcessAfter, "run_at"),
+        (Column::LastHeartbeatAt, "heartbeat_at"),
+        (Column::Payload, "args"),
+    ] {
+        options = options.column(column, name).expect("valid name");
+    }
+    for column in [
+        Column::ExecutionLogs,
+        Column::WorkerHostname,
+        Column::Cancel,
+        Column::ClaimToken,
+    ] {
+        options = options.without(column).expect("optional");
+    }
+    options
+        .state_value(JobState::Queued, "scheduled")
+        .state_value(JobState::Processing, "running")
+        .state_value(JobState::Completed, "done")
+        .state_value(JobState::Errored, "retrying")
+        .state_value(JobState::Failed, "dead")
+        .state_value(JobState::Canceled, "cancelled")
+        .mode(mode)
+}
+
+/// Does what the job's `do` says; checks the record it was given.
+struct ByArgs;
+
+#[async_trait]
+impl Handler<PgStore<SchedJob>> for ByArgs {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut PgJobStore<Uuid>,
+        job: &SchedJob,
+    ) -> Result<(), JobError> {
+        if job.status != "running" || i64::from(job.attempts) != i64::from(ctx.attempt()) - 1 {
+            return Err(JobError::poison(format!(
+                "the record is wrong: status {:?}, attempts {}, attempt {}",
+                job.status,
+                job.attempts,
+                ctx.attempt()
+            )));
+        }
+        match job.args["do"].as_str() {
+            Some("retry-once") if ctx.attempt() == 1 => {
+                Err(JobError::retry_after("upstream busy", Duration::ZERO))
+            }
+            Some("poison") => Err(JobError::poison("bad args")),
+            _ => Ok(()),
+        }
+    }
+}
+
+async fn row(pool: &PgPool, schema: &str, id: Uuid) -> (String, i16, Option<serde_json::Value>) {
+    sqlx::query_as(&format!(
+        "SELECT status::text, attempts, failure_info FROM {}.jobs WHERE id = $1",
+        quoted(schema)
+    ))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("the row")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_table_with_enum_status_smallint_counters_and_jsonb_failures() {
+    let test = "a_scheduler_table_with_enum_status_smallint_counters_and_jsonb_failures";
+    let Some(pool) = pool(test).await else { return };
+    for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
+        let schema = awkward_schema();
+        create(&pool, &schema).await;
+        let store = PgStore::<SchedJob>::new(pool.clone(), options(&schema, mode))
+            .await
+            .expect("smallint counters and a jsonb failure column are accepted");
+        let jobs = [
+            NewJob::new("sync", serde_json::json!({"do": "ok"})).priority(5),
+            NewJob::new("sync", serde_json::json!({"do": "retry-once"})),
+            NewJob::new("sync", serde_json::json!({"do": "poison"})),
+        ];
+        let ids = Admin::enqueue(&store, &jobs).await.expect("enqueued");
+        let options = WorkerOptions {
+            poll_interval: Duration::from_millis(50),
+            ..WorkerOptions::default()
+        };
+        let worker = Worker::new(store.clone(), ByArgs, options).expect("a worker");
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(worker.run(shutdown.clone()));
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let mut states = Vec::new();
+            for id in &ids {
+                states.push(row(&pool, &schema, *id).await.0);
+            }
+            if states == ["done", "done", "dead"] {
+                break;
+            }
+            assert!(Instant::now() < deadline, "{mode:?}: stuck at {states:?}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        let report = running.await.expect("joined").expect("the worker ran");
+        assert_eq!(
+            (
+                report.count("ok"),
+                report.count("retry"),
+                report.count("poison")
+            ),
+            (2, 1, 1),
+            "{mode:?}: every record decoded (status as a string), one retry, one failure"
+        );
+
+        let (_, attempts, failure) = row(&pool, &schema, ids[1]).await;
+        assert_eq!(attempts, 1, "{mode:?}: the smallint failure count");
+        let failure = failure.expect("the retried job keeps its failure");
+        assert_eq!(
+            (&failure["message"], &failure["attempt"]),
+            (&serde_json::json!("upstream busy"), &serde_json::json!(1)),
+            "{mode:?}: {failure}"
+        );
+        let (_, _, failure) = row(&pool, &schema, ids[2]).await;
+        let failure = failure.expect("the failed job's failure");
+        assert_eq!(failure["message"], "bad args", "{mode:?}: {failure}");
+        assert!(
+            failure["at"].as_str().is_some_and(|at| at.contains('T')),
+            "{mode:?}: the time of the failure: {failure}"
+        );
+
+        let view = Admin::get(&store, &ids[2])
+            .await
+            .expect("get")
+            .expect("the job");
+        assert_eq!(
+            (
+                view.failure_message.as_deref(),
+                view.num_failures,
+                view.state
+            ),
+            (Some("bad args"), Some(1), Some(JobState::Failed)),
+            "{mode:?}: the admin view reads the message out of the object"
+        );
+        let matching = Admin::count(
+            &store,
+            &queue_core::JobFilter::default().failure_contains("BAD ARG"),
+        )
+        .await
+        .expect("count");
+        assert_eq!(
+            matching, 1,
+            "{mode:?}: the failure filter searches the message"
+        );
+    }
+}
