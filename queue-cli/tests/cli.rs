@@ -33,6 +33,29 @@ async fn an_operator_session_on_the_default_table() {
     );
     let later = json(&mut q(&["enqueue", "report", "--run-at", "1h", "--json"]));
     let report_id = later["ids"][0].as_i64().expect("the new key");
+    assert_eq!(later["inserted"][0], true);
+    let unique = ok(&mut q(&[
+        "enqueue",
+        "invoice",
+        "{}",
+        "--unique-key",
+        "invoice:7",
+    ]));
+    let again = ok(&mut q(&[
+        "enqueue",
+        "invoice",
+        "{}",
+        "--unique-key",
+        "invoice:7",
+    ]));
+    assert_eq!(
+        again.trim(),
+        format!("{} (already there: it holds the unique key)", unique.trim()),
+        "a second job with the key is not added"
+    );
+    let err = fails(q(&["enqueue", "invoice", "-", "--unique-key", "k"]).write_stdin("{}\n"));
+    assert!(err.contains("cannot apply to every line"), "{err}");
+    ok(&mut q(&["delete", unique.trim()]));
     let err = fails(&mut q(&["enqueue", "email", "{nope"]));
     assert!(err.contains("the payload is not valid JSON"), "{err}");
     let err = fails(q(&["enqueue", "email", "-"]).write_stdin("{}\nnot json\n"));

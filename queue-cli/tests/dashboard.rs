@@ -105,7 +105,8 @@ async fn writes_from_another_site_are_refused() {
     let store = MemoryStore::new();
     let id = Admin::enqueue(&store, &[NewJob::new("k", serde_json::json!({}))])
         .await
-        .expect("enqueued")[0];
+        .expect("enqueued")[0]
+        .id;
     let app = app(store, Tokens::default());
     let cancel = format!("/api/jobs/{id}/cancel");
     for headers in [

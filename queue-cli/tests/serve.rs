@@ -637,3 +637,41 @@ async fn the_binary_serves_and_refuses_to_serve_openly() {
         .expect("its status");
     assert!(exit.success(), "a graceful stop exits 0: {exit}");
 }
+
+#[tokio::test]
+async fn an_enqueue_with_a_unique_key_can_be_retried_safely() {
+    let Some(t) = Setup::new("an_enqueue_with_a_unique_key_can_be_retried_safely").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+    let request = r#"{"kind": "invoice", "payload": {"order": 7}, "unique_key": "invoice:7"}"#;
+    let (status, first) = post(&app, "/api/jobs", request).await;
+    assert_eq!(status, StatusCode::CREATED, "{first}");
+    assert_eq!(first["inserted"], true);
+    let (status, again) = post(&app, "/api/jobs", request).await;
+    assert_eq!(
+        (status, &again["id"], &again["inserted"]),
+        (StatusCode::OK, &first["id"], &json!(false)),
+        "the retried request gets the same job, and adds none: {again}"
+    );
+    let (_, page) = get(&app, "/api/jobs?kind=invoice").await;
+    assert_eq!(page["jobs"].as_array().map(Vec::len), Some(1));
+    let (status, forever) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "invoice", "unique_key": "invoice:8", "unique_scope": "forever"}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{forever}");
+    let (status, body) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "invoice", "unique_scope": "forever"}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::BAD_REQUEST, &json!("bad_request")),
+        "a scope without a key: {body}"
+    );
+}

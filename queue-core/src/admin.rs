@@ -19,7 +19,7 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
-use crate::job::{Job, JobId, JobState, NewJob};
+use crate::job::{Enqueued, Job, JobId, JobState, NewJob};
 use crate::resetter::{ResetParams, ResetReport};
 
 /// A job as an operator sees it: its key, kind, payload and every standard
@@ -522,9 +522,12 @@ pub trait Admin: Send + Sync + 'static {
     /// the number of stalled ones.
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;
 
-    /// Adds jobs; returns their keys in order. Workers waiting for jobs are
-    /// woken.
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Self::Id>, StoreError>;
+    /// Adds jobs; returns, in order, each one's key and whether it was
+    /// added: a job whose [unique key](NewJob::unique) another job in scope
+    /// holds is not, and its entry carries that job's key (as does a later
+    /// job of the same call with a key an earlier one took). Workers
+    /// waiting for jobs are woken.
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<Self::Id>>, StoreError>;
 
     /// How many jobs finished in each interval of `params`, by the time
     /// the store recorded as their finish time: the completions and

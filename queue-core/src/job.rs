@@ -230,8 +230,36 @@ impl JobRecord for Job {
     }
 }
 
-/// A job to enqueue into the default table (or the memory store).
+/// How long a job's [unique key](NewJob::unique) keeps other jobs with
+/// the same key out.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum UniqueScope {
+    /// While the job waits or runs (queued, errored or processing); once it
+    /// has finished, a new job with the key may be enqueued.
+    #[default]
+    Active,
+    /// As long as the job exists, finished or not (until it is deleted or
+    /// purged).
+    Forever,
+}
+
+/// A key that no two jobs in [scope](UniqueScope) share: enqueueing a job
+/// whose key is taken adds nothing and reports the job that holds it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UniqueKey {
+    /// The key, chosen by the application (`"invoice:42"`).
+    pub key: String,
+    /// How long it holds.
+    #[serde(default)]
+    pub scope: UniqueScope,
+}
+
+/// A job to enqueue into the default table (or the memory store). Build it
+/// with [`NewJob::new`] and the setters; fields may be added.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct NewJob {
     /// Kind, used by the router.
     pub kind: String,
@@ -241,6 +269,19 @@ pub struct NewJob {
     pub priority: i32,
     /// Not claimable before this time; `None` means now.
     pub process_after: Option<DateTime<Utc>>,
+    /// A key no other job in its scope may hold ([`NewJob::unique`]).
+    #[serde(default)]
+    pub unique: Option<UniqueKey>,
+}
+
+/// What an enqueue did with one job.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Enqueued<Id> {
+    /// The job's key: the new job's, or, when its unique key was taken, the
+    /// key of the job that holds it.
+    pub id: Id,
+    /// Whether a new job was added (false: the unique key was taken).
+    pub inserted: bool,
 }
 
 impl NewJob {
@@ -251,7 +292,20 @@ impl NewJob {
             payload,
             priority: 0,
             process_after: None,
+            unique: None,
         }
+    }
+
+    /// Gives the job a unique key: while a job with the same key is in
+    /// `scope`, enqueueing this one adds nothing and reports that job
+    /// ([`Enqueued::inserted`] false), so a client may retry an enqueue
+    /// safely.
+    pub fn unique(mut self, key: impl Into<String>, scope: UniqueScope) -> Self {
+        self.unique = Some(UniqueKey {
+            key: key.into(),
+            scope,
+        });
+        self
     }
 
     /// Sets the priority (higher runs first).

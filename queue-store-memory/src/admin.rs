@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView, ListOrder,
-    ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StateCount,
-    StatsParams, Store, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
-    RETRYABLE_STATES,
+    ActionReport, Admin, Enqueued, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView,
+    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
+    StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
+    CANCELED_BEFORE_RUN_MESSAGE, RETRYABLE_STATES,
 };
 
 use crate::store::{eligible, MemoryStore, State};
@@ -228,8 +228,8 @@ impl Admin for MemoryStore {
         })
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<i64>, StoreError> {
-        Ok(self.enqueue_many(jobs.iter().cloned()))
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<i64>>, StoreError> {
+        Ok(self.enqueue_reporting(jobs.iter().cloned()))
     }
 
     async fn retry(
@@ -274,6 +274,7 @@ impl Admin for MemoryStore {
             match state.jobs.remove(&id) {
                 Some(job) => {
                     state.claimable.remove(&(Reverse(job.priority), id));
+                    state.unique.remove(&id);
                     report.changed += 1;
                 }
                 None => report.skipped.push(Skipped {

@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ClaimParams, Claimed, Clock, DecodeError, Delivery, HeartbeatReport, Job, JobState, Lease,
-    LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock, Transition,
-    WriteResult,
+    ClaimParams, Claimed, Clock, DecodeError, Delivery, Enqueued, HeartbeatReport, Job, JobState,
+    Lease, LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock, Transition,
+    UniqueKey, UniqueScope, WriteResult,
 };
 use tokio::sync::Notify;
 
@@ -60,6 +60,8 @@ pub(crate) struct State {
     pub(crate) jobs: BTreeMap<i64, Job>,
     /// Queued and errored jobs in claim order: priority descending, then id.
     pub(crate) claimable: BTreeSet<(Reverse<i32>, i64)>,
+    /// The unique keys of the jobs that have one.
+    pub(crate) unique: HashMap<i64, UniqueKey>,
     next_id: i64,
     next_token: i64,
 }
@@ -69,6 +71,16 @@ impl State {
         self.jobs
             .get_mut(&lease.id)
             .filter(|job| job.state == JobState::Processing && job.claim_token == lease.token)
+    }
+
+    /// The job that holds the unique key `key` in its scope, if any.
+    fn holder_of(&self, key: &str) -> Option<i64> {
+        self.unique.iter().find_map(|(id, unique)| {
+            let job = self.jobs.get(id)?;
+            let holds = unique.key == key
+                && (unique.scope == UniqueScope::Forever || !job.state.is_terminal());
+            holds.then_some(*id)
+        })
     }
 
     pub(crate) fn make_claimable(&mut self, id: i64) {
@@ -182,18 +194,34 @@ impl MemoryStore {
         &self.shared.clock
     }
 
-    /// Enqueues a job; returns its id.
+    /// Enqueues a job; returns its id (for a job whose unique key is
+    /// taken, the id of the job that holds it).
     pub fn enqueue(&self, job: NewJob) -> i64 {
         self.enqueue_many([job])[0]
     }
 
-    /// Enqueues jobs in one step; returns their ids in order.
+    /// Enqueues jobs in one step; returns their ids in order (see
+    /// [`MemoryStore::enqueue`]).
     pub fn enqueue_many(&self, jobs: impl IntoIterator<Item = NewJob>) -> Vec<i64> {
+        self.enqueue_reporting(jobs)
+            .into_iter()
+            .map(|e| e.id)
+            .collect()
+    }
+
+    /// Enqueues jobs in one step; says for each whether it was added.
+    pub fn enqueue_reporting(&self, jobs: impl IntoIterator<Item = NewJob>) -> Vec<Enqueued<i64>> {
         let now = self.shared.clock.now();
         let mut state = self.lock();
-        let ids = jobs
+        let results: Vec<Enqueued<i64>> = jobs
             .into_iter()
             .map(|new| {
+                if let Some(holder) = new.unique.as_ref().and_then(|u| state.holder_of(&u.key)) {
+                    return Enqueued {
+                        id: holder,
+                        inserted: false,
+                    };
+                }
                 state.next_id += 1;
                 let id = state.next_id;
                 let mut job = Job::example(id, &new.kind, new.payload);
@@ -201,13 +229,18 @@ impl MemoryStore {
                 job.process_after = new.process_after;
                 job.queued_at = now;
                 state.jobs.insert(id, job);
+                if let Some(unique) = new.unique {
+                    state.unique.insert(id, unique);
+                }
                 state.make_claimable(id);
-                id
+                Enqueued { id, inserted: true }
             })
             .collect();
         drop(state);
-        self.wake_workers();
-        ids
+        if results.iter().any(|e| e.inserted) {
+            self.wake_workers();
+        }
+        results
     }
 
     /// The job with `id`, if it exists.

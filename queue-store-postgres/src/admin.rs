@@ -9,9 +9,10 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ActionReport, Admin, Delivery, FinishedBucket, JobFilter, JobPage, JobState, JobView,
+    ActionReport, Admin, Delivery, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
     ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
-    StateCount, StatsParams, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
+    StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
+    CANCELED_BEFORE_RUN_MESSAGE,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -22,6 +23,7 @@ use crate::options::{Column, PgStoreOptions};
 use crate::record::PgKey;
 use crate::sql::admin::{AdminStatements, AdminWrite, Pick};
 use crate::sql::{catalog, Param, Statement, TableShape};
+use crate::unique::{align, Answer, UNSEEN_HOLDER};
 
 struct Inner {
     pool: PgPool,
@@ -309,7 +311,95 @@ impl<K: PgKey> PgAdmin<K> {
                 )));
             }
         }
+        let forever = |j: &NewJob| {
+            j.unique
+                .as_ref()
+                .is_some_and(|u| u.scope == UniqueScope::Forever)
+        };
+        if !self.has(Column::UniqueForever) && jobs.iter().any(forever) {
+            return Err(StoreError::Config(format!(
+                "table {table} has no unique_forever column, so a key cannot be kept for as long as its job exists; map one (Column::UniqueForever), or make the table's unique index cover finished jobs and enqueue with UniqueScope::Active"
+            )));
+        }
         Ok(())
+    }
+
+    /// The enqueue of jobs with unique keys. A job whose key's holder the
+    /// statement could not see (it committed meanwhile, or finished) is
+    /// enqueued again by a new statement, which sees it or finds the key
+    /// free; after a few rounds the call gives up with a retryable error.
+    async fn enqueue_unique(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<K>>, StoreError> {
+        let Some(statement) = &self.inner.sql.enqueue_unique else {
+            return Err(StoreError::Config(format!(
+                "table {} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key",
+                self.inner.options.table
+            )));
+        };
+        let mut results: Vec<Option<Enqueued<K>>> = vec![None; jobs.len()];
+        for _round in 0..5 {
+            let pending: Vec<usize> = (0..jobs.len()).filter(|i| results[*i].is_none()).collect();
+            if pending.is_empty() {
+                break;
+            }
+            let batch: Vec<NewJob> = pending.iter().map(|i| jobs[*i].clone()).collect();
+            let rows = query::<K>(statement, |p| match p {
+                Param::Kinds => Some(Value::Texts(
+                    batch.iter().map(|j| Some(j.kind.clone())).collect(),
+                )),
+                Param::Payloads => Some(Value::Jsons(
+                    batch.iter().map(|j| j.payload.clone()).collect(),
+                )),
+                Param::Priorities => Some(Value::Ints(
+                    batch.iter().map(|j| i64::from(j.priority)).collect(),
+                )),
+                Param::ProcessAfters => Some(Value::Times(
+                    batch.iter().map(|j| j.process_after).collect(),
+                )),
+                Param::UniqueKeys => Some(Value::Texts(
+                    batch
+                        .iter()
+                        .map(|j| j.unique.as_ref().map(|u| u.key.clone()))
+                        .collect(),
+                )),
+                Param::UniqueForevers => Some(Value::Bools(
+                    batch
+                        .iter()
+                        .map(|j| {
+                            j.unique
+                                .as_ref()
+                                .is_some_and(|u| u.scope == UniqueScope::Forever)
+                        })
+                        .collect(),
+                )),
+                Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
+                _ => None,
+            })?
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("enqueueing unique jobs", e))?;
+            let mut answers = Vec::with_capacity(rows.len());
+            for row in &rows {
+                let read = |e| store_error("enqueueing unique jobs", e);
+                answers.push(Answer {
+                    id: row.try_get("id").map_err(read)?,
+                    key: row.try_get("unique_key").map_err(read)?,
+                    inserted: row.try_get("inserted").map_err(read)?,
+                });
+            }
+            for (i, result) in pending.into_iter().zip(align(&batch, answers)) {
+                results[i] = result;
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| {
+                r.ok_or_else(|| StoreError::Conflict {
+                    context: UNSEEN_HOLDER.into(),
+                    source: "the job holding the key stayed out of sight for five statements"
+                        .into(),
+                })
+            })
+            .collect()
     }
 
     fn reset_statement(&self) -> Result<&Statement, StoreError> {
@@ -480,11 +570,14 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         Ok(Some(buckets))
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<K>, StoreError> {
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<K>>, StoreError> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
         self.check_enqueue(jobs)?;
+        if jobs.iter().any(|j| j.unique.is_some()) {
+            return self.enqueue_unique(jobs).await;
+        }
         let rows = query::<K>(&self.inner.sql.enqueue, |p| match p {
             Param::Kinds => Some(Value::Texts(
                 jobs.iter().map(|j| Some(j.kind.clone())).collect(),
@@ -507,6 +600,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         rows.iter()
             .map(|row| {
                 row.try_get(0)
+                    .map(|id| Enqueued { id, inserted: true })
                     .map_err(|e| store_error("enqueueing jobs", e))
             })
             .collect()

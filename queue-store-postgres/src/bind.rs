@@ -28,6 +28,7 @@ pub(crate) enum Value<K> {
     Int4s(Vec<i32>),
     Json(serde_json::Value),
     Jsons(Vec<serde_json::Value>),
+    Bools(Vec<bool>),
 }
 
 impl<K: PgKey> Value<K> {
@@ -43,6 +44,7 @@ impl<K: PgKey> Value<K> {
             Value::Int(v) => q.bind(v),
             Value::Int4(v) => q.bind(v),
             Value::Bool(v) => q.bind(v),
+            Value::Bools(v) => q.bind(v),
             Value::Key(v) => q.bind(v),
             Value::Keys(v) => q.bind(v),
             Value::Ints(v) => q.bind(v),

@@ -138,11 +138,13 @@ pub struct ColumnsConfig {
     pub worker_hostname: Option<ColumnSetting>,
     pub cancel: Option<ColumnSetting>,
     pub claim_token: Option<ColumnSetting>,
+    pub unique_key: Option<ColumnSetting>,
+    pub unique_forever: Option<ColumnSetting>,
 }
 
 impl ColumnsConfig {
     /// Each standard column with its setting, if the file gives one.
-    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 17] {
+    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 19] {
         [
             (Column::Id, self.id.as_ref()),
             (Column::State, self.state.as_ref()),
@@ -161,6 +163,8 @@ impl ColumnsConfig {
             (Column::WorkerHostname, self.worker_hostname.as_ref()),
             (Column::Cancel, self.cancel.as_ref()),
             (Column::ClaimToken, self.claim_token.as_ref()),
+            (Column::UniqueKey, self.unique_key.as_ref()),
+            (Column::UniqueForever, self.unique_forever.as_ref()),
         ]
     }
 }

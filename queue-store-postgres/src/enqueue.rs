@@ -1,8 +1,8 @@
 //! [`JobTable`]: the default jobs table — migrate it, enqueue into it.
 
 use chrono::{DateTime, Utc};
-use queue_core::{NewJob, StoreError};
-use sqlx::PgPool;
+use queue_core::{Enqueued, NewJob, StoreError, UniqueScope};
+use sqlx::{PgPool, Row};
 
 use crate::error::{store_error, OptionsError};
 use crate::ident::{Ident, QualifiedName};
@@ -34,6 +34,7 @@ pub struct JobTable {
     table: QualifiedName,
     insert_one: String,
     insert_many: String,
+    insert_unique: String,
 }
 
 impl Default for JobTable {
@@ -64,6 +65,7 @@ impl JobTable {
         JobTable {
             insert_one: default_table::insert_one(&table),
             insert_many: default_table::insert_many(&table),
+            insert_unique: default_table::insert_unique(&table),
             table,
         }
     }
@@ -97,12 +99,23 @@ impl JobTable {
         crate::migrate::status(pool, &self.table).await
     }
 
-    /// Enqueues one job; returns its id.
+    /// Enqueues one job; returns its id (for a job whose [unique
+    /// key](NewJob::unique) is taken, the id of the job that holds it; see
+    /// [`JobTable::enqueue_unique`] to tell the two apart).
     pub async fn enqueue<'e>(
         &self,
         executor: impl sqlx::PgExecutor<'e>,
         job: &NewJob,
     ) -> Result<i64, StoreError> {
+        if job.unique.is_some() {
+            let mut done = self
+                .enqueue_unique(executor, std::slice::from_ref(job))
+                .await?;
+            return done.pop().map(|e| e.id).ok_or_else(|| StoreError::Backend {
+                context: "enqueueing a unique job".into(),
+                source: "the insert returned no row".into(),
+            });
+        }
         sqlx::query_scalar(&self.insert_one)
             .bind(&job.kind)
             .bind(&job.payload)
@@ -113,12 +126,17 @@ impl JobTable {
             .map_err(|e| store_error("enqueueing a job", e))
     }
 
-    /// Enqueues many jobs in one statement; returns their ids in order.
+    /// Enqueues many jobs in one statement; returns their ids in order (as
+    /// [`JobTable::enqueue`] does).
     pub async fn enqueue_many<'e>(
         &self,
         executor: impl sqlx::PgExecutor<'e>,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>, StoreError> {
+        if jobs.iter().any(|j| j.unique.is_some()) {
+            let done = self.enqueue_unique(executor, jobs).await?;
+            return Ok(done.into_iter().map(|e| e.id).collect());
+        }
         let kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
         let payloads: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.payload).collect();
         let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
@@ -131,5 +149,69 @@ impl JobTable {
             .fetch_all(executor)
             .await
             .map_err(|e| store_error("enqueueing jobs", e))
+    }
+
+    /// Enqueues jobs, some or all with [unique keys](NewJob::unique), in
+    /// one statement; says for each, in order, whether it was added or
+    /// which job holds its key. Safe from any number of enqueuers at once:
+    /// the table's unique index admits one job per key, and the others
+    /// come back `inserted: false` with its id.
+    ///
+    /// One statement (the table's enqueue function, which tries again
+    /// itself when a key's holder committed or finished while it ran), so
+    /// it works inside the caller's transaction: the jobs appear, and wake
+    /// workers, when it commits. In a `REPEATABLE READ` or `SERIALIZABLE`
+    /// transaction a holder committed after the transaction began cannot
+    /// be seen: the call then fails with a retryable
+    /// [`StoreError::Conflict`], like any serialization failure.
+    pub async fn enqueue_unique<'e>(
+        &self,
+        executor: impl sqlx::PgExecutor<'e>,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Enqueued<i64>>, StoreError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
+        let payloads: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.payload).collect();
+        let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
+        let afters: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.process_after).collect();
+        let keys: Vec<Option<&str>> = jobs
+            .iter()
+            .map(|j| j.unique.as_ref().map(|u| u.key.as_str()))
+            .collect();
+        let forever: Vec<bool> = jobs
+            .iter()
+            .map(|j| {
+                j.unique
+                    .as_ref()
+                    .is_some_and(|u| u.scope == UniqueScope::Forever)
+            })
+            .collect();
+        let rows = sqlx::query(&self.insert_unique)
+            .bind(kinds)
+            .bind(payloads)
+            .bind(priorities)
+            .bind(afters)
+            .bind(keys)
+            .bind(forever)
+            .fetch_all(executor)
+            .await
+            .map_err(|e| store_error("enqueueing unique jobs", e))?;
+        if rows.len() != jobs.len() {
+            return Err(StoreError::Backend {
+                context: "enqueueing unique jobs".into(),
+                source: format!("{} rows came back for {} jobs", rows.len(), jobs.len()).into(),
+            });
+        }
+        rows.iter()
+            .map(|row| {
+                let read = |e| store_error("enqueueing unique jobs", e);
+                Ok(Enqueued {
+                    id: row.try_get("id").map_err(read)?,
+                    inserted: row.try_get("inserted").map_err(read)?,
+                })
+            })
+            .collect()
     }
 }

@@ -21,6 +21,7 @@ mod ride;
 mod sql;
 mod stash;
 mod store;
+mod unique;
 
 pub use crate::admin::PgAdmin;
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};
@@ -55,4 +56,6 @@ mod docs {
     struct Architecture;
     #[doc = include_str!("../../docs/benchmarks.md")]
     struct Benchmarks;
+    #[doc = include_str!("../../docs/enqueue.md")]
+    struct Enqueue;
 }

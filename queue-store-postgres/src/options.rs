@@ -53,11 +53,19 @@ pub enum Column {
     /// The job's arguments (json, jsonb or text), which operators read and
     /// enqueue. Optional by default, like [`Column::Kind`].
     Payload,
+    /// A job's unique key (text), kept unique by a unique index of the
+    /// table's (the default table's holds while the job waits or runs, or
+    /// forever with [`Column::UniqueForever`]). Optional by default.
+    UniqueKey,
+    /// Whether a job's unique key holds for as long as the job exists
+    /// (boolean). Optional by default; without it a table's unique index
+    /// alone decides how long a key holds.
+    UniqueForever,
 }
 
 impl Column {
     /// Every standard column.
-    pub const ALL: [Column; 17] = [
+    pub const ALL: [Column; 19] = [
         Column::Id,
         Column::State,
         Column::FailureMessage,
@@ -75,6 +83,8 @@ impl Column {
         Column::Priority,
         Column::Kind,
         Column::Payload,
+        Column::UniqueKey,
+        Column::UniqueForever,
     ];
 
     /// The standard name, as in the default table.
@@ -97,6 +107,8 @@ impl Column {
             Column::Priority => "priority",
             Column::Kind => "kind",
             Column::Payload => "payload",
+            Column::UniqueKey => "unique_key",
+            Column::UniqueForever => "unique_forever",
         }
     }
 
@@ -104,7 +116,10 @@ impl Column {
     /// never needs it, and the default name is only a guess. A column
     /// mapped by name must exist all the same.
     pub(crate) fn optional_by_default(self) -> bool {
-        matches!(self, Column::Kind | Column::Payload)
+        matches!(
+            self,
+            Column::Kind | Column::Payload | Column::UniqueKey | Column::UniqueForever
+        )
     }
 
     /// What is lost when the column is absent.
@@ -132,6 +147,10 @@ impl Column {
             Column::Priority => "the default order is by key only",
             Column::Kind => "operators see no kinds and cannot filter by kind",
             Column::Payload => "operators see no payloads and cannot enqueue arguments",
+            Column::UniqueKey => "unique jobs are off: enqueueing a job with a unique key is refused",
+            Column::UniqueForever => {
+                "the table's unique index alone decides how long a unique key holds"
+            }
         }
     }
 }

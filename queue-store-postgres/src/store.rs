@@ -8,10 +8,10 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, ClaimParams, Claimed, DecodeError, FinishedBucket, HeartbeatReport, Job,
-    JobFilter, JobPage, JobRecord, JobView, Lease, ListParams, LogEntry, NewJob, PurgeParams,
-    QueueStats, ResetParams, ResetReport, RetryParams, StatsParams, Store, StoreError, Targets,
-    TimelineParams, Transition, WriteResult,
+    ActionReport, Admin, ClaimParams, Claimed, DecodeError, Enqueued, FinishedBucket,
+    HeartbeatReport, Job, JobFilter, JobPage, JobRecord, JobView, Lease, ListParams, LogEntry,
+    NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, StatsParams, Store,
+    StoreError, Targets, TimelineParams, Transition, WriteResult,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
@@ -704,7 +704,7 @@ where
         self.inner.admin.finished_timeline(params).await
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<R::Id>, StoreError> {
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<R::Id>>, StoreError> {
         self.inner.admin.enqueue(jobs).await
     }
 

@@ -114,7 +114,10 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
             NewJob::new("email", serde_json::json!({"to": "d@e.f"})),
         ])
         .await
-        .expect("enqueue into mapped columns");
+        .expect("enqueue into mapped columns")
+        .into_iter()
+        .map(|e| e.id)
+        .collect::<Vec<_>>();
     let woken = tokio::time::timeout(std::time::Duration::from_secs(5), listener.recv())
         .await
         .expect("a notification within 5 s")
@@ -249,7 +252,8 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
     let scheduled = admin
         .enqueue(&[NewJob::new("resize", serde_json::json!({})).process_after(later)])
         .await
-        .unwrap()[0];
+        .unwrap()[0]
+        .id;
     let everything = Targets::Matching {
         filter: JobFilter::default(),
         limit: 100,
@@ -336,7 +340,8 @@ async fn what_a_table_lacks_is_a_clear_error_not_a_silent_loss() {
         .await
         .expect("no kind, nothing lost")
         .pop()
-        .unwrap();
+        .unwrap()
+        .id;
     let job = admin.get(&id).await.unwrap().expect("there");
     assert_eq!(
         (job.kind, job.payload),

@@ -159,8 +159,13 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
                 .into_iter()
                 .map(|(c, _)| c)
                 .collect::<Vec<_>>(),
-            [Column::Priority, Column::Kind],
-            "no priority column, and no kind column under its standard name"
+            [
+                Column::Priority,
+                Column::Kind,
+                Column::UniqueKey,
+                Column::UniqueForever
+            ],
+            "no priority column, and no kind or unique key columns under their standard names"
         );
         let ok = insert(&pool, &schema, serde_json::json!({"do": "ok"})).await;
         let retry = insert(&pool, &schema, serde_json::json!({"do": "retry-once"})).await;

@@ -156,7 +156,9 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
             Column::ClaimToken,
             Column::Priority,
             Column::Kind,
-            Column::Payload
+            Column::Payload,
+            Column::UniqueKey,
+            Column::UniqueForever,
         ],
         "the store says which features are off (the tutorial's table has no kind or payload)"
     );

@@ -154,7 +154,12 @@ async fn a_scheduler_table_with_enum_status_smallint_counters_and_jsonb_failures
             NewJob::new("sync", serde_json::json!({"do": "retry-once"})),
             NewJob::new("sync", serde_json::json!({"do": "poison"})),
         ];
-        let ids = Admin::enqueue(&store, &jobs).await.expect("enqueued");
+        let ids: Vec<Uuid> = Admin::enqueue(&store, &jobs)
+            .await
+            .expect("enqueued")
+            .into_iter()
+            .map(|e| e.id)
+            .collect();
         let options = WorkerOptions {
             poll_interval: Duration::from_millis(50),
             ..WorkerOptions::default()

@@ -4,7 +4,7 @@ use std::io::{BufRead, Write};
 
 use anyhow::{anyhow, Context as _, Result};
 use chrono::{DateTime, Utc};
-use queue_core::{Admin, NewJob};
+use queue_core::{Admin, Enqueued, NewJob, UniqueScope};
 
 use crate::args::future;
 use crate::output::{self, progress};
@@ -27,15 +27,31 @@ pub struct EnqueueArgs {
     /// Higher runs first.
     #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
     pub priority: i32,
+    /// A unique key: if a job holding it waits or runs, nothing is added
+    /// and that job's key is printed, marked as already there.
+    #[arg(long, value_name = "KEY")]
+    pub unique_key: Option<String>,
+    /// The unique key holds for as long as the job exists, not only while
+    /// it waits or runs.
+    #[arg(long, requires = "unique_key")]
+    pub unique_forever: bool,
 }
 
 impl EnqueueArgs {
     fn job(&self, payload: serde_json::Value) -> NewJob {
-        let job = NewJob::new(self.kind.clone(), payload).priority(self.priority);
-        match self.run_at {
-            Some(at) => job.process_after(at),
-            None => job,
+        let mut job = NewJob::new(self.kind.clone(), payload).priority(self.priority);
+        if let Some(at) = self.run_at {
+            job = job.process_after(at);
         }
+        if let Some(key) = &self.unique_key {
+            let scope = if self.unique_forever {
+                UniqueScope::Forever
+            } else {
+                UniqueScope::Active
+            };
+            job = job.unique(key.clone(), scope);
+        }
+        job
     }
 }
 
@@ -48,7 +64,12 @@ pub async fn run<A>(
 where
     A: CliAdmin,
 {
-    let ids = match args.payload.as_deref() {
+    let done = match args.payload.as_deref() {
+        Some("-") if args.unique_key.is_some() => {
+            return Err(anyhow!(
+                "--unique-key gives one key, so it cannot apply to every line of standard input; enqueue those jobs one by one"
+            ))
+        }
         Some("-") => from_lines(admin, context, args, std::io::stdin().lock()).await?,
         text => {
             let payload = match text {
@@ -60,10 +81,19 @@ where
         }
     };
     if context.json {
-        return output::json(out, &serde_json::json!({ "ids": ids }));
+        let ids: Vec<&A::Id> = done.iter().map(|e| &e.id).collect();
+        let inserted: Vec<bool> = done.iter().map(|e| e.inserted).collect();
+        return output::json(
+            out,
+            &serde_json::json!({ "ids": ids, "inserted": inserted }),
+        );
     }
-    for id in &ids {
-        writeln!(out, "{id}")?;
+    for e in &done {
+        if e.inserted {
+            writeln!(out, "{}", e.id)?;
+        } else {
+            writeln!(out, "{} (already there: it holds the unique key)", e.id)?;
+        }
     }
     Ok(())
 }
@@ -75,7 +105,7 @@ async fn from_lines<A: Admin>(
     context: &Context,
     args: &EnqueueArgs,
     input: impl BufRead,
-) -> Result<Vec<A::Id>> {
+) -> Result<Vec<Enqueued<A::Id>>> {
     let bar = progress(0, "enqueueing", !context.json);
     let mut ids = Vec::new();
     let mut batch = Vec::with_capacity(BATCH);

@@ -14,7 +14,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, JobFilter, JobState, JobView, ListOrder, ListParams, NewJob, RetryParams,
-    StatsParams, StoreError, Targets,
+    StatsParams, StoreError, Targets, UniqueScope,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -345,6 +345,21 @@ pub struct EnqueueRequest {
     #[serde(default, deserialize_with = "integral")]
     #[schema(minimum = -2147483648, maximum = 2147483647)]
     pub priority: i32,
+    /// A unique key: while a job holding it is in scope, nothing is added
+    /// and that job is returned (200, `inserted` false), so a client may
+    /// retry a request safely.
+    pub unique_key: Option<String>,
+    /// How long the key holds: `active` (default: while the job waits or
+    /// runs) or `forever` (as long as the job exists).
+    pub unique_scope: Option<Scope>,
+}
+
+/// How long a unique key holds.
+#[derive(Debug, Clone, Copy, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum Scope {
+    Active,
+    Forever,
 }
 
 /// An `i32` written as any JSON number with no fraction (`3` or `3.0`, as
@@ -367,10 +382,12 @@ fn empty_object() -> serde_json::Value {
     serde_json::json!({})
 }
 
-/// The key of an added job.
+/// The key of an added job, or of the job holding its unique key.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
 pub struct Enqueued {
     pub id: String,
+    /// False when the unique key was taken: `id` is then the holder's.
+    pub inserted: bool,
 }
 
 /// What a write did.
@@ -540,6 +557,7 @@ pub async fn list_jobs(
     request_body = EnqueueRequest,
     responses(
         (status = 201, description = "Added", body = Enqueued),
+        (status = 200, description = "Not added: a job holding the unique key is returned", body = Enqueued),
         (status = 400, description = "Bad input", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 403, description = "A read-only token", body = ErrorBody),
@@ -557,7 +575,18 @@ pub async fn enqueue(
     if let Some(at) = request.run_at {
         job = job.process_after(at);
     }
-    let id = api
+    match (request.unique_key, request.unique_scope) {
+        (Some(key), scope) => {
+            let scope = match scope {
+                Some(Scope::Forever) => UniqueScope::Forever,
+                _ => UniqueScope::Active,
+            };
+            job = job.unique(key, scope);
+        }
+        (None, Some(_)) => return Err(ApiError::bad_request("unique_scope needs a unique_key")),
+        (None, None) => {}
+    }
+    let done = api
         .admin
         .enqueue(std::slice::from_ref(&job))
         .await?
@@ -569,7 +598,18 @@ pub async fn enqueue(
                 "the store returned no key",
             )
         })?;
-    Ok((StatusCode::CREATED, Json(Enqueued { id })))
+    let status = if done.inserted {
+        StatusCode::CREATED
+    } else {
+        StatusCode::OK
+    };
+    Ok((
+        status,
+        Json(Enqueued {
+            id: done.id,
+            inserted: done.inserted,
+        }),
+    ))
 }
 
 /// Makes a failed, errored or canceled job queued and claimable now.

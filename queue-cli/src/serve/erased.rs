@@ -8,8 +8,8 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, FinishedBucket, JobPage, JobState, JobView, ListParams, NewJob, QueueStats,
-    RetryParams, Skipped, StatsParams, StoreError, Targets, TimelineParams,
+    ActionReport, Enqueued, FinishedBucket, JobPage, JobState, JobView, ListParams, NewJob,
+    QueueStats, RetryParams, Skipped, StatsParams, StoreError, Targets, TimelineParams,
 };
 
 use crate::CliAdmin;
@@ -31,7 +31,7 @@ pub trait TextAdmin: Send + Sync + 'static {
         params: &TimelineParams,
     ) -> Result<Option<Vec<FinishedBucket>>, StoreError>;
     /// See [`Admin::enqueue`].
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError>;
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<String>>, StoreError>;
     /// See [`Admin::retry`]; texts that are no key are reported missing.
     async fn retry(
         &self,
@@ -176,13 +176,16 @@ where
         self.0.finished_timeline(params).await
     }
 
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<String>, StoreError> {
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<String>>, StoreError> {
         Ok(self
             .0
             .enqueue(jobs)
             .await?
             .into_iter()
-            .map(|id| id.to_string())
+            .map(|e| Enqueued {
+                id: e.id.to_string(),
+                inserted: e.inserted,
+            })
             .collect())
     }
 

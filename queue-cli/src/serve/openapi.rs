@@ -34,6 +34,7 @@ use super::{api, timeline};
         api::Stats,
         api::StateCount,
         api::Order,
+        api::Scope,
         api::ErrorBody,
         api::ErrorDetail,
         timeline::Timeline,

@@ -105,6 +105,7 @@ pub trait Harness: Send + Sync + 'static {
             .expect("enqueue failed")
             .pop()
             .expect("enqueue returns the new key")
+            .id
     }
 
     /// What the store holds for `id`, or `None` if it is gone
@@ -1446,11 +1447,85 @@ pub async fn admin_enqueue_adds_claimable_jobs<H: Harness>(h: &H) {
     .await
     .expect("enqueue failed");
     assert_eq!(keys.len(), 3);
+    assert!(
+        keys.iter().all(|k| k.inserted),
+        "jobs without keys are all added"
+    );
+    let keys: Vec<IdOf<H>> = keys.into_iter().map(|k| k.id).collect();
     let claimed = claim::<H>(&store, 10, t0()).await;
     assert_eq!(
         ids::<H>(&claimed),
         vec![keys[1].clone(), keys[0].clone()],
         "by priority; the scheduled job waits"
+    );
+}
+
+/// A unique key keeps a second job out while the first is in scope:
+/// active jobs hold their key until they finish, `Forever` ones until they
+/// are deleted; a batch reports each job, later duplicates included.
+pub async fn admin_unique_keys_hold_while_in_scope<H: Harness>(h: &H) {
+    use crate::UniqueScope::{Active, Forever};
+    let store = h.store().await;
+    let t = t0();
+    let job = |n: i32| NewJob::new("k", serde_json::json!(n));
+    let enqueue = |jobs: Vec<NewJob>| {
+        let store = &store;
+        async move {
+            Admin::enqueue(store, &jobs)
+                .await
+                .expect("enqueue failed")
+                .into_iter()
+                .map(|e| (e.id, e.inserted))
+                .collect::<Vec<_>>()
+        }
+    };
+    let first = enqueue(vec![job(1).unique("a", Active)]).await;
+    assert!(first[0].1, "the first job with key a is added");
+    let a = first[0].0.clone();
+    assert_eq!(
+        enqueue(vec![job(2).unique("a", Active)]).await,
+        vec![(a.clone(), false)],
+        "a second job with key a is not added; the holder is reported"
+    );
+    let batch = enqueue(vec![
+        job(3).unique("b", Active),
+        job(4).unique("a", Active),
+        job(5),
+        job(6).unique("b", Active),
+    ])
+    .await;
+    let b = batch[0].0.clone();
+    assert_eq!(
+        batch
+            .iter()
+            .map(|(_, inserted)| *inserted)
+            .collect::<Vec<_>>(),
+        [true, false, true, false],
+        "each job of a batch is reported"
+    );
+    assert_eq!(
+        (&batch[1].0, &batch[3].0),
+        (&a, &b),
+        "held by a, then by the batch's own b"
+    );
+    let forever = enqueue(vec![job(7).unique("f", Forever)]).await[0].clone();
+    assert!(forever.1);
+    // Finish every job: active keys come free, a forever key does not.
+    for c in claim::<H>(&store, 10, t).await {
+        end::<H>(&store, c, Transition::Complete, t).await;
+    }
+    let again = enqueue(vec![job(8).unique("a", Active), job(9).unique("f", Active)]).await;
+    assert!(again[0].1, "a finished job no longer holds an active key");
+    assert_ne!(again[0].0, a);
+    assert_eq!(
+        again[1],
+        (forever.0.clone(), false),
+        "a forever key outlives its job's run"
+    );
+    h.delete(&store, &forever.0).await;
+    assert!(
+        enqueue(vec![job(10).unique("f", Forever)]).await[0].1,
+        "a deleted job holds nothing"
     );
 }
 
@@ -1509,6 +1584,7 @@ macro_rules! conformance_tests {
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             admin_enqueue_adds_claimable_jobs,
+            admin_unique_keys_hold_while_in_scope,
             admin_timeline_counts_finished_jobs_per_interval,
             admin_reset_resets_stalled_jobs_once
         );

@@ -69,6 +69,10 @@ pub(crate) struct AdminStatements {
     pub states_of: Statement,
     /// The enqueue ([`AdminStatements::enqueue_statement`]).
     pub enqueue: Statement,
+    /// The enqueue of jobs with unique keys
+    /// ([`AdminStatements::enqueue_unique_statement`]); `None` without a
+    /// unique key column.
+    pub enqueue_unique: Option<Statement>,
     /// The resetter's statement: stalled rows that no transaction locks go
     /// back to queued, or fail. `None` without a heartbeat or start column.
     pub reset: Option<Statement>,
@@ -316,12 +320,14 @@ impl AdminStatements {
             states_of,
             reset,
             enqueue: Statement::default(),
+            enqueue_unique: None,
         };
         // The default table's trigger notifies the default channel on every
         // insert; any other table, or channel, needs the enqueue to.
         let notify = !(shape.notify_trigger
             && options.notify_channel() == crate::options::default_channel(&options.table.name));
         statements.enqueue = statements.enqueue_statement(notify);
+        statements.enqueue_unique = statements.enqueue_unique_statement(notify);
         statements
     }
 
@@ -606,37 +612,8 @@ impl AdminStatements {
     /// it also notifies [`Param::Channel`]: an initplan, run once per
     /// statement, so one round trip does both.
     fn enqueue_statement(&self, notify: bool) -> Statement {
-        let names = &self.names;
         let mut b = Builder::default();
-        let arrays = [
-            (Param::Kinds, "text[]", "kind"),
-            (Param::Payloads, "jsonb[]", "payload"),
-            (Param::Priorities, "int8[]", "priority"),
-            (Param::ProcessAfters, "timestamptz[]", "process_after"),
-        ];
-        let unnest: Vec<String> = arrays
-            .iter()
-            .map(|(param, ty, _)| format!("CAST({} AS {ty})", b.p(*param)))
-            .collect();
-        let fields: Vec<&str> = arrays.iter().map(|(_, _, f)| *f).collect();
-        let mut columns = Vec::new();
-        let mut values = Vec::new();
-        for (c, field) in [
-            (Column::Kind, "kind"),
-            (Column::Payload, "payload"),
-            (Column::Priority, "priority"),
-            (Column::ProcessAfter, "process_after"),
-        ] {
-            if let Some(n) = names.get(c) {
-                columns.push(n.to_owned());
-                values.push(match (c, &self.payload_type) {
-                    (Column::Payload, Some(ty)) => format!("CAST(u.{field} AS {ty})"),
-                    _ => format!("u.{field}"),
-                });
-            }
-        }
-        columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
-        values.push(self.state_value(JobState::Queued));
+        let (unnest, fields, columns, values) = self.enqueue_input(&mut b, false);
         let notified = if notify {
             notified(&mut b)
         } else {
@@ -648,10 +625,104 @@ impl AdminStatements {
             values.join(", "),
             unnest.join(", "),
             fields.join(", "),
-            names.must(Column::Id),
+            self.names.must(Column::Id),
             table = self.table,
         ));
         b.build()
+    }
+
+    /// Inserts jobs from the arrays of [`AdminStatements::enqueue_statement`]
+    /// and [`Param::UniqueKeys`] (and [`Param::UniqueForevers`] when the
+    /// table keeps the scope), skipping each whose key the table's unique
+    /// index says is held. Returns the inserted jobs (`id`, `unique_key`,
+    /// `inserted` true, in order) and then, for each key that was held, the
+    /// job holding it (`inserted` false): see [`crate::unique`].
+    fn enqueue_unique_statement(&self, notify: bool) -> Option<Statement> {
+        let names = &self.names;
+        let key = names.at(Column::UniqueKey)?;
+        let (table, a, id) = (&self.table, &self.alias, names.must(Column::Id));
+        let mut b = Builder::default();
+        let (unnest, fields, columns, values) = self.enqueue_input(&mut b, true);
+        let keys = b.p(Param::UniqueKeys);
+        let notified = if notify {
+            notified(&mut b)
+        } else {
+            String::new()
+        };
+        let active = self.state_in(&[JobState::Queued, JobState::Processing, JobState::Errored]);
+        // Without a scope column the table's own index decides which rows
+        // hold a key: prefer a waiting or running one, then the newest.
+        let holds = match names.at(Column::UniqueForever) {
+            Some(forever) => format!(" AND ({forever} OR {active})"),
+            None => String::new(),
+        };
+        b.push(&format!(
+            "WITH \"__queue_input\" AS (SELECT * FROM unnest({unnest}) AS u({fields})), \
+             \"__queue_inserted\" AS (INSERT INTO {table} AS {a} ({columns}) SELECT {values} FROM \"__queue_input\" AS u \
+             ON CONFLICT DO NOTHING RETURNING {id} AS \"id\", CAST({key} AS text) AS \"unique_key\") \
+             SELECT \"id\", \"unique_key\", true AS \"inserted\"{notified} FROM \"__queue_inserted\" \
+             UNION ALL \
+             SELECT * FROM (SELECT DISTINCT ON ({key}) {id} AS \"id\", CAST({key} AS text) AS \"unique_key\", false{none} \
+             FROM {table} AS {a} WHERE {key} = ANY(CAST({keys} AS text[])){holds} \
+             AND NOT EXISTS (SELECT 1 FROM \"__queue_inserted\" AS i WHERE i.\"unique_key\" = CAST({key} AS text)) \
+             ORDER BY {key}, ({active}) DESC, {id} DESC) AS \"__queue_held\"",
+            unnest = unnest.join(", "),
+            fields = fields.join(", "),
+            columns = columns.join(", "),
+            values = values.join(", "),
+            none = if notify { ", NULL::int4" } else { "" },
+        ));
+        Some(b.build())
+    }
+
+    /// The enqueue's `unnest(..)` arrays, their field names, and the
+    /// columns with the values that fill them; with `unique`, the unique
+    /// key (and its scope, where the table keeps one) too.
+    fn enqueue_input(
+        &self,
+        b: &mut Builder,
+        unique: bool,
+    ) -> (Vec<String>, Vec<&'static str>, Vec<String>, Vec<String>) {
+        let names = &self.names;
+        let mut arrays = vec![
+            (Param::Kinds, "text[]", "kind"),
+            (Param::Payloads, "jsonb[]", "payload"),
+            (Param::Priorities, "int8[]", "priority"),
+            (Param::ProcessAfters, "timestamptz[]", "process_after"),
+        ];
+        let mut filled = vec![
+            (Column::Kind, "kind"),
+            (Column::Payload, "payload"),
+            (Column::Priority, "priority"),
+            (Column::ProcessAfter, "process_after"),
+        ];
+        if unique {
+            arrays.push((Param::UniqueKeys, "text[]", "unique_key"));
+            filled.push((Column::UniqueKey, "unique_key"));
+            if names.get(Column::UniqueForever).is_some() {
+                arrays.push((Param::UniqueForevers, "bool[]", "unique_forever"));
+                filled.push((Column::UniqueForever, "unique_forever"));
+            }
+        }
+        let unnest: Vec<String> = arrays
+            .iter()
+            .map(|(param, ty, _)| format!("CAST({} AS {ty})", b.p(*param)))
+            .collect();
+        let fields: Vec<&str> = arrays.iter().map(|(_, _, f)| *f).collect();
+        let mut columns = Vec::new();
+        let mut values = Vec::new();
+        for (c, field) in filled {
+            if let Some(n) = names.get(c) {
+                columns.push(n.to_owned());
+                values.push(match (c, &self.payload_type) {
+                    (Column::Payload, Some(ty)) => format!("CAST(u.{field} AS {ty})"),
+                    _ => format!("u.{field}"),
+                });
+            }
+        }
+        columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
+        values.push(self.state_value(JobState::Queued));
+        (unnest, fields, columns, values)
     }
 }
 

@@ -127,6 +127,8 @@ fn accepted_types(column: Column) -> &'static [&'static str] {
         Column::Cancel => &["boolean"],
         Column::Kind => TEXT,
         Column::Payload => &["jsonb", "json", "text", "character varying"],
+        Column::UniqueKey => TEXT,
+        Column::UniqueForever => &["boolean"],
     }
 }
 

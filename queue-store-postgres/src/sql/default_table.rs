@@ -81,11 +81,94 @@ pub(crate) struct MigrationSql {
 /// Every version of the default table's schema, oldest first. A version,
 /// once released, never changes: a later change is a new version.
 pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationSql> {
-    vec![MigrationSql {
-        version: 1,
-        name: "the jobs table, its claim and processing indexes, and the notify trigger",
-        statements: version_1(table, channel),
-    }]
+    vec![
+        MigrationSql {
+            version: 1,
+            name: "the jobs table, its claim and processing indexes, and the notify trigger",
+            statements: version_1(table, channel),
+        },
+        MigrationSql {
+            version: 2,
+            name: "unique jobs: unique_key, unique_forever and the index that keeps keys unique",
+            statements: version_2(table),
+        },
+    ]
+}
+
+/// The function that enqueues jobs with unique keys
+/// ([`insert_unique`]): `<table>_enqueue_unique` beside the table.
+fn unique_function(table: &QualifiedName) -> String {
+    QualifiedName::new(
+        table.schema.clone(),
+        Ident::new(format!(
+            "{}_enqueue_unique",
+            truncate(table.name.as_str(), 48)
+        ))
+        .unwrap_or_else(|_| table.name.clone()),
+    )
+    .quoted()
+}
+
+/// Version 2: unique keys. A key is held by a job while it waits or runs,
+/// or for as long as it exists with `unique_forever`; the partial unique
+/// index enforces exactly that, and an enqueue's `ON CONFLICT DO NOTHING`
+/// reads it. Adding nullable and constant-default columns rewrites
+/// nothing; the index is built over a column that is still empty.
+///
+/// The enqueue is a function so that it is one statement on any executor
+/// (the caller's transaction included) and yet never misses the job
+/// holding a key: each statement in it takes a fresh snapshot, so a holder
+/// that committed after the call began is seen on the next try, and a key
+/// freed meanwhile is taken.
+fn version_2(table: &QualifiedName) -> Vec<String> {
+    let t = table.quoted();
+    let body = format!(
+        "#variable_conflict use_column
+DECLARE k int; tries int; found bigint;
+BEGIN
+  FOR k IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+    tries := 0;
+    LOOP
+      found := NULL;
+      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\")
+        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false))
+        ON CONFLICT DO NOTHING RETURNING j.\"id\" INTO found;
+      IF found IS NOT NULL THEN
+        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := true; RETURN NEXT; EXIT;
+      END IF;
+      SELECT h.\"id\" INTO found FROM {t} AS h WHERE h.\"unique_key\" = p_keys[k]
+        AND (h.\"unique_forever\" OR h.\"state\" IN ('queued', 'processing', 'errored')) LIMIT 1;
+      IF found IS NOT NULL THEN
+        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := false; RETURN NEXT; EXIT;
+      END IF;
+      tries := tries + 1;
+      IF tries >= 10 THEN
+        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
+          USING ERRCODE = '40001';
+      END IF;
+    END LOOP;
+  END LOOP;
+END"
+    );
+    vec![
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"unique_key\" text"),
+        format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"unique_forever\" boolean NOT NULL DEFAULT false"
+        ),
+        format!(
+            "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} (\"unique_key\") \
+             WHERE \"unique_key\" IS NOT NULL AND (\"unique_forever\" OR \"state\" IN ('queued', 'processing', 'errored'))",
+            derived(&table.name, "unique_idx")
+        ),
+        format!(
+            "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
+             p_afters timestamptz[], p_keys text[], p_forevers bool[]) \
+             RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
+             LANGUAGE plpgsql VOLATILE AS {}",
+            dollar_quoted(&body),
+            f = unique_function(table)
+        ),
+    ]
 }
 
 /// Version 1: the table as it stood before migrations were versioned.
@@ -194,6 +277,19 @@ fn truncate(s: &str, max: usize) -> &str {
 
 /// Serialises concurrent migrations of the same database.
 pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(7310575312817441)";
+
+/// Enqueues jobs, with or without unique keys, from parallel arrays ($1
+/// kinds, $2 payloads, $3 priorities, $4 process_after, $5 unique keys, $6
+/// whether each key holds forever) through the table's function (version
+/// 2): one row per job, in order: its `id` (the holder's when its key was
+/// taken), its `unique_key` and whether it was `inserted`.
+pub(crate) fn insert_unique(table: &QualifiedName) -> String {
+    format!(
+        "SELECT \"id\", \"unique_key\", \"inserted\" FROM {}(CAST($1 AS text[]), CAST($2 AS jsonb[]), \
+         CAST($3 AS int4[]), CAST($4 AS timestamptz[]), CAST($5 AS text[]), CAST($6 AS bool[]))",
+        unique_function(table)
+    )
+}
 
 /// Inserts one job: $1 kind, $2 payload, $3 priority, $4 process_after.
 pub(crate) fn insert_one(table: &QualifiedName) -> String {

@@ -67,6 +67,10 @@ pub(crate) enum Param {
     After,
     /// The length of a timeline's interval, in whole seconds (int8).
     BucketSeconds,
+    /// An enqueue's unique keys (text[], NULL for none) and whether each
+    /// holds forever (bool[]).
+    UniqueKeys,
+    UniqueForevers,
     Kinds,
     Payloads,
     Priorities,

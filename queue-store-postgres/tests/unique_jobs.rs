@@ -1,0 +1,117 @@
+//! Unique jobs on Postgres under concurrency: sixteen enqueuers of one key
+//! make exactly one job, and enqueuers of other keys lose nothing.
+
+mod support;
+
+use std::sync::Arc;
+
+use queue_core::{Admin, Enqueued, Job, NewJob, UniqueScope};
+use queue_store_postgres::PgStore;
+use support::{fresh_table, pool};
+use tokio::sync::Barrier;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sixteen_concurrent_enqueuers_of_one_key_make_one_job() {
+    let test = "sixteen_concurrent_enqueuers_of_one_key_make_one_job";
+    let Some(pool) = pool(test).await else { return };
+    let table = Arc::new(fresh_table(&pool).await);
+    let store: PgStore<Job> = PgStore::default_table(pool.clone(), table.store_options())
+        .await
+        .expect("a store");
+    for round in 0..20 {
+        let key = format!("report:{round}");
+        let barrier = Arc::new(Barrier::new(16));
+        let mut tasks = Vec::new();
+        for n in 0..16 {
+            let (store, table, pool, barrier, key) = (
+                store.clone(),
+                table.clone(),
+                pool.clone(),
+                barrier.clone(),
+                key.clone(),
+            );
+            tasks.push(tokio::spawn(async move {
+                let same =
+                    NewJob::new("report", serde_json::json!(n)).unique(key, UniqueScope::Active);
+                let own = NewJob::new("report", serde_json::json!(n))
+                    .unique(format!("own:{round}:{n}"), UniqueScope::Active);
+                barrier.wait().await;
+                if n % 2 == 0 {
+                    // Through the admin contract, which retries by itself.
+                    Admin::enqueue(&store, &[same, own])
+                        .await
+                        .expect("enqueued")
+                } else {
+                    // Straight into the table: one statement.
+                    table
+                        .enqueue_unique(&pool, &[same, own])
+                        .await
+                        .expect("enqueued")
+                }
+            }));
+        }
+        let mut results: Vec<Vec<Enqueued<i64>>> = Vec::new();
+        for task in tasks {
+            results.push(task.await.expect("joined"));
+        }
+        let same: Vec<&Enqueued<i64>> = results.iter().map(|r| &r[0]).collect();
+        assert_eq!(
+            same.iter().filter(|e| e.inserted).count(),
+            1,
+            "round {round}: exactly one enqueuer added the job"
+        );
+        assert!(
+            same.iter().all(|e| e.id == same[0].id),
+            "round {round}: every enqueuer got the one job's key"
+        );
+        assert!(
+            results.iter().all(|r| r[1].inserted),
+            "round {round}: every job with a key of its own was added"
+        );
+        let rows: i64 = sqlx::query_scalar(&format!(
+            "SELECT count(*) FROM {} WHERE unique_key = $1",
+            table.name().quoted()
+        ))
+        .bind(&key)
+        .fetch_one(&pool)
+        .await
+        .expect("counted");
+        assert_eq!(rows, 1, "round {round}: one row holds the key");
+    }
+    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name().quoted()))
+        .fetch_one(&pool)
+        .await
+        .expect("counted");
+    assert_eq!(
+        total,
+        20 * 17,
+        "one shared job and sixteen own jobs per round"
+    );
+}
+
+#[tokio::test]
+async fn a_unique_enqueue_in_a_rolled_back_transaction_holds_nothing() {
+    let test = "a_unique_enqueue_in_a_rolled_back_transaction_holds_nothing";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let job =
+        || NewJob::new("invoice", serde_json::json!({})).unique("invoice:9", UniqueScope::Active);
+    let mut tx = pool.begin().await.expect("a transaction");
+    let first = table.enqueue(&mut *tx, &job()).await.expect("enqueued");
+    let again = table
+        .enqueue_unique(&mut *tx, &[job()])
+        .await
+        .expect("enqueued");
+    assert_eq!(
+        (again[0].id, again[0].inserted),
+        (first, false),
+        "the transaction sees its own job holding the key"
+    );
+    tx.rollback().await.expect("rolled back");
+    let after = table
+        .enqueue_unique(&pool, &[job()])
+        .await
+        .expect("enqueued");
+    assert!(after[0].inserted, "the rolled-back job held nothing");
+    assert_ne!(after[0].id, first);
+}
