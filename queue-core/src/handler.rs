@@ -17,6 +17,7 @@ use crate::store::{Store, WriteResult};
 
 /// What the PreDequeue hook decides.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Dequeue<C> {
     /// Do not claim now; the worker waits for its poll interval.
     NotNow,

@@ -13,6 +13,7 @@ use crate::error::JobError;
 /// `docs/job-lifecycle.md`); every write guards the state it expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum JobState {
     /// Waiting to be claimed. Entered on enqueue, or when the resetter moves a
     /// stalled job back, or when a worker hands an unfinished job back at

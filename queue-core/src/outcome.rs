@@ -51,6 +51,7 @@ pub enum UnclassifiedPolicy {
 
 /// The recorded result of an attempt; `label()` is the metrics label.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Outcome {
     /// Completed.
     Completed,

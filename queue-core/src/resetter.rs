@@ -30,6 +30,7 @@ pub const AT_MOST_ONCE_MESSAGE: &str =
 /// What a stalled job may go through.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Delivery {
     /// Stalled jobs run again (handlers must be idempotent).
     #[default]

@@ -6,6 +6,7 @@ use chrono::{DateTime, Utc};
 
 /// How long to wait before the next attempt.
 #[derive(Debug, Clone, Copy, PartialEq)]
+#[non_exhaustive]
 pub enum Backoff {
     /// The same delay before every retry.
     Fixed(Duration),

@@ -51,6 +51,7 @@ impl<S: Store + ?Sized> std::fmt::Debug for Claimed<S> {
 /// (reset, reclaimed, deleted, already finished) the write is a no-op that
 /// reports [`WriteResult::Stale`].
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Transition {
     /// The handler succeeded: completed.
     Complete,
@@ -96,6 +97,7 @@ impl Transition {
 /// Whether a guarded write changed anything.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[must_use]
+#[non_exhaustive]
 pub enum WriteResult {
     /// The job was in the expected state under the presented lease and was
     /// updated.

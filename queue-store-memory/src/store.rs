@@ -339,7 +339,7 @@ impl Store for MemoryStore {
         let Some(job) = state.held_mut(lease) else {
             return Ok(WriteResult::Stale);
         };
-        job.state = transition.target();
+        let target = transition.target();
         match transition {
             Transition::Complete => job.finished_at = Some(now),
             Transition::Error { message, retry_at } => {
@@ -358,7 +358,13 @@ impl Store for MemoryStore {
                 job.finished_at = Some(now);
             }
             Transition::Release => {}
+            other => {
+                return Err(StoreError::Config(format!(
+                    "the memory store does not know the transition {other:?}"
+                )))
+            }
         }
+        job.state = target;
         let requeued = matches!(job.state, JobState::Queued | JobState::Errored);
         if requeued {
             state.make_claimable(lease.id);
@@ -419,6 +425,8 @@ impl Store for MemoryStore {
                 Delivery::AtMostOnce => Some(AT_MOST_ONCE_MESSAGE),
                 Delivery::AtLeastOnce if job.num_resets >= max_resets => Some(MAX_RESETS_MESSAGE),
                 Delivery::AtLeastOnce => None,
+                // A delivery this store does not know: never run twice.
+                _ => Some(AT_MOST_ONCE_MESSAGE),
             };
             match fail_with {
                 Some(message) => {

@@ -44,7 +44,7 @@ impl<K: PgKey> FinishRow<K> {
         transition: Transition,
         now: DateTime<Utc>,
         states: &StateValues,
-    ) -> Self {
+    ) -> Result<Self, StoreError> {
         let target = states.get(transition.target()).to_owned();
         let succeeded = matches!(transition, Transition::Complete);
         let (finished_at, message, process_after, failed) = match transition {
@@ -55,8 +55,13 @@ impl<K: PgKey> FinishRow<K> {
             Transition::Fail { message } => (Some(now), Some(message), None, 1),
             Transition::Cancel { message } => (Some(now), Some(message), None, 0),
             Transition::Release => (None, None, None, 0),
+            other => {
+                return Err(StoreError::Config(format!(
+                    "the Postgres store does not know the transition {other:?}"
+                )))
+            }
         };
-        FinishRow {
+        Ok(FinishRow {
             succeeded,
             id: lease.id.clone(),
             token: lease.token,
@@ -65,7 +70,7 @@ impl<K: PgKey> FinishRow<K> {
             message,
             process_after,
             failed,
-        }
+        })
     }
 }
 

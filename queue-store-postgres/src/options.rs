@@ -165,6 +165,7 @@ impl fmt::Display for Column {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "config", derive(serde::Deserialize))]
 #[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum ExecutionMode {
     /// The spec's mode: the claim is visible at once (processing), and the
     /// handler gets the job's transaction ([`PgJobStore::transaction`](crate::PgJobStore::transaction)),
@@ -185,6 +186,7 @@ pub enum ExecutionMode {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "config", derive(serde::Deserialize))]
 #[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum ClaimCommit {
     /// The claim's own transaction commits with `synchronous_commit = off`
     /// (set for that transaction only): it does not wait for the WAL
@@ -208,6 +210,7 @@ pub enum ClaimCommit {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[cfg_attr(feature = "config", derive(serde::Deserialize))]
 #[cfg_attr(feature = "config", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
 pub enum CompletedJobs {
     /// The row stays, in the completed state (the spec's behaviour, and
     /// what `queue` and any report over the table can show later).

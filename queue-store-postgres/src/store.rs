@@ -561,7 +561,7 @@ where
     ) -> Result<WriteResult, StoreError> {
         let transition = self.adapt(transition);
         let complete = transition == Transition::Complete;
-        let row = FinishRow::new(lease, transition, now, self.states());
+        let row = FinishRow::new(lease, transition, now, self.states())?;
         if let Some(recorded) = job_store.end(&row, complete).await {
             return recorded;
         }

@@ -95,6 +95,7 @@ impl<S: Store, H: Handler<S>> Handler<S> for Budget<S, H> {
         Ok(match self.inner.pre_dequeue(ctx).await? {
             Dequeue::NotNow => Dequeue::NotNow,
             Dequeue::Go { .. } => Dequeue::with_conditions((self.fits)(headroom)).limit(1),
+            other => other,
         })
     }
 

@@ -886,7 +886,7 @@ pub async fn memory_worker(args: &[String]) -> Result<()> {
         PgStore::default_table(pool, table.store_options().mode(ExecutionMode::Lease)).await?;
     let options = WorkerOptions {
         poll_interval: Duration::from_millis(100),
-        claim_batch: 500,
+        claim_batch: Some(500),
         ..WorkerOptions::default().handlers(n)
     };
     let worker = Worker::new(store, SleepForever, options)?;

@@ -82,7 +82,9 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
         // wait for half a batch of free slots, so that claims come in
         // batches (a claim's cost is mostly per statement, not per row).
         let want = if shared.waiting.load(Ordering::Acquire) > 0 {
-            (options.claim_batch / 2).min(options.prefetch).max(1)
+            (options.claim_batch_size() / 2)
+                .min(options.prefetch)
+                .max(1)
         } else {
             1
         };
@@ -139,7 +141,7 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
             }
             permit = slots.clone().acquire_many_owned(want as u32), if may_claim => {
                 let Ok(mut permits) = permit else { break };
-                top_up(&mut permits, &slots, options.claim_batch);
+                top_up(&mut permits, &slots, options.claim_batch_size());
                 match dequeue(shared, permits, claims.len()).await {
                     Some(claim) => claims.push(claim),
                     None => pause = Some(Pause::NotNow(Box::pin(tokio::time::sleep(options.poll_interval)))),
@@ -198,6 +200,12 @@ async fn dequeue<S: Store, H: Handler<S>>(
     let (conditions, limit) = match dequeue {
         Ok(Ok(Dequeue::Go { conditions, limit })) => (conditions, limit),
         Ok(Ok(Dequeue::NotNow)) => return None,
+        Ok(Ok(_)) => {
+            tracing::warn!(
+                "PreDequeue gave an answer this worker does not know; not claiming this round"
+            );
+            return None;
+        }
         Ok(Err(error)) => {
             tracing::warn!(%error, "PreDequeue hook failed; not claiming this round");
             return None;

@@ -44,11 +44,12 @@ pub struct WorkerOptions {
     /// late a dropped notification or a scheduled job is noticed.
     /// Default 5 s.
     pub poll_interval: Duration,
-    /// The most jobs one claim takes. Default: `num_handlers`. A claim asks
-    /// for one of a few sizes (1 to 7, then 8, 10, 12, 14, 16, 20, 24, ...),
-    /// the largest not above its free slots, so that a store can keep one
-    /// prepared statement per size.
-    pub claim_batch: usize,
+    /// The most jobs one claim takes. `None` (the default): `num_handlers +
+    /// prefetch`, whatever those are set to. A claim asks for one of a few
+    /// sizes (1 to 7, then 8, 10, 12, 14, 16, 20, 24, ...), the largest not
+    /// above its free slots, so that a store can keep one prepared
+    /// statement per size.
+    pub claim_batch: Option<usize>,
     /// How many claims may be on their way at once. With 2 (the default)
     /// the next claim goes out while the previous one's round trip and
     /// commit are still under way, so handlers do not sit idle waiting for
@@ -106,7 +107,7 @@ impl Default for WorkerOptions {
             name: default_worker_name(),
             num_handlers: 4,
             poll_interval: Duration::from_secs(5),
-            claim_batch: 4,
+            claim_batch: None,
             concurrent_claims: 2,
             prefetch: 0,
             heartbeat_interval: Duration::from_secs(5),
@@ -120,18 +121,33 @@ impl Default for WorkerOptions {
 }
 
 impl WorkerOptions {
-    /// Sets `num_handlers`, and `claim_batch` to match (plus `prefetch`).
+    /// Sets `num_handlers`.
     pub fn handlers(mut self, n: usize) -> Self {
         self.num_handlers = n;
-        self.claim_batch = n + self.prefetch;
         self
     }
 
-    /// Sets `prefetch`, and `claim_batch` to `num_handlers + prefetch`.
+    /// Sets `prefetch`.
     pub fn prefetch(mut self, n: usize) -> Self {
         self.prefetch = n;
-        self.claim_batch = self.num_handlers + n;
         self
+    }
+
+    /// The most jobs one claim takes: `claim_batch`, or by default
+    /// `num_handlers + prefetch`, however the options were built.
+    ///
+    /// ```
+    /// use queue_worker::WorkerOptions;
+    /// let literal = WorkerOptions { num_handlers: 32, ..Default::default() };
+    /// assert_eq!(literal.claim_batch_size(), 32);
+    /// let built = WorkerOptions::default().prefetch(8).handlers(16);
+    /// assert_eq!(built.claim_batch_size(), 24);
+    /// let fixed = WorkerOptions { claim_batch: Some(10), ..built };
+    /// assert_eq!(fixed.claim_batch_size(), 10);
+    /// ```
+    pub fn claim_batch_size(&self) -> usize {
+        self.claim_batch
+            .unwrap_or(self.num_handlers + self.prefetch)
     }
 
     fn validate(&self) -> Result<(), WorkerError> {
@@ -142,7 +158,7 @@ impl WorkerOptions {
         if self.num_handlers == 0 {
             return fail("num_handlers must be at least 1");
         }
-        if self.claim_batch == 0 {
+        if self.claim_batch == Some(0) {
             return fail("claim_batch must be at least 1");
         }
         if self.concurrent_claims == 0 {
@@ -620,14 +636,14 @@ async fn record_outcome<S: Store, H>(
     let now = shared.options.clock.now();
     match shared.store.finish(job_store, lease, transition, now).await {
         Ok(WriteResult::Applied) => outcome.clone(),
-        Ok(WriteResult::NotKept) => {
-            // No store answers a finish so; were one to, the job would stay
-            // processing until the resetter recovers it.
-            tracing::error!(id = %lease.id, "the store kept no outcome for the job; the resetter will recover it");
-            Outcome::Lost
-        }
         Ok(WriteResult::Stale) => {
             tracing::warn!(id = %lease.id, "job moved on while it ran (reset, reclaimed or deleted); its outcome was not recorded");
+            Outcome::Lost
+        }
+        Ok(_) => {
+            // NotKept: no store answers a finish so; were one to, the job
+            // would stay processing until the resetter recovers it.
+            tracing::error!(id = %lease.id, "the store kept no outcome for the job; the resetter will recover it");
             Outcome::Lost
         }
         Err(error) => {
