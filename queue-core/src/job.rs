@@ -108,7 +108,25 @@ pub struct Lease<Id> {
     pub token: i64,
     /// The attempt this claim is, from 1: failed attempts so far plus one.
     pub attempt: u32,
+    /// What the job asks of its attempts (the store reads it at claim).
+    pub limits: JobLimits,
 }
+
+/// What a job asks of its own attempts, beyond the worker's policy (set
+/// at enqueue: [`NewJob::max_attempts`], [`NewJob::at_most_once`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
+pub struct JobLimits {
+    /// At most this many attempts in all, in place of the retry policy's
+    /// count.
+    pub max_attempts: Option<u32>,
+    /// Never started twice: a failure is not retried, a stalled attempt
+    /// fails instead of being queued again, and a worker shutting down
+    /// fails it instead of handing it back.
+    pub at_most_once: bool,
+}
+
+/// The failure message of a job that expired before it started.
+pub const EXPIRED_MESSAGE: &str = "expired: not started before its expires_at";
 
 /// One entry of a job's execution log.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -273,6 +291,13 @@ pub struct NewJob {
     /// A key no other job in its scope may hold ([`NewJob::unique`]).
     #[serde(default)]
     pub unique: Option<UniqueKey>,
+    /// What the job asks of its attempts ([`NewJob::max_attempts`],
+    /// [`NewJob::at_most_once`]).
+    #[serde(default)]
+    pub limits: JobLimits,
+    /// Not started after this time ([`NewJob::expires_at`]).
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// What an enqueue did with one job.
@@ -294,7 +319,34 @@ impl NewJob {
             priority: 0,
             process_after: None,
             unique: None,
+            limits: JobLimits::default(),
+            expires_at: None,
         }
+    }
+
+    /// Gives the job at most `attempts` attempts in all (1: no retries),
+    /// whatever the worker's retry policy allows.
+    pub fn max_attempts(mut self, attempts: u32) -> Self {
+        self.limits.max_attempts = Some(attempts);
+        self
+    }
+
+    /// Makes the job at-most-once: it is never started twice. A failure is
+    /// not retried; if its worker dies mid-run the resetter fails it rather
+    /// than queue it again; a worker shutting down fails it rather than
+    /// hand it back. Other jobs of the same table keep at-least-once
+    /// delivery.
+    pub fn at_most_once(mut self) -> Self {
+        self.limits.at_most_once = true;
+        self
+    }
+
+    /// A job not started by `at` is never run: it ends failed with
+    /// [`EXPIRED_MESSAGE`] (the resetter's sweep), and claims skip it
+    /// meanwhile.
+    pub fn expires_at(mut self, at: DateTime<Utc>) -> Self {
+        self.expires_at = Some(at);
+        self
     }
 
     /// Gives the job a unique key: while a job with the same key is in

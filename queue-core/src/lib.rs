@@ -22,8 +22,8 @@ pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
 pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};
 pub use crate::job::{
-    Enqueued, Job, JobId, JobRecord, JobState, Lease, LogEntry, NewJob, UniqueKey, UniqueScope,
-    CANCELED_BEFORE_RUN_MESSAGE,
+    Enqueued, Job, JobId, JobLimits, JobRecord, JobState, Lease, LogEntry, NewJob, UniqueKey,
+    UniqueScope, CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
 pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
 pub use crate::resetter::{Delivery, ResetParams, ResetReport};

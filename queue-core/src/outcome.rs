@@ -15,6 +15,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::error::{DecodeError, ErrorClass, JobError};
+use crate::job::JobLimits;
 use crate::retry::{RetryDecision, RetryPolicy};
 use crate::store::Transition;
 
@@ -140,17 +141,54 @@ impl OutcomePolicy {
     /// assert_eq!(poisoned, Outcome::Poisoned { message: "bad input".into() });
     /// ```
     pub fn decide(&self, end: AttemptEnd, attempt: u32, now: DateTime<Utc>, unit: f64) -> Outcome {
-        let retryable = |message: String, after: Option<Duration>| match self
-            .retry
-            .decide(attempt, after, now, unit)
-        {
-            RetryDecision::RetryAt(retry_at) => Outcome::Retried { retry_at, message },
-            RetryDecision::Exhausted => Outcome::Failed {
-                message: format!(
-                    "{message} (attempt {attempt}, no retries left of {})",
-                    self.retry.max_retries
-                ),
+        self.decide_for(end, attempt, JobLimits::default(), now, unit)
+    }
+
+    /// [`OutcomePolicy::decide`] for a job with limits of its own
+    /// ([`Lease::limits`](crate::Lease::limits)): its `max_attempts`
+    /// replaces the retry policy's count (the backoff stays), and an
+    /// at-most-once job is never retried.
+    ///
+    /// ```
+    /// use queue_core::{AttemptEnd, JobError, JobLimits, Outcome, OutcomePolicy};
+    ///
+    /// let policy = OutcomePolicy::default(); // five retries: six attempts
+    /// let now = chrono::Utc::now();
+    /// let two = JobLimits { max_attempts: Some(2), ..JobLimits::default() };
+    /// let end = || AttemptEnd::Errored(JobError::retry("busy"));
+    /// assert!(matches!(policy.decide_for(end(), 1, two, now, 0.5), Outcome::Retried { .. }));
+    /// assert!(matches!(policy.decide_for(end(), 2, two, now, 0.5), Outcome::Failed { .. }));
+    /// ```
+    pub fn decide_for(
+        &self,
+        end: AttemptEnd,
+        attempt: u32,
+        limits: JobLimits,
+        now: DateTime<Utc>,
+        unit: f64,
+    ) -> Outcome {
+        let retry = match limits.max_attempts {
+            Some(attempts) => RetryPolicy {
+                max_retries: attempts.saturating_sub(1),
+                ..self.retry
             },
+            None => self.retry,
+        };
+        let retryable = |message: String, after: Option<Duration>| {
+            if limits.at_most_once {
+                return Outcome::Failed {
+                    message: format!("{message} (an at-most-once job is never retried)"),
+                };
+            }
+            match retry.decide(attempt, after, now, unit) {
+                RetryDecision::RetryAt(retry_at) => Outcome::Retried { retry_at, message },
+                RetryDecision::Exhausted => Outcome::Failed {
+                    message: format!(
+                        "{message} (attempt {attempt} of at most {}: no retries left)",
+                        retry.max_attempts()
+                    ),
+                },
+            }
         };
         let unclassified = |message: String| match self.unclassified {
             UnclassifiedPolicy::Retry => retryable(message, None),
@@ -206,7 +244,7 @@ mod tests {
         let second = policy.decide(AttemptEnd::Errored(JobError::retry("flaky")), 2, now(), 0.5);
         assert_eq!(second.label(), "failed");
         assert!(
-            matches!(second, Outcome::Failed { message } if message.contains("no retries left"))
+            matches!(second, Outcome::Failed { message } if message.contains("attempt 2 of at most 2"))
         );
     }
 

@@ -74,7 +74,9 @@ pub enum RetryDecision {
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct RetryPolicy {
-    /// How many attempts may follow the first; 0 disables retries.
+    /// How many attempts may follow the first: `max_retries = 5` allows
+    /// six attempts in all ([`RetryPolicy::max_attempts`]); 0 disables
+    /// retries. A job's own `max_attempts` counts attempts, not retries.
     pub max_retries: u32,
     /// The delay between attempts.
     pub backoff: Backoff,
@@ -91,6 +93,11 @@ impl Default for RetryPolicy {
 }
 
 impl RetryPolicy {
+    /// How many attempts a job gets in all: `max_retries + 1`.
+    pub fn max_attempts(&self) -> u32 {
+        self.max_retries.saturating_add(1)
+    }
+
     /// No retries: the first failure fails the job.
     pub fn never() -> Self {
         RetryPolicy {

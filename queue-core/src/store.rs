@@ -227,6 +227,18 @@ pub trait Store: Send + Sync + 'static {
         entry: LogEntry,
     ) -> Result<WriteResult, StoreError>;
 
+    /// Ends jobs that expired before they started
+    /// ([`NewJob::expires_at`](crate::NewJob::expires_at)): up to `limit`
+    /// queued or errored jobs whose expiry is at or before `now` become
+    /// failed with [`EXPIRED_MESSAGE`](crate::EXPIRED_MESSAGE). Returns
+    /// their keys; call again while it returns `limit`. Claims skip expired
+    /// jobs already, so this only records their end. A store that keeps no
+    /// expiry has none to end: the default returns none.
+    async fn expire(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<Self::Id>, StoreError> {
+        let _ = (now, limit);
+        Ok(Vec::new())
+    }
+
     /// Resets stalled jobs: processing, not held by a live attempt, heartbeat
     /// older than `params.stalled_before`. See
     /// [`resetter`](crate::resetter) for the contract.

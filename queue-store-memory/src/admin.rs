@@ -274,7 +274,7 @@ impl Admin for MemoryStore {
             match state.jobs.remove(&id) {
                 Some(job) => {
                     state.claimable.remove(&(Reverse(job.priority), id));
-                    state.unique.remove(&id);
+                    state.extras.remove(&id);
                     report.changed += 1;
                 }
                 None => report.skipped.push(Skipped {

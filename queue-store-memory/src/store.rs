@@ -10,9 +10,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
-    ClaimParams, Claimed, Clock, DecodeError, Delivery, Enqueued, HeartbeatReport, Job, JobState,
-    Lease, LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock, Transition,
-    UniqueKey, UniqueScope, WriteResult,
+    ClaimParams, Claimed, Clock, DecodeError, Delivery, Enqueued, HeartbeatReport, Job, JobLimits,
+    JobState, Lease, LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock,
+    Transition, UniqueKey, UniqueScope, WriteResult, EXPIRED_MESSAGE,
 };
 use tokio::sync::Notify;
 
@@ -60,13 +60,35 @@ pub(crate) struct State {
     pub(crate) jobs: BTreeMap<i64, Job>,
     /// Queued and errored jobs in claim order: priority descending, then id.
     pub(crate) claimable: BTreeSet<(Reverse<i32>, i64)>,
-    /// The unique keys of the jobs that have one.
-    pub(crate) unique: HashMap<i64, UniqueKey>,
+    /// What jobs were enqueued with beyond a [`Job`]'s columns, for the
+    /// jobs that set any of it.
+    pub(crate) extras: HashMap<i64, Extras>,
     next_id: i64,
     next_token: i64,
 }
 
+/// A job's enqueue options that a [`Job`] has no column for.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
+    pub(crate) unique: Option<UniqueKey>,
+    pub(crate) limits: JobLimits,
+    pub(crate) expires_at: Option<DateTime<Utc>>,
+}
+
 impl State {
+    /// The job's limits (none set: the default).
+    fn limits(&self, id: i64) -> JobLimits {
+        self.extras.get(&id).map(|e| e.limits).unwrap_or_default()
+    }
+
+    /// Whether the job expired before `now` without being started.
+    fn expired(&self, id: i64, now: DateTime<Utc>) -> bool {
+        self.extras
+            .get(&id)
+            .and_then(|e| e.expires_at)
+            .is_some_and(|at| at <= now)
+    }
+
     fn held_mut(&mut self, lease: &Lease<i64>) -> Option<&mut Job> {
         self.jobs
             .get_mut(&lease.id)
@@ -75,7 +97,8 @@ impl State {
 
     /// The job that holds the unique key `key` in its scope, if any.
     fn holder_of(&self, key: &str) -> Option<i64> {
-        self.unique.iter().find_map(|(id, unique)| {
+        self.extras.iter().find_map(|(id, extras)| {
+            let unique = extras.unique.as_ref()?;
             let job = self.jobs.get(id)?;
             let holds = unique.key == key
                 && (unique.scope == UniqueScope::Forever || !job.state.is_terminal());
@@ -229,8 +252,18 @@ impl MemoryStore {
                 job.process_after = new.process_after;
                 job.queued_at = now;
                 state.jobs.insert(id, job);
-                if let Some(unique) = new.unique {
-                    state.unique.insert(id, unique);
+                if new.unique.is_some()
+                    || new.limits != JobLimits::default()
+                    || new.expires_at.is_some()
+                {
+                    state.extras.insert(
+                        id,
+                        Extras {
+                            unique: new.unique,
+                            limits: new.limits,
+                            expires_at: new.expires_at,
+                        },
+                    );
                 }
                 state.make_claimable(id);
                 Enqueued { id, inserted: true }
@@ -284,9 +317,11 @@ impl Store for MemoryStore {
             .claimable
             .iter()
             .filter(|(_, id)| {
-                state.jobs.get(id).is_some_and(|job| {
-                    eligible(job, params.now) && params.conditions.is_none_or(|c| c.matches(job))
-                })
+                !state.expired(*id, params.now)
+                    && state.jobs.get(id).is_some_and(|job| {
+                        eligible(job, params.now)
+                            && params.conditions.is_none_or(|c| c.matches(job))
+                    })
             })
             .take(params.limit)
             .copied()
@@ -296,6 +331,7 @@ impl Store for MemoryStore {
             state.claimable.remove(&key);
             state.next_token += 1;
             let token = state.next_token;
+            let limits = state.limits(key.1);
             let Some(job) = state.jobs.get_mut(&key.1) else {
                 continue;
             };
@@ -309,6 +345,7 @@ impl Store for MemoryStore {
                 id: job.id,
                 token,
                 attempt: u32::try_from(job.num_failures).unwrap_or(0) + 1,
+                limits,
             };
             let record = match &self.shared.decode_check {
                 Some(check) => check(job)
@@ -395,6 +432,33 @@ impl Store for MemoryStore {
         Ok(report)
     }
 
+    async fn expire(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<i64>, StoreError> {
+        let mut state = self.lock();
+        let expired: Vec<i64> = state
+            .extras
+            .iter()
+            .filter(|(_, e)| e.expires_at.is_some_and(|at| at <= now))
+            .map(|(id, _)| *id)
+            .filter(|id| {
+                state
+                    .jobs
+                    .get(id)
+                    .is_some_and(|j| matches!(j.state, JobState::Queued | JobState::Errored))
+            })
+            .take(limit)
+            .collect();
+        for id in &expired {
+            if let Some(job) = state.jobs.get_mut(id) {
+                let key = (Reverse(job.priority), job.id);
+                job.state = JobState::Failed;
+                job.failure_message = Some(EXPIRED_MESSAGE.to_owned());
+                job.finished_at = Some(now);
+                state.claimable.remove(&key);
+            }
+        }
+        Ok(expired)
+    }
+
     async fn append_log(
         &self,
         lease: &Lease<i64>,
@@ -413,6 +477,12 @@ impl Store for MemoryStore {
         let mut state = self.lock();
         let mut report = ResetReport::default();
         let max_resets = i32::try_from(params.max_resets).unwrap_or(i32::MAX);
+        let at_most_once: std::collections::HashSet<i64> = state
+            .extras
+            .iter()
+            .filter(|(_, e)| e.limits.at_most_once)
+            .map(|(id, _)| *id)
+            .collect();
         for job in state.jobs.values_mut() {
             let stalled = job.state == JobState::Processing
                 && job
@@ -422,6 +492,7 @@ impl Store for MemoryStore {
                 continue;
             }
             let fail_with = match params.delivery {
+                _ if at_most_once.contains(&job.id) => Some(AT_MOST_ONCE_MESSAGE),
                 Delivery::AtMostOnce => Some(AT_MOST_ONCE_MESSAGE),
                 Delivery::AtLeastOnce if job.num_resets >= max_resets => Some(MAX_RESETS_MESSAGE),
                 Delivery::AtLeastOnce => None,

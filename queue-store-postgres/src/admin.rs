@@ -12,7 +12,7 @@ use queue_core::{
     ActionReport, Admin, Delivery, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
     ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
     StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
-    CANCELED_BEFORE_RUN_MESSAGE,
+    CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
@@ -311,6 +311,29 @@ impl<K: PgKey> PgAdmin<K> {
                 )));
             }
         }
+        for (column, what, asked) in [
+            (
+                Column::MaxAttempts,
+                "max_attempts",
+                jobs.iter().any(|j| j.limits.max_attempts.is_some()),
+            ),
+            (
+                Column::ExpiresAt,
+                "expires_at",
+                jobs.iter().any(|j| j.expires_at.is_some()),
+            ),
+            (
+                Column::AtMostOnce,
+                "at_most_once",
+                jobs.iter().any(|j| j.limits.at_most_once),
+            ),
+        ] {
+            if asked && !self.has(column) {
+                return Err(StoreError::Config(format!(
+                    "table {table} has no {what} column, so the job's {what} would be ignored; map one (Column::{column:?}), or enqueue without it"
+                )));
+            }
+        }
         let forever = |j: &NewJob| {
             j.unique
                 .as_ref()
@@ -372,7 +395,7 @@ impl<K: PgKey> PgAdmin<K> {
                         .collect(),
                 )),
                 Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
-                _ => None,
+                other => options_value(&batch, other),
             })?
             .fetch_all(&self.inner.pool)
             .await
@@ -402,6 +425,35 @@ impl<K: PgKey> PgAdmin<K> {
             .collect()
     }
 
+    /// Fails up to `limit` waiting jobs that expired at `now`
+    /// ([`Store::expire`](queue_core::Store::expire)); none without an
+    /// expiry column.
+    pub(crate) async fn expire(
+        &self,
+        now: DateTime<Utc>,
+        limit: usize,
+    ) -> Result<Vec<K>, StoreError> {
+        let Some(statement) = &self.inner.sql.expire else {
+            return Ok(Vec::new());
+        };
+        let rows = query::<K>(statement, |p| match p {
+            Param::Now => Some(Value::Time(now)),
+            Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
+            Param::Message => Some(Value::Text(EXPIRED_MESSAGE.to_owned())),
+            Param::State(s) => Some(state::<K>(&self.inner.options.states, s)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("failing expired jobs", e))?;
+        rows.iter()
+            .map(|row| {
+                row.try_get(0)
+                    .map_err(|e| store_error("failing expired jobs", e))
+            })
+            .collect()
+    }
+
     fn reset_statement(&self) -> Result<&Statement, StoreError> {
         self.inner.sql.reset.as_ref().ok_or_else(|| {
             StoreError::Config(format!(
@@ -416,6 +468,22 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
     match targets {
         Targets::Ids(ids) => ids.len(),
         Targets::Matching { limit, .. } => *limit,
+    }
+}
+
+/// The arrays of the jobs' limits and expiry, for an enqueue's `param`.
+fn options_value<K>(jobs: &[NewJob], param: Param) -> Option<Value<K>> {
+    match param {
+        Param::MaxAttemptses => Some(Value::OptInts(
+            jobs.iter()
+                .map(|j| j.limits.max_attempts.map(i64::from))
+                .collect(),
+        )),
+        Param::ExpiresAts => Some(Value::Times(jobs.iter().map(|j| j.expires_at).collect())),
+        Param::AtMostOnces => Some(Value::Bools(
+            jobs.iter().map(|j| j.limits.at_most_once).collect(),
+        )),
+        _ => None,
     }
 }
 
@@ -592,7 +660,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
                 Some(Value::Times(jobs.iter().map(|j| j.process_after).collect()))
             }
             Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
-            _ => None,
+            other => options_value(jobs, other),
         })?
         .fetch_all(&self.inner.pool)
         .await

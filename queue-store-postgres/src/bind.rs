@@ -29,6 +29,7 @@ pub(crate) enum Value<K> {
     Json(serde_json::Value),
     Jsons(Vec<serde_json::Value>),
     Bools(Vec<bool>),
+    OptInts(Vec<Option<i64>>),
 }
 
 impl<K: PgKey> Value<K> {
@@ -45,6 +46,7 @@ impl<K: PgKey> Value<K> {
             Value::Int4(v) => q.bind(v),
             Value::Bool(v) => q.bind(v),
             Value::Bools(v) => q.bind(v),
+            Value::OptInts(v) => q.bind(v),
             Value::Key(v) => q.bind(v),
             Value::Keys(v) => q.bind(v),
             Value::Ints(v) => q.bind(v),

@@ -140,11 +140,14 @@ pub struct ColumnsConfig {
     pub claim_token: Option<ColumnSetting>,
     pub unique_key: Option<ColumnSetting>,
     pub unique_forever: Option<ColumnSetting>,
+    pub max_attempts: Option<ColumnSetting>,
+    pub expires_at: Option<ColumnSetting>,
+    pub at_most_once: Option<ColumnSetting>,
 }
 
 impl ColumnsConfig {
     /// Each standard column with its setting, if the file gives one.
-    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 19] {
+    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 22] {
         [
             (Column::Id, self.id.as_ref()),
             (Column::State, self.state.as_ref()),
@@ -165,6 +168,9 @@ impl ColumnsConfig {
             (Column::ClaimToken, self.claim_token.as_ref()),
             (Column::UniqueKey, self.unique_key.as_ref()),
             (Column::UniqueForever, self.unique_forever.as_ref()),
+            (Column::MaxAttempts, self.max_attempts.as_ref()),
+            (Column::ExpiresAt, self.expires_at.as_ref()),
+            (Column::AtMostOnce, self.at_most_once.as_ref()),
         ]
     }
 }

@@ -1,7 +1,7 @@
 //! [`JobTable`]: the default jobs table — migrate it, enqueue into it.
 
 use chrono::{DateTime, Utc};
-use queue_core::{Enqueued, NewJob, StoreError, UniqueScope};
+use queue_core::{Enqueued, JobLimits, NewJob, StoreError, UniqueScope};
 use sqlx::{PgPool, Row};
 
 use crate::error::{store_error, OptionsError};
@@ -9,6 +9,11 @@ use crate::ident::{Ident, QualifiedName};
 use crate::migrate::Migration;
 use crate::options::PgStoreOptions;
 use crate::sql::default_table;
+
+/// Whether the job sets an option the plain insert does not write.
+fn has_options(job: &NewJob) -> bool {
+    job.unique.is_some() || job.limits != JobLimits::default() || job.expires_at.is_some()
+}
 
 /// The default jobs table: the spec's columns plus `kind`, `payload`
 /// (jsonb), `priority` and `claim_token`.
@@ -34,7 +39,7 @@ pub struct JobTable {
     table: QualifiedName,
     insert_one: String,
     insert_many: String,
-    insert_unique: String,
+    insert_with_options: String,
 }
 
 impl Default for JobTable {
@@ -65,7 +70,7 @@ impl JobTable {
         JobTable {
             insert_one: default_table::insert_one(&table),
             insert_many: default_table::insert_many(&table),
-            insert_unique: default_table::insert_unique(&table),
+            insert_with_options: default_table::insert_with_options(&table),
             table,
         }
     }
@@ -107,7 +112,7 @@ impl JobTable {
         executor: impl sqlx::PgExecutor<'e>,
         job: &NewJob,
     ) -> Result<i64, StoreError> {
-        if job.unique.is_some() {
+        if has_options(job) {
             let mut done = self
                 .enqueue_unique(executor, std::slice::from_ref(job))
                 .await?;
@@ -133,7 +138,7 @@ impl JobTable {
         executor: impl sqlx::PgExecutor<'e>,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>, StoreError> {
-        if jobs.iter().any(|j| j.unique.is_some()) {
+        if jobs.iter().any(has_options) {
             let done = self.enqueue_unique(executor, jobs).await?;
             return Ok(done.into_iter().map(|e| e.id).collect());
         }
@@ -188,13 +193,26 @@ impl JobTable {
                     .is_some_and(|u| u.scope == UniqueScope::Forever)
             })
             .collect();
-        let rows = sqlx::query(&self.insert_unique)
+        let max_attempts: Vec<Option<i32>> = jobs
+            .iter()
+            .map(|j| {
+                j.limits
+                    .max_attempts
+                    .map(|m| i32::try_from(m).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let expires: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.expires_at).collect();
+        let at_most_once: Vec<bool> = jobs.iter().map(|j| j.limits.at_most_once).collect();
+        let rows = sqlx::query(&self.insert_with_options)
             .bind(kinds)
             .bind(payloads)
             .bind(priorities)
             .bind(afters)
             .bind(keys)
             .bind(forever)
+            .bind(max_attempts)
+            .bind(expires)
+            .bind(at_most_once)
             .fetch_all(executor)
             .await
             .map_err(|e| store_error("enqueueing unique jobs", e))?;

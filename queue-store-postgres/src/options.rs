@@ -61,11 +61,20 @@ pub enum Column {
     /// (boolean). Optional by default; without it a table's unique index
     /// alone decides how long a key holds.
     UniqueForever,
+    /// A job's own limit on its attempts (integer), in place of the
+    /// worker's retry policy. Optional by default.
+    MaxAttempts,
+    /// When a job that has not started expires (timestamptz): claims skip
+    /// it, and the resetter's sweep fails it. Optional by default.
+    ExpiresAt,
+    /// Whether a job is at-most-once (boolean): never started twice.
+    /// Optional by default.
+    AtMostOnce,
 }
 
 impl Column {
     /// Every standard column.
-    pub const ALL: [Column; 19] = [
+    pub const ALL: [Column; 22] = [
         Column::Id,
         Column::State,
         Column::FailureMessage,
@@ -85,6 +94,9 @@ impl Column {
         Column::Payload,
         Column::UniqueKey,
         Column::UniqueForever,
+        Column::MaxAttempts,
+        Column::ExpiresAt,
+        Column::AtMostOnce,
     ];
 
     /// The standard name, as in the default table.
@@ -109,6 +121,9 @@ impl Column {
             Column::Payload => "payload",
             Column::UniqueKey => "unique_key",
             Column::UniqueForever => "unique_forever",
+            Column::MaxAttempts => "max_attempts",
+            Column::ExpiresAt => "expires_at",
+            Column::AtMostOnce => "at_most_once",
         }
     }
 
@@ -118,7 +133,13 @@ impl Column {
     pub(crate) fn optional_by_default(self) -> bool {
         matches!(
             self,
-            Column::Kind | Column::Payload | Column::UniqueKey | Column::UniqueForever
+            Column::Kind
+                | Column::Payload
+                | Column::UniqueKey
+                | Column::UniqueForever
+                | Column::MaxAttempts
+                | Column::ExpiresAt
+                | Column::AtMostOnce
         )
     }
 
@@ -151,6 +172,9 @@ impl Column {
             Column::UniqueForever => {
                 "the table's unique index alone decides how long a unique key holds"
             }
+            Column::MaxAttempts => "jobs cannot set their own attempt limit (such a job is refused)",
+            Column::ExpiresAt => "jobs cannot expire (such a job is refused)",
+            Column::AtMostOnce => "jobs cannot be at-most-once one by one (such a job is refused)",
         }
     }
 }

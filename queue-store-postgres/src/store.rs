@@ -9,9 +9,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, ClaimParams, Claimed, DecodeError, Enqueued, FinishedBucket,
-    HeartbeatReport, Job, JobFilter, JobPage, JobRecord, JobView, Lease, ListParams, LogEntry,
-    NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, StatsParams, Store,
-    StoreError, Targets, TimelineParams, Transition, WriteResult,
+    HeartbeatReport, Job, JobFilter, JobLimits, JobPage, JobRecord, JobView, Lease, ListParams,
+    LogEntry, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, StatsParams,
+    Store, StoreError, Targets, TimelineParams, Transition, WriteResult,
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
@@ -26,12 +26,15 @@ use crate::cursor::{ClaimCursor, Position};
 use crate::error::store_error;
 use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
 use crate::listen;
-use crate::options::{Column, ExecutionMode, PgStoreOptions, StateValues};
+use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{
     claimed_job_select, decode_claimed_job, decode_job, ClaimWrites, Decoder, PgKey, RecordDecoder,
 };
 use crate::ride::Rides;
-use crate::sql::{catalog, Param, Statement, Statements, CURSOR_PRIORITY_COLUMN};
+use crate::sql::{
+    catalog, Param, Statement, Statements, AT_MOST_ONCE_COLUMN, CURSOR_PRIORITY_COLUMN,
+    MAX_ATTEMPTS_COLUMN,
+};
 use crate::stash::Stash;
 
 struct Inner<R: JobRecord> {
@@ -188,7 +191,7 @@ where
                 options.table
             )));
         }
-        let sql = Arc::new(Statements::new(&options, &shape));
+        let sql = Arc::new(Statements::new(&options, &shape, &absent));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
@@ -437,15 +440,40 @@ where
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
+        let (reads_max, reads_amo) = (self.has(Column::MaxAttempts), self.has(Column::AtMostOnce));
         for row in &rows {
             let failures: i64 = read_at(row, FAILURES)?;
+            let mut limits = JobLimits::default();
+            if reads_max {
+                let max: Option<i64> = row
+                    .try_get(MAX_ATTEMPTS_COLUMN)
+                    .map_err(|e| store_error("reading a claimed job's max_attempts", e))?;
+                limits.max_attempts = max.map(|m| u32::try_from(m.max(1)).unwrap_or(u32::MAX));
+            }
+            if reads_amo {
+                limits.at_most_once = row
+                    .try_get(AT_MOST_ONCE_COLUMN)
+                    .map_err(|e| store_error("reading whether a claimed job is at-most-once", e))?;
+            }
             leases.push(Lease {
                 id: read_at(row, ID)?,
                 token: read_at(row, TOKEN)?,
                 attempt: u32::try_from(failures.max(0))
                     .unwrap_or(u32::MAX)
                     .saturating_add(1),
+                limits,
             });
+        }
+        // A claim committed without waiting for its WAL flush could be
+        // forgotten by a server crash, and its job run again: before an
+        // at-most-once job starts, a durable commit flushes the claim.
+        if self.inner.options.claim_commit == ClaimCommit::Async
+            && leases.iter().any(|l| l.limits.at_most_once)
+        {
+            sqlx::query("SELECT pg_catalog.txid_current()")
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| store_error("making an at-most-once claim durable", e))?;
         }
         let writes = ClaimWrites::new(params.now, params.worker);
         let decode = |row: &PgRow, lease| self.inner.decode.decode(row, lease, &writes);
@@ -578,6 +606,10 @@ where
             context: "recording a job outcome".into(),
             source: "the store's completer dropped the request".into(),
         })?
+    }
+
+    async fn expire(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<R::Id>, StoreError> {
+        self.inner.admin.expire(now, limit).await
     }
 
     fn counts_resets(&self) -> bool {

@@ -163,7 +163,10 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
                 Column::Priority,
                 Column::Kind,
                 Column::UniqueKey,
-                Column::UniqueForever
+                Column::UniqueForever,
+                Column::MaxAttempts,
+                Column::ExpiresAt,
+                Column::AtMostOnce,
             ],
             "no priority column, and no kind or unique key columns under their standard names"
         );

@@ -159,6 +159,9 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
             Column::Payload,
             Column::UniqueKey,
             Column::UniqueForever,
+            Column::MaxAttempts,
+            Column::ExpiresAt,
+            Column::AtMostOnce,
         ],
         "the store says which features are off (the tutorial's table has no kind or payload)"
     );

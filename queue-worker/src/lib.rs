@@ -13,4 +13,6 @@ pub use crate::budget::Budget;
 pub use crate::error::WorkerError;
 pub use crate::resetter::{Resetter, ResetterOptions};
 pub use crate::router::Router;
-pub use crate::worker::{default_worker_name, Worker, WorkerOptions, WorkerReport};
+pub use crate::worker::{
+    default_worker_name, Worker, WorkerOptions, WorkerReport, AT_MOST_ONCE_SHUTDOWN_MESSAGE,
+};

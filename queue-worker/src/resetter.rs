@@ -10,6 +10,9 @@ use queue_core::{
 use crate::error::WorkerError;
 use crate::metrics;
 
+/// Expired jobs ended per statement.
+pub const EXPIRE_BATCH: usize = 1000;
+
 /// How a [`Resetter`] runs.
 #[derive(Clone)]
 pub struct ResetterOptions {
@@ -84,7 +87,7 @@ impl<S: Store> Resetter<S> {
         Ok(Resetter { store, options })
     }
 
-    /// One reset pass.
+    /// One reset pass, and the sweep of expired jobs.
     pub async fn reset_once(&self) -> Result<ResetReport<S::Id>, StoreError> {
         let now = self.options.clock.now();
         let max_age = chrono::Duration::from_std(self.options.stalled_max_age)
@@ -105,7 +108,26 @@ impl<S: Store> Resetter<S> {
         if !report.reset.is_empty() || !report.failed.is_empty() {
             tracing::info!(reset = ?report.reset, failed = ?report.failed, "stalled jobs handled");
         }
+        self.expire_once(now).await?;
         Ok(report)
+    }
+
+    /// Ends the jobs that expired before they started, in batches of
+    /// [`EXPIRE_BATCH`], at most ten per pass (the rest next pass).
+    async fn expire_once(&self, now: chrono::DateTime<chrono::Utc>) -> Result<(), StoreError> {
+        for _ in 0..10 {
+            let expired = self.store.expire(now, EXPIRE_BATCH).await?;
+            if !expired.is_empty() {
+                tracing::info!(
+                    count = expired.len(),
+                    "expired jobs failed before they started"
+                );
+            }
+            if expired.len() < EXPIRE_BATCH {
+                break;
+            }
+        }
+        Ok(())
     }
 
     /// Resets every `interval` until `shutdown` is cancelled. Transient

@@ -613,3 +613,63 @@ async fn prefetched_jobs_wait_for_a_handler_and_go_back_at_shutdown() {
     );
     assert_eq!((report.count("ok"), report.count("released")), (1, 3));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_own_attempt_limit_and_at_most_once_override_the_policy() {
+    let store = MemoryStore::new();
+    let two = store.enqueue(job("retry", serde_json::json!(1)).max_attempts(2));
+    let once = store.enqueue(job("retry", serde_json::json!(2)).at_most_once());
+    let options = WorkerOptions {
+        outcome_policy: OutcomePolicy {
+            retry: RetryPolicy::fixed(5, Duration::ZERO),
+            ..Default::default()
+        },
+        ..fast_options()
+    };
+    let running = start(&store, Scripted, options);
+    wait_for_state(&store, two, JobState::Failed).await;
+    wait_for_state(&store, once, JobState::Failed).await;
+    running.stop().await;
+    let two = store.get(two).expect("the job");
+    assert_eq!(two.num_failures, 2, "two attempts, not the policy's six");
+    assert!(
+        two.failure_message
+            .as_deref()
+            .is_some_and(|m| m.contains("attempt 2 of at most 2")),
+        "{:?}",
+        two.failure_message
+    );
+    let once = store.get(once).expect("the job");
+    assert_eq!(once.num_failures, 1, "an at-most-once job is never retried");
+    assert!(once
+        .failure_message
+        .as_deref()
+        .is_some_and(|m| m.contains("never retried")));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shutdown_fails_a_started_at_most_once_job_instead_of_handing_it_back() {
+    let store = MemoryStore::new();
+    let plain = store.enqueue(job("wait-for-cancel", serde_json::json!(1)));
+    let once = store.enqueue(job("wait-for-cancel", serde_json::json!(2)).at_most_once());
+    let options = WorkerOptions {
+        shutdown_timeout: Duration::from_millis(100),
+        ..fast_options().handlers(2)
+    };
+    let running = start(&store, Scripted, options);
+    wait_for_state(&store, plain, JobState::Processing).await;
+    wait_for_state(&store, once, JobState::Processing).await;
+    let report = running.stop().await;
+    assert_eq!(
+        store.get(plain).map(|j| j.state),
+        Some(JobState::Queued),
+        "an ordinary job is handed back to run again"
+    );
+    let once = store.get(once).expect("the job");
+    assert_eq!(once.state, JobState::Failed, "an at-most-once job is not");
+    assert_eq!(
+        once.failure_message.as_deref(),
+        Some(queue_worker::AT_MOST_ONCE_SHUTDOWN_MESSAGE)
+    );
+    assert_eq!((report.count("released"), report.count("poison")), (1, 1));
+}

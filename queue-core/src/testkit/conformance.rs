@@ -663,6 +663,123 @@ pub async fn at_most_once_fails_stalled_jobs<H: Harness>(h: &H) {
     assert_eq!(s.failure_message.as_deref(), Some(AT_MOST_ONCE_MESSAGE));
 }
 
+/// A job's own limits come back with its claim: its attempt limit and
+/// whether it is at-most-once.
+pub async fn a_jobs_limits_come_with_its_lease<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let limited = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!(1))
+                .priority(2)
+                .max_attempts(2)
+                .at_most_once(),
+        )
+        .await;
+    h.enqueue(&store, NewJob::new("k", serde_json::json!(2)).priority(1))
+        .await;
+    let claimed = claim::<H>(&store, 2, t).await;
+    let limits: Vec<(bool, crate::JobLimits)> = claimed
+        .iter()
+        .map(|c| (c.lease.id == limited, c.lease.limits))
+        .collect();
+    assert_eq!(
+        limits,
+        vec![
+            (
+                true,
+                crate::JobLimits {
+                    max_attempts: Some(2),
+                    at_most_once: true
+                }
+            ),
+            (false, crate::JobLimits::default())
+        ]
+    );
+}
+
+/// A job not started before it expires is never claimed, and the sweep
+/// fails it, whether it was waiting its first attempt or a retry; jobs
+/// not yet expired, and running ones, are left alone.
+pub async fn expired_jobs_are_skipped_then_failed<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let retried = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("retried")).expires_at(at(t, 30)),
+        )
+        .await;
+    let first = claim::<H>(&store, 1, t).await.pop().expect("the job");
+    let retry = Transition::Error {
+        message: "busy".into(),
+        retry_at: at(t, 20),
+    };
+    end::<H>(&store, first, retry, t).await;
+    let expired = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("expired")).expires_at(at(t, -1)),
+        )
+        .await;
+    let later = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("later")).expires_at(at(t, 3600)),
+        )
+        .await;
+    let ids_claimed = ids::<H>(&claim::<H>(&store, 10, t).await);
+    assert_eq!(
+        ids_claimed,
+        vec![later.clone()],
+        "the expired job is skipped"
+    );
+    let swept = store.expire(t, 10).await.expect("expire failed");
+    assert_eq!(swept, vec![expired.clone()], "only the expired waiting job");
+    let s = snapshot(h, &store, &expired).await;
+    assert_eq!(
+        (s.state, s.failure_message.as_deref()),
+        (JobState::Failed, Some(crate::EXPIRED_MESSAGE))
+    );
+    let swept = store.expire(at(t, 40), 10).await.expect("expire failed");
+    assert_eq!(
+        swept,
+        vec![retried.clone()],
+        "the job waiting for its retry expires; the running one does not"
+    );
+    assert_eq!(snapshot(h, &store, &retried).await.state, JobState::Failed);
+    assert_eq!(
+        snapshot(h, &store, &later).await.state,
+        JobState::Processing
+    );
+}
+
+/// An at-most-once job is failed when it stalls, even by an at-least-once
+/// resetter; its neighbours are queued again.
+pub async fn an_at_most_once_job_fails_when_stalled<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let once = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!(1)).at_most_once(),
+        )
+        .await;
+    let plain = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(2)))
+        .await;
+    crash(h, claim::<H>(&store, 2, t).await).await;
+    let report = reset::<H>(&store, at(t, 10), 5, Delivery::AtLeastOnce).await;
+    assert_eq!(report.failed, vec![once.clone()]);
+    assert_eq!(report.reset, vec![plain.clone()]);
+    let s = snapshot(h, &store, &once).await;
+    assert_eq!(
+        (s.state, s.failure_message.as_deref()),
+        (JobState::Failed, Some(AT_MOST_ONCE_MESSAGE))
+    );
+}
+
 /// A stale attempt (reset and reclaimed since) can neither finish, heartbeat
 /// nor log for the new attempt.
 pub async fn stale_lease_cannot_write<H: Harness>(h: &H) {
@@ -1572,6 +1689,9 @@ macro_rules! conformance_tests {
             reset_requeues_stalled_jobs,
             reset_fails_jobs_past_max_resets,
             at_most_once_fails_stalled_jobs,
+            a_jobs_limits_come_with_its_lease,
+            expired_jobs_are_skipped_then_failed,
+            an_at_most_once_job_fails_when_stalled,
             stale_lease_cannot_write,
             release_requeues_without_counting,
             deleted_job_writes_are_stale,

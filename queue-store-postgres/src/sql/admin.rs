@@ -67,6 +67,9 @@ pub(crate) struct AdminStatements {
     pub timeline: Option<Statement>,
     /// The stored states of the keys bound, for the skips of a write.
     pub states_of: Statement,
+    /// Up to [`Param::Limit`] waiting jobs expired at [`Param::Now`] →
+    /// failed with [`Param::Message`]; `None` without an expiry column.
+    pub expire: Option<Statement>,
     /// The enqueue ([`AdminStatements::enqueue_statement`]).
     pub enqueue: Statement,
     /// The enqueue of jobs with unique keys
@@ -269,6 +272,12 @@ impl AdminStatements {
                 b.p(Param::State(JobState::Failed)),
                 b.p(Param::AtMostOnce),
             );
+            // Under at-most-once delivery, or for a job that is itself
+            // at-most-once, a stalled attempt fails.
+            let amo = match names.at(Column::AtMostOnce) {
+                Some(job_amo) => format!("({amo} OR ({job_amo}) IS TRUE)"),
+                None => amo,
+            };
             let fail = match names.at(Column::NumResets) {
                 Some(resets) => format!("({amo} OR {resets} >= {})", b.p(Param::MaxResets)),
                 None => format!("({amo})"),
@@ -303,6 +312,31 @@ impl AdminStatements {
             b.build()
         });
 
+        let expire = names.at(Column::ExpiresAt).map(|expires| {
+            let mut b = Builder::default();
+            let (now, limit, failed) = (
+                b.p(Param::Now),
+                b.p(Param::Limit),
+                b.p(Param::State(JobState::Failed)),
+            );
+            let mut sets = vec![format!("{state_name} = CAST({failed} AS {st})")];
+            if let Some(n) = names.get(Column::FailureMessage) {
+                let message = b.p(Param::Message);
+                sets.push(format!("{n} = {}", failure_value(shape, &message, None)));
+            }
+            if let Some(n) = names.get(Column::FinishedAt) {
+                sets.push(format!("{n} = {now}"));
+            }
+            b.push(&format!(
+                "WITH expired AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}) \
+                 AND {expires} <= {now} ORDER BY {id} LIMIT {limit} FOR UPDATE SKIP LOCKED) \
+                 UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM expired)) \
+                 AND {state} IN ({queued}, {errored}) RETURNING {id}",
+                sets = sets.join(", ")
+            ));
+            b.build()
+        });
+
         let mut statements = AdminStatements {
             view,
             table,
@@ -318,6 +352,7 @@ impl AdminStatements {
             waiting,
             timeline,
             states_of,
+            expire,
             reset,
             enqueue: Statement::default(),
             enqueue_unique: None,
@@ -696,6 +731,31 @@ impl AdminStatements {
             (Column::Priority, "priority"),
             (Column::ProcessAfter, "process_after"),
         ];
+        for (param, ty, field, column) in [
+            (
+                Param::MaxAttemptses,
+                "int8[]",
+                "max_attempts",
+                Column::MaxAttempts,
+            ),
+            (
+                Param::ExpiresAts,
+                "timestamptz[]",
+                "expires_at",
+                Column::ExpiresAt,
+            ),
+            (
+                Param::AtMostOnces,
+                "bool[]",
+                "at_most_once",
+                Column::AtMostOnce,
+            ),
+        ] {
+            if names.get(column).is_some() {
+                arrays.push((param, ty, field));
+                filled.push((column, field));
+            }
+        }
         if unique {
             arrays.push((Param::UniqueKeys, "text[]", "unique_key"));
             filled.push((Column::UniqueKey, "unique_key"));
@@ -756,7 +816,7 @@ mod tests {
             without
                 .enqueue
                 .text
-                .contains("(SELECT 1 FROM pg_notify($5, ''))"),
+                .contains("(SELECT 1 FROM pg_notify($8, ''))"),
             "{}",
             without.enqueue.text
         );

@@ -128,7 +128,9 @@ fn accepted_types(column: Column) -> &'static [&'static str] {
         Column::Kind => TEXT,
         Column::Payload => &["jsonb", "json", "text", "character varying"],
         Column::UniqueKey => TEXT,
-        Column::UniqueForever => &["boolean"],
+        Column::UniqueForever | Column::AtMostOnce => &["boolean"],
+        Column::MaxAttempts => INT,
+        Column::ExpiresAt => TIME,
     }
 }
 

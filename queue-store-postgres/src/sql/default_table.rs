@@ -92,6 +92,64 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "unique jobs: unique_key, unique_forever and the index that keeps keys unique",
             statements: version_2(table),
         },
+        MigrationSql {
+            version: 3,
+            name: "per-job options: max_attempts, expires_at and at_most_once",
+            statements: version_3(table),
+        },
+    ]
+}
+
+/// Version 3: a job's own attempt limit, expiry and at-most-once flag, and
+/// the enqueue function taking them (replacing version 2's).
+fn version_3(table: &QualifiedName) -> Vec<String> {
+    let t = table.quoted();
+    let f = unique_function(table);
+    let body = format!(
+        "#variable_conflict use_column
+DECLARE k int; tries int; found bigint;
+BEGIN
+  FOR k IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
+    tries := 0;
+    LOOP
+      found := NULL;
+      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\",
+          \"max_attempts\", \"expires_at\", \"at_most_once\")
+        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false),
+          p_max_attempts[k], p_expires[k], coalesce(p_at_most_once[k], false))
+        ON CONFLICT DO NOTHING RETURNING j.\"id\" INTO found;
+      IF found IS NOT NULL THEN
+        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := true; RETURN NEXT; EXIT;
+      END IF;
+      SELECT h.\"id\" INTO found FROM {t} AS h WHERE h.\"unique_key\" = p_keys[k]
+        AND (h.\"unique_forever\" OR h.\"state\" IN ('queued', 'processing', 'errored')) LIMIT 1;
+      IF found IS NOT NULL THEN
+        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := false; RETURN NEXT; EXIT;
+      END IF;
+      tries := tries + 1;
+      IF tries >= 10 THEN
+        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
+          USING ERRCODE = '40001';
+      END IF;
+    END LOOP;
+  END LOOP;
+END"
+    );
+    vec![
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"max_attempts\" integer"),
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"expires_at\" timestamptz"),
+        format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"at_most_once\" boolean NOT NULL DEFAULT false"
+        ),
+        format!("DROP FUNCTION IF EXISTS {f}(text[], jsonb[], int4[], timestamptz[], text[], bool[])"),
+        format!(
+            "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
+             p_afters timestamptz[], p_keys text[], p_forevers bool[], p_max_attempts int4[], \
+             p_expires timestamptz[], p_at_most_once bool[]) \
+             RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
+             LANGUAGE plpgsql VOLATILE AS {}",
+            dollar_quoted(&body)
+        ),
     ]
 }
 
@@ -278,15 +336,18 @@ fn truncate(s: &str, max: usize) -> &str {
 /// Serialises concurrent migrations of the same database.
 pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(7310575312817441)";
 
-/// Enqueues jobs, with or without unique keys, from parallel arrays ($1
-/// kinds, $2 payloads, $3 priorities, $4 process_after, $5 unique keys, $6
-/// whether each key holds forever) through the table's function (version
-/// 2): one row per job, in order: its `id` (the holder's when its key was
-/// taken), its `unique_key` and whether it was `inserted`.
-pub(crate) fn insert_unique(table: &QualifiedName) -> String {
+/// Enqueues jobs with options (unique keys, attempt limits, expiry,
+/// at-most-once) from parallel arrays ($1 kinds, $2 payloads, $3
+/// priorities, $4 process_after, $5 unique keys, $6 whether each key holds
+/// forever, $7 max attempts, $8 expiry, $9 at-most-once) through the
+/// table's function (version 3): one row per job, in order: its `id` (the
+/// holder's when its key was taken), its `unique_key` and whether it was
+/// `inserted`.
+pub(crate) fn insert_with_options(table: &QualifiedName) -> String {
     format!(
         "SELECT \"id\", \"unique_key\", \"inserted\" FROM {}(CAST($1 AS text[]), CAST($2 AS jsonb[]), \
-         CAST($3 AS int4[]), CAST($4 AS timestamptz[]), CAST($5 AS text[]), CAST($6 AS bool[]))",
+         CAST($3 AS int4[]), CAST($4 AS timestamptz[]), CAST($5 AS text[]), CAST($6 AS bool[]), \
+         CAST($7 AS int4[]), CAST($8 AS timestamptz[]), CAST($9 AS bool[]))",
         unique_function(table)
     )
 }

@@ -71,6 +71,11 @@ pub(crate) enum Param {
     /// holds forever (bool[]).
     UniqueKeys,
     UniqueForevers,
+    /// An enqueue's per-job attempt limits (int8[], NULL for none), expiry
+    /// times (timestamptz[]) and at-most-once flags (bool[]).
+    MaxAttemptses,
+    ExpiresAts,
+    AtMostOnces,
     Kinds,
     Payloads,
     Priorities,
@@ -148,6 +153,12 @@ fn unnest_unseen(arrays: &[(&str, &str)]) -> String {
 /// The name of the claim's last column when the cursor needs each job's
 /// priority.
 pub(crate) const CURSOR_PRIORITY_COLUMN: &str = "__queue_priority";
+/// The claim's column of a job's own attempt limit (with
+/// [`Column::MaxAttempts`]).
+pub(crate) const MAX_ATTEMPTS_COLUMN: &str = "__queue_max_attempts";
+/// The claim's column of whether a job is at-most-once (with
+/// [`Column::AtMostOnce`]).
+pub(crate) const AT_MOST_ONCE_COLUMN: &str = "__queue_at_most_once";
 
 /// What the catalog told about the table.
 #[derive(Debug, Clone)]
@@ -257,11 +268,18 @@ impl Names {
 }
 
 impl Statements {
-    pub(crate) fn new(options: &PgStoreOptions, shape: &TableShape) -> Statements {
+    /// The statements for the table `options` describe, less the columns
+    /// the catalog found `absent`.
+    pub(crate) fn new(
+        options: &PgStoreOptions,
+        shape: &TableShape,
+        absent: &[Column],
+    ) -> Statements {
         let names = Names {
             alias: options.alias.quoted(),
             cols: Column::ALL
                 .iter()
+                .filter(|c| !absent.contains(c))
                 .filter_map(|c| options.column_name(*c).map(|i| (*c, i.quoted())))
                 .collect(),
         };
@@ -325,6 +343,11 @@ impl Statements {
             let now = b.p(Param::Now);
             b.push(&format!(" AND ({after} IS NULL OR {after} <= {now})"));
         }
+        if let Some(expires) = names.at(Column::ExpiresAt) {
+            // Expired jobs are never started; the resetter's sweep ends them.
+            let now = b.p(Param::Now);
+            b.push(&format!(" AND ({expires} IS NULL OR {expires} > {now})"));
+        }
         let claim_head = std::mem::take(&mut b.text);
         let claim_order = format!(" ORDER BY {order} LIMIT ");
         let processing = b.p(Param::State(JobState::Processing));
@@ -367,6 +390,13 @@ impl Statements {
                 ", {priority}::int8 AS \"{}\"",
                 CURSOR_PRIORITY_COLUMN
             ));
+        }
+        // A job's own limits, read by name where the table keeps them.
+        if let Some(max) = names.at(Column::MaxAttempts) {
+            returning_record.push_str(&format!(", {max}::int8 AS \"{MAX_ATTEMPTS_COLUMN}\""));
+        }
+        if let Some(amo) = names.at(Column::AtMostOnce) {
+            returning_record.push_str(&format!(", ({amo}) IS TRUE AS \"{AT_MOST_ONCE_COLUMN}\""));
         }
         b.push(&format!(
             " FOR UPDATE SKIP LOCKED) \
@@ -746,7 +776,7 @@ mod tests {
         let options = PgStoreOptions::new("jobs")
             .unwrap()
             .state_value(JobState::Processing, "it's");
-        let s = Statements::new(&options, &shape());
+        let s = Statements::new(&options, &shape(), &[]);
         let lock = s.held_lock.text();
         assert!(lock.contains("CAST(E'it''s' AS text)"), "{lock}");
         assert!(lock.contains("FOR KEY SHARE"), "{lock}");
@@ -770,13 +800,14 @@ mod tests {
     #[test]
     fn default_claim_quotes_names_binds_values_and_spells_out_states_and_limit() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let claim = Statements::new(&options, &shape()).claim(&[], 32);
+        let claim = Statements::new(&options, &shape(), &[]).claim(&[], 32);
         assert_eq!(
             claim.text,
             "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
              WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
              AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
              AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $1) \
+             AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
              ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED) \
              UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
              \"last_heartbeat_at\" = $1, \"worker_hostname\" = $3, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
@@ -784,7 +815,9 @@ mod tests {
              RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
              \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
              array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*, \
-             \"jobs\".\"priority\"::int8 AS \"__queue_priority\""
+             \"jobs\".\"priority\"::int8 AS \"__queue_priority\", \
+             \"jobs\".\"max_attempts\"::int8 AS \"__queue_max_attempts\", \
+             (\"jobs\".\"at_most_once\") IS TRUE AS \"__queue_at_most_once\""
         );
         assert_eq!(
             claim.params,
@@ -799,7 +832,7 @@ mod tests {
     #[test]
     fn the_cursor_claim_starts_after_a_key_within_a_priority() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let s = Statements::new(&options, &shape());
+        let s = Statements::new(&options, &shape(), &[]);
         let from_start = s.claim(&[], 32);
         let after = s.claim_after_cursor(32).expect("a cursor by default");
         assert_eq!(
@@ -817,6 +850,7 @@ mod tests {
         let by_key = Statements::new(
             &options.clone().without(Column::Priority).unwrap(),
             &shape(),
+            &[],
         );
         let after = by_key.claim_after_cursor(8).expect("a cursor by key alone");
         assert!(
@@ -834,7 +868,7 @@ mod tests {
             options.clone().claim_cursor(None),
             options.clone().order_by("jobs.queued_at"),
         ] {
-            let s = Statements::new(&without, &shape());
+            let s = Statements::new(&without, &shape(), &[]);
             assert!(s.claim_after_cursor(32).is_none(), "{without:?}");
             assert!(!s.claim(&[], 32).text.contains("__queue_priority"));
         }
@@ -842,11 +876,11 @@ mod tests {
 
     #[test]
     fn batched_statements_join_on_the_key_alone_with_inputs_the_planner_cannot_see() {
-        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape(), &[]);
         let options = PgStoreOptions::new("jobs")
             .unwrap()
             .completed_jobs(CompletedJobs::Delete);
-        let delete = Statements::new(&options, &shape());
+        let delete = Statements::new(&options, &shape(), &[]);
         for statement in [
             &keep.finish,
             &keep.finish_succeeded.0,
@@ -886,7 +920,7 @@ mod tests {
 
     #[test]
     fn a_batch_of_successes_writes_the_state_and_the_finish_time_only() {
-        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape(), &[]);
         let (many, one) = &keep.finish_succeeded;
         assert_eq!(
             many.text,
@@ -912,12 +946,12 @@ mod tests {
 
     #[test]
     fn deleting_completed_jobs_turns_only_the_completions_into_deletes() {
-        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape());
+        let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &shape(), &[]);
         assert!(keep.held_complete.text().contains("UPDATE"));
         let options = PgStoreOptions::new("jobs")
             .unwrap()
             .completed_jobs(CompletedJobs::Delete);
-        let delete = Statements::new(&options, &shape());
+        let delete = Statements::new(&options, &shape(), &[]);
         let complete = delete.held_complete.text();
         assert!(
             complete.starts_with("WITH \"__queue_done\" AS (DELETE FROM \"public\".\"jobs\" AS \"jobs\" WHERE \"jobs\".\"id\" = $1"),
@@ -962,8 +996,8 @@ mod tests {
     #[test]
     fn only_async_claims_turn_synchronous_commit_off() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let asynchronous = Statements::new(&options, &shape()).claim(&[], 8).text;
-        let durable = Statements::new(&options.claim_commit(ClaimCommit::Durable), &shape())
+        let asynchronous = Statements::new(&options, &shape(), &[]).claim(&[], 8).text;
+        let durable = Statements::new(&options.claim_commit(ClaimCommit::Durable), &shape(), &[])
             .claim(&[], 8)
             .text;
         assert!(asynchronous.contains("set_config('synchronous_commit', 'off', true)"));
@@ -978,7 +1012,7 @@ mod tests {
             .unwrap()
             .column(Column::State, "Status; DROP TABLE x")
             .unwrap();
-        let s = Statements::new(&options, &shape());
+        let s = Statements::new(&options, &shape(), &[]);
         let claim = s.claim(&[], 8).text;
         assert!(
             claim.contains("FROM \"My \"\"Schema\"\"\".\"select\" AS \"select\""),
@@ -1004,7 +1038,7 @@ mod tests {
             .unwrap()
             .without(Column::ProcessAfter)
             .unwrap();
-        let s = Statements::new(&options, &shape());
+        let s = Statements::new(&options, &shape(), &[]);
         let claim = s.claim(&[], 8);
         assert!(!claim.params.contains(&Param::Worker));
         assert!(!claim.text.contains("process_after"));
@@ -1022,7 +1056,7 @@ mod tests {
     #[test]
     fn conditions_are_numbered_after_the_claims_own_parameters() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let s = Statements::new(&options, &shape());
+        let s = Statements::new(&options, &shape(), &[]);
         let cond = PgCondition::new("jobs.cost <= {} AND jobs.kind = {}")
             .bind(5i64)
             .bind("x");

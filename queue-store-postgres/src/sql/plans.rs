@@ -159,7 +159,7 @@ async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
         }
         for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
             let options = table.store_options().completed_jobs(completed_jobs);
-            let statements = Statements::new(&options, &shape);
+            let statements = Statements::new(&options, &shape, &[]);
             for (batch, which) in [
                 (&statements.finish, "any outcome"),
                 (&statements.finish_succeeded.0, "successes"),
@@ -238,7 +238,7 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     ] {
         sqlx::query(&sql).execute(&pool).await.expect(&sql);
     }
-    let statements = Statements::new(&table.store_options(), &shape);
+    let statements = Statements::new(&table.store_options(), &shape, &[]);
     let from_start = statements.claim(&[], 48);
     let at_cursor = statements.claim_after_cursor(48).expect("a cursor");
     let mut connection = pool.acquire().await.expect("a connection");

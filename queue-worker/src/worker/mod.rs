@@ -27,6 +27,11 @@ mod claiming;
 
 use claiming::claim_loop;
 
+/// The failure of an at-most-once job a shutting-down worker stopped: it
+/// had started, so it is not handed back to run again.
+pub const AT_MOST_ONCE_SHUTDOWN_MESSAGE: &str =
+    "stopped by its worker's shutdown; an at-most-once job that has started is not run again";
+
 /// How a [`Worker`] runs.
 #[derive(Clone)]
 pub struct WorkerOptions {
@@ -502,7 +507,13 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
         (true, Some(panic)) => AttemptEnd::Panicked(format!("in PreHandle: {panic}")),
         (true, None) => {
             control.started.store(true, Ordering::Release);
-            handle(shared, &ctx, &control, &mut job_store, &record).await
+            match handle(shared, &ctx, &control, &mut job_store, &record).await {
+                // Started: handing it back would start it again.
+                AttemptEnd::Released if lease.limits.at_most_once => {
+                    AttemptEnd::Errored(queue_core::JobError::poison(AT_MOST_ONCE_SHUTDOWN_MESSAGE))
+                }
+                end => end,
+            }
         }
     };
     let duration = started.elapsed();
@@ -516,10 +527,13 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
         // Let anything the handler spawned with the token stop too.
         control.token.cancel();
     }
-    let outcome =
-        options
-            .outcome_policy
-            .decide(end, lease.attempt, options.clock.now(), fastrand::f64());
+    let outcome = options.outcome_policy.decide_for(
+        end,
+        lease.attempt,
+        lease.limits,
+        options.clock.now(),
+        fastrand::f64(),
+    );
     let outcome = without_uncounted_retry(outcome, shared.store.counts_failures());
     let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
     drop(run_slot);
