@@ -675,3 +675,45 @@ async fn an_enqueue_with_a_unique_key_can_be_retried_safely() {
         "a scope without a key: {body}"
     );
 }
+
+#[tokio::test]
+async fn an_enqueue_carries_the_jobs_own_options() {
+    let Some(t) = Setup::new("an_enqueue_carries_the_jobs_own_options").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+    let (status, body) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "charge", "max_attempts": 2, "expires_at": "2099-01-01T00:00:00Z", "at_most_once": true}"#,
+    )
+    .await;
+    assert_eq!(status, StatusCode::CREATED, "{body}");
+    let id: i64 = body["id"]
+        .as_str()
+        .and_then(|s| s.parse().ok())
+        .expect("a key");
+    let row: (Option<i32>, Option<chrono::DateTime<chrono::Utc>>, bool) = sqlx::query_as(&format!(
+        "SELECT max_attempts, expires_at, at_most_once FROM {}.queue_jobs WHERE id = $1",
+        t.s
+    ))
+    .bind(id)
+    .fetch_one(&t.pool)
+    .await
+    .expect("the row");
+    assert_eq!(
+        (row.0, row.1.map(|at| at.to_rfc3339()), row.2),
+        (Some(2), Some("2099-01-01T00:00:00+00:00".to_owned()), true)
+    );
+    let (status, body) = post(
+        &app,
+        "/api/jobs",
+        r#"{"kind": "charge", "max_attempts": 0}"#,
+    )
+    .await;
+    assert_eq!(
+        (status, &body["error"]["code"]),
+        (StatusCode::BAD_REQUEST, &json!("bad_request")),
+        "{body}"
+    );
+}

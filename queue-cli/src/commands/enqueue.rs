@@ -35,6 +35,18 @@ pub struct EnqueueArgs {
     /// it waits or runs.
     #[arg(long, requires = "unique_key")]
     pub unique_forever: bool,
+    /// At most this many attempts in all, whatever the workers' retry
+    /// policy allows.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..=i32::MAX as i64))]
+    pub max_attempts: Option<u32>,
+    /// Not started after this time (RFC 3339, or a delay such as 1h): the
+    /// job then ends failed, unrun.
+    #[arg(long, value_name = "TIME", value_parser = future)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Never started twice: not retried, and failed rather than run again
+    /// after a crash.
+    #[arg(long)]
+    pub at_most_once: bool,
 }
 
 impl EnqueueArgs {
@@ -42,6 +54,15 @@ impl EnqueueArgs {
         let mut job = NewJob::new(self.kind.clone(), payload).priority(self.priority);
         if let Some(at) = self.run_at {
             job = job.process_after(at);
+        }
+        if let Some(n) = self.max_attempts {
+            job = job.max_attempts(n);
+        }
+        if let Some(at) = self.expires_at {
+            job = job.expires_at(at);
+        }
+        if self.at_most_once {
+            job = job.at_most_once();
         }
         if let Some(key) = &self.unique_key {
             let scope = if self.unique_forever {

@@ -352,6 +352,16 @@ pub struct EnqueueRequest {
     /// How long the key holds: `active` (default: while the job waits or
     /// runs) or `forever` (as long as the job exists).
     pub unique_scope: Option<Scope>,
+    /// At most this many attempts in all, whatever the workers' retry
+    /// policy allows.
+    #[schema(minimum = 1, maximum = 2147483647)]
+    pub max_attempts: Option<u32>,
+    /// Not started after this time: the job then ends failed, unrun.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Never started twice: not retried, failed rather than run again
+    /// after a crash.
+    #[serde(default)]
+    pub at_most_once: bool,
 }
 
 /// How long a unique key holds.
@@ -585,6 +595,22 @@ pub async fn enqueue(
         }
         (None, Some(_)) => return Err(ApiError::bad_request("unique_scope needs a unique_key")),
         (None, None) => {}
+    }
+    match request.max_attempts {
+        Some(0) => return Err(ApiError::bad_request("max_attempts must be at least 1")),
+        Some(n) if n > i32::MAX as u32 => {
+            return Err(ApiError::bad_request(
+                "max_attempts must be at most 2147483647",
+            ))
+        }
+        Some(n) => job = job.max_attempts(n),
+        None => {}
+    }
+    if let Some(at) = request.expires_at {
+        job = job.expires_at(at);
+    }
+    if request.at_most_once {
+        job = job.at_most_once();
     }
     let done = api
         .admin
