@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+mod args;
 mod clock;
 mod error;
 mod handler;
@@ -18,6 +19,7 @@ pub use crate::admin::{
     ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, Skipped, StateCount, StatsParams,
     Targets, TimelineParams, RETRYABLE_STATES,
 };
+pub use crate::args::{decode_args, ArgsHandler, JobArgs, WithPayload};
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
 pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};

@@ -1,10 +1,14 @@
 //! [`Router`]: one handler per job kind.
 
 use std::collections::BTreeMap;
+use std::marker::PhantomData;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use queue_core::{Handler, JobContext, JobError, JobRecord, Outcome, Store};
+use queue_core::{
+    decode_args, ArgsHandler, Handler, JobArgs, JobContext, JobError, JobRecord, Outcome, Store,
+    WithPayload,
+};
 
 /// Dispatches each job to the handler registered for its kind. Adding a kind
 /// is one handler and one [`Router::route`] call.
@@ -53,6 +57,45 @@ impl<S: Store> Router<S> {
         self
     }
 
+    /// Registers `handler` for jobs of `A`'s kind ([`JobArgs::KIND`]): it
+    /// receives the payload decoded as `A`. A payload that does not decode
+    /// fails the job at once with the decoder's message.
+    ///
+    /// ```
+    /// use async_trait::async_trait;
+    /// use queue_core::{ArgsHandler, JobArgs, JobContext, JobError};
+    /// use queue_store_memory::MemoryStore;
+    /// use queue_worker::Router;
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct SendEmail { to: String }
+    /// impl JobArgs for SendEmail { const KIND: &'static str = "send_email"; }
+    ///
+    /// struct Mailer;
+    /// #[async_trait]
+    /// impl ArgsHandler<MemoryStore, SendEmail> for Mailer {
+    ///     async fn handle(&self, _: &JobContext, _: &mut MemoryStore, email: SendEmail) -> Result<(), JobError> {
+    ///         assert!(email.to.contains('@'));
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// let router = Router::<MemoryStore>::new().args::<SendEmail>(Mailer);
+    /// assert_eq!(router.kinds().collect::<Vec<_>>(), ["send_email"]);
+    /// ```
+    pub fn args<A: JobArgs>(self, handler: impl ArgsHandler<S, A>) -> Self
+    where
+        S::Record: WithPayload,
+    {
+        self.route(
+            A::KIND,
+            Typed {
+                handler,
+                args: PhantomData::<fn() -> A>,
+            },
+        )
+    }
+
     /// The registered kinds, in order.
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.handlers.keys().map(String::as_str)
@@ -60,6 +103,31 @@ impl<S: Store> Router<S> {
 
     fn handler_for(&self, record: &S::Record) -> Option<&Arc<dyn Handler<S>>> {
         self.handlers.get(record.kind())
+    }
+}
+
+/// An [`ArgsHandler`] as a [`Handler`]: decodes the payload first.
+struct Typed<H, A> {
+    handler: H,
+    args: PhantomData<fn() -> A>,
+}
+
+#[async_trait]
+impl<S, A, H> Handler<S> for Typed<H, A>
+where
+    S: Store,
+    S::Record: WithPayload,
+    A: JobArgs,
+    H: ArgsHandler<S, A>,
+{
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        store: &mut S::JobStore,
+        record: &S::Record,
+    ) -> Result<(), JobError> {
+        let args: A = decode_args(record)?;
+        self.handler.handle(ctx, store, args).await
     }
 }
 

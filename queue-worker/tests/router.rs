@@ -86,3 +86,56 @@ async fn jobs_reach_the_handler_of_their_kind() {
         Some("no handler is registered for job kind \"fax\" (registered: email, resize)")
     );
 }
+
+#[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize)]
+struct SendEmail {
+    to: String,
+}
+
+impl queue_core::JobArgs for SendEmail {
+    const KIND: &'static str = "send_email";
+}
+
+/// Records the addresses it was given.
+struct Mailer(Arc<Mutex<Vec<String>>>);
+
+#[async_trait]
+impl queue_core::ArgsHandler<MemoryStore, SendEmail> for Mailer {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut MemoryStore,
+        email: SendEmail,
+    ) -> Result<(), JobError> {
+        self.0.lock().unwrap().push(email.to);
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_typed_handler_gets_decoded_arguments_and_a_bad_payload_fails_with_the_decoders_message()
+{
+    let store = MemoryStore::new();
+    let good = store.enqueue(
+        NewJob::from_args(&SendEmail {
+            to: "ops@example.com".into(),
+        })
+        .expect("encodes"),
+    );
+    let bad = store.enqueue(NewJob::new("send_email", serde_json::json!({"to": 42})));
+    let sent = Arc::new(Mutex::new(Vec::new()));
+    let router = Router::new().args::<SendEmail>(Mailer(sent.clone()));
+    let running = common::start(&store, router, common::fast_options());
+    common::wait_for_state(&store, good, JobState::Completed).await;
+    common::wait_for_state(&store, bad, JobState::Failed).await;
+    running.stop().await;
+    assert_eq!(*sent.lock().unwrap(), ["ops@example.com"]);
+    let message = store
+        .get(bad)
+        .and_then(|j| j.failure_message)
+        .unwrap_or_default();
+    assert!(
+        message.contains("does not decode as") && message.contains("invalid type: integer `42`"),
+        "{message}"
+    );
+}
