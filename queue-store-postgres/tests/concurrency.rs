@@ -397,3 +397,100 @@ async fn completion_racing_the_resetter_never_ends_both_ways() {
         }
     }
 }
+
+/// A worker process killed while it runs at-most-once jobs: those jobs end
+/// failed and are never started again (the process-level side of
+/// `NewJob::at_most_once`); the ordinary jobs beside them still complete.
+async fn sigkill_of_at_most_once_jobs_fails_them(mode: &str, test: &str) {
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    // Eight at-most-once jobs first (higher priority), then twelve ordinary ones.
+    let mut jobs: Vec<NewJob> = (0..8)
+        .map(|i| {
+            NewJob::new("noop", serde_json::json!(i))
+                .priority(1)
+                .at_most_once()
+        })
+        .collect();
+    jobs.extend((8..20).map(|i| NewJob::new("noop", serde_json::json!(i))));
+    table.enqueue_many(&pool, &jobs).await.expect("enqueued");
+    let t = table.name().quoted();
+    let runs = runs_of(&table);
+
+    let mut doomed = spawn_worker(&table, mode, 8, 60_000, &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let busy = format!("SELECT count(*) FROM {t} WHERE state = 'processing' AND at_most_once");
+    while scalar(&pool, &busy).await < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed worker never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    doomed.start_kill().expect("SIGKILL");
+    doomed.wait().await.expect("reaped");
+
+    let mut healthy = spawn_worker(
+        &table,
+        mode,
+        8,
+        0,
+        &["--until-drained", "--stalled-max-age-ms", "1000"],
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
+    assert!(status.expect("drained in time").expect("wait").success());
+
+    let failed = format!(
+        "SELECT count(*) FROM {t} WHERE at_most_once AND state = 'failed' AND failure_message = $1"
+    );
+    let failed: i64 = sqlx::query_scalar(&failed)
+        .bind(queue_core::resetter::AT_MOST_ONCE_MESSAGE)
+        .fetch_one(&pool)
+        .await
+        .expect("counted");
+    assert_eq!(
+        failed, 8,
+        "{mode}: the killed at-most-once jobs ended failed"
+    );
+    assert_eq!(
+        scalar(
+            &pool,
+            &format!("SELECT count(*) FROM {t} WHERE NOT at_most_once AND state = 'completed'")
+        )
+        .await,
+        12,
+        "{mode}: the ordinary jobs all completed"
+    );
+    let most_runs = scalar(
+        &pool,
+        &format!(
+            "SELECT coalesce(max(n), 0) FROM (SELECT count(*) AS n FROM {runs} r JOIN {t} j ON j.id = r.job_id \
+             WHERE j.at_most_once GROUP BY r.job_id) AS per_job"
+        ),
+    )
+    .await;
+    assert!(
+        most_runs <= 1,
+        "{mode}: an at-most-once job was started {most_runs} times"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_at_most_once_jobs_in_lease_mode_fails_them() {
+    sigkill_of_at_most_once_jobs_fails_them(
+        "lease",
+        "sigkill_of_at_most_once_jobs_in_lease_mode_fails_them",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigkill_of_at_most_once_jobs_in_transactional_mode_fails_them() {
+    sigkill_of_at_most_once_jobs_fails_them(
+        "transactional",
+        "sigkill_of_at_most_once_jobs_in_transactional_mode_fails_them",
+    )
+    .await;
+}

@@ -115,3 +115,60 @@ async fn a_unique_enqueue_in_a_rolled_back_transaction_holds_nothing() {
     assert!(after[0].inserted, "the rolled-back job held nothing");
     assert_ne!(after[0].id, first);
 }
+
+#[tokio::test]
+async fn a_mixed_batch_reports_each_job_in_order() {
+    let Some(pool) = pool("a_mixed_batch_reports_each_job_in_order").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let keyed =
+        |key: &str| NewJob::new("k", serde_json::json!(key)).unique(key, UniqueScope::Active);
+    let plain = |n: i32| NewJob::new("k", serde_json::json!(n)).max_attempts(3);
+    let held = table
+        .enqueue(&pool, &keyed("held"))
+        .await
+        .expect("enqueued");
+    let done = table
+        .enqueue_unique(
+            &pool,
+            &[
+                plain(1),
+                keyed("a"),
+                plain(2),
+                keyed("a"),
+                keyed("held"),
+                plain(3),
+            ],
+        )
+        .await
+        .expect("enqueued");
+    let inserted: Vec<bool> = done.iter().map(|e| e.inserted).collect();
+    assert_eq!(inserted, [true, true, true, false, false, true]);
+    assert_eq!(
+        done[3].id, done[1].id,
+        "the batch's second a reports the first"
+    );
+    assert_eq!(done[4].id, held, "a key held before reports its holder");
+    let ids = [done[0].id, done[2].id, done[5].id];
+    assert!(
+        ids[0] < ids[1] && ids[1] < ids[2],
+        "jobs without keys in order: {ids:?}"
+    );
+    let payloads: Vec<serde_json::Value> = sqlx::query_scalar(&format!(
+        "SELECT payload FROM {} WHERE id = ANY($1) ORDER BY id",
+        table.name().quoted()
+    ))
+    .bind(ids.to_vec())
+    .fetch_all(&pool)
+    .await
+    .expect("read");
+    assert_eq!(
+        payloads,
+        [
+            serde_json::json!(1),
+            serde_json::json!(2),
+            serde_json::json!(3)
+        ]
+    );
+}

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use async_trait::async_trait;
 use queue_core::{
-    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Store,
+    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Store, UniqueScope,
 };
 use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Worker, WorkerOptions};
@@ -256,20 +256,42 @@ pub async fn run(args: &[String]) -> Result<()> {
     }
 
     if selection.runs("enqueue") {
-        let (single, batch) = enqueue(&pool, sizes.single_enqueues, sizes.drain_jobs).await?;
+        let rates = enqueue(&pool, sizes.single_enqueues, sizes.drain_jobs).await?;
         results.add(
             "enqueue",
             "single inserts (one transaction each)",
-            single,
+            rates.single,
             "jobs/s",
             format!("{} jobs", sizes.single_enqueues),
         );
         results.add(
             "enqueue",
             "batch inserts (5,000 per statement)",
-            batch,
+            rates.batch,
             "jobs/s",
             format!("{} jobs", sizes.drain_jobs),
+        );
+        results.add(
+            "enqueue",
+            "unique jobs, single inserts",
+            rates.unique_single,
+            "jobs/s",
+            format!(
+                "{} jobs, each key new; {:.2}x plain single inserts",
+                sizes.single_enqueues,
+                rates.unique_single / rates.single
+            ),
+        );
+        results.add(
+            "enqueue",
+            "unique jobs, batches of 5,000",
+            rates.unique_batch,
+            "jobs/s",
+            format!(
+                "{} jobs, each key new; {:.2}x plain batches",
+                sizes.drain_jobs,
+                rates.unique_batch / rates.batch
+            ),
         );
         let table = fresh_table(&pool, "http_enqueue").await?;
         let rounds = sizes.rounds.min(3);
@@ -704,7 +726,16 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
     })
 }
 
-async fn enqueue(pool: &PgPool, singles: usize, batched: usize) -> Result<(f64, f64)> {
+/// Enqueue rates, jobs/s: plain and with unique keys, one job per
+/// statement and in batches of 5,000.
+struct EnqueueRates {
+    single: f64,
+    batch: f64,
+    unique_single: f64,
+    unique_batch: f64,
+}
+
+async fn enqueue(pool: &PgPool, singles: usize, batched: usize) -> Result<EnqueueRates> {
     let table = fresh_table(pool, "enqueue").await?;
     let started = Instant::now();
     for i in 0..singles {
@@ -716,7 +747,29 @@ async fn enqueue(pool: &PgPool, singles: usize, batched: usize) -> Result<(f64, 
     let started = Instant::now();
     enqueue_all(pool, &table, batched, "noop").await?;
     let batch = batched as f64 / started.elapsed().as_secs_f64();
-    Ok((single, batch))
+    // Unique keys, each new (the common case: a key is taken only by a
+    // retried enqueue).
+    let unique = |i: usize| {
+        NewJob::new("noop", serde_json::json!(i)).unique(format!("key:{i}"), UniqueScope::Active)
+    };
+    let table = fresh_table(pool, "enqueue_unique").await?;
+    let started = Instant::now();
+    for i in 0..singles {
+        table.enqueue_unique(pool, &[unique(i)]).await?;
+    }
+    let unique_single = singles as f64 / started.elapsed().as_secs_f64();
+    let jobs: Vec<NewJob> = (singles..singles + batched).map(unique).collect();
+    let started = Instant::now();
+    for chunk in jobs.chunks(5000) {
+        table.enqueue_unique(pool, chunk).await?;
+    }
+    let unique_batch = batched as f64 / started.elapsed().as_secs_f64();
+    Ok(EnqueueRates {
+        single,
+        batch,
+        unique_single,
+        unique_batch,
+    })
 }
 
 struct Latency {

@@ -120,6 +120,9 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .await
         .context("connecting to Postgres")?;
     let schema = format!("dashboard_test_{}", std::process::id());
+    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+        .execute(&pool)
+        .await?;
     let table = JobTable::new(&schema, "queue_jobs")?;
     table.migrate(&pool).await?;
     let (finishing, hostile, later) = jobs();

@@ -36,6 +36,12 @@ impl Setup {
             NEXT.fetch_add(1, Ordering::SeqCst)
         );
         let s = format!("\"{}\"", schema.replace('"', "\"\""));
+        // A schema of the same name left by an earlier run whose process
+        // had the same id: its rows must not leak into this test.
+        sqlx::query(&format!("DROP SCHEMA IF EXISTS {s} CASCADE"))
+            .execute(&pool)
+            .await
+            .unwrap_or_else(|e| panic!("{test}: dropping a stale schema: {e}"));
         Some(Setup {
             url,
             pool,

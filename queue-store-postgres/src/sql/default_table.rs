@@ -97,7 +97,90 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "per-job options: max_attempts, expires_at and at_most_once",
             statements: version_3(table),
         },
+        MigrationSql {
+            version: 4,
+            name: "the enqueue function inserts a batch in one statement before it looks at taken keys",
+            statements: version_4(table),
+        },
     ]
+}
+
+/// Version 4: version 3's enqueue function, set-based. One `INSERT ..
+/// SELECT` takes the whole batch (each job whose key is free); only the
+/// jobs it skipped (a key already held, or taken by an earlier job of the
+/// batch) go one by one to find the holder, or to take a key that came
+/// free meanwhile. Version 3 inserted every job by itself: about a fifth
+/// of a plain batch's rate.
+fn version_4(table: &QualifiedName) -> Vec<String> {
+    let t = table.quoted();
+    let f = unique_function(table);
+    let body = format!(
+        "#variable_conflict use_column
+DECLARE
+  n int := coalesce(array_length(p_kinds, 1), 0);
+  ids bigint[] := array_fill(NULL::bigint, ARRAY[n]);
+  added boolean[] := array_fill(false, ARRAY[n]);
+  rec record; k int; tries int; found bigint;
+BEGIN
+  FOR rec IN
+    WITH input AS (
+      SELECT * FROM unnest(p_kinds, p_payloads, p_priorities, p_afters, p_keys, p_forevers, p_max_attempts,
+        p_expires, p_at_most_once) WITH ORDINALITY
+        AS u(kind, payload, priority, process_after, unique_key, unique_forever, max_attempts, expires_at,
+          at_most_once, pos)),
+    inserted AS (
+      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\",
+          \"max_attempts\", \"expires_at\", \"at_most_once\")
+        SELECT kind, payload, priority, process_after, unique_key, coalesce(unique_forever, false), max_attempts,
+          expires_at, coalesce(at_most_once, false) FROM input ORDER BY pos
+        ON CONFLICT DO NOTHING RETURNING j.\"id\" AS new_id, j.\"unique_key\" AS new_key),
+    keyless_in AS (SELECT pos, row_number() OVER (ORDER BY pos) AS r FROM input WHERE unique_key IS NULL),
+    keyless_out AS (SELECT new_id, row_number() OVER () AS r FROM inserted WHERE new_key IS NULL),
+    keyed AS (
+      SELECT DISTINCT ON (i.unique_key) i.pos, x.new_id FROM input AS i JOIN inserted AS x ON x.new_key = i.unique_key
+      ORDER BY i.unique_key, i.pos)
+    SELECT CAST(ki.pos AS int) AS at, ko.new_id FROM keyless_in AS ki JOIN keyless_out AS ko ON ko.r = ki.r
+    UNION ALL
+    SELECT CAST(pos AS int), new_id FROM keyed
+  LOOP
+    ids[rec.at] := rec.new_id;
+    added[rec.at] := true;
+  END LOOP;
+  FOR k IN 1 .. n LOOP
+    tries := 0;
+    WHILE ids[k] IS NULL LOOP
+      found := NULL;
+      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\",
+          \"max_attempts\", \"expires_at\", \"at_most_once\")
+        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false),
+          p_max_attempts[k], p_expires[k], coalesce(p_at_most_once[k], false))
+        ON CONFLICT DO NOTHING RETURNING j.\"id\" INTO found;
+      IF found IS NOT NULL THEN
+        ids[k] := found; added[k] := true; EXIT;
+      END IF;
+      SELECT h.\"id\" INTO found FROM {t} AS h WHERE h.\"unique_key\" = p_keys[k]
+        AND (h.\"unique_forever\" OR h.\"state\" IN ('queued', 'processing', 'errored')) LIMIT 1;
+      IF found IS NOT NULL THEN
+        ids[k] := found; EXIT;
+      END IF;
+      tries := tries + 1;
+      IF tries >= 10 THEN
+        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
+          USING ERRCODE = '40001';
+      END IF;
+    END LOOP;
+    \"id\" := ids[k]; \"unique_key\" := p_keys[k]; \"inserted\" := added[k]; RETURN NEXT;
+  END LOOP;
+END"
+    );
+    vec![format!(
+        "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
+         p_afters timestamptz[], p_keys text[], p_forevers bool[], p_max_attempts int4[], \
+         p_expires timestamptz[], p_at_most_once bool[]) \
+         RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
+         LANGUAGE plpgsql VOLATILE AS {}",
+        dollar_quoted(&body)
+    )]
 }
 
 /// Version 3: a job's own attempt limit, expiry and at-most-once flag, and

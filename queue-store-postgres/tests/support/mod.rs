@@ -92,8 +92,16 @@ static NEXT: AtomicUsize = AtomicUsize::new(0);
 /// A schema name no other test uses, with a quote, a space, upper case and
 /// a keyword in it.
 pub fn awkward_schema() -> String {
+    // The process id alone repeats across runs; the start time does not.
+    static STARTED: std::sync::OnceLock<u128> = std::sync::OnceLock::new();
+    let started = STARTED.get_or_init(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_micros() % 1_000_000_000)
+            .unwrap_or(0)
+    });
     format!(
-        "Queue \"T\" select {}-{}",
+        "Queue \"T\" select {}-{started}-{}",
         std::process::id(),
         NEXT.fetch_add(1, Ordering::SeqCst)
     )
@@ -105,8 +113,17 @@ pub async fn fresh_table(pool: &PgPool) -> JobTable {
 }
 
 /// A default-layout table named `name` in a fresh awkward schema, migrated.
+/// A schema of the same name left by an earlier run (whose process had the
+/// same id) is dropped first, so its rows cannot leak into this test.
 pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
     let table = JobTable::new(&awkward_schema(), name).expect("valid names");
+    sqlx::query(&format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE",
+        table.name().schema.quoted()
+    ))
+    .execute(pool)
+    .await
+    .expect("dropping a stale schema");
     table.migrate(pool).await.expect("migration");
     table
 }
