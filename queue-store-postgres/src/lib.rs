@@ -8,6 +8,8 @@ mod conditions;
 #[cfg(feature = "config")]
 mod config;
 mod cursor;
+#[cfg(any(feature = "diesel", feature = "diesel-async"))]
+mod diesel_enqueue;
 mod enqueue;
 mod error;
 mod ident;
@@ -58,4 +60,7 @@ mod docs {
     struct Benchmarks;
     #[doc = include_str!("../../docs/enqueue.md")]
     struct Enqueue;
+    #[cfg(all(feature = "diesel", feature = "diesel-async"))]
+    #[doc = include_str!("../../docs/diesel.md")]
+    struct Diesel;
 }

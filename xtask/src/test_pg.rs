@@ -34,6 +34,30 @@ pub async fn run(extra: &[String]) -> Result<()> {
         drop(pg);
         bail!("tests failed ({status})");
     }
+    // The diesel features: their test and the doctests of docs/diesel.md,
+    // built only here so that normal builds never compile diesel.
+    for target in [&["--test", "diesel"][..], &["--doc"]] {
+        let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+        let mut command = Command::new(cargo);
+        command
+            .args([
+                "test",
+                "-p",
+                "queue-store-postgres",
+                "--features",
+                "diesel,diesel-async",
+            ])
+            .args(target)
+            .env("DATABASE_URL", &pg.url)
+            .env("QUEUE_TEST_REQUIRE_POSTGRES", "1");
+        let status = tokio::task::spawn_blocking(move || command.status())
+            .await?
+            .context("running cargo test with the diesel features")?;
+        if !status.success() {
+            drop(pg);
+            bail!("the diesel features' tests failed ({status})");
+        }
+    }
     // The HTTP API, fuzzed from its OpenAPI document on the same server.
     let url = pg.url.clone();
     let fuzzed = tokio::task::spawn_blocking(move || crate::fuzz_api::run(&url, 60)).await?;
