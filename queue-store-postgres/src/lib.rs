@@ -44,7 +44,7 @@ pub use crate::options::{
 pub use crate::record::{decode_job, Decoder, PgKey};
 pub use crate::store::PgStore;
 
-/// The Rust in `docs/*.md`, compiled and run as doctests so that the guides
+/// The Rust in `docs/*.md` and the workspace README, compiled and run as doctests so that the guides
 /// cannot drift from the code (blocks that need a database are `no_run`).
 #[cfg(doctest)]
 mod docs {
@@ -60,6 +60,8 @@ mod docs {
     struct Benchmarks;
     #[doc = include_str!("../../docs/enqueue.md")]
     struct Enqueue;
+    #[doc = include_str!("../../README.md")]
+    struct Readme;
     #[cfg(all(feature = "diesel", feature = "diesel-async"))]
     #[doc = include_str!("../../docs/diesel.md")]
     struct Diesel;
