@@ -24,7 +24,7 @@ use queue_core::testkit::model::Model;
 use queue_core::{
     Admin, AttemptEnd, ClaimParams, Delivery, JobError, JobFilter, JobState, Lease, ListParams,
     LogEntry, NewJob, OutcomePolicy, PurgeParams, ResetParams, RetryParams, RetryPolicy,
-    StatsParams, Store, Targets, Transition,
+    StatsParams, Store, Targets, Transition, UniqueScope,
 };
 use queue_store_memory::MemoryStore;
 
@@ -105,6 +105,15 @@ enum Op {
     Advance {
         secs: u8,
     },
+    /// A job with unique key `key` (one of a few), held forever or while
+    /// it waits or runs, expiring `expires_secs` from now.
+    EnqueueUnique {
+        key: u8,
+        forever: bool,
+        expires_secs: Option<u8>,
+    },
+    /// The resetter's sweep of expired jobs.
+    Expire,
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -130,6 +139,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..90u8, 1..4usize).prop_map(|(age_secs, limit)| Op::Purge { age_secs, limit }),
         2 => any::<bool>().prop_map(|at_most_once| Op::Reset { at_most_once }),
         2 => (1..60u8).prop_map(|secs| Op::Advance { secs }),
+        2 => (0..3u8, any::<bool>(), proptest::option::of(0..60u8))
+            .prop_map(|(key, forever, expires_secs)| Op::EnqueueUnique { key, forever, expires_secs }),
+        1 => Just(Op::Expire),
     ]
 }
 
@@ -470,6 +482,50 @@ impl Run {
                 prop_assert_eq!(&report.failed, &as_ids(&failed), "failed by reset");
             }
             Op::Advance { secs } => self.now += TimeDelta::seconds(secs.into()),
+            Op::EnqueueUnique {
+                key,
+                forever,
+                expires_secs,
+            } => {
+                let expires = expires_secs.map(|s| self.now + TimeDelta::seconds(s.into()));
+                let scope = if forever {
+                    UniqueScope::Forever
+                } else {
+                    UniqueScope::Active
+                };
+                let mut job = NewJob::new("k", serde_json::json!(self.ids.len()))
+                    .unique(format!("key-{key}"), scope);
+                job.expires_at = expires;
+                let done = self
+                    .store
+                    .enqueue_reporting([job])
+                    .pop()
+                    .expect("one result");
+                let (index, inserted) =
+                    self.model
+                        .enqueue_with(0, None, Some((key, forever)), expires);
+                prop_assert_eq!(done.inserted, inserted, "whether key-{} was free", key);
+                if inserted {
+                    self.ids.push(done.id);
+                } else {
+                    prop_assert_eq!(done.id, self.ids[index], "the holder of key-{}", key);
+                }
+            }
+            Op::Expire => {
+                let expected: Vec<i64> = self
+                    .model
+                    .expire(self.now)
+                    .into_iter()
+                    .map(|i| self.ids[i])
+                    .collect();
+                let mut swept = self
+                    .store
+                    .expire(self.now, 1000)
+                    .await
+                    .map_err(|e| TestCaseError::fail(e.to_string()))?;
+                swept.sort();
+                prop_assert_eq!(swept, expected, "the expired jobs");
+            }
         }
         Ok(())
     }

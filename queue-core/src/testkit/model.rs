@@ -47,6 +47,10 @@ pub struct ModelJob {
     pub log_len: usize,
     /// When it errored or ended.
     pub finished_at: Option<DateTime<Utc>>,
+    /// Its unique key, and whether the key holds forever.
+    pub unique: Option<(u8, bool)>,
+    /// Not started after this.
+    pub expires_at: Option<DateTime<Utc>>,
 }
 
 /// The model store.
@@ -65,6 +69,28 @@ impl Model {
 
     /// Enqueues a job; returns its index.
     pub fn enqueue(&mut self, priority: i32, process_after: Option<DateTime<Utc>>) -> usize {
+        self.enqueue_with(priority, process_after, None, None).0
+    }
+
+    /// Enqueues a job with a unique key (`key`, held forever or while the
+    /// job waits or runs) and an expiry. Returns its index and `true`, or,
+    /// when the key is held, the holder's index and `false` (nothing added).
+    pub fn enqueue_with(
+        &mut self,
+        priority: i32,
+        process_after: Option<DateTime<Utc>>,
+        unique: Option<(u8, bool)>,
+        expires_at: Option<DateTime<Utc>>,
+    ) -> (usize, bool) {
+        if let Some((key, _)) = unique {
+            let holder = self.jobs.iter().position(|j| match (j.unique, j.state) {
+                (Some((k, forever)), Some(state)) => k == key && (forever || !state.is_terminal()),
+                _ => false,
+            });
+            if let Some(holder) = holder {
+                return (holder, false);
+            }
+        }
         self.jobs.push(ModelJob {
             state: Some(JobState::Queued),
             priority,
@@ -77,13 +103,34 @@ impl Model {
             failure_message: None,
             log_len: 0,
             finished_at: None,
+            unique,
+            expires_at,
         });
-        self.jobs.len() - 1
+        (self.jobs.len() - 1, true)
+    }
+
+    fn waiting(job: &ModelJob) -> bool {
+        matches!(job.state, Some(JobState::Queued) | Some(JobState::Errored))
     }
 
     fn eligible(job: &ModelJob, now: DateTime<Utc>) -> bool {
-        matches!(job.state, Some(JobState::Queued) | Some(JobState::Errored))
+        Self::waiting(job)
             && job.process_after.is_none_or(|at| at <= now)
+            && job.expires_at.is_none_or(|at| at > now)
+    }
+
+    /// Fails the waiting jobs expired at `now`; returns their indexes.
+    pub fn expire(&mut self, now: DateTime<Utc>) -> Vec<usize> {
+        let mut expired = Vec::new();
+        for (i, job) in self.jobs.iter_mut().enumerate() {
+            if Self::waiting(job) && job.expires_at.is_some_and(|at| at <= now) {
+                job.state = Some(JobState::Failed);
+                job.failure_message = Some(crate::job::EXPIRED_MESSAGE.to_owned());
+                job.finished_at = Some(now);
+                expired.push(i);
+            }
+        }
+        expired
     }
 
     /// Claims up to `limit` jobs for `worker`: the eligible ones, higher
