@@ -188,37 +188,15 @@ async fn sigkill_mid_job_loses_nothing(mode: &str, test: &str) {
     let t = table.name().quoted();
     let runs = runs_of(&table);
 
-    // A slow worker takes 8 jobs, then dies without a chance to clean up.
-    let mut doomed = spawn_worker(&table, mode, 8, 60_000, &[]).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    while scalar(
+    // A slow worker takes 8 jobs, then dies without a chance to clean up;
+    // a healthy one with a short stalled age recovers and finishes all.
+    kill_a_busy_worker_then_drain(
         &pool,
-        &format!("SELECT count(*) FROM {t} WHERE state = 'processing'"),
-    )
-    .await
-        < 8
-    {
-        assert!(
-            Instant::now() < deadline,
-            "the doomed worker never got busy"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    doomed.start_kill().expect("SIGKILL");
-    doomed.wait().await.expect("reaped");
-
-    // A healthy worker with a short stalled age recovers and finishes all.
-    let mut healthy = spawn_worker(
         &table,
         mode,
-        8,
-        0,
-        &["--until-drained", "--stalled-max-age-ms", "1000"],
+        &format!("SELECT count(*) FROM {t} WHERE state = 'processing'"),
     )
     .await;
-    let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
-    assert!(status.expect("drained in time").expect("wait").success());
 
     assert_eq!(
         scalar(
@@ -417,30 +395,13 @@ async fn sigkill_of_at_most_once_jobs_fails_them(mode: &str, test: &str) {
     let t = table.name().quoted();
     let runs = runs_of(&table);
 
-    let mut doomed = spawn_worker(&table, mode, 8, 60_000, &[]).await;
-    let deadline = Instant::now() + Duration::from_secs(30);
-    let busy = format!("SELECT count(*) FROM {t} WHERE state = 'processing' AND at_most_once");
-    while scalar(&pool, &busy).await < 8 {
-        assert!(
-            Instant::now() < deadline,
-            "the doomed worker never got busy"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    tokio::time::sleep(Duration::from_millis(200)).await;
-    doomed.start_kill().expect("SIGKILL");
-    doomed.wait().await.expect("reaped");
-
-    let mut healthy = spawn_worker(
+    kill_a_busy_worker_then_drain(
+        &pool,
         &table,
         mode,
-        8,
-        0,
-        &["--until-drained", "--stalled-max-age-ms", "1000"],
+        &format!("SELECT count(*) FROM {t} WHERE state = 'processing' AND at_most_once"),
     )
     .await;
-    let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
-    assert!(status.expect("drained in time").expect("wait").success());
 
     let failed = format!(
         "SELECT count(*) FROM {t} WHERE at_most_once AND state = 'failed' AND failure_message = $1"
@@ -493,4 +454,32 @@ async fn sigkill_of_at_most_once_jobs_in_transactional_mode_fails_them() {
         "sigkill_of_at_most_once_jobs_in_transactional_mode_fails_them",
     )
     .await;
+}
+
+/// Starts a worker process of 8 slow handlers, SIGKILLs it once `busy`
+/// (a count) reaches 8 and a moment has passed, then runs a healthy
+/// worker with a 1 s stalled age until the table is drained.
+async fn kill_a_busy_worker_then_drain(pool: &PgPool, table: &JobTable, mode: &str, busy: &str) {
+    let mut doomed = spawn_worker(table, mode, 8, 60_000, &[]).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while scalar(pool, busy).await < 8 {
+        assert!(
+            Instant::now() < deadline,
+            "the doomed worker never got busy"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    doomed.start_kill().expect("SIGKILL");
+    doomed.wait().await.expect("reaped");
+    let mut healthy = spawn_worker(
+        table,
+        mode,
+        8,
+        0,
+        &["--until-drained", "--stalled-max-age-ms", "1000"],
+    )
+    .await;
+    let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
+    assert!(status.expect("drained in time").expect("wait").success());
 }
