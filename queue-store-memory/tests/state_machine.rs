@@ -111,6 +111,8 @@ enum Op {
         key: u8,
         forever: bool,
         expires_secs: Option<u8>,
+        max_attempts: Option<u8>,
+        at_most_once: bool,
     },
     /// The resetter's sweep of expired jobs.
     Expire,
@@ -139,8 +141,13 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..90u8, 1..4usize).prop_map(|(age_secs, limit)| Op::Purge { age_secs, limit }),
         2 => any::<bool>().prop_map(|at_most_once| Op::Reset { at_most_once }),
         2 => (1..60u8).prop_map(|secs| Op::Advance { secs }),
-        2 => (0..3u8, any::<bool>(), proptest::option::of(0..60u8))
-            .prop_map(|(key, forever, expires_secs)| Op::EnqueueUnique { key, forever, expires_secs }),
+        2 => (
+            (0..3u8, any::<bool>(), proptest::option::of(0..60u8)),
+            (proptest::option::of(1..4u8), any::<bool>()),
+        )
+            .prop_map(|((key, forever, expires_secs), (max_attempts, at_most_once))| {
+                Op::EnqueueUnique { key, forever, expires_secs, max_attempts, at_most_once }
+            }),
         1 => Just(Op::Expire),
     ]
 }
@@ -242,7 +249,9 @@ impl Run {
         end: AttemptEnd,
     ) -> Result<(), TestCaseError> {
         if let Some(held) = self.take(worker, nth) {
-            let outcome = self.policy.decide(end, held.lease.attempt, self.now, 0.5);
+            let outcome =
+                self.policy
+                    .decide_for(end, held.lease.attempt, held.lease.limits, self.now, 0.5);
             if let Some(transition) = outcome.transition() {
                 self.finish(held, transition).await?;
             }
@@ -280,6 +289,11 @@ impl Run {
                 prop_assert_eq!(&got, &want, "claim order and set");
                 for (c, (index, claim)) in claimed.into_iter().zip(expected) {
                     prop_assert_eq!(c.lease.attempt, self.model.attempt(index));
+                    prop_assert_eq!(
+                        c.lease.limits,
+                        self.model.limits(index),
+                        "the job's own limits"
+                    );
                     self.workers[worker].push(Held {
                         index,
                         claim,
@@ -486,6 +500,8 @@ impl Run {
                 key,
                 forever,
                 expires_secs,
+                max_attempts,
+                at_most_once,
             } => {
                 let expires = expires_secs.map(|s| self.now + TimeDelta::seconds(s.into()));
                 let scope = if forever {
@@ -496,6 +512,13 @@ impl Run {
                 let mut job = NewJob::new("k", serde_json::json!(self.ids.len()))
                     .unique(format!("key-{key}"), scope);
                 job.expires_at = expires;
+                if let Some(n) = max_attempts {
+                    job = job.max_attempts(n.into());
+                }
+                if at_most_once {
+                    job = job.at_most_once();
+                }
+                let limits = job.limits;
                 let done = self
                     .store
                     .enqueue_reporting([job])
@@ -507,6 +530,7 @@ impl Run {
                 prop_assert_eq!(done.inserted, inserted, "whether key-{} was free", key);
                 if inserted {
                     self.ids.push(done.id);
+                    self.model.set_limits(index, limits);
                 } else {
                     prop_assert_eq!(done.id, self.ids[index], "the holder of key-{}", key);
                 }

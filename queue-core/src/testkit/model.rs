@@ -51,6 +51,8 @@ pub struct ModelJob {
     pub unique: Option<(u8, bool)>,
     /// Not started after this.
     pub expires_at: Option<DateTime<Utc>>,
+    /// Its own attempt limit and at-most-once flag.
+    pub limits: crate::job::JobLimits,
 }
 
 /// The model store.
@@ -70,6 +72,16 @@ impl Model {
     /// Enqueues a job; returns its index.
     pub fn enqueue(&mut self, priority: i32, process_after: Option<DateTime<Utc>>) -> usize {
         self.enqueue_with(priority, process_after, None, None).0
+    }
+
+    /// Sets the limits of job `index` (enqueued with them).
+    pub fn set_limits(&mut self, index: usize, limits: crate::job::JobLimits) {
+        self.jobs[index].limits = limits;
+    }
+
+    /// The limits job `index` was enqueued with.
+    pub fn limits(&self, index: usize) -> crate::job::JobLimits {
+        self.jobs[index].limits
     }
 
     /// Enqueues a job with a unique key (`key`, held forever or while the
@@ -105,6 +117,7 @@ impl Model {
             finished_at: None,
             unique,
             expires_at,
+            limits: crate::job::JobLimits::default(),
         });
         (self.jobs.len() - 1, true)
     }
@@ -247,6 +260,12 @@ impl Model {
             }
             job.hold = None;
             match params.delivery {
+                _ if job.limits.at_most_once => {
+                    job.state = Some(JobState::Failed);
+                    job.failure_message = Some(AT_MOST_ONCE_MESSAGE.to_owned());
+                    job.finished_at = Some(params.now);
+                    failed.push(index);
+                }
                 Delivery::AtMostOnce => {
                     job.state = Some(JobState::Failed);
                     job.failure_message = Some(AT_MOST_ONCE_MESSAGE.to_owned());
