@@ -66,6 +66,18 @@ pub struct JobView<Id> {
     pub worker_hostname: Option<String>,
     /// Whether an operator asked a running attempt to stop.
     pub cancel: bool,
+    /// Its unique key, if it has one ([`NewJob::unique`]).
+    #[serde(default)]
+    pub unique_key: Option<String>,
+    /// Its own attempt limit ([`NewJob::max_attempts`]).
+    #[serde(default)]
+    pub max_attempts: Option<i64>,
+    /// When it expires unstarted ([`NewJob::expires_at`]).
+    #[serde(default)]
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Whether it is at-most-once ([`NewJob::at_most_once`]).
+    #[serde(default)]
+    pub at_most_once: bool,
 }
 
 impl<Id> JobView<Id> {
@@ -89,6 +101,10 @@ impl<Id> JobView<Id> {
             execution_logs: self.execution_logs,
             worker_hostname: self.worker_hostname,
             cancel: self.cancel,
+            unique_key: self.unique_key,
+            max_attempts: self.max_attempts,
+            expires_at: self.expires_at,
+            at_most_once: self.at_most_once,
         }
     }
 }
@@ -118,6 +134,12 @@ impl From<Job> for JobView<i64> {
                 .collect(),
             worker_hostname: job.worker_hostname,
             cancel: job.cancel,
+            // A Job has no columns for these; a store that keeps them
+            // fills them in.
+            unique_key: None,
+            max_attempts: None,
+            expires_at: None,
+            at_most_once: false,
         }
     }
 }
@@ -634,6 +656,10 @@ mod tests {
             execution_logs: Vec::new(),
             worker_hostname: None,
             cancel: false,
+            unique_key: None,
+            max_attempts: None,
+            expires_at: None,
+            at_most_once: false,
         }
     }
 

@@ -124,12 +124,25 @@ fn cancel(job: &mut Job, now: DateTime<Utc>) -> Applied {
     }
 }
 
+/// The operator's view of `job`, with the enqueue options kept beside it.
+fn view(state: &State, job: &Job) -> JobView<i64> {
+    let mut view = JobView::from(job.clone());
+    if let Some(extras) = state.extras.get(&job.id) {
+        view.unique_key = extras.unique.as_ref().map(|u| u.key.clone());
+        view.max_attempts = extras.limits.max_attempts.map(i64::from);
+        view.expires_at = extras.expires_at;
+        view.at_most_once = extras.limits.at_most_once;
+    }
+    view
+}
+
 #[async_trait]
 impl Admin for MemoryStore {
     type Id = i64;
 
     async fn get(&self, id: &i64) -> Result<Option<JobView<i64>>, StoreError> {
-        Ok(self.lock().jobs.get(id).cloned().map(JobView::from))
+        let state = self.lock();
+        Ok(state.jobs.get(id).map(|job| view(&state, job)))
     }
 
     async fn list(&self, params: &ListParams<i64>) -> Result<JobPage<i64>, StoreError> {
@@ -145,7 +158,7 @@ impl Admin for MemoryStore {
             ListOrder::OldestFirst => all
                 .filter(admitted)
                 .take(params.limit.saturating_add(1))
-                .map(|job| JobView::from(job.clone()))
+                .map(|job| view(&state, job))
                 .collect(),
             ListOrder::NewestFirst => {
                 let all: Vec<&Job> = all.collect();
@@ -153,7 +166,7 @@ impl Admin for MemoryStore {
                     .rev()
                     .filter(admitted)
                     .take(params.limit.saturating_add(1))
-                    .map(|job| JobView::from(job.clone()))
+                    .map(|job| view(&state, job))
                     .collect()
             }
         };

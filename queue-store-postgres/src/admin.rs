@@ -171,6 +171,10 @@ impl<K: PgKey> PgAdmin<K> {
             execution_logs,
             worker_hostname: row.try_get("worker_hostname").map_err(get)?,
             cancel: row.try_get("cancel").map_err(get)?,
+            unique_key: row.try_get("unique_key").map_err(get)?,
+            max_attempts: row.try_get("max_attempts").map_err(get)?,
+            expires_at: row.try_get("expires_at").map_err(get)?,
+            at_most_once: row.try_get("at_most_once").map_err(get)?,
         })
     }
 

@@ -213,6 +213,13 @@ fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> 
             job.worker_hostname.clone().unwrap_or_else(|| "-".into()),
         ),
         ("cancel requested", job.cancel.to_string()),
+        ("attempt limit", count(job.max_attempts)),
+        ("at most once", job.at_most_once.to_string()),
+        ("expires", time(job.expires_at)),
+        (
+            "unique key",
+            job.unique_key.clone().unwrap_or_else(|| "-".into()),
+        ),
         (
             "failure",
             job.failure_message.clone().unwrap_or_else(|| "-".into()),

@@ -261,6 +261,14 @@ pub struct Job {
     pub worker_hostname: Option<String>,
     /// Whether a stop was asked of the running attempt.
     pub cancel: bool,
+    /// Its unique key, if any.
+    pub unique_key: Option<String>,
+    /// Its own limit on attempts, if any.
+    pub max_attempts: Option<i64>,
+    /// When it expires unstarted, if ever.
+    pub expires_at: Option<DateTime<Utc>>,
+    /// Never started twice.
+    pub at_most_once: bool,
 }
 
 impl From<JobView<String>> for Job {
@@ -283,6 +291,10 @@ impl From<JobView<String>> for Job {
             execution_logs: job.execution_logs,
             worker_hostname: job.worker_hostname,
             cancel: job.cancel,
+            unique_key: job.unique_key,
+            max_attempts: job.max_attempts,
+            expires_at: job.expires_at,
+            at_most_once: job.at_most_once,
         }
     }
 }

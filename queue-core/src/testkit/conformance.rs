@@ -674,9 +674,25 @@ pub async fn a_jobs_limits_come_with_its_lease<H: Harness>(h: &H) {
             NewJob::new("k", serde_json::json!(1))
                 .priority(2)
                 .max_attempts(2)
-                .at_most_once(),
+                .at_most_once()
+                .unique("lim", crate::UniqueScope::Active)
+                .expires_at(at(t, 3600)),
         )
         .await;
+    let view = Admin::get(&store, &limited)
+        .await
+        .expect("get failed")
+        .expect("the job");
+    assert_eq!(
+        (
+            view.unique_key.as_deref(),
+            view.max_attempts,
+            view.expires_at,
+            view.at_most_once
+        ),
+        (Some("lim"), Some(2), Some(at(t, 3600)), true),
+        "operators see the job's own options"
+    );
     h.enqueue(&store, NewJob::new("k", serde_json::json!(2)).priority(1))
         .await;
     let claimed = claim::<H>(&store, 2, t).await;

@@ -173,6 +173,24 @@ impl AdminStatements {
                 "({}) IS TRUE AS \"cancel\"",
                 names.at(Column::Cancel).unwrap_or_else(|| "false".into())
             ),
+            format!(
+                "{} AS \"unique_key\"",
+                or_null(Column::UniqueKey, "text", &cast("text"))
+            ),
+            format!(
+                "{} AS \"max_attempts\"",
+                or_null(Column::MaxAttempts, "int8", &cast("int8"))
+            ),
+            format!(
+                "{} AS \"expires_at\"",
+                or_null(Column::ExpiresAt, "timestamptz", &plain)
+            ),
+            format!(
+                "({}) IS TRUE AS \"at_most_once\"",
+                names
+                    .at(Column::AtMostOnce)
+                    .unwrap_or_else(|| "false".into())
+            ),
         ]
         .join(", ");
 
