@@ -18,6 +18,7 @@ use sqlx::postgres::PgRow;
 use sqlx::{PgPool, Row};
 
 use crate::bind::{query, state, Value};
+use crate::clock_offset::ClockOffset;
 use crate::error::store_error;
 use crate::options::{Column, PgStoreOptions};
 use crate::record::PgKey;
@@ -30,6 +31,8 @@ struct Inner {
     options: PgStoreOptions,
     sql: AdminStatements,
     absent: Vec<Column>,
+    /// The database's clock minus the callers'.
+    offset: ClockOffset,
 }
 
 /// The admin contract ([`Admin`]) on a Postgres table: read, count, retry,
@@ -90,7 +93,33 @@ impl<K: PgKey> PgAdmin<K> {
     pub async fn new(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
         options.check()?;
         let (shape, absent) = catalog::inspect(&pool, &options, K::PG_TYPES).await?;
-        Ok(PgAdmin::from_parts(pool, options, &shape, absent))
+        let admin = PgAdmin::from_parts(pool, options, &shape, absent);
+        admin.inner.offset.measure(&admin.inner.pool).await?;
+        Ok(admin)
+    }
+
+    /// Takes the times it is given as readings of `clock` (by default the
+    /// system clock) and translates them onto the database's clock, which
+    /// it measures against `clock` now and every minute after. See
+    /// [`PgStore::set_clock`](crate::PgStore::set_clock).
+    pub async fn set_clock(&self, clock: Arc<dyn queue_core::Clock>) -> Result<(), StoreError> {
+        self.inner.offset.set_clock(clock, &self.inner.pool).await
+    }
+
+    /// The database's clock minus the callers', as last measured (zero
+    /// below a second).
+    pub fn clock_offset(&self) -> chrono::TimeDelta {
+        self.inner.offset.offset()
+    }
+
+    /// `at`, a time of the callers' clock, on the database's clock.
+    pub(crate) fn to_db(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        self.inner.offset.to_db(at)
+    }
+
+    /// Measures the clock offset again at store start.
+    pub(crate) async fn measure_clock(&self) -> Result<(), StoreError> {
+        self.inner.offset.measure(&self.inner.pool).await
     }
 
     /// From options the catalog has already confirmed.
@@ -106,6 +135,7 @@ impl<K: PgKey> PgAdmin<K> {
                 pool,
                 options,
                 absent,
+                offset: ClockOffset::default(),
             }),
             key: PhantomData,
         }
@@ -231,7 +261,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Ids => ids.take().map(Value::Keys),
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
             Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
-            Param::Now => Some(Value::Time(now)),
+            Param::Now => Some(Value::Time(self.to_db(now))),
             Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
             other => filter.and_then(|f| self.filter_value(f, other)),
         })?
@@ -441,7 +471,7 @@ impl<K: PgKey> PgAdmin<K> {
             return Ok(Vec::new());
         };
         let rows = query::<K>(statement, |p| match p {
-            Param::Now => Some(Value::Time(now)),
+            Param::Now => Some(Value::Time(self.to_db(now))),
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
             Param::Message => Some(Value::Text(EXPIRED_MESSAGE.to_owned())),
             Param::State(s) => Some(state::<K>(&self.inner.options.states, s)),
@@ -582,9 +612,11 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             };
             (order(a), &a.stored_state, &a.kind).cmp(&(order(b), &b.stored_state, &b.kind))
         });
+        self.inner.offset.refresh(&self.inner.pool).await?;
+        let now = self.to_db(params.now);
         let row = query::<K>(&self.inner.sql.waiting, |p| match p {
-            Param::Now => Some(Value::Time(params.now)),
-            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
+            Param::Now => Some(Value::Time(now)),
+            Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
             _ => None,
         })?
         .fetch_one(&self.inner.pool)
@@ -599,7 +631,8 @@ impl<K: PgKey> Admin for PgAdmin<K> {
                 .try_get("oldest")
                 .map_err(|e| store_error("reading the oldest waiting job", e))?,
             stalled: u64::try_from(stalled).unwrap_or(0),
-            now: params.now,
+            // The database's time, which the oldest job's is measured on.
+            now,
         })
     }
 
@@ -739,16 +772,20 @@ impl<K: PgKey> Admin for PgAdmin<K> {
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {
         let statement = self.reset_statement()?;
         let states = &self.inner.options.states;
+        // Stalls are judged on the database's clock, which heartbeats are
+        // written on: a resetter whose clock runs ahead resets no healthy
+        // job early.
+        self.inner.offset.refresh(&self.inner.pool).await?;
         let rows = query(statement, |p| match p {
             Param::State(s) => Some(state::<K>(states, s)),
-            Param::StalledBefore => Some(Value::Time(params.stalled_before)),
+            Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
             Param::MaxResets => Some(Value::Int4(
                 i32::try_from(params.max_resets).unwrap_or(i32::MAX),
             )),
             Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
             Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
             Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
-            Param::Now => Some(Value::Time(params.now)),
+            Param::Now => Some(Value::Time(self.to_db(params.now))),
             _ => None,
         })?
         .fetch_all(&self.inner.pool)

@@ -3,6 +3,7 @@
 
 mod admin;
 mod bind;
+mod clock_offset;
 mod completer;
 mod conditions;
 #[cfg(feature = "config")]

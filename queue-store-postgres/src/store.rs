@@ -193,6 +193,7 @@ where
         }
         let sql = Arc::new(Statements::new(&options, &shape, &absent));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
+        admin.measure_clock().await?;
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
             ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
@@ -234,6 +235,19 @@ where
     /// off because of it.
     pub fn disabled_features(&self) -> Vec<(Column, &'static str)> {
         self.inner.admin.disabled_features()
+    }
+
+    /// Takes the times callers pass (`now` of claims, heartbeats, finishes
+    /// and resets) as readings of `clock`, and translates them onto the
+    /// database's clock, measured against `clock` now and every minute
+    /// after: heartbeats are written, and stalls judged, on the database's
+    /// clock, so a process whose clock is off by a minute neither keeps a
+    /// dead worker's jobs looking alive nor resets healthy ones. The
+    /// default is the system clock, which workers and resetters use by
+    /// default; give the same clock as theirs if they were given another.
+    /// Offsets under a second are ignored.
+    pub async fn set_clock(&self, clock: Arc<dyn queue_core::Clock>) -> Result<(), StoreError> {
+        self.inner.admin.set_clock(clock).await
     }
 
     /// The pool the store runs on.
@@ -313,7 +327,7 @@ where
             .unwrap_or_else(|| self.inner.sql.claim(conditions, params.limit));
         let mut q = query(&statement, |p| match p {
             Param::State(s) => Some(state::<R::Id>(self.states(), s)),
-            Param::Now => Some(Value::Time(params.now)),
+            Param::Now => Some(Value::Time(self.inner.admin.to_db(params.now))),
             Param::Worker => Some(Value::Text(params.worker.to_owned())),
             Param::CursorPriority => after.map(|a| Value::Int(a.priority)),
             Param::CursorKey => after.map(|a| Value::Key(a.key.clone())),
@@ -589,7 +603,20 @@ where
     ) -> Result<WriteResult, StoreError> {
         let transition = self.adapt(transition);
         let complete = transition == Transition::Complete;
-        let row = FinishRow::new(lease, transition, now, self.states())?;
+        // The finish and retry times on the database's clock.
+        let transition = match transition {
+            Transition::Error { message, retry_at } => Transition::Error {
+                message,
+                retry_at: self.inner.admin.to_db(retry_at),
+            },
+            other => other,
+        };
+        let row = FinishRow::new(
+            lease,
+            transition,
+            self.inner.admin.to_db(now),
+            self.states(),
+        )?;
         if let Some(recorded) = job_store.end(&row, complete).await {
             return recorded;
         }
@@ -638,7 +665,7 @@ where
             Param::Ids => ids.take().map(Value::Keys),
             Param::Tokens => tokens.take().map(Value::Ints),
             Param::State(s) => Some(state(self.states(), s)),
-            Param::Now => Some(Value::Time(now)),
+            Param::Now => Some(Value::Time(self.inner.admin.to_db(now))),
             _ => None,
         })?
         .fetch_all(&self.inner.pool)
