@@ -62,6 +62,36 @@ pub fn wants_docker_build() -> bool {
 }
 
 impl Postgres {
+    /// A throwaway cluster from the local binaries, whatever DATABASE_URL
+    /// or Docker offer: one this process may stop and start.
+    pub fn start_local(options: ClusterOptions) -> Result<Postgres> {
+        let cluster = Cluster::start(options)?;
+        Ok(Postgres {
+            url: cluster.url(),
+            tls: cluster.tls,
+            origin: format!("throwaway cluster on port {}", cluster.port),
+            _cluster: Some(cluster),
+            #[cfg(feature = "docker")]
+            _container: None,
+        })
+    }
+
+    /// Stops the server (a cluster of this process only).
+    pub fn stop_server(&self) -> Result<()> {
+        self._cluster
+            .as_ref()
+            .context("only a throwaway cluster of this process can be stopped")?
+            .stop_server()
+    }
+
+    /// Starts the stopped server again.
+    pub fn start_server(&self) -> Result<()> {
+        self._cluster
+            .as_ref()
+            .context("only a throwaway cluster of this process can be started")?
+            .start_server()
+    }
+
     /// Uses `DATABASE_URL`, or starts a throwaway cluster.
     pub async fn start(options: ClusterOptions) -> Result<Postgres> {
         if let Ok(url) = std::env::var("DATABASE_URL") {
@@ -106,6 +136,8 @@ struct Cluster {
     run_as: Option<String>,
     /// Whether the server was given a certificate and serves TLS.
     tls: bool,
+    /// The server's `-o` options, to start it again the same way.
+    server_options: String,
 }
 
 /// Finds the directory holding `initdb` and `pg_ctl`: on `PATH`, or the
@@ -222,6 +254,7 @@ impl Cluster {
             version,
             run_as,
             tls: false,
+            server_options: String::new(),
         };
         if let Some(user) = &cluster.run_as {
             let status = Command::new("chown")
@@ -340,6 +373,12 @@ impl Cluster {
             server_options
                 .push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
         }
+        self.server_options = server_options;
+        self.start_server()
+    }
+
+    /// Starts the initialised server (again).
+    fn start_server(&self) -> Result<()> {
         let log = self.dir.join("server.log");
         let out = self
             .command("pg_ctl")
@@ -347,7 +386,7 @@ impl Cluster {
             .arg(self.data())
             .arg("-l")
             .arg(&log)
-            .args(["-o", &server_options])
+            .args(["-o", &self.server_options])
             .stdout(Stdio::null())
             .output()
             .context("running pg_ctl start")?;
@@ -355,6 +394,24 @@ impl Cluster {
             let server_log = std::fs::read_to_string(&log).unwrap_or_default();
             bail!(
                 "pg_ctl start failed:\n{}\nserver log:\n{server_log}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(())
+    }
+
+    /// Stops the server, dropping every connection (`-m fast`).
+    fn stop_server(&self) -> Result<()> {
+        let out = self
+            .command("pg_ctl")
+            .args(["stop", "-m", "fast", "-w", "-t", "60", "-D"])
+            .arg(self.data())
+            .stdout(Stdio::null())
+            .output()
+            .context("running pg_ctl stop")?;
+        if !out.status.success() {
+            bail!(
+                "pg_ctl stop failed: {}",
                 String::from_utf8_lossy(&out.stderr)
             );
         }
