@@ -5,7 +5,8 @@
 //! instead of an announced skip, so under test-pg no Postgres test is ever
 //! skipped. After the tests, the HTTP API is fuzzed from its OpenAPI
 //! document on the same server ([`crate::fuzz_api`]), and the dashboard
-//! is driven in headless Chromium ([`crate::dashboard_test`]).
+//! is driven in headless Chromium ([`crate::dashboard_test`]), and
+//! PostgreSQL is stopped mid-drain ([`crate::faults`]).
 
 use std::process::Command;
 
@@ -69,5 +70,7 @@ pub async fn run(extra: &[String]) -> Result<()> {
     let browsed =
         crate::dashboard_test::run(&pg.url, &crate::dashboard_test::default_shots()).await;
     drop(pg);
-    browsed
+    browsed?;
+    // Faults: PostgreSQL stopped mid-drain, on clusters of their own.
+    crate::faults::run().await
 }
