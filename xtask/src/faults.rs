@@ -1,7 +1,9 @@
 //! Faults injected into a running queue (`cargo xtask faults`, and the end
-//! of `cargo xtask test-pg`): PostgreSQL is stopped for ten seconds in the
-//! middle of a steady drain, in both modes, on a throwaway cluster of this
-//! process (the only kind it may stop). A producer enqueues 200 jobs a
+//! of `cargo xtask test-pg`), in both modes, each on a throwaway cluster of
+//! this process (the only kind it may stop): PostgreSQL stopped for ten
+//! seconds in the middle of a steady drain, and backends killed with
+//! `pg_terminate_backend` twice a second for twenty seconds (claims,
+//! completions, job transactions and the listener alike). A producer enqueues 200 jobs a
 //! second throughout (retrying while the server is down); a worker and a
 //! resetter drain them; every handler run is written to a ledger (in the
 //! job's transaction in transactional mode).
@@ -9,7 +11,9 @@
 //! Each run must end with every enqueued job completed (0 lost), the worker
 //! and the resetter still running (no restart needed), no job run twice in
 //! transactional mode (lease mode: reported), and the completion rate back
-//! to 90 % of its rate before the fault within 5 s of the server's return.
+//! to 90 % of its rate before the fault within 5 s of the fault's end;
+//! under backend kills the completions must keep up with 80 % of the
+//! offered load.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,6 +36,18 @@ const FAULT_AT: Duration = Duration::from_secs(8);
 const DOWN_FOR: Duration = Duration::from_secs(10);
 /// The recovery target after the server is back.
 const RECOVERY_TARGET: Duration = Duration::from_secs(5);
+
+/// What is done to the server.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Fault {
+    /// Stopped for DOWN_FOR, then started again.
+    Restart,
+    /// A random client backend killed every 500 ms for KILLS_FOR.
+    BackendKills,
+}
+
+/// How long backends are killed.
+const KILLS_FOR: Duration = Duration::from_secs(20);
 
 /// Records each run in the ledger.
 struct Ledger {
@@ -68,37 +84,54 @@ struct Figures {
     completed: i64,
     duplicates: i64,
     rate_before: f64,
+    /// Completions per second while the fault lasted.
+    rate_during: f64,
     recovery: Option<Duration>,
 }
 
 /// `cargo xtask faults`.
 pub async fn run() -> Result<()> {
     let mut failures = Vec::new();
-    for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
-        let pg = Postgres::start_local(ClusterOptions { durable: false }).context(
-            "the fault tests stop and start PostgreSQL, so they need its local binaries",
-        )?;
-        let figures = restart_mid_drain(&pg, mode).await?;
-        let lost = figures.enqueued as i64 - figures.completed;
-        let recovery = figures
-            .recovery
-            .map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
-        println!(
-            "faults: {mode:?}, PostgreSQL stopped {} s mid-drain: {} jobs enqueued, {lost} lost, {} run twice, \
-             recovery to 90 % of {:.0} jobs/s: {recovery} after the server was back",
-            DOWN_FOR.as_secs(),
-            figures.enqueued,
-            figures.duplicates,
-            figures.rate_before,
-        );
-        if lost != 0 {
-            failures.push(format!("{mode:?}: {lost} jobs lost"));
-        }
-        if mode == ExecutionMode::Transactional && figures.duplicates != 0 {
-            failures.push(format!("{mode:?}: {} jobs ran twice", figures.duplicates));
-        }
-        if figures.recovery.is_none_or(|d| d > RECOVERY_TARGET) {
-            failures.push(format!("{mode:?}: recovery {recovery}, target ≤ 5 s"));
+    for fault in [Fault::Restart, Fault::BackendKills] {
+        for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
+            let pg = Postgres::start_local(ClusterOptions { durable: false }).context(
+                "the fault tests stop and start PostgreSQL, so they need its local binaries",
+            )?;
+            let figures = drain_under(&pg, mode, fault).await?;
+            let lost = figures.enqueued as i64 - figures.completed;
+            let recovery = figures
+                .recovery
+                .map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+            let what = match fault {
+                Fault::Restart => format!("PostgreSQL stopped {} s mid-drain", DOWN_FOR.as_secs()),
+                Fault::BackendKills => format!(
+                    "a backend killed every 500 ms for {} s: {:.0} jobs/s completed during the kills ({:.0} % of the {RATE}/s offered)",
+                    KILLS_FOR.as_secs(),
+                    figures.rate_during,
+                    100.0 * figures.rate_during / RATE as f64
+                ),
+            };
+            println!(
+                "faults: {mode:?}, {what}: {} jobs enqueued, {lost} lost, {} run twice, \
+                 recovery to 90 % of {:.0} jobs/s: {recovery} after the fault ended",
+                figures.enqueued, figures.duplicates, figures.rate_before,
+            );
+            let name = format!("{mode:?} under {fault:?}");
+            if lost != 0 {
+                failures.push(format!("{name}: {lost} jobs lost"));
+            }
+            if mode == ExecutionMode::Transactional && figures.duplicates != 0 {
+                failures.push(format!("{name}: {} jobs ran twice", figures.duplicates));
+            }
+            if figures.recovery.is_none_or(|d| d > RECOVERY_TARGET) {
+                failures.push(format!("{name}: recovery {recovery}, target ≤ 5 s"));
+            }
+            if fault == Fault::BackendKills && figures.rate_during < 0.8 * RATE as f64 {
+                failures.push(format!(
+                    "{name}: {:.0} jobs/s completed during the kills, target ≥ 80 % of {RATE}/s",
+                    figures.rate_during
+                ));
+            }
         }
     }
     if !failures.is_empty() {
@@ -107,7 +140,7 @@ pub async fn run() -> Result<()> {
     Ok(())
 }
 
-async fn restart_mid_drain(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
+async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: Fault) -> Result<Figures> {
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(40)
@@ -184,15 +217,28 @@ async fn restart_mid_drain(pg: &Postgres, mode: ExecutionMode) -> Result<Figures
     let mut last = 0i64;
     let mut stopped_at = None;
     let mut back_at: Option<Instant> = None;
+    let lasts = match fault {
+        Fault::Restart => DOWN_FOR,
+        Fault::BackendKills => KILLS_FOR,
+    };
+    let killing = CancellationToken::new();
     loop {
         let now = started.elapsed();
         if stopped_at.is_none() && now >= FAULT_AT {
-            pg.stop_server()?;
+            match fault {
+                Fault::Restart => pg.stop_server()?,
+                Fault::BackendKills => {
+                    tokio::spawn(kill_backends(pg.url.clone(), killing.clone()));
+                }
+            }
             stopped_at = Some(Instant::now());
         }
         if let (Some(at), None) = (stopped_at, back_at) {
-            if at.elapsed() >= DOWN_FOR {
-                pg.start_server()?;
+            if at.elapsed() >= lasts {
+                match fault {
+                    Fault::Restart => pg.start_server()?,
+                    Fault::BackendKills => killing.cancel(),
+                }
                 back_at = Some(Instant::now());
             }
         }
@@ -244,6 +290,7 @@ async fn restart_mid_drain(pg: &Postgres, mode: ExecutionMode) -> Result<Figures
     let back = back_at
         .map(|b| b.duration_since(started))
         .unwrap_or_default();
+    let rate_during = (at(back) - at(FAULT_AT)) as f64 / lasts.as_secs_f64();
     let recovery = samples
         .iter()
         .filter(|(when, _)| *when >= back)
@@ -266,6 +313,27 @@ async fn restart_mid_drain(pg: &Postgres, mode: ExecutionMode) -> Result<Figures
         completed,
         duplicates,
         rate_before,
+        rate_during,
         recovery,
     })
+}
+
+/// Kills one random client backend of the database every 500 ms (never its
+/// own) until `stop`.
+async fn kill_backends(url: String, stop: CancellationToken) {
+    let Ok(pool) = PgPoolOptions::new().max_connections(1).connect(&url).await else {
+        return;
+    };
+    let kill = "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+                WHERE datname = current_database() AND pid <> pg_backend_pid() \
+                AND backend_type = 'client backend' ORDER BY random() LIMIT 1";
+    let mut ticks = tokio::time::interval(Duration::from_millis(500));
+    loop {
+        tokio::select! {
+            _ = stop.cancelled() => return,
+            _ = ticks.tick() => {
+                let _ = sqlx::query(kill).execute(&pool).await;
+            }
+        }
+    }
 }
