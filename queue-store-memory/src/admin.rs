@@ -251,10 +251,38 @@ impl Admin for MemoryStore {
         params: RetryParams,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<i64>, StoreError> {
+        // A job whose unique key another job holds is passed over: queued
+        // again, it would be a second job with the key. Keys taken by
+        // earlier jobs of the same call count too.
+        let (keys, holders) = {
+            let state = self.lock();
+            (
+                state.unique_keys(),
+                std::cell::RefCell::new(state.key_holders()),
+            )
+        };
+        let takes_key = |job: &Job| match keys.get(&job.id) {
+            None => true,
+            Some(key) => {
+                let mut holders = holders.borrow_mut();
+                match holders.get(key) {
+                    Some(holder) if *holder != job.id => false,
+                    _ => {
+                        holders.insert(key.clone(), job.id);
+                        true
+                    }
+                }
+            }
+        };
         Ok(self.write_jobs(
             targets,
-            |job| RETRYABLE_STATES.contains(&job.state),
-            &|job| retry(job, params, now),
+            |job| RETRYABLE_STATES.contains(&job.state) && takes_key(job),
+            &|job| {
+                if RETRYABLE_STATES.contains(&job.state) && !takes_key(job) {
+                    return Applied::No;
+                }
+                retry(job, params, now)
+            },
         ))
     }
 

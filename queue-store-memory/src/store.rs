@@ -95,6 +95,27 @@ impl State {
             .filter(|job| job.state == JobState::Processing && job.claim_token == lease.token)
     }
 
+    /// Each job's unique key, by job.
+    pub(crate) fn unique_keys(&self) -> HashMap<i64, String> {
+        self.extras
+            .iter()
+            .filter_map(|(id, e)| Some((*id, e.unique.as_ref()?.key.clone())))
+            .collect()
+    }
+
+    /// The holder of each unique key held (by a job in its key's scope).
+    pub(crate) fn key_holders(&self) -> HashMap<String, i64> {
+        self.extras
+            .iter()
+            .filter_map(|(id, e)| {
+                let unique = e.unique.as_ref()?;
+                let job = self.jobs.get(id)?;
+                let holds = unique.scope == UniqueScope::Forever || !job.state.is_terminal();
+                holds.then(|| (unique.key.clone(), *id))
+            })
+            .collect()
+    }
+
     /// The job that holds the unique key `key` in its scope, if any.
     fn holder_of(&self, key: &str) -> Option<i64> {
         self.extras.iter().find_map(|(id, extras)| {

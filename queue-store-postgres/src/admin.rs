@@ -505,6 +505,17 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
     }
 }
 
+/// Whether `error` is a unique violation (a second holder of a unique key).
+fn is_unique_violation(error: &StoreError) -> bool {
+    let StoreError::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|db| db.code().as_deref() == Some("23505"))
+}
+
 /// The arrays of the jobs' limits and expiry, for an enqueue's `param`.
 fn options_value<K>(jobs: &[NewJob], param: Param) -> Option<Value<K>> {
     match param {
@@ -717,14 +728,38 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         params: RetryParams,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<K>, StoreError> {
-        let changed = self
-            .write(
-                AdminWrite::Retry(params.reset_attempts),
-                targets,
-                limit_of(targets),
-                now,
-            )
-            .await?;
+        let write = AdminWrite::Retry(params.reset_attempts);
+        let changed = match self.write(write, targets, limit_of(targets), now).await {
+            // Two jobs of the batch share a unique key: the second would
+            // make a second holder. One job at a time, each statement sees
+            // the key the one before took.
+            Err(error) if is_unique_violation(&error) => {
+                let mut changed = Vec::new();
+                match targets {
+                    Targets::Ids(ids) => {
+                        for id in ids {
+                            let one = Targets::Ids(vec![id.clone()]);
+                            changed.extend(self.write(write, &one, 1, now).await?);
+                        }
+                    }
+                    Targets::Matching { filter, limit } => {
+                        for _ in 0..*limit {
+                            let one = Targets::Matching {
+                                filter: filter.clone(),
+                                limit: 1,
+                            };
+                            let done = self.write(write, &one, 1, now).await?;
+                            if done.is_empty() {
+                                break;
+                            }
+                            changed.extend(done);
+                        }
+                    }
+                }
+                changed
+            }
+            other => other?,
+        };
         Ok(ActionReport {
             changed: changed.len() as u64,
             stop_requested: 0,

@@ -1,9 +1,11 @@
 //! Faults injected into a running queue (`cargo xtask faults`, and the end
 //! of `cargo xtask test-pg`), in both modes, each on a throwaway cluster of
 //! this process (the only kind it may stop): PostgreSQL stopped for ten
-//! seconds in the middle of a steady drain, and backends killed with
+//! seconds in the middle of a steady drain, backends killed with
 //! `pg_terminate_backend` twice a second for twenty seconds (claims,
-//! completions, job transactions and the listener alike). A producer enqueues 200 jobs a
+//! completions, job transactions and the listener alike), and one of two
+//! worker processes (the `pg_worker` example) SIGKILLed every 3 s, five
+//! times, while jobs are enqueued. A producer enqueues 200 jobs a
 //! second throughout (retrying while the server is down); a worker and a
 //! resetter drain them; every handler run is written to a ledger (in the
 //! job's transaction in transactional mode).
@@ -44,6 +46,9 @@ enum Fault {
     Restart,
     /// A random client backend killed every 500 ms for KILLS_FOR.
     BackendKills,
+    /// A worker process (one of two) killed with SIGKILL every 3 s, five
+    /// times, while jobs are enqueued.
+    WorkerKills,
 }
 
 /// How long backends are killed.
@@ -89,19 +94,42 @@ struct Figures {
     recovery: Option<Duration>,
 }
 
-/// `cargo xtask faults`.
-pub async fn run() -> Result<()> {
+/// `cargo xtask faults [restart|backend-kills|worker-kills ...]`: the
+/// faults named, or all.
+pub async fn run(only: &[String]) -> Result<()> {
+    let named = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let faults: Vec<Fault> = [
+        ("restart", Fault::Restart),
+        ("backend-kills", Fault::BackendKills),
+        ("worker-kills", Fault::WorkerKills),
+    ]
+    .into_iter()
+    .filter(|(name, _)| named(name))
+    .map(|(_, fault)| fault)
+    .collect();
+    ensure!(
+        !faults.is_empty(),
+        "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills"
+    );
     let mut failures = Vec::new();
-    for fault in [Fault::Restart, Fault::BackendKills] {
+    for fault in faults {
         for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
             let pg = Postgres::start_local(ClusterOptions { durable: false }).context(
                 "the fault tests stop and start PostgreSQL, so they need its local binaries",
             )?;
-            let figures = drain_under(&pg, mode, fault).await?;
+            let figures = match fault {
+                Fault::WorkerKills => worker_kills(&pg, mode).await?,
+                Fault::Restart => drain_under(&pg, mode, ServerFault::Restart).await?,
+                Fault::BackendKills => drain_under(&pg, mode, ServerFault::BackendKills).await?,
+            };
             let lost = figures.enqueued as i64 - figures.completed;
-            let recovery = figures
-                .recovery
-                .map_or("never".to_owned(), |d| format!("{:.1} s", d.as_secs_f64()));
+            let recovery = match figures.recovery {
+                _ if fault == Fault::WorkerKills => {
+                    "not measured (one worker never stopped)".to_owned()
+                }
+                Some(d) => format!("{:.1} s", d.as_secs_f64()),
+                None => "never".to_owned(),
+            };
             let what = match fault {
                 Fault::Restart => format!("PostgreSQL stopped {} s mid-drain", DOWN_FOR.as_secs()),
                 Fault::BackendKills => format!(
@@ -109,6 +137,10 @@ pub async fn run() -> Result<()> {
                     KILLS_FOR.as_secs(),
                     figures.rate_during,
                     100.0 * figures.rate_during / RATE as f64
+                ),
+                Fault::WorkerKills => format!(
+                    "one of two worker processes SIGKILLed every 3 s, five times: {:.0} jobs/s completed meanwhile",
+                    figures.rate_during
                 ),
             };
             println!(
@@ -123,7 +155,7 @@ pub async fn run() -> Result<()> {
             if mode == ExecutionMode::Transactional && figures.duplicates != 0 {
                 failures.push(format!("{name}: {} jobs ran twice", figures.duplicates));
             }
-            if figures.recovery.is_none_or(|d| d > RECOVERY_TARGET) {
+            if fault != Fault::WorkerKills && figures.recovery.is_none_or(|d| d > RECOVERY_TARGET) {
                 failures.push(format!("{name}: recovery {recovery}, target ≤ 5 s"));
             }
             if fault == Fault::BackendKills && figures.rate_during < 0.8 * RATE as f64 {
@@ -140,7 +172,7 @@ pub async fn run() -> Result<()> {
     Ok(())
 }
 
-async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: Fault) -> Result<Figures> {
+async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> Result<Figures> {
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(40)
@@ -218,16 +250,16 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: Fault) -> Result
     let mut stopped_at = None;
     let mut back_at: Option<Instant> = None;
     let lasts = match fault {
-        Fault::Restart => DOWN_FOR,
-        Fault::BackendKills => KILLS_FOR,
+        ServerFault::Restart => DOWN_FOR,
+        ServerFault::BackendKills => KILLS_FOR,
     };
     let killing = CancellationToken::new();
     loop {
         let now = started.elapsed();
         if stopped_at.is_none() && now >= FAULT_AT {
             match fault {
-                Fault::Restart => pg.stop_server()?,
-                Fault::BackendKills => {
+                ServerFault::Restart => pg.stop_server()?,
+                ServerFault::BackendKills => {
                     tokio::spawn(kill_backends(pg.url.clone(), killing.clone()));
                 }
             }
@@ -236,8 +268,8 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: Fault) -> Result
         if let (Some(at), None) = (stopped_at, back_at) {
             if at.elapsed() >= lasts {
                 match fault {
-                    Fault::Restart => pg.start_server()?,
-                    Fault::BackendKills => killing.cancel(),
+                    ServerFault::Restart => pg.start_server()?,
+                    ServerFault::BackendKills => killing.cancel(),
                 }
                 back_at = Some(Instant::now());
             }
@@ -316,6 +348,148 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: Fault) -> Result
         rate_during,
         recovery,
     })
+}
+
+/// The `pg_worker` example, built for the worker processes.
+fn worker_binary() -> Result<std::path::PathBuf> {
+    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args([
+            "build",
+            "--quiet",
+            "-p",
+            "queue-store-postgres",
+            "--example",
+            "pg_worker",
+        ])
+        .status()
+        .context("building the pg_worker example")?;
+    ensure!(status.success(), "building the pg_worker example failed");
+    Ok(crate::served::target_dir()
+        .join("debug")
+        .join("examples")
+        .join("pg_worker"))
+}
+
+/// Starts a worker process over `faults.jobs` and waits for its first line.
+async fn spawn_worker(
+    binary: &std::path::Path,
+    url: &str,
+    mode: ExecutionMode,
+) -> Result<tokio::process::Child> {
+    use tokio::io::AsyncBufReadExt;
+    let mode = match mode {
+        ExecutionMode::Transactional => "transactional",
+        _ => "lease",
+    };
+    let mut child = tokio::process::Command::new(binary)
+        .args(["--schema", "faults", "--table", "jobs", "--mode", mode])
+        .args([
+            "--handlers",
+            "8",
+            "--sleep-ms",
+            "20",
+            "--stalled-max-age-ms",
+            "1000",
+        ])
+        .env("DATABASE_URL", url)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .context("starting a worker process")?;
+    let stdout = child.stdout.take().context("its output")?;
+    let mut lines = tokio::io::BufReader::new(stdout).lines();
+    let first = tokio::time::timeout(Duration::from_secs(30), lines.next_line())
+        .await
+        .context("the worker process did not start within 30 s")??
+        .unwrap_or_default();
+    ensure!(
+        first.starts_with("ready"),
+        "the worker process said {first:?}"
+    );
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    Ok(child)
+}
+
+/// Two worker processes drain a steady stream; one is SIGKILLed every 3 s,
+/// five times, and started again each time.
+async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
+    let binary = worker_binary()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(8)
+        .connect(&pg.url)
+        .await
+        .context("connecting to Postgres")?;
+    let table = JobTable::new("faults", "jobs")?;
+    table.migrate(&pool).await?;
+    let steady = spawn_worker(&binary, &pg.url, mode).await?;
+    let enqueued = Arc::new(AtomicUsize::new(0));
+    let producer = {
+        let (pool, table, enqueued) = (pool.clone(), table.clone(), enqueued.clone());
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let mut ticks = tokio::time::interval(Duration::from_millis(1000 / RATE));
+            let mut n = 0u64;
+            while started.elapsed() < Duration::from_secs(18) {
+                ticks.tick().await;
+                n += 1;
+                let job = NewJob::new("fault", serde_json::json!(n));
+                while table.enqueue(&pool, &job).await.is_err() {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                enqueued.fetch_add(1, Ordering::SeqCst);
+            }
+        })
+    };
+    let completed_sql = format!(
+        "SELECT count(*) FROM {} WHERE state = 'completed'",
+        table.name().quoted()
+    );
+    let started = Instant::now();
+    for _ in 0..5 {
+        let mut doomed = spawn_worker(&binary, &pg.url, mode).await?;
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        doomed.start_kill().context("SIGKILL")?;
+        doomed.wait().await?;
+    }
+    let killing = started.elapsed();
+    let completed_then: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+    producer.await?;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let completed: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+        if completed as usize >= enqueued.load(Ordering::SeqCst) {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "{mode:?}: {completed} of {} jobs completed a minute after the kills",
+            enqueued.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(steady);
+    let completed: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+    let duplicates: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM (SELECT job_id FROM \"faults\".\"runs\" GROUP BY job_id HAVING count(*) > 1) AS twice",
+    )
+    .fetch_one(&pool)
+    .await?;
+    Ok(Figures {
+        enqueued: enqueued.load(Ordering::SeqCst),
+        completed,
+        duplicates,
+        rate_before: RATE as f64,
+        rate_during: completed_then as f64 / killing.as_secs_f64(),
+        recovery: None,
+    })
+}
+
+/// What is done to the server itself during a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ServerFault {
+    Restart,
+    BackendKills,
 }
 
 /// Kills one random client backend of the database every 500 ms (never its

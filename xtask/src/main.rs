@@ -24,8 +24,10 @@ commands:
                    PostgreSQL binaries); ARGS go to `cargo test`; then fuzz
                    the HTTP API with schemathesis (a virtualenv in target/)
                    and test the dashboard in headless Chromium
-  faults           stop PostgreSQL mid-drain in both modes and check that
-                   nothing is lost and the drain recovers (own cluster)
+  faults [restart|backend-kills|worker-kills]
+                   in both modes, stop PostgreSQL mid-drain, kill backends,
+                   or SIGKILL worker processes, and check that nothing is
+                   lost and the drain recovers (clusters of its own)
   dashboard [--screenshots DIR]
                    the dashboard's browser test alone (screenshots to DIR,
                    default target/dashboard-shots)
@@ -74,7 +76,7 @@ fn main() -> Result<()> {
         Some("test-pg") => runtime.block_on(test_pg::run(&args[1..])),
         Some("demo") => runtime.block_on(demo::run(&args[1..])),
         Some("dashboard") => runtime.block_on(dashboard_test::command(&args[1..])),
-        Some("faults") => runtime.block_on(faults::run()),
+        Some("faults") => runtime.block_on(faults::run(&args[1..])),
         Some("bench") => runtime.block_on(bench::run(&args[1..])),
         Some("bench-memory-worker") => runtime.block_on(bench::memory_worker(&args[1..])),
         Some("help" | "--help" | "-h") | None => {

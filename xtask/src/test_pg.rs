@@ -72,5 +72,5 @@ pub async fn run(extra: &[String]) -> Result<()> {
     drop(pg);
     browsed?;
     // Faults: PostgreSQL stopped mid-drain, on clusters of their own.
-    crate::faults::run().await
+    crate::faults::run(&[]).await
 }

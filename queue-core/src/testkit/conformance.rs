@@ -1662,6 +1662,61 @@ pub async fn admin_unique_keys_hold_while_in_scope<H: Harness>(h: &H) {
     );
 }
 
+/// A retry passes over a job whose unique key another job holds, by key
+/// and in bulk, and of two failed jobs sharing a key retries one.
+pub async fn admin_retry_passes_over_jobs_whose_key_is_held<H: Harness>(h: &H) {
+    use crate::UniqueScope::Active;
+    let store = h.store().await;
+    let t = t0();
+    let keyed = |key: &str| NewJob::new("k", serde_json::json!(key)).unique(key, Active);
+    // Two jobs with key m fail one after the other; one with key k fails and
+    // a new job takes k.
+    let mut failed = Vec::new();
+    for key in ["k", "m", "m"] {
+        let id = h.enqueue(&store, keyed(key)).await;
+        let c = claim::<H>(&store, 1, t).await.pop().expect("the job");
+        end::<H>(&store, c, fail("x"), t).await;
+        failed.push(id);
+    }
+    let holder = h.enqueue(&store, keyed("k")).await;
+    let by_key = Admin::retry(
+        &store,
+        &Targets::id(failed[0].clone()),
+        RetryParams::default(),
+        t,
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(by_key.changed, 0, "job k's key is held by a newer job");
+    assert_eq!(by_key.skipped.len(), 1);
+    let bulk = Admin::retry(
+        &store,
+        &Targets::Matching {
+            filter: JobFilter::default().states([JobState::Failed]),
+            limit: 10,
+        },
+        RetryParams::default(),
+        t,
+    )
+    .await
+    .expect("bulk retry failed");
+    assert_eq!(bulk.changed, 1, "one of the two m jobs; not the k job");
+    let mut states = Vec::new();
+    for id in [&failed[1], &failed[2]] {
+        states.push(snapshot(h, &store, id).await.state);
+    }
+    assert_eq!(
+        states.iter().filter(|s| **s == JobState::Queued).count(),
+        1,
+        "exactly one m job queued again: {states:?}"
+    );
+    assert_eq!(
+        snapshot(h, &store, &failed[0]).await.state,
+        JobState::Failed
+    );
+    assert_eq!(snapshot(h, &store, &holder).await.state, JobState::Queued);
+}
+
 /// `reset` resets stalled jobs once, as the resetter does.
 pub async fn admin_reset_resets_stalled_jobs_once<H: Harness>(h: &H) {
     let store = h.store().await;
@@ -1721,6 +1776,7 @@ macro_rules! conformance_tests {
             admin_purge_deletes_old_finished_jobs_in_batches,
             admin_enqueue_adds_claimable_jobs,
             admin_unique_keys_hold_while_in_scope,
+            admin_retry_passes_over_jobs_whose_key_is_held,
             admin_timeline_counts_finished_jobs_per_interval,
             admin_reset_resets_stalled_jobs_once
         );

@@ -312,6 +312,9 @@ impl Model {
     /// canceled jobs are queued and due from `now`; returns whether it
     /// applied.
     pub fn retry(&mut self, index: usize, reset_attempts: bool, now: DateTime<Utc>) -> bool {
+        if self.key_held_by_another(index) {
+            return false;
+        }
         let job = &mut self.jobs[index];
         if !job.state.is_some_and(|s| RETRYABLE_STATES.contains(&s)) {
             return false;
@@ -335,18 +338,37 @@ impl Model {
         limit: usize,
         now: DateTime<Utc>,
     ) -> Vec<usize> {
-        let picked: Vec<usize> = (0..self.jobs.len())
-            .filter(|&i| {
-                self.jobs[i]
-                    .state
-                    .is_some_and(|s| states.contains(&s) && RETRYABLE_STATES.contains(&s))
-            })
-            .take(limit)
-            .collect();
-        for &i in &picked {
-            self.retry(i, false, now);
+        let mut picked = Vec::new();
+        for i in 0..self.jobs.len() {
+            if picked.len() == limit {
+                break;
+            }
+            let eligible = self.jobs[i]
+                .state
+                .is_some_and(|s| states.contains(&s) && RETRYABLE_STATES.contains(&s));
+            // A job whose key another job holds (one retried just before
+            // included) is passed over.
+            if eligible && self.retry(i, false, now) {
+                picked.push(i);
+            }
         }
         picked
+    }
+
+    /// Whether another job holds job `index`'s unique key.
+    fn key_held_by_another(&self, index: usize) -> bool {
+        let Some((key, _)) = self.jobs[index].unique else {
+            return false;
+        };
+        self.jobs.iter().enumerate().any(|(i, j)| {
+            i != index
+                && match (j.unique, j.state) {
+                    (Some((k, forever)), Some(state)) => {
+                        k == key && (forever || !state.is_terminal())
+                    }
+                    _ => false,
+                }
+        })
     }
 
     /// An operator purges up to `limit` jobs in `states` that finished

@@ -554,6 +554,27 @@ impl AdminStatements {
         if !from.is_empty() {
             conditions.push(self.state_in(&from));
         }
+        if let (AdminWrite::Retry(_), Some(key), Some(key_name)) = (
+            write,
+            names.at(Column::UniqueKey),
+            names.get(Column::UniqueKey),
+        ) {
+            // A job whose unique key another job holds stays where it is:
+            // queued again, it would be a second job with the key.
+            let id_name = names.get(Column::Id).unwrap_or("\"id\"");
+            let state_name = names.get(Column::State).unwrap_or("\"state\"");
+            let active = [JobState::Queued, JobState::Processing, JobState::Errored]
+                .map(|s| self.state_value(s))
+                .join(", ");
+            let holds = match names.get(Column::UniqueForever) {
+                Some(forever) => format!("(h.{forever} OR h.{state_name} IN ({active}))"),
+                None => format!("h.{state_name} IN ({active})"),
+            };
+            conditions.push(format!(
+                "({key} IS NULL OR NOT EXISTS (SELECT 1 FROM {table} AS h WHERE h.{key_name} = {key} \
+                 AND h.{id_name} <> {id} AND {holds}))"
+            ));
+        }
         if write == AdminWrite::RequestStop {
             let Some(cancel) = names.at(Column::Cancel) else {
                 return Ok(None);
