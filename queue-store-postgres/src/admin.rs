@@ -734,6 +734,10 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             // make a second holder. One job at a time, each statement sees
             // the key the one before took.
             Err(error) if is_unique_violation(&error) => {
+                // The failed statement's backend may still be releasing its
+                // row locks as the error arrives, and the statements below
+                // skip locked rows: give it a moment.
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
                 let mut changed = Vec::new();
                 match targets {
                     Targets::Ids(ids) => {
