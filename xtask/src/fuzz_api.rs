@@ -24,7 +24,22 @@ fn schemathesis(target: &Path) -> Result<PathBuf> {
     let venv = target.join("schemathesis-venv");
     let program = venv.join("bin").join("schemathesis");
     if program.is_file() {
-        return Ok(program);
+        // A virtualenv names its interpreter by absolute path: one moved
+        // with its target directory no longer runs, and is made again.
+        let runs = Command::new(&program)
+            .arg("--version")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if runs {
+            return Ok(program);
+        }
+        eprintln!(
+            "fuzz-api: {} does not run (moved?); making it again",
+            venv.display()
+        );
+        std::fs::remove_dir_all(&venv).with_context(|| format!("removing {}", venv.display()))?;
     }
     eprintln!(
         "fuzz-api: installing {SCHEMATHESIS} into {}",
