@@ -5,7 +5,8 @@
 //! `pg_terminate_backend` twice a second for twenty seconds (claims,
 //! completions, job transactions and the listener alike), and one of two
 //! worker processes (the `pg_worker` example) SIGKILLed every 3 s, five
-//! times, while jobs are enqueued. A producer enqueues 200 jobs a
+//! times, while jobs are enqueued, and every connection slot but three
+//! held for twenty seconds (no job may fail for it). A producer enqueues 200 jobs a
 //! second throughout (retrying while the server is down); a worker and a
 //! resetter drain them; every handler run is written to a ledger (in the
 //! job's transaction in transactional mode).
@@ -49,6 +50,9 @@ enum Fault {
     /// A worker process (one of two) killed with SIGKILL every 3 s, five
     /// times, while jobs are enqueued.
     WorkerKills,
+    /// All connection slots but three held by idle connections for
+    /// KILLS_FOR.
+    SlotsHeld,
 }
 
 /// How long backends are killed.
@@ -91,6 +95,8 @@ struct Figures {
     rate_before: f64,
     /// Completions per second while the fault lasted.
     rate_during: f64,
+    /// Jobs that ended failed.
+    failed: i64,
     recovery: Option<Duration>,
 }
 
@@ -102,6 +108,7 @@ pub async fn run(only: &[String]) -> Result<()> {
         ("restart", Fault::Restart),
         ("backend-kills", Fault::BackendKills),
         ("worker-kills", Fault::WorkerKills),
+        ("slots-held", Fault::SlotsHeld),
     ]
     .into_iter()
     .filter(|(name, _)| named(name))
@@ -109,7 +116,7 @@ pub async fn run(only: &[String]) -> Result<()> {
     .collect();
     ensure!(
         !faults.is_empty(),
-        "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills"
+        "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills, slots-held"
     );
     let mut failures = Vec::new();
     for fault in faults {
@@ -121,6 +128,7 @@ pub async fn run(only: &[String]) -> Result<()> {
                 Fault::WorkerKills => worker_kills(&pg, mode).await?,
                 Fault::Restart => drain_under(&pg, mode, ServerFault::Restart).await?,
                 Fault::BackendKills => drain_under(&pg, mode, ServerFault::BackendKills).await?,
+                Fault::SlotsHeld => drain_under(&pg, mode, ServerFault::SlotsHeld).await?,
             };
             let lost = figures.enqueued as i64 - figures.completed;
             let recovery = match figures.recovery {
@@ -142,6 +150,12 @@ pub async fn run(only: &[String]) -> Result<()> {
                     "one of two worker processes SIGKILLed every 3 s, five times: {:.0} jobs/s completed meanwhile",
                     figures.rate_during
                 ),
+                Fault::SlotsHeld => format!(
+                    "all connection slots but three held for {} s: {:.0} jobs/s completed meanwhile, {} jobs ended failed",
+                    KILLS_FOR.as_secs(),
+                    figures.rate_during,
+                    figures.failed
+                ),
             };
             println!(
                 "faults: {mode:?}, {what}: {} jobs enqueued, {lost} lost, {} run twice, \
@@ -151,6 +165,12 @@ pub async fn run(only: &[String]) -> Result<()> {
             let name = format!("{mode:?} under {fault:?}");
             if lost != 0 {
                 failures.push(format!("{name}: {lost} jobs lost"));
+            }
+            if fault == Fault::SlotsHeld && figures.failed != 0 {
+                failures.push(format!(
+                    "{name}: {} jobs failed for want of a connection",
+                    figures.failed
+                ));
             }
             if mode == ExecutionMode::Transactional && figures.duplicates != 0 {
                 failures.push(format!("{name}: {} jobs ran twice", figures.duplicates));
@@ -251,7 +271,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
     let mut back_at: Option<Instant> = None;
     let lasts = match fault {
         ServerFault::Restart => DOWN_FOR,
-        ServerFault::BackendKills => KILLS_FOR,
+        ServerFault::BackendKills | ServerFault::SlotsHeld => KILLS_FOR,
     };
     let killing = CancellationToken::new();
     loop {
@@ -262,6 +282,9 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
                 ServerFault::BackendKills => {
                     tokio::spawn(kill_backends(pg.url.clone(), killing.clone()));
                 }
+                ServerFault::SlotsHeld => {
+                    tokio::spawn(hold_slots(pg.url.clone(), killing.clone()));
+                }
             }
             stopped_at = Some(Instant::now());
         }
@@ -269,7 +292,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
             if at.elapsed() >= lasts {
                 match fault {
                     ServerFault::Restart => pg.start_server()?,
-                    ServerFault::BackendKills => killing.cancel(),
+                    ServerFault::BackendKills | ServerFault::SlotsHeld => killing.cancel(),
                 }
                 back_at = Some(Instant::now());
             }
@@ -346,6 +369,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
         duplicates,
         rate_before,
         rate_during,
+        failed: count_failed(&pool, &table).await?,
         recovery,
     })
 }
@@ -481,8 +505,19 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
         duplicates,
         rate_before: RATE as f64,
         rate_during: completed_then as f64 / killing.as_secs_f64(),
+        failed: count_failed(&pool, &table).await?,
         recovery: None,
     })
+}
+
+/// Jobs that ended failed.
+async fn count_failed(pool: &sqlx::PgPool, table: &JobTable) -> Result<i64> {
+    Ok(sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM {} WHERE state = 'failed'",
+        table.name().quoted()
+    ))
+    .fetch_one(pool)
+    .await?)
 }
 
 /// What is done to the server itself during a drain.
@@ -490,6 +525,23 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
 enum ServerFault {
     Restart,
     BackendKills,
+    SlotsHeld,
+}
+
+/// Opens connections until the server refuses more, gives three back, and
+/// holds the rest until `stop`.
+async fn hold_slots(url: String, stop: CancellationToken) {
+    use sqlx::Connection;
+    let mut held = Vec::new();
+    while let Ok(conn) = sqlx::PgConnection::connect(&url).await {
+        held.push(conn);
+        if held.len() >= 1000 {
+            break;
+        }
+    }
+    held.truncate(held.len().saturating_sub(3));
+    stop.cancelled().await;
+    drop(held);
 }
 
 /// Kills one random client backend of the database every 500 ms (never its

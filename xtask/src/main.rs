@@ -24,9 +24,10 @@ commands:
                    PostgreSQL binaries); ARGS go to `cargo test`; then fuzz
                    the HTTP API with schemathesis (a virtualenv in target/)
                    and test the dashboard in headless Chromium
-  faults [restart|backend-kills|worker-kills]
+  faults [restart|backend-kills|worker-kills|slots-held]
                    in both modes, stop PostgreSQL mid-drain, kill backends,
-                   or SIGKILL worker processes, and check that nothing is
+                   SIGKILL worker processes or hold the connection slots,
+                   and check that nothing is
                    lost and the drain recovers (clusters of its own)
   dashboard [--screenshots DIR]
                    the dashboard's browser test alone (screenshots to DIR,
