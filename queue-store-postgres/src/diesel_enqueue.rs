@@ -7,9 +7,9 @@
 use diesel::pg::Pg;
 use diesel::query_builder::BoxedSqlQuery;
 use diesel::sql_types::{Array, BigInt, Bool, Integer, Jsonb, Nullable, Text, Timestamptz};
-use queue_core::{Enqueued, NewJob, StoreError, UniqueScope};
+use queue_core::{Enqueued, NewJob, StoreError};
 
-use crate::enqueue::JobTable;
+use crate::enqueue::{FunctionArgs, JobTable};
 use crate::sql::default_table;
 
 /// One row of the enqueue function's answer.
@@ -19,6 +19,15 @@ struct Row {
     id: i64,
     #[diesel(sql_type = Bool)]
     inserted: bool,
+}
+
+impl Row {
+    fn enqueued(self) -> Enqueued<i64> {
+        Enqueued {
+            id: self.id,
+            inserted: self.inserted,
+        }
+    }
 }
 
 /// A diesel error as the store reports errors.
@@ -48,45 +57,18 @@ impl JobTable {
         jobs: &[NewJob],
     ) -> BoxedSqlQuery<'static, Pg, diesel::query_builder::SqlQuery> {
         let text = default_table::insert_with_options(self.name());
+        let args = FunctionArgs::new(jobs);
         diesel::sql_query(text)
             .into_boxed()
-            .bind::<Array<Text>, _>(jobs.iter().map(|j| j.kind.clone()).collect::<Vec<_>>())
-            .bind::<Array<Jsonb>, _>(jobs.iter().map(|j| j.payload.clone()).collect::<Vec<_>>())
-            .bind::<Array<Integer>, _>(jobs.iter().map(|j| j.priority).collect::<Vec<_>>())
-            .bind::<Array<Nullable<Timestamptz>>, _>(
-                jobs.iter().map(|j| j.process_after).collect::<Vec<_>>(),
-            )
-            .bind::<Array<Nullable<Text>>, _>(
-                jobs.iter()
-                    .map(|j| j.unique.as_ref().map(|u| u.key.clone()))
-                    .collect::<Vec<_>>(),
-            )
-            .bind::<Array<Bool>, _>(
-                jobs.iter()
-                    .map(|j| {
-                        j.unique
-                            .as_ref()
-                            .is_some_and(|u| u.scope == UniqueScope::Forever)
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .bind::<Array<Nullable<Integer>>, _>(
-                jobs.iter()
-                    .map(|j| {
-                        j.limits
-                            .max_attempts
-                            .map(|m| i32::try_from(m).unwrap_or(i32::MAX))
-                    })
-                    .collect::<Vec<_>>(),
-            )
-            .bind::<Array<Nullable<Timestamptz>>, _>(
-                jobs.iter().map(|j| j.expires_at).collect::<Vec<_>>(),
-            )
-            .bind::<Array<Bool>, _>(
-                jobs.iter()
-                    .map(|j| j.limits.at_most_once)
-                    .collect::<Vec<_>>(),
-            )
+            .bind::<Array<Text>, _>(args.kinds)
+            .bind::<Array<Jsonb>, _>(args.payloads)
+            .bind::<Array<Integer>, _>(args.priorities)
+            .bind::<Array<Nullable<Timestamptz>>, _>(args.afters)
+            .bind::<Array<Nullable<Text>>, _>(args.keys)
+            .bind::<Array<Bool>, _>(args.forever)
+            .bind::<Array<Nullable<Integer>>, _>(args.max_attempts)
+            .bind::<Array<Nullable<Timestamptz>>, _>(args.expires)
+            .bind::<Array<Bool>, _>(args.at_most_once)
     }
 
     /// Enqueues `jobs` on a diesel connection, inside whatever transaction
@@ -118,13 +100,7 @@ impl JobTable {
             return Ok(Vec::new());
         }
         let rows: Vec<Row> = self.diesel_query(jobs).load(conn).map_err(store_error)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Enqueued {
-                id: r.id,
-                inserted: r.inserted,
-            })
-            .collect())
+        Ok(rows.into_iter().map(Row::enqueued).collect())
     }
 
     /// [`JobTable::enqueue_diesel`] on a `diesel_async` connection.
@@ -143,12 +119,6 @@ impl JobTable {
             .load(conn)
             .await
             .map_err(store_error)?;
-        Ok(rows
-            .into_iter()
-            .map(|r| Enqueued {
-                id: r.id,
-                inserted: r.inserted,
-            })
-            .collect())
+        Ok(rows.into_iter().map(Row::enqueued).collect())
     }
 }

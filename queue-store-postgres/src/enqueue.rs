@@ -10,6 +10,54 @@ use crate::migrate::Migration;
 use crate::options::PgStoreOptions;
 use crate::sql::default_table;
 
+/// The arrays the default table's enqueue function takes, one element per
+/// job, in its parameters' order (`default_table::insert_with_options`):
+/// built once here for sqlx and for diesel.
+pub(crate) struct FunctionArgs {
+    pub kinds: Vec<String>,
+    pub payloads: Vec<serde_json::Value>,
+    pub priorities: Vec<i32>,
+    pub afters: Vec<Option<DateTime<Utc>>>,
+    pub keys: Vec<Option<String>>,
+    pub forever: Vec<bool>,
+    pub max_attempts: Vec<Option<i32>>,
+    pub expires: Vec<Option<DateTime<Utc>>>,
+    pub at_most_once: Vec<bool>,
+}
+
+impl FunctionArgs {
+    pub(crate) fn new(jobs: &[NewJob]) -> Self {
+        FunctionArgs {
+            kinds: jobs.iter().map(|j| j.kind.clone()).collect(),
+            payloads: jobs.iter().map(|j| j.payload.clone()).collect(),
+            priorities: jobs.iter().map(|j| j.priority).collect(),
+            afters: jobs.iter().map(|j| j.process_after).collect(),
+            keys: jobs
+                .iter()
+                .map(|j| j.unique.as_ref().map(|u| u.key.clone()))
+                .collect(),
+            forever: jobs
+                .iter()
+                .map(|j| {
+                    j.unique
+                        .as_ref()
+                        .is_some_and(|u| u.scope == UniqueScope::Forever)
+                })
+                .collect(),
+            max_attempts: jobs
+                .iter()
+                .map(|j| {
+                    j.limits
+                        .max_attempts
+                        .map(|m| i32::try_from(m).unwrap_or(i32::MAX))
+                })
+                .collect(),
+            expires: jobs.iter().map(|j| j.expires_at).collect(),
+            at_most_once: jobs.iter().map(|j| j.limits.at_most_once).collect(),
+        }
+    }
+}
+
 /// Whether the job sets an option the plain insert does not write.
 fn has_options(job: &NewJob) -> bool {
     job.unique.is_some() || job.limits != JobLimits::default() || job.expires_at.is_some()
@@ -177,42 +225,17 @@ impl JobTable {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let kinds: Vec<&str> = jobs.iter().map(|j| j.kind.as_str()).collect();
-        let payloads: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.payload).collect();
-        let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
-        let afters: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.process_after).collect();
-        let keys: Vec<Option<&str>> = jobs
-            .iter()
-            .map(|j| j.unique.as_ref().map(|u| u.key.as_str()))
-            .collect();
-        let forever: Vec<bool> = jobs
-            .iter()
-            .map(|j| {
-                j.unique
-                    .as_ref()
-                    .is_some_and(|u| u.scope == UniqueScope::Forever)
-            })
-            .collect();
-        let max_attempts: Vec<Option<i32>> = jobs
-            .iter()
-            .map(|j| {
-                j.limits
-                    .max_attempts
-                    .map(|m| i32::try_from(m).unwrap_or(i32::MAX))
-            })
-            .collect();
-        let expires: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.expires_at).collect();
-        let at_most_once: Vec<bool> = jobs.iter().map(|j| j.limits.at_most_once).collect();
+        let args = FunctionArgs::new(jobs);
         let rows = sqlx::query(&self.insert_with_options)
-            .bind(kinds)
-            .bind(payloads)
-            .bind(priorities)
-            .bind(afters)
-            .bind(keys)
-            .bind(forever)
-            .bind(max_attempts)
-            .bind(expires)
-            .bind(at_most_once)
+            .bind(args.kinds)
+            .bind(args.payloads)
+            .bind(args.priorities)
+            .bind(args.afters)
+            .bind(args.keys)
+            .bind(args.forever)
+            .bind(args.max_attempts)
+            .bind(args.expires)
+            .bind(args.at_most_once)
             .fetch_all(executor)
             .await
             .map_err(|e| store_error("enqueueing unique jobs", e))?;

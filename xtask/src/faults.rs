@@ -18,7 +18,7 @@
 //! under backend kills the completions must keep up with 80 % of the
 //! offered load.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -233,30 +233,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
 
     // The producer: RATE jobs a second, each enqueue retried until it lands.
     let enqueued = Arc::new(AtomicUsize::new(0));
-    let producing = Arc::new(AtomicBool::new(true));
-    let producer = {
-        let (pool, table, enqueued, producing) = (
-            pool.clone(),
-            table.clone(),
-            enqueued.clone(),
-            producing.clone(),
-        );
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let mut ticks = tokio::time::interval(Duration::from_millis(1000 / RATE));
-            let mut n = 0u64;
-            while started.elapsed() < PRODUCE {
-                ticks.tick().await;
-                n += 1;
-                let job = NewJob::new("fault", serde_json::json!(n));
-                while table.enqueue(&pool, &job).await.is_err() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                enqueued.fetch_add(1, Ordering::SeqCst);
-            }
-            producing.store(false, Ordering::SeqCst);
-        })
-    };
+    let producer = spawn_producer(&pool, &table, PRODUCE, enqueued.clone());
 
     // Completions sampled every 250 ms (a failed read, while the server is
     // down, counts as no change).
@@ -304,7 +281,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
             last = count;
         }
         samples.push((started.elapsed(), last));
-        let done = !producing.load(Ordering::SeqCst)
+        let done = producer.is_finished()
             && back_at.is_some()
             && last as usize >= enqueued.load(Ordering::SeqCst);
         if done {
@@ -448,23 +425,7 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
     table.migrate(&pool).await?;
     let steady = spawn_worker(&binary, &pg.url, mode).await?;
     let enqueued = Arc::new(AtomicUsize::new(0));
-    let producer = {
-        let (pool, table, enqueued) = (pool.clone(), table.clone(), enqueued.clone());
-        tokio::spawn(async move {
-            let started = Instant::now();
-            let mut ticks = tokio::time::interval(Duration::from_millis(1000 / RATE));
-            let mut n = 0u64;
-            while started.elapsed() < Duration::from_secs(18) {
-                ticks.tick().await;
-                n += 1;
-                let job = NewJob::new("fault", serde_json::json!(n));
-                while table.enqueue(&pool, &job).await.is_err() {
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                enqueued.fetch_add(1, Ordering::SeqCst);
-            }
-        })
-    };
+    let producer = spawn_producer(&pool, &table, Duration::from_secs(18), enqueued.clone());
     let completed_sql = format!(
         "SELECT count(*) FROM {} WHERE state = 'completed'",
         table.name().quoted()
@@ -518,6 +479,31 @@ async fn count_failed(pool: &sqlx::PgPool, table: &JobTable) -> Result<i64> {
     ))
     .fetch_one(pool)
     .await?)
+}
+
+/// Offers RATE jobs a second for `lasting`, each enqueue retried until it
+/// lands (the server may be down), counting them in `enqueued`.
+fn spawn_producer(
+    pool: &sqlx::PgPool,
+    table: &JobTable,
+    lasting: Duration,
+    enqueued: Arc<AtomicUsize>,
+) -> tokio::task::JoinHandle<()> {
+    let (pool, table) = (pool.clone(), table.clone());
+    tokio::spawn(async move {
+        let started = Instant::now();
+        let mut ticks = tokio::time::interval(Duration::from_millis(1000 / RATE));
+        let mut n = 0u64;
+        while started.elapsed() < lasting {
+            ticks.tick().await;
+            n += 1;
+            let job = NewJob::new("fault", serde_json::json!(n));
+            while table.enqueue(&pool, &job).await.is_err() {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            enqueued.fetch_add(1, Ordering::SeqCst);
+        }
+    })
 }
 
 /// What is done to the server itself during a drain.
