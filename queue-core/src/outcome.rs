@@ -8,6 +8,7 @@
 //! | panic, unclassified error         | per [`UnclassifiedPolicy`]        | as above      |
 //! | cancellation                      | canceled                          | `canceled`    |
 //! | worker shutting down              | queued again                      | `released`    |
+//! | cut off by the store (connection lost) | queued again, nothing counted | `interrupted` |
 //! | job deleted or reclaimed meanwhile| nothing is written                | `lost`        |
 
 use std::time::Duration;
@@ -36,6 +37,11 @@ pub enum AttemptEnd {
     Undecodable(DecodeError),
     /// The worker is shutting down and hands the job back.
     Released,
+    /// The store cut the attempt off (see [`Store::attempt_cut_off`]): the
+    /// handler's error was the store's; why.
+    ///
+    /// [`Store::attempt_cut_off`]: crate::Store::attempt_cut_off
+    Interrupted(String),
     /// The job was deleted or reclaimed while running.
     Lost,
 }
@@ -80,6 +86,13 @@ pub enum Outcome {
     },
     /// Handed back to the queue unfinished.
     Released,
+    /// Cut off by the store (the job's connection to the database failed)
+    /// and handed back to the queue, counting neither a failure nor a
+    /// reset: the attempt's writes were rolled back, and the job runs again.
+    Interrupted {
+        /// What cut it off.
+        message: String,
+    },
     /// Deleted or reclaimed while running; nothing was written.
     Lost,
 }
@@ -94,6 +107,7 @@ impl Outcome {
             Outcome::Poisoned { .. } => "poison",
             Outcome::Canceled { .. } => "canceled",
             Outcome::Released => "released",
+            Outcome::Interrupted { .. } => "interrupted",
             Outcome::Lost => "lost",
         }
     }
@@ -112,7 +126,7 @@ impl Outcome {
             Outcome::Canceled { message } => Transition::Cancel {
                 message: message.clone(),
             },
-            Outcome::Released => Transition::Release,
+            Outcome::Released | Outcome::Interrupted { .. } => Transition::Release,
             Outcome::Lost => return None,
         })
     }
@@ -214,6 +228,11 @@ impl OutcomePolicy {
                 message: error.to_string(),
             },
             AttemptEnd::Released => Outcome::Released,
+            // Started: handing it back would start it again.
+            AttemptEnd::Interrupted(why) if limits.at_most_once => Outcome::Failed {
+                message: format!("{why} (an at-most-once job is never started twice)"),
+            },
+            AttemptEnd::Interrupted(message) => Outcome::Interrupted { message },
             AttemptEnd::Lost => Outcome::Lost,
         }
     }
@@ -289,5 +308,30 @@ mod tests {
     fn lost_jobs_write_nothing_and_released_jobs_requeue() {
         assert_eq!(Outcome::Lost.transition(), None);
         assert_eq!(Outcome::Released.transition(), Some(Transition::Release));
+    }
+
+    #[test]
+    fn an_attempt_cut_off_by_the_store_is_handed_back_uncounted_unless_at_most_once() {
+        let policy = OutcomePolicy::default();
+        let why = || AttemptEnd::Interrupted("the job's connection failed".into());
+        let out = policy.decide(why(), 6, now(), 0.5);
+        assert_eq!(
+            out,
+            Outcome::Interrupted {
+                message: "the job's connection failed".into()
+            },
+            "even on the last attempt: the store's fault costs the job nothing"
+        );
+        assert_eq!(out.transition(), Some(Transition::Release));
+        assert_eq!(out.label(), "interrupted");
+        let once = JobLimits {
+            at_most_once: true,
+            ..JobLimits::default()
+        };
+        let out = policy.decide_for(why(), 1, once, now(), 0.5);
+        assert!(
+            matches!(&out, Outcome::Failed { message } if message.contains("never started twice")),
+            "{out:?}"
+        );
     }
 }

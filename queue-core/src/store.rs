@@ -182,6 +182,39 @@ pub trait Store: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<WriteResult, StoreError>;
 
+    /// Records `transition` for the attempt held by `lease` once more, after
+    /// [`Store::finish`] failed with a retryable error (see
+    /// [`StoreError::is_retryable`]); guarded like it. The job store that
+    /// finish consumed is gone, and with it any transaction of the
+    /// handler's (rolled back, or lost with its connection), so this writes
+    /// outside any job transaction. The worker retries a failed finish this
+    /// way for a few seconds before it leaves the job to the resetter; a
+    /// finish of [`Transition::Complete`] whose transaction the handler
+    /// wrote in is retried as [`Transition::Release`], since completing it
+    /// now would complete it without the handler's writes.
+    async fn finish_again(
+        &self,
+        lease: &Lease<Self::Id>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError>;
+
+    /// After an attempt whose handler returned an error: whether the store
+    /// cut the attempt off, so that the error is the store's and not the
+    /// handler's (`Some`: why). A store that can tell ends the attempt's
+    /// store-side work here: the transactional Postgres store rolls the
+    /// job's transaction back, and a connection found dead, or a
+    /// transaction that could not be opened for want of one, means the
+    /// attempt was cut off. The worker then hands the job back
+    /// ([`Outcome::Interrupted`](crate::Outcome::Interrupted)), counting
+    /// neither a failure nor a reset. (The worker also treats a handler's
+    /// error that carries a [`StoreError::Unavailable`] as cut off.) The
+    /// default says the error is the handler's.
+    async fn attempt_cut_off(&self, job_store: &mut Self::JobStore) -> Option<String> {
+        let _ = job_store;
+        None
+    }
+
     /// Whether finishing the attempt in `job_store` ends a transaction the
     /// handler wrote in (the transactional Postgres store once the handler
     /// opened it). The worker then keeps the handler's slot until

@@ -24,6 +24,7 @@ use crate::options::{Column, PgStoreOptions};
 use crate::record::PgKey;
 use crate::sql::admin::{AdminStatements, AdminWrite, Pick};
 use crate::sql::{catalog, Param, Statement, TableShape};
+use crate::stash::OnLiveConnection;
 use crate::unique::{align, Answer, UNSEEN_HOLDER};
 
 struct Inner {
@@ -470,16 +471,25 @@ impl<K: PgKey> PgAdmin<K> {
         let Some(statement) = &self.inner.sql.expire else {
             return Ok(Vec::new());
         };
-        let rows = query::<K>(statement, |p| match p {
-            Param::Now => Some(Value::Time(self.to_db(now))),
-            Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
-            Param::Message => Some(Value::Text(EXPIRED_MESSAGE.to_owned())),
-            Param::State(s) => Some(state::<K>(&self.inner.options.states, s)),
-            _ => None,
-        })?
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("failing expired jobs", e))?;
+        let context = "failing expired jobs";
+        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        let rows = loop {
+            let mut conn = tries.connection().await?;
+            let expire = query::<K>(statement, |p| match p {
+                Param::Now => Some(Value::Time(self.to_db(now))),
+                Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
+                Param::Message => Some(Value::Text(EXPIRED_MESSAGE.to_owned())),
+                Param::State(s) => Some(state::<K>(&self.inner.options.states, s)),
+                _ => None,
+            })?;
+            let done = expire
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
         rows.iter()
             .map(|row| {
                 row.try_get(0)
@@ -815,21 +825,30 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         // written on: a resetter whose clock runs ahead resets no healthy
         // job early.
         self.inner.offset.refresh(&self.inner.pool).await?;
-        let rows = query(statement, |p| match p {
-            Param::State(s) => Some(state::<K>(states, s)),
-            Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
-            Param::MaxResets => Some(Value::Int4(
-                i32::try_from(params.max_resets).unwrap_or(i32::MAX),
-            )),
-            Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
-            Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
-            Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
-            Param::Now => Some(Value::Time(self.to_db(params.now))),
-            _ => None,
-        })?
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("resetting stalled jobs", e))?;
+        let context = "resetting stalled jobs";
+        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        let rows = loop {
+            let mut conn = tries.connection().await?;
+            let reset = query(statement, |p| match p {
+                Param::State(s) => Some(state::<K>(states, s)),
+                Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
+                Param::MaxResets => Some(Value::Int4(
+                    i32::try_from(params.max_resets).unwrap_or(i32::MAX),
+                )),
+                Param::AtMostOnce => Some(Value::Bool(params.delivery == Delivery::AtMostOnce)),
+                Param::MaxResetsMessage => Some(Value::Text(MAX_RESETS_MESSAGE.to_owned())),
+                Param::AtMostOnceMessage => Some(Value::Text(AT_MOST_ONCE_MESSAGE.to_owned())),
+                Param::Now => Some(Value::Time(self.to_db(params.now))),
+                _ => None,
+            })?;
+            let done = reset
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
         let mut report = ResetReport::default();
         for row in &rows {
             let id: K = row

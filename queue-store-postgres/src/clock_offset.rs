@@ -20,6 +20,7 @@ use queue_core::{Clock, StoreError, SystemClock};
 use sqlx::PgPool;
 
 use crate::error::store_error;
+use crate::stash::OnLiveConnection;
 
 /// Offsets smaller than this are taken as none.
 const NEGLIGIBLE: TimeDelta = TimeDelta::seconds(1);
@@ -99,10 +100,18 @@ impl ClockOffset {
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
         let before = clock.now();
-        let database: DateTime<Utc> = sqlx::query_scalar("SELECT statement_timestamp()")
-            .fetch_one(pool)
-            .await
-            .map_err(|e| store_error("reading the database's clock", e))?;
+        let context = "reading the database's clock";
+        let mut tries = OnLiveConnection::new(pool, context);
+        let database: DateTime<Utc> = loop {
+            let mut conn = tries.connection().await?;
+            let done = sqlx::query_scalar("SELECT statement_timestamp()")
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
         let after = clock.now();
         let ours = before + (after - before) / 2;
         let offset = database - ours;

@@ -186,16 +186,7 @@ pub(crate) async fn complete_batches<K: PgKey>(
             }
         }
         let (rows, replies): (Vec<_>, Vec<_>) = batch.into_iter().map(|c| (c.row, c.reply)).unzip();
-        let written = match stash.take().await {
-            Ok(mut conn) => {
-                let written = run_finish(&sql, &states, &mut conn, &rows).await;
-                if written.is_ok() {
-                    stash.put(conn);
-                }
-                written
-            }
-            Err(error) => Err(store_error("recording job outcomes", error)),
-        };
+        let written = write_outcomes(&stash, &sql, &states, &rows).await;
         match written {
             Ok(applied) => {
                 for (row, reply) in rows.iter().zip(replies) {
@@ -211,6 +202,42 @@ pub(crate) async fn complete_batches<K: PgKey>(
                 for reply in replies {
                     let _ = reply.send(Err(copy_error(&error)));
                 }
+            }
+        }
+    }
+}
+
+/// Writes a batch of outcomes on a stashed connection; if that connection
+/// turns out dead (its backend was killed while it waited), once more on a
+/// new one. The finish statements are guarded, so writing again is safe.
+async fn write_outcomes<K: PgKey>(
+    stash: &Stash,
+    sql: &Statements,
+    states: &StateValues,
+    rows: &[FinishRow<K>],
+) -> Result<HashSet<K>, StoreError> {
+    let mut lent = stash
+        .take()
+        .await
+        .map_err(|e| store_error("recording job outcomes", e))?;
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        match run_finish(sql, states, &mut lent.conn, rows).await {
+            Ok(applied) => {
+                stash.put(lent);
+                return Ok(applied);
+            }
+            Err(error) => {
+                let connection_failed = matches!(error, StoreError::Unavailable { .. });
+                stash.put_after(lent, connection_failed);
+                if !connection_failed || tries > 1 {
+                    return Err(error);
+                }
+                lent = stash
+                    .take_new()
+                    .await
+                    .map_err(|e| store_error("recording job outcomes", e))?;
             }
         }
     }

@@ -65,31 +65,40 @@ impl From<OptionsError> for StoreError {
     }
 }
 
+/// Whether `error` says the connection itself failed (the server closed it,
+/// is shutting down or restarting, or the socket broke), rather than the
+/// statement: the same statement may succeed on another connection, and
+/// this one is of no further use.
+pub(crate) fn is_connection_fault(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Io(_) | sqlx::Error::Tls(_) | sqlx::Error::WorkerCrashed => true,
+        sqlx::Error::Database(db) => matches!(
+            db.code().as_deref(),
+            Some("57P01" | "57P02" | "57P03" | "08000" | "08003" | "08006")
+        ),
+        _ => false,
+    }
+}
+
 /// Maps a sqlx error onto the store's error kinds: lost connections are
 /// `Unavailable`, serialization failures and deadlocks `Conflict`, undefined
 /// tables, columns, types and functions `Config`, the rest `Backend`.
 pub(crate) fn store_error(context: &str, error: sqlx::Error) -> StoreError {
     let context = context.to_owned();
-    match &error {
-        sqlx::Error::Io(_)
-        | sqlx::Error::Tls(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => StoreError::Unavailable {
+    if is_connection_fault(&error)
+        || matches!(error, sqlx::Error::PoolTimedOut | sqlx::Error::PoolClosed)
+    {
+        return StoreError::Unavailable {
             context,
             source: Box::new(error),
-        },
+        };
+    }
+    match &error {
         sqlx::Error::Database(db) => match db.code().as_deref() {
             Some("40001" | "40P01" | "55P03") => StoreError::Conflict {
                 context,
                 source: Box::new(error),
             },
-            Some("57P01" | "57P02" | "57P03" | "08000" | "08003" | "08006") => {
-                StoreError::Unavailable {
-                    context,
-                    source: Box::new(error),
-                }
-            }
             Some("42P01" | "42703" | "42704" | "42883" | "3F000") => {
                 StoreError::Config(format!("{context}: {}", db.message()))
             }

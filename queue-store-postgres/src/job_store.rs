@@ -5,10 +5,16 @@
 //! when the handler first asks for it, and `EXECUTE complete(..); COMMIT AND
 //! CHAIN` when the attempt completes (see [`crate::sql::prepared`]). The
 //! chained transaction stays open, empty, on the connection, so the next
-//! job on it locks its row without a `BEGIN`. A connection prepares the two
-//! statements the first time it runs one; if they never stick (a pooler that
+//! job on it locks its row without a `BEGIN`. A connection the stash does
+//! not know to hold the two statements prepares them in the same round trip
+//! (`DO ..; BEGIN; EXECUTE lock(..)`); if they never stick (a pooler that
 //! hands out another server connection per transaction), the store goes
 //! back to four bound statements for good.
+//!
+//! A stashed connection whose backend died while it waited is replaced
+//! before the job's transaction opens, and an attempt cut off by a failed
+//! connection is told apart from a handler's failure
+//! ([`PgJobStore::cut_off`]).
 //!
 //! With lock rides on (off by default), a job's lock may instead ride on
 //! another job's commit, saving its round trip (see [`crate::ride`]).
@@ -19,19 +25,18 @@ use std::sync::Arc;
 use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
 use queue_core::{Lease, StoreError, WriteResult};
-use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
-use sqlx::{Executor, PgConnection, PgPool, Postgres, TransactionManager};
+use sqlx::{Executor, PgConnection, PgPool, TransactionManager};
 
 use crate::bind::{lease_value, query};
 use crate::completer::{run_finish, FinishRow};
-use crate::error::store_error;
+use crate::error::{is_connection_fault, store_error};
 use crate::options::StateValues;
 use crate::record::PgKey;
 use crate::ride::{Arrival, OpenGuard, Rides};
 use crate::sql::prepared::NOT_HELD;
 use crate::sql::{literal, Param, Statements};
-use crate::stash::Stash;
+use crate::stash::{Lent, Stash};
 
 /// The store as a handler sees it for one job.
 ///
@@ -50,17 +55,18 @@ pub struct PgJobStore<K = i64> {
     /// What opening the transaction needs; `None` in lease mode and for
     /// job stores outside any claim.
     claim: Option<JobClaim<K>>,
+    /// Why the transaction could not be opened, when its connection failed.
+    cut_off: Option<String>,
 }
 
 /// A job's open transaction.
 #[derive(Debug)]
 struct OpenTransaction {
     /// sqlx tracks the transaction on the connection, so a handler's own
-    /// `begin()` on it makes a savepoint.
-    conn: PoolConnection<Postgres>,
-    /// Whether the connection has the prepared statements (the transaction
-    /// was opened by one).
-    prepared: bool,
+    /// `begin()` on it makes a savepoint. `prepared`: the transaction was
+    /// opened by the prepared lock, and completes by the prepared
+    /// completion.
+    lent: Lent,
     /// Counts the transaction as open for the store's rides.
     _open: Option<OpenGuard>,
 }
@@ -111,7 +117,7 @@ impl<K> Drop for PgJobStore<K> {
         // attempt): the rollback goes out when the pool next pings the
         // connection, which is at once.
         if let Some(mut tx) = self.tx.take() {
-            PgTransactionManager::start_rollback(&mut tx.conn);
+            PgTransactionManager::start_rollback(&mut tx.lent.conn);
         }
     }
 }
@@ -123,27 +129,24 @@ enum Ending {
     RollBack,
 }
 
-/// Ends the job's transaction on `conn` and hands the connection back; a
+/// Ends the job's transaction on `lent` and hands the connection back; a
 /// connection that fails to end it is closed (the server then rolls back).
-async fn end_transaction(
-    mut conn: PoolConnection<Postgres>,
-    stash: &Stash,
-    ending: Ending,
-) -> Result<(), sqlx::Error> {
+async fn end_transaction(mut lent: Lent, stash: &Stash, ending: Ending) -> Result<(), sqlx::Error> {
     let ended = match ending {
-        Ending::Commit => PgTransactionManager::commit(&mut conn).await,
-        Ending::RollBack => PgTransactionManager::rollback(&mut conn).await,
+        Ending::Commit => PgTransactionManager::commit(&mut lent.conn).await,
+        Ending::RollBack => PgTransactionManager::rollback(&mut lent.conn).await,
     };
     match ended {
-        Ok(()) => stash.put(conn),
-        Err(_) => conn.close_on_drop(),
+        Ok(()) => stash.put(lent),
+        Err(_) => lent.conn.close_on_drop(),
     }
     ended
 }
 
 /// Gives up a connection whose transaction failed midway: closed, so the
 /// server rolls back and the pool never sees it again.
-fn discard(mut conn: PoolConnection<Postgres>) {
+fn discard(lent: Lent) {
+    let mut conn = lent.conn;
     PgTransactionManager::start_rollback(&mut conn);
     conn.close_on_drop();
 }
@@ -200,15 +203,21 @@ fn execute_lock<K: PgKey>(claim: &JobClaim<K>) -> Result<String, StoreError> {
         .ok_or_else(unbound)
 }
 
-/// `BEGIN; EXECUTE lock(..)` in one round trip. A failed lock leaves the
+/// `BEGIN; EXECUTE lock(..)` in one round trip, preceded by the `DO` block
+/// that prepares the statements when `prepare`. A failed lock leaves the
 /// connection out of any transaction.
 async fn begin_prepared<K: PgKey>(
     conn: &mut PgConnection,
     claim: &JobClaim<K>,
+    prepare: bool,
 ) -> Result<Locked, StoreError> {
     let lock = execute_lock(claim)?;
-    let error = match PgTransactionManager::begin(conn, Some(format!("BEGIN; {lock}").into())).await
-    {
+    let text = if prepare {
+        format!("{}; BEGIN; {lock}", claim.sql.prepare_held)
+    } else {
+        format!("BEGIN; {lock}")
+    };
+    let error = match PgTransactionManager::begin(conn, Some(text.into())).await {
         Ok(()) => return Ok(Locked::Held),
         Err(error) => error,
     };
@@ -227,39 +236,23 @@ async fn begin_prepared<K: PgKey>(
     Ok(locked)
 }
 
-/// Prepares the job transaction's statements on `conn` (each one that is
-/// not there already).
-async fn prepare(conn: &mut PgConnection, sql: &Statements) -> Result<(), StoreError> {
-    for statement in [&sql.held_lock, &sql.held_complete] {
-        match conn.execute(sqlx::raw_sql(&statement.prepare())).await {
-            Ok(_) => {}
-            // 42P05: prepared already.
-            Err(sqlx::Error::Database(db)) if db.code().as_deref() == Some("42P05") => {}
-            Err(error) => {
-                return Err(store_error(
-                    "preparing a job transaction's statements",
-                    error,
-                ))
-            }
-        }
-    }
-    Ok(())
-}
-
 /// Opens the job's transaction with the prepared lock, preparing the
-/// statements first if the connection lacks them. `Unprepared`: they did not
+/// statements in the same round trip unless the connection is known to hold
+/// them (and again if it turns out not to). `Unprepared`: they did not
 /// stick; the caller falls back to bound statements.
 async fn open_prepared<K: PgKey>(
-    conn: &mut PgConnection,
+    lent: &mut Lent,
     claim: &JobClaim<K>,
 ) -> Result<Locked, StoreError> {
-    match begin_prepared(conn, claim).await? {
-        Locked::Unprepared => {
-            prepare(conn, &claim.sql).await?;
-            begin_prepared(conn, claim).await
+    if lent.prepared {
+        match begin_prepared(&mut lent.conn, claim, false).await? {
+            Locked::Unprepared => lent.prepared = false,
+            locked => return Ok(locked),
         }
-        locked => Ok(locked),
     }
+    let locked = begin_prepared(&mut lent.conn, claim, true).await?;
+    lent.prepared = !matches!(locked, Locked::Unprepared);
+    Ok(locked)
 }
 
 /// Opens the job's transaction with bound statements: `BEGIN`, then the
@@ -299,6 +292,10 @@ async fn lock_chained<K: PgKey>(
         Ok(_) => return Ok(Locked::Held),
         Err(error) => error,
     };
+    if is_connection_fault(&error) {
+        // Nothing to roll back on a dead connection.
+        return Err(store_error("locking a claimed job", error));
+    }
     PgTransactionManager::rollback(conn)
         .await
         .map_err(|e| store_error("rolling back a job's failed lock", e))?;
@@ -311,29 +308,58 @@ async fn lock_chained<K: PgKey>(
     }
 }
 
-/// Opens the job's transaction on `conn`: `Some` once the row is locked
-/// (`true`: by the prepared lock), `None` if it is no longer this claim's.
-async fn open<K: PgKey>(
-    conn: &mut PgConnection,
-    claim: &JobClaim<K>,
-) -> Result<Option<bool>, StoreError> {
-    if PgTransactionManager::get_transaction_depth(conn) == 1 {
+/// Opens the job's transaction on `lent`: `true` once the row is locked
+/// (`lent.prepared` then says whether by the prepared lock), `false` if it
+/// is no longer this claim's.
+async fn open<K: PgKey>(lent: &mut Lent, claim: &JobClaim<K>) -> Result<bool, StoreError> {
+    if PgTransactionManager::get_transaction_depth(&lent.conn) == 1 {
         // A chained transaction (only the prepared completion leaves one).
-        match lock_chained(conn, claim).await? {
-            Locked::Held => return Ok(Some(true)),
-            Locked::NotHeld => return Ok(None),
+        match lock_chained(&mut lent.conn, claim).await? {
+            Locked::Held => return Ok(true),
+            Locked::NotHeld => return Ok(false),
             // Lost its statements: prepared again below.
-            Locked::Unprepared => {}
+            Locked::Unprepared => lent.prepared = false,
         }
     }
     if claim.prepared.usable() {
-        match open_prepared(conn, claim).await? {
-            Locked::Held => return Ok(Some(true)),
-            Locked::NotHeld => return Ok(None),
+        match open_prepared(lent, claim).await? {
+            Locked::Held => return Ok(true),
+            Locked::NotHeld => return Ok(false),
             Locked::Unprepared => claim.prepared.give_up(),
         }
     }
-    Ok(open_bound(conn, claim).await?.then_some(false))
+    lent.prepared = false;
+    open_bound(&mut lent.conn, claim).await
+}
+
+/// Opens the job's transaction on a stashed connection, or, if that one
+/// turns out dead (its backend killed while it waited), on a new one.
+async fn open_on_live_connection<K: PgKey>(
+    claim: &JobClaim<K>,
+) -> Result<(Lent, bool), StoreError> {
+    let mut tries = 0;
+    let mut lent = claim
+        .stash
+        .take_for_job()
+        .await
+        .map_err(|e| store_error("opening a job's transaction", e))?;
+    loop {
+        tries += 1;
+        match open(&mut lent, claim).await {
+            Ok(held) => return Ok((lent, held)),
+            Err(error) => {
+                discard(lent);
+                if tries > 1 || !matches!(error, StoreError::Unavailable { .. }) {
+                    return Err(error);
+                }
+                lent = claim
+                    .stash
+                    .take_new()
+                    .await
+                    .map_err(|e| store_error("opening a job's transaction", e))?;
+            }
+        }
+    }
 }
 
 /// Hands the job's lock to the next commit when that is worth it: `None`
@@ -364,6 +390,7 @@ impl<K: PgKey> PgJobStore<K> {
             pool,
             tx: None,
             claim,
+            cut_off: None,
         }
     }
 
@@ -386,8 +413,10 @@ impl<K: PgKey> PgJobStore<K> {
             match ride(claim).await? {
                 Some(Arrival::Locked(conn)) => {
                     self.tx = Some(OpenTransaction {
-                        conn,
-                        prepared: true,
+                        lent: Lent {
+                            conn,
+                            prepared: true,
+                        },
                         _open: count_open(),
                     });
                     return self.open_connection();
@@ -395,26 +424,22 @@ impl<K: PgKey> PgJobStore<K> {
                 Some(Arrival::NotHeld) => return Err(not_held(&claim.lease)),
                 Some(Arrival::Missed) | None => {}
             }
-            let mut conn = claim
-                .stash
-                .take_for_job()
-                .await
-                .map_err(|e| store_error("opening a job's transaction", e))?;
-            match open(&mut conn, claim).await {
-                Ok(Some(prepared)) => {
+            match open_on_live_connection(claim).await {
+                Ok((lent, true)) => {
                     self.tx = Some(OpenTransaction {
-                        conn,
-                        prepared,
+                        lent,
                         _open: count_open(),
                     })
                 }
-                Ok(None) => {
+                Ok((lent, false)) => {
                     // The lock's transaction is over already.
-                    claim.stash.put(conn);
+                    claim.stash.put(lent);
                     return Err(not_held(&claim.lease));
                 }
                 Err(error) => {
-                    discard(conn);
+                    if let StoreError::Unavailable { .. } = error {
+                        self.cut_off = Some(error.chain());
+                    }
                     return Err(error);
                 }
             }
@@ -422,9 +447,40 @@ impl<K: PgKey> PgJobStore<K> {
         self.open_connection()
     }
 
+    /// After the handler returned an error: whether its attempt was cut off
+    /// by a failed connection (`Some`: why), in which case the error is the
+    /// store's, not the handler's. The job's transaction, if open, is rolled
+    /// back here; a rollback that finds the connection dead, like a
+    /// transaction that could not be opened for want of a connection, means
+    /// the attempt was cut off.
+    pub(crate) async fn cut_off(&mut self) -> Option<String> {
+        if let Some(why) = self.cut_off.take() {
+            return Some(why);
+        }
+        let claim = self.claim.as_ref()?;
+        let mut tx = self.tx.take()?;
+        let mut ended = Ok(());
+        while ended.is_ok() && PgTransactionManager::get_transaction_depth(&tx.lent.conn) > 0 {
+            ended = PgTransactionManager::rollback(&mut tx.lent.conn).await;
+        }
+        match ended {
+            Ok(()) => {
+                claim.stash.put(tx.lent);
+                None
+            }
+            Err(error) => {
+                let cut_off = is_connection_fault(&error);
+                discard(tx.lent);
+                cut_off.then(|| {
+                    format!("the job's connection to the database failed while it ran ({error}); its writes were rolled back")
+                })
+            }
+        }
+    }
+
     fn open_connection(&mut self) -> Result<&mut PgConnection, StoreError> {
         match self.tx.as_mut() {
-            Some(tx) => Ok(&mut tx.conn),
+            Some(tx) => Ok(&mut tx.lent.conn),
             None => Err(StoreError::Backend {
                 context: "opening a job's transaction".into(),
                 source: "the transaction vanished".into(),
@@ -447,22 +503,22 @@ impl<K: PgKey> PgJobStore<K> {
         let stash = &claim.stash;
         if !complete {
             // A failed attempt leaves no trace of the handler's writes.
-            if let Err(error) = end_transaction(tx.conn, stash, Ending::RollBack).await {
+            if let Err(error) = end_transaction(tx.lent, stash, Ending::RollBack).await {
                 tracing::warn!(%error, id = %row.id, "rolling back a failed attempt failed; the connection is closed");
             }
             return None;
         }
-        if PgTransactionManager::get_transaction_depth(&tx.conn) != 1 {
-            discard(tx.conn);
+        if PgTransactionManager::get_transaction_depth(&tx.lent.conn) != 1 {
+            discard(tx.lent);
             return Some(Err(StoreError::Backend {
                 context: format!("committing job {}", row.id),
                 source: "the handler left a nested transaction (savepoint) open; the attempt's writes were rolled back".into(),
             }));
         }
-        Some(if tx.prepared {
-            commit_prepared(tx.conn, claim, row).await
+        Some(if tx.lent.prepared {
+            commit_prepared(tx.lent, claim, row).await
         } else {
-            commit_bound(tx.conn, claim, row).await
+            commit_bound(tx.lent, claim, row).await
         })
     }
 }
@@ -472,7 +528,7 @@ impl<K: PgKey> PgJobStore<K> {
 /// job moved on. A lock waiting to ride goes along (`; EXECUTE lock(..)`),
 /// and the connection then goes on to its job.
 async fn commit_prepared<K: PgKey>(
-    mut conn: PoolConnection<Postgres>,
+    mut lent: Lent,
     claim: &JobClaim<K>,
     row: &FinishRow<K>,
 ) -> Result<WriteResult, StoreError> {
@@ -481,12 +537,13 @@ async fn commit_prepared<K: PgKey>(
         .held_complete
         .execute(|p| lease_argument(&claim.lease, row.finished_at, p))
     else {
-        discard(conn);
+        discard(lent);
         return Err(unbound());
     };
     let ride = claim.rides.as_ref().and_then(|rides| rides.take());
     let Some(ride) = ride else {
-        return match conn
+        return match lent
+            .conn
             .execute(sqlx::raw_sql(&format!("{complete}; COMMIT AND CHAIN")))
             .await
         {
@@ -496,12 +553,13 @@ async fn commit_prepared<K: PgKey>(
                 // next job's transaction on it needs no `BEGIN` (and the
                 // stash rolls it back if the connection goes to the pool
                 // instead).
-                claim.stash.put(conn);
+                claim.stash.put(lent);
                 Ok(WriteResult::Applied)
             }
-            Err(error) => failed_commit(conn, claim, row, error).await,
+            Err(error) => failed_commit(lent, claim, row, error).await,
         };
     };
+    let mut conn = lent.conn;
     let text = format!("{complete}; COMMIT AND CHAIN; {}", ride.lock);
     // Statements that completed before an error: once the completion and
     // the `COMMIT` have, the job committed whatever became of the lock.
@@ -521,11 +579,17 @@ async fn commit_prepared<K: PgKey>(
             }
         }
     }
+    let prepared = |conn| Lent {
+        conn,
+        prepared: true,
+    };
     match failure {
         None => {
             if let Err(Arrival::Locked(conn)) = ride.deliver(Arrival::Locked(conn)) {
                 // The rider is gone: its lock goes with a rollback.
-                if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+                if let Err(error) =
+                    end_transaction(prepared(conn), &claim.stash, Ending::RollBack).await
+                {
                     tracing::warn!(%error, "rolling back an abandoned job's lock failed; the connection is closed");
                 }
             }
@@ -541,14 +605,16 @@ async fn commit_prepared<K: PgKey>(
             };
             // A rider that is gone has nothing to learn.
             let _ = ride.deliver(arrival);
-            if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+            if let Err(error) =
+                end_transaction(prepared(conn), &claim.stash, Ending::RollBack).await
+            {
                 tracing::warn!(%error, "rolling back a failed lock failed; the connection is closed");
             }
             Ok(WriteResult::Applied)
         }
         Some(error) => {
             let _ = ride.deliver(Arrival::Missed);
-            failed_commit(conn, claim, row, error).await
+            failed_commit(prepared(conn), claim, row, error).await
         }
     }
 }
@@ -556,49 +622,49 @@ async fn commit_prepared<K: PgKey>(
 /// A job's completion and commit that failed: stale (rolled back) if the
 /// job moved on, else an error (the connection closed).
 async fn failed_commit<K: PgKey>(
-    conn: PoolConnection<Postgres>,
+    lent: Lent,
     claim: &JobClaim<K>,
     row: &FinishRow<K>,
     error: sqlx::Error,
 ) -> Result<WriteResult, StoreError> {
     if is_not_held(&error) {
-        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+        if let Err(error) = end_transaction(lent, &claim.stash, Ending::RollBack).await {
             tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
         }
         Ok(WriteResult::Stale)
     } else {
-        discard(conn);
+        discard(lent);
         Err(store_error("committing a job's transaction", error))
     }
 }
 
 /// The completion, then `COMMIT`, as bound statements.
 async fn commit_bound<K: PgKey>(
-    mut conn: PoolConnection<Postgres>,
+    mut lent: Lent,
     claim: &JobClaim<K>,
     row: &FinishRow<K>,
 ) -> Result<WriteResult, StoreError> {
     let applied = match run_finish(
         &claim.sql,
         &claim.states,
-        &mut conn,
+        &mut lent.conn,
         std::slice::from_ref(row),
     )
     .await
     {
         Ok(applied) => applied,
         Err(error) => {
-            discard(conn);
+            discard(lent);
             return Err(error);
         }
     };
     if !applied.contains(&row.id) {
-        if let Err(error) = end_transaction(conn, &claim.stash, Ending::RollBack).await {
+        if let Err(error) = end_transaction(lent, &claim.stash, Ending::RollBack).await {
             tracing::warn!(%error, id = %row.id, "rolling back a stale attempt failed; the connection is closed");
         }
         return Ok(WriteResult::Stale);
     }
-    end_transaction(conn, &claim.stash, Ending::Commit)
+    end_transaction(lent, &claim.stash, Ending::Commit)
         .await
         .map_err(|e| store_error("committing a job's transaction", e))?;
     Ok(WriteResult::Applied)
@@ -617,7 +683,7 @@ impl<K> PgJobStore<K> {
         let (Some(tx), Some(claim)) = (self.tx.take(), &self.claim) else {
             return;
         };
-        if let Err(error) = end_transaction(tx.conn, &claim.stash, Ending::RollBack).await {
+        if let Err(error) = end_transaction(tx.lent, &claim.stash, Ending::RollBack).await {
             tracing::warn!(%error, "rolling back an abandoned job failed; its connection is closed");
         }
     }
@@ -629,6 +695,7 @@ impl<K> PgJobStore<K> {
             pool,
             tx: None,
             claim: None,
+            cut_off: None,
         }
     }
 }

@@ -24,8 +24,18 @@ pub(crate) fn wake_all(wake: &Notify) {
 pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Notify>) -> JoinHandle<()> {
     // A pool of one connection, separate from the store's pool, so the
     // listener never takes a connection the workers need.
+    // A connection that died under the listener (killed, server restarted)
+    // is found dead by this hook and closed quietly, instead of by the
+    // pool's own ping, which warns: the listener says itself that it
+    // reconnected.
     let dedicated = PgPoolOptions::new()
         .max_connections(1)
+        .after_release(|conn, _| {
+            Box::pin(async move {
+                use sqlx::Connection;
+                Ok(conn.ping().await.is_ok())
+            })
+        })
         .connect_lazy_with((*pool.connect_options()).clone());
     tokio::spawn(async move {
         loop {

@@ -12,26 +12,63 @@
 //! first, every other statement clean ones first. Whenever a chained
 //! connection goes elsewhere, its rollback is queued first (it goes out with
 //! the connection's next statement, or the pool's ping).
+//!
+//! The stash also remembers which connections hold the job transaction's
+//! prepared statements ([`Lent::prepared`]), so a job on one of them sends
+//! no `PREPARE`, and a job on any other prepares them without provoking an
+//! error on the server (see [`crate::job_store`]).
+//!
+//! A connection whose backend died while it waited here (killed, server
+//! restarted) would make sqlx warn when it pings it back into the pool; the
+//! stash pings stale connections itself and closes the dead ones quietly,
+//! and a connection whose statement failed for its connection is closed,
+//! not pinged ([`Stash::put_after`]).
 
 use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
-use sqlx::{PgPool, Postgres, TransactionManager};
+use sqlx::{Connection, PgPool, Postgres, TransactionManager};
+
+use queue_core::StoreError;
+
+use crate::error::store_error;
 
 /// How long a connection handed back stays in the stash unused.
 const FRESH_FOR: Duration = Duration::from_secs(1);
 
+/// A connection lent out by the stash.
+#[derive(Debug)]
+pub(crate) struct Lent {
+    pub conn: PoolConnection<Postgres>,
+    /// Whether the connection is known to hold the job transaction's
+    /// prepared statements (a connection new to the stash may hold them
+    /// too; preparing them again is harmless).
+    pub prepared: bool,
+}
+
+impl Lent {
+    /// A connection from the pool, of which nothing is known.
+    fn pooled(conn: PoolConnection<Postgres>) -> Lent {
+        Lent {
+            conn,
+            prepared: false,
+        }
+    }
+}
+
 /// A connection handed back, and when.
 struct Idle {
     conn: Option<PoolConnection<Postgres>>,
+    prepared: bool,
     since: Instant,
 }
 
 impl Idle {
-    fn take(mut self) -> Option<PoolConnection<Postgres>> {
-        self.conn.take()
+    fn take(mut self) -> Option<Lent> {
+        let prepared = self.prepared;
+        self.conn.take().map(|conn| Lent { conn, prepared })
     }
 
     fn chained(&self) -> bool {
@@ -90,25 +127,28 @@ impl Stash {
     /// A fresh connection out of any transaction (a chained one only if
     /// none is clean, its transaction then rolled back), or one from the
     /// pool.
-    pub(crate) async fn take(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
-        let mut conn = self.take_preferring(false).await?;
-        end_transactions(&mut conn);
-        Ok(conn)
+    pub(crate) async fn take(&self) -> Result<Lent, sqlx::Error> {
+        let mut lent = self.take_preferring(false).await?;
+        end_transactions(&mut lent.conn);
+        Ok(lent)
     }
 
     /// For a job's transaction: a fresh chained connection if there is one,
     /// else a clean one, else one from the pool.
-    pub(crate) async fn take_for_job(&self) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    pub(crate) async fn take_for_job(&self) -> Result<Lent, sqlx::Error> {
         self.take_preferring(true).await
+    }
+
+    /// A live connection from the pool (see [`live_from_pool`]), for a
+    /// statement to try again after its connection failed.
+    pub(crate) async fn take_new(&self) -> Result<Lent, sqlx::Error> {
+        live_from_pool(&self.pool).await.map(Lent::pooled)
     }
 
     /// The newest fresh connection that is `chained` or not as asked, else
     /// the newest fresh one, else one from the pool; stale ones go back to
     /// the pool.
-    async fn take_preferring(
-        &self,
-        chained: bool,
-    ) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    async fn take_preferring(&self, chained: bool) -> Result<Lent, sqlx::Error> {
         let (fresh, stale) = {
             let mut idle = self.lock();
             let first_stale = idle.partition_point(|entry| entry.since.elapsed() >= FRESH_FOR);
@@ -119,26 +159,38 @@ impl Stash {
                 .or_else(|| idle.len().checked_sub(1));
             (pick.and_then(|i| idle.remove(i).take()), stale)
         };
-        // Back to the pool outside the lock.
-        drop(stale);
+        retire(stale);
         match fresh {
-            Some(conn) => Ok(conn),
-            None => self.pool.acquire().await,
+            Some(lent) => Ok(lent),
+            None => self.take_new().await,
         }
     }
 
     /// Hands back a connection that finished its statements cleanly: no
     /// transaction open, or only the empty one a `COMMIT AND CHAIN` opened.
-    pub(crate) fn put(&self, mut conn: PoolConnection<Postgres>) {
+    pub(crate) fn put(&self, lent: Lent) {
+        let Lent { mut conn, prepared } = lent;
         let mut idle = self.lock();
         if idle.len() < self.capacity {
             idle.push(Idle {
                 conn: Some(conn),
+                prepared,
                 since: Instant::now(),
             });
         } else {
             // Beyond capacity: back to the pool.
             end_transactions(&mut conn);
+        }
+    }
+
+    /// Hands back a connection whose statement failed: closed if the
+    /// connection itself failed (`connection_failed`: see
+    /// [`crate::error::is_connection_fault`]), else to the pool, out of any transaction.
+    pub(crate) fn put_after(&self, lent: Lent, connection_failed: bool) {
+        let mut conn = lent.conn;
+        end_transactions(&mut conn);
+        if connection_failed {
+            conn.close_on_drop();
         }
     }
 
@@ -152,12 +204,114 @@ impl Stash {
             *idle = fresh;
             stale
         };
-        drop(stale);
+        retire(stale);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// A statement's connections from a pool: if the first turns out dead (its
+/// backend killed while it idled in the pool), it is closed and the
+/// statement runs once more on a live one. For the store's periodic
+/// statements outside the stash (heartbeats, log entries, resets, clock
+/// readings): a fault that killed an idle connection neither fails them nor
+/// makes sqlx warn when the dead connection goes back to the pool.
+///
+/// ```text
+/// let mut tries = OnLiveConnection::new(pool, context);
+/// let rows = loop {
+///     let mut conn = tries.connection().await?;
+///     let done = statement.fetch_all(&mut *conn).await.map_err(|e| store_error(context, e));
+///     if let Some(done) = tries.settle(conn, done) { break done?; }
+/// };
+/// ```
+pub(crate) struct OnLiveConnection<'p> {
+    pool: &'p PgPool,
+    context: &'static str,
+    /// Connections handed out so far.
+    tries: u8,
+}
+
+impl<'p> OnLiveConnection<'p> {
+    pub(crate) fn new(pool: &'p PgPool, context: &'static str) -> Self {
+        OnLiveConnection {
+            pool,
+            context,
+            tries: 0,
+        }
+    }
+
+    /// The pool's next connection; after a dead one, one that answered a
+    /// ping.
+    pub(crate) async fn connection(&mut self) -> Result<PoolConnection<Postgres>, StoreError> {
+        let conn = if self.tries == 0 {
+            self.pool.acquire().await
+        } else {
+            live_from_pool(self.pool).await
+        };
+        self.tries = self.tries.saturating_add(1);
+        conn.map_err(|e| store_error(self.context, e))
+    }
+
+    /// What the statement on `conn` came to: `None` to run it again (the
+    /// first connection was dead, and is closed), else its result (a
+    /// connection that failed is closed rather than pinged back into the
+    /// pool).
+    pub(crate) fn settle<T>(
+        &mut self,
+        mut conn: PoolConnection<Postgres>,
+        done: Result<T, StoreError>,
+    ) -> Option<Result<T, StoreError>> {
+        if !matches!(done, Err(StoreError::Unavailable { .. })) {
+            return Some(done);
+        }
+        conn.close_on_drop();
+        // Only a dead first connection earns a second try.
+        (self.tries > 1).then_some(done)
+    }
+}
+
+/// A connection from `pool` that answered a ping: dead ones (whatever
+/// killed one connection may have killed the pool's idle ones too, and a
+/// pool that does not test before acquiring hands them out as they are) are
+/// closed; after as many as the pool holds, the last error.
+async fn live_from_pool(pool: &PgPool) -> Result<PoolConnection<Postgres>, sqlx::Error> {
+    let mut tries = pool.options().get_max_connections() + 1;
+    loop {
+        let mut conn = pool.acquire().await?;
+        match conn.ping().await {
+            Ok(()) => return Ok(conn),
+            Err(error) => {
+                conn.close_on_drop();
+                tries -= 1;
+                if tries == 0 {
+                    return Err(error);
+                }
+            }
+        }
+    }
+}
+
+/// Returns stale connections to the pool, each pinged first: one whose
+/// backend died meanwhile is closed here, quietly, rather than failing the
+/// pool's own ping on release with a warning.
+fn retire(stale: Vec<Idle>) {
+    if stale.is_empty() {
+        return;
+    }
+    tokio::spawn(async move {
+        for entry in stale {
+            let Some(Lent { mut conn, .. }) = entry.take() else {
+                continue;
+            };
+            end_transactions(&mut conn);
+            if conn.ping().await.is_err() {
+                conn.close_on_drop();
+            }
+        }
+    });
 }
 
 async fn sweep_until_dropped(stash: Weak<Stash>) {

@@ -35,7 +35,7 @@ use crate::sql::{
     catalog, Param, Statement, Statements, AT_MOST_ONCE_COLUMN, CURSOR_PRIORITY_COLUMN,
     MAX_ATTEMPTS_COLUMN,
 };
-use crate::stash::Stash;
+use crate::stash::{OnLiveConnection, Stash};
 
 struct Inner<R: JobRecord> {
     pool: PgPool,
@@ -274,6 +274,45 @@ where
         self.inner.admin.has(column)
     }
 
+    /// The row that records `transition` for `lease`, its times on the
+    /// database's clock.
+    fn finish_row(
+        &self,
+        lease: &Lease<R::Id>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<FinishRow<R::Id>, StoreError> {
+        let transition = match self.adapt(transition) {
+            Transition::Error { message, retry_at } => Transition::Error {
+                message,
+                retry_at: self.inner.admin.to_db(retry_at),
+            },
+            other => other,
+        };
+        FinishRow::new(
+            lease,
+            transition,
+            self.inner.admin.to_db(now),
+            self.states(),
+        )
+    }
+
+    /// Records `row` through the batched completer.
+    async fn record_batched(&self, row: FinishRow<R::Id>) -> Result<WriteResult, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        self.inner
+            .completer
+            .send(Completion { row, reply })
+            .map_err(|_| StoreError::Unavailable {
+                context: "recording a job outcome".into(),
+                source: "the store's completer has stopped".into(),
+            })?;
+        answer.await.map_err(|_| StoreError::Unavailable {
+            context: "recording a job outcome".into(),
+            source: "the store's completer dropped the request".into(),
+        })?
+    }
+
     /// Without a failure counter retries cannot be bounded, so they are off.
     fn adapt(&self, transition: Transition) -> Transition {
         match transition {
@@ -417,28 +456,53 @@ where
         // they pass over may be claimable for the others.
         let cursor = self.inner.cursor.as_ref().filter(|_| conditions.is_empty());
         let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
-        let mut conn = self
-            .inner
-            .stash
+        let stash = &self.inner.stash;
+        let mut lent = stash
             .take()
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
-        let mut rows = self
-            .claim_rows(&mut conn, &params, conditions, after.as_ref())
-            .await;
-        if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
-            // Nothing after the cursor: the backlog is over, and jobs that
-            // became claimable before it must not wait for the worker's
-            // next poll.
-            rows = self.claim_rows(&mut conn, &params, conditions, None).await;
-        }
+        let mut tries = 0;
+        let claimed = loop {
+            tries += 1;
+            let mut rows = self
+                .claim_rows(&mut lent.conn, &params, conditions, after.as_ref())
+                .await;
+            if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
+                // Nothing after the cursor: the backlog is over, and jobs
+                // that became claimable before it must not wait for the
+                // worker's next poll.
+                rows = self
+                    .claim_rows(&mut lent.conn, &params, conditions, None)
+                    .await;
+            }
+            match rows {
+                Ok(rows) => break Ok((lent, rows)),
+                Err(error) => {
+                    let connection_failed = matches!(error, StoreError::Unavailable { .. });
+                    stash.put_after(lent, connection_failed);
+                    if !connection_failed || tries > 1 {
+                        break Err(error);
+                    }
+                    // A stashed or pooled connection whose backend died
+                    // while it waited: claim again on a new one (a claim
+                    // that committed unseen leaves its jobs to the
+                    // resetter, as a crash would).
+                    lent = match stash.take_new().await {
+                        Ok(lent) => lent,
+                        Err(error) => break Err(store_error("claiming jobs", error)),
+                    };
+                }
+            }
+        };
         if let Some(cursor) = cursor {
-            match &rows {
-                Ok(rows) => cursor.ended(self.position(rows.last()), rows.len() >= params.limit),
+            match &claimed {
+                Ok((_, rows)) => {
+                    cursor.ended(self.position(rows.last()), rows.len() >= params.limit)
+                }
                 Err(_) => cursor.ended(None, false),
             }
         }
-        let rows = match rows {
+        let (mut conn, rows) = match claimed {
             // With the table checked at start-up, a claim that fails for
             // good with conditions fails for its conditions.
             Err(error) if !conditions.is_empty() && !error.is_retryable() => {
@@ -447,10 +511,10 @@ where
                     error.chain()
                 )))
             }
-            rows => rows?,
+            claimed => claimed?,
         };
         if rows.is_empty() {
-            self.inner.stash.put(conn);
+            stash.put(conn);
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
@@ -485,7 +549,7 @@ where
             && leases.iter().any(|l| l.limits.at_most_once)
         {
             sqlx::query("SELECT pg_catalog.txid_current()")
-                .execute(&mut *conn)
+                .execute(&mut *conn.conn)
                 .await
                 .map_err(|e| store_error("making an at-most-once claim durable", e))?;
         }
@@ -516,7 +580,7 @@ where
         // checkout): through the view, or with enum columns as text.
         let records: Vec<Result<R, DecodeError>> = match (&sql.select_view, as_text) {
             (Some(view), _) => {
-                let by_id = Self::records_by_key(&mut conn, view, ids()).await?;
+                let by_id = Self::records_by_key(&mut conn.conn, view, ids()).await?;
                 let missing = format!(
                     "the row is not visible through the view {}",
                     self.inner
@@ -529,7 +593,7 @@ where
                 keyed(by_id, &missing)
             }
             (None, Some(text)) => keyed(
-                Self::records_by_key(&mut conn, text, ids()).await?,
+                Self::records_by_key(&mut conn.conn, text, ids()).await?,
                 "the row vanished after its claim",
             ),
             (None, None) => {
@@ -552,7 +616,7 @@ where
                     // cast to text, and from now on always so.
                     Some(text) if mismatched => {
                         let again = keyed(
-                            Self::records_by_key(&mut conn, text, ids()).await?,
+                            Self::records_by_key(&mut conn.conn, text, ids()).await?,
                             "the row vanished after its claim",
                         );
                         if failed(&again) < failed(&records) {
@@ -601,38 +665,27 @@ where
         transition: Transition,
         now: DateTime<Utc>,
     ) -> Result<WriteResult, StoreError> {
-        let transition = self.adapt(transition);
         let complete = transition == Transition::Complete;
-        // The finish and retry times on the database's clock.
-        let transition = match transition {
-            Transition::Error { message, retry_at } => Transition::Error {
-                message,
-                retry_at: self.inner.admin.to_db(retry_at),
-            },
-            other => other,
-        };
-        let row = FinishRow::new(
-            lease,
-            transition,
-            self.inner.admin.to_db(now),
-            self.states(),
-        )?;
+        let row = self.finish_row(lease, transition, now)?;
         if let Some(recorded) = job_store.end(&row, complete).await {
             return recorded;
         }
         // No job transaction: the batched completer records it.
-        let (reply, answer) = oneshot::channel();
-        self.inner
-            .completer
-            .send(Completion { row, reply })
-            .map_err(|_| StoreError::Unavailable {
-                context: "recording a job outcome".into(),
-                source: "the store's completer has stopped".into(),
-            })?;
-        answer.await.map_err(|_| StoreError::Unavailable {
-            context: "recording a job outcome".into(),
-            source: "the store's completer dropped the request".into(),
-        })?
+        self.record_batched(row).await
+    }
+
+    async fn finish_again(
+        &self,
+        lease: &Lease<R::Id>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        let row = self.finish_row(lease, transition, now)?;
+        self.record_batched(row).await
+    }
+
+    async fn attempt_cut_off(&self, job_store: &mut PgJobStore<R::Id>) -> Option<String> {
+        job_store.cut_off().await
     }
 
     async fn expire(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<R::Id>, StoreError> {
@@ -659,18 +712,28 @@ where
         if leases.is_empty() {
             return Ok(HeartbeatReport::default());
         }
-        let mut ids = Some(leases.iter().map(|l| l.id.clone()).collect::<Vec<_>>());
-        let mut tokens = Some(leases.iter().map(|l| l.token).collect::<Vec<_>>());
-        let rows = query(&self.inner.sql.heartbeat, |p| match p {
-            Param::Ids => ids.take().map(Value::Keys),
-            Param::Tokens => tokens.take().map(Value::Ints),
-            Param::State(s) => Some(state(self.states(), s)),
-            Param::Now => Some(Value::Time(self.inner.admin.to_db(now))),
-            _ => None,
-        })?
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("heartbeating running jobs", e))?;
+        let ids = leases.iter().map(|l| l.id.clone()).collect::<Vec<_>>();
+        let tokens = leases.iter().map(|l| l.token).collect::<Vec<_>>();
+        let context = "heartbeating running jobs";
+        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        let rows = loop {
+            let mut conn = tries.connection().await?;
+            let (mut ids, mut tokens) = (Some(ids.clone()), Some(tokens.clone()));
+            let heartbeat = query(&self.inner.sql.heartbeat, |p| match p {
+                Param::Ids => ids.take().map(Value::Keys),
+                Param::Tokens => tokens.take().map(Value::Ints),
+                Param::State(s) => Some(state(self.states(), s)),
+                Param::Now => Some(Value::Time(self.inner.admin.to_db(now))),
+                _ => None,
+            })?;
+            let done = heartbeat
+                .fetch_all(&mut *conn)
+                .await
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
         let mut held = HashMap::with_capacity(rows.len());
         for row in &rows {
             let id: R::Id = read(row, "id")?;
@@ -703,14 +766,23 @@ where
             context: "encoding an execution log entry".into(),
             source: Box::new(e),
         })?;
-        let mut json = Some(json);
-        let result = query(statement, |p| match p {
-            Param::Entry => json.take().map(Value::Json),
-            other => lease_value(lease, self.states(), other),
-        })?
-        .execute(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("appending to an execution log", e))?;
+        let context = "appending to an execution log";
+        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        let result = loop {
+            let mut conn = tries.connection().await?;
+            let mut json = Some(json.clone());
+            let append = query(statement, |p| match p {
+                Param::Entry => json.take().map(Value::Json),
+                other => lease_value(lease, self.states(), other),
+            })?;
+            let done = append
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
         Ok(if result.rows_affected() == 1 {
             WriteResult::Applied
         } else {

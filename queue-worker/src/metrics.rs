@@ -8,7 +8,7 @@ use std::time::Duration;
 use queue_core::Outcome;
 
 /// Counter of finished attempts, labelled `kind` and `outcome` (`ok`,
-/// `retry`, `failed`, `poison`, `canceled`, `released`, `lost`).
+/// `retry`, `failed`, `poison`, `canceled`, `released`, `interrupted`, `lost`).
 pub const JOBS_PROCESSED: &str = "queue_jobs_processed_total";
 /// Histogram of handler durations in seconds, labelled `kind`.
 pub const JOB_DURATION: &str = "queue_job_duration_seconds";

@@ -673,3 +673,165 @@ async fn a_shutdown_fails_a_started_at_most_once_job_instead_of_handing_it_back(
     );
     assert_eq!((report.count("released"), report.count("poison")), (1, 1));
 }
+
+/// Fails every attempt, as a handler whose database calls broke would.
+struct FailsAlways;
+
+#[async_trait]
+impl Handler<Slowed> for FailsAlways {
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        Err(JobError::retry("connection reset by peer"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_the_store_cut_off_is_handed_back_without_charging_the_job() {
+    let memory = MemoryStore::new();
+    let plain = memory.enqueue(job("any", serde_json::json!(1)));
+    let store = Slowed::new(memory.clone(), Duration::ZERO);
+    store.cut_offs.store(1, Ordering::SeqCst);
+    let options = WorkerOptions {
+        outcome_policy: OutcomePolicy {
+            retry: RetryPolicy::fixed(0, Duration::ZERO),
+            ..Default::default()
+        },
+        ..fast_options().handlers(1)
+    };
+    let worker = Worker::new(store.clone(), FailsAlways, options).expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    // First attempt cut off: handed back, uncounted. Second attempt fails
+    // for real, and with no retries allowed the job fails.
+    wait_for_state(&memory, plain, JobState::Failed).await;
+    shutdown.cancel();
+    let report = running.await.expect("worker task").expect("worker");
+    let record = memory.get(plain).expect("the job");
+    assert_eq!(
+        record.num_failures, 1,
+        "only the handler's own failure counts, though no retries were allowed"
+    );
+    assert_eq!(
+        (report.count("interrupted"), report.count("failed")),
+        (1, 1)
+    );
+
+    // An at-most-once job cut off is not started again.
+    let once = memory.enqueue(job("any", serde_json::json!(2)).at_most_once());
+    store.cut_offs.store(1, Ordering::SeqCst);
+    let worker = Worker::new(store.clone(), FailsAlways, fast_options()).expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for_state(&memory, once, JobState::Failed).await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker");
+    let once = memory.get(once).expect("the job");
+    assert!(
+        once.failure_message
+            .as_deref()
+            .is_some_and(|m| m.contains("never started twice")),
+        "{:?}",
+        once.failure_message
+    );
+}
+
+/// Runs job `id` over `store` with one handler until `done` holds, and
+/// returns the worker's report.
+async fn run_until(
+    store: &Slowed,
+    what: &str,
+    done: impl Fn() -> bool,
+) -> queue_worker::WorkerReport {
+    let worker = Worker::new(
+        store.clone(),
+        RecordsStarts(store.clone()),
+        fast_options().handlers(1),
+    )
+    .expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    eventually(what, || async { done() }).await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outcome_the_store_failed_to_record_is_written_again_at_once() {
+    let memory = MemoryStore::new();
+    let id = memory.enqueue(job("ok", serde_json::json!(1)));
+    let store = Slowed::new(memory.clone(), Duration::ZERO);
+    store.failing_finishes.store(2, Ordering::SeqCst);
+    let report = run_until(&store, "the job completed", || {
+        memory.get(id).map(|j| j.state) == Some(JobState::Completed)
+    })
+    .await;
+    let events = store.events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            format!("started {id}"),
+            format!("finish failed {id}"),
+            format!("finish failed {id}"),
+            format!("finished again {id} Complete"),
+        ],
+        "written again after each failure, not left to the resetter"
+    );
+    assert_eq!(report.count("ok"), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_completion_whose_transaction_was_lost_hands_the_job_back_to_run_again() {
+    let memory = MemoryStore::new();
+    let id = memory.enqueue(job("ok", serde_json::json!(1)));
+    let store = Slowed {
+        ends_transaction: true,
+        ..Slowed::new(memory.clone(), Duration::ZERO)
+    };
+    store.failing_finishes.store(1, Ordering::SeqCst);
+    let report = run_until(&store, "the job completed", || {
+        memory.get(id).map(|j| j.state) == Some(JobState::Completed)
+    })
+    .await;
+    let events = store.events.lock().unwrap().clone();
+    assert_eq!(
+        events,
+        [
+            format!("started {id}"),
+            format!("finish failed {id}"),
+            format!("finished again {id} Release"),
+            format!("started {id}"),
+            format!("finished {id}"),
+        ],
+        "the handler's writes went with the lost transaction, so the job runs again"
+    );
+    let record = memory.get(id).expect("the job");
+    assert_eq!(record.num_failures, 0, "the store's fault is not the job's");
+    assert_eq!((report.count("interrupted"), report.count("ok")), (1, 1));
+}
+
+/// Fails its first attempt with the store's own "unavailable" error (as a
+/// handler whose job transaction could not be opened does), then succeeds.
+struct StoreFailsOnce(AtomicUsize);
+
+#[async_trait]
+impl Handler<MemoryStore> for StoreFailsOnce {
+    async fn handle(&self, _: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        if self.0.fetch_add(1, Ordering::SeqCst) == 0 {
+            return Err(JobError::retry(queue_core::StoreError::Unavailable {
+                context: "opening a job's transaction".into(),
+                source: "connection reset by peer".into(),
+            }));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_error_from_an_unreachable_store_is_not_charged_to_the_job() {
+    let store = MemoryStore::new();
+    let id = store.enqueue(job("any", serde_json::json!(1)));
+    let running = start(&store, StoreFailsOnce(AtomicUsize::new(0)), fast_options());
+    wait_for_state(&store, id, JobState::Completed).await;
+    let report = running.stop().await;
+    assert_eq!(store.get(id).expect("the job").num_failures, 0);
+    assert_eq!((report.count("interrupted"), report.count("ok")), (1, 1));
+}

@@ -16,7 +16,13 @@
 //! transactional mode (lease mode: reported), and the completion rate back
 //! to 90 % of its rate before the fault within 5 s of the fault's end;
 //! under backend kills the completions must keep up with 80 % of the
-//! offered load.
+//! offered load, no job may wait more than 1 s from enqueue to start, and
+//! in transactional mode no job may be charged a failure (each run reports
+//! the failures and resets charged to jobs). No run may leave a
+//! prepared-statement error in the server's log, or a warning from sqlx
+//! about a dead connection the store handed back to its pool; the rest of
+//! the server's errors and this process's warnings are printed, counted by
+//! message.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -30,6 +36,7 @@ use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 
 use crate::pg::{ClusterOptions, Postgres};
+use crate::warnings;
 
 /// Jobs a second the producer offers.
 const RATE: u64 = 200;
@@ -58,10 +65,14 @@ enum Fault {
 /// How long backends are killed.
 const KILLS_FOR: Duration = Duration::from_secs(20);
 
-/// Records each run in the ledger.
+/// Records each run in the ledger: in the job's transaction in
+/// transactional mode, else through the harness's pool (lease mode: the
+/// handler's own writes; a killed one fails the attempt, which is then the
+/// handler's failure, retried with backoff).
 struct Ledger {
     table: String,
     transactional: bool,
+    harness: sqlx::PgPool,
 }
 
 #[async_trait]
@@ -79,7 +90,7 @@ impl Handler<PgStore<Job>> for Ledger {
         } else {
             sqlx::query(&insert)
                 .bind(job.id)
-                .execute(store.pool())
+                .execute(&self.harness)
                 .await?;
         }
         tokio::time::sleep(Duration::from_millis(1)).await;
@@ -98,6 +109,86 @@ struct Figures {
     /// Jobs that ended failed.
     failed: i64,
     recovery: Option<Duration>,
+    /// Jobs charged a failure, and jobs charged a reset (no handler ever
+    /// fails: every charge is a fault's).
+    charged: Charged,
+    /// For jobs enqueued while the fault lasted and charged nothing, the
+    /// wait from enqueue to the start of the run the ledger kept: p99 and
+    /// most, in seconds. (A job charged a failure waits out its backoff,
+    /// one charged a reset its stalled age: those are counted apart.)
+    claim_wait: Option<(f64, f64)>,
+}
+
+/// Jobs charged for a fault.
+#[derive(Default)]
+struct Charged {
+    failures: i64,
+    resets: i64,
+}
+
+/// The noise of one run: the server's log and this process's warnings.
+struct Noise {
+    /// `ERROR:` lines of the server log, by message.
+    server_errors: Vec<(String, usize)>,
+    /// Warnings and errors this process logged, by message.
+    warnings: Vec<(String, usize)>,
+}
+
+impl Noise {
+    /// Reads the run's server log and takes the warnings counted since the
+    /// run began.
+    fn of(pg: &Postgres) -> Result<Noise> {
+        let log = pg.server_log()?;
+        let mut errors: std::collections::BTreeMap<String, usize> = Default::default();
+        for line in log.lines() {
+            if let Some((_, message)) = line.split_once("ERROR:") {
+                // Names of prepared statements and relations differ per
+                // line; the message's shape is what counts.
+                let shape: String = message
+                    .trim()
+                    .split('"')
+                    .enumerate()
+                    .map(|(i, part)| if i % 2 == 1 { "…" } else { part })
+                    .collect::<Vec<_>>()
+                    .join("\"");
+                *errors.entry(shape).or_default() += 1;
+            }
+        }
+        let mut server_errors: Vec<(String, usize)> = errors.into_iter().collect();
+        server_errors.sort_by_key(|(_, n)| std::cmp::Reverse(*n));
+        Ok(Noise {
+            server_errors,
+            warnings: warnings::take(),
+        })
+    }
+
+    fn summary(counts: &[(String, usize)]) -> String {
+        if counts.is_empty() {
+            return "none".into();
+        }
+        counts
+            .iter()
+            .map(|(message, n)| format!("{n} × {message}"))
+            .collect::<Vec<_>>()
+            .join("; ")
+    }
+
+    /// Noise that must never appear: the server's errors for prepared
+    /// statements executed before they were prepared, and sqlx's warnings
+    /// for connections the store handed back dead.
+    fn forbidden(&self) -> Vec<String> {
+        let server = self
+            .server_errors
+            .iter()
+            .filter(|(m, _)| m.starts_with("prepared statement"))
+            .map(|(m, n)| format!("{n} × server ERROR {m}"));
+        let ours = self
+            .warnings
+            .iter()
+            .filter(|(m, _)| m.contains("on-release"))
+            .map(|(m, n)| format!("{n} × {m}"));
+        server.chain(ours).collect()
+    }
 }
 
 /// `cargo xtask faults [restart|backend-kills|worker-kills ...]`: the
@@ -118,12 +209,14 @@ pub async fn run(only: &[String]) -> Result<()> {
         !faults.is_empty(),
         "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills, slots-held"
     );
+    warnings::install();
     let mut failures = Vec::new();
     for fault in faults {
         for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
             let pg = Postgres::start_local(ClusterOptions { durable: false }).context(
                 "the fault tests stop and start PostgreSQL, so they need its local binaries",
             )?;
+            warnings::take();
             let figures = match fault {
                 Fault::WorkerKills => worker_kills(&pg, mode).await?,
                 Fault::Restart => drain_under(&pg, mode, ServerFault::Restart).await?,
@@ -157,12 +250,29 @@ pub async fn run(only: &[String]) -> Result<()> {
                     figures.failed
                 ),
             };
+            let noise = Noise::of(&pg)?;
+            let claim_wait = figures
+                .claim_wait
+                .map_or("not measured".into(), |(p99, most)| {
+                    format!("p99 {:.0} ms, most {:.0} ms", p99 * 1e3, most * 1e3)
+                });
             println!(
                 "faults: {mode:?}, {what}: {} jobs enqueued, {lost} lost, {} run twice, \
-                 recovery to 90 % of {:.0} jobs/s: {recovery} after the fault ended",
-                figures.enqueued, figures.duplicates, figures.rate_before,
+                 recovery to 90 % of {:.0} jobs/s: {recovery} after the fault ended; \
+                 charged to jobs: {} failures, {} resets; enqueue to start during the fault: {claim_wait}\n  \
+                 server log errors: {}\n  warnings logged: {}",
+                figures.enqueued,
+                figures.duplicates,
+                figures.rate_before,
+                figures.charged.failures,
+                figures.charged.resets,
+                Noise::summary(&noise.server_errors),
+                Noise::summary(&noise.warnings),
             );
             let name = format!("{mode:?} under {fault:?}");
+            for noise in noise.forbidden() {
+                failures.push(format!("{name}: {noise}"));
+            }
             if lost != 0 {
                 failures.push(format!("{name}: {lost} jobs lost"));
             }
@@ -177,6 +287,21 @@ pub async fn run(only: &[String]) -> Result<()> {
             }
             if fault != Fault::WorkerKills && figures.recovery.is_none_or(|d| d > RECOVERY_TARGET) {
                 failures.push(format!("{name}: recovery {recovery}, target ≤ 5 s"));
+            }
+            if fault == Fault::BackendKills {
+                if let Some((_, most)) = figures.claim_wait.filter(|(_, most)| *most > 1.0) {
+                    failures.push(format!(
+                        "{name}: a job waited {most:.1} s from enqueue to start, target ≤ 1 s"
+                    ));
+                }
+                // Every handler write is in the job's transaction: a kill
+                // can only cut an attempt off, never fail it.
+                if mode == ExecutionMode::Transactional && figures.charged.failures != 0 {
+                    failures.push(format!(
+                        "{name}: {} jobs charged a failure for the store's faults",
+                        figures.charged.failures
+                    ));
+                }
             }
             if fault == Fault::BackendKills && figures.rate_during < 0.8 * RATE as f64 {
                 failures.push(format!(
@@ -200,10 +325,16 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
         .connect(&pg.url)
         .await
         .context("connecting to Postgres")?;
+    // The store's pool is the store's alone: the producer, the sampling
+    // and lease mode's handler writes go through the harness's, so that
+    // any warning about a dead connection handed back is the store's.
+    let harness = harness_pool(&pg.url).await?;
     let table = JobTable::new("faults", "jobs")?;
     table.migrate(&pool).await?;
     let ledger = "\"faults\".\"ledger\"".to_owned();
-    sqlx::query(&format!("CREATE TABLE {ledger} (job_id bigint NOT NULL)"))
+    sqlx::query(&format!(
+        "CREATE TABLE {ledger} (job_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
+    ))
         .execute(&pool)
         .await?;
     let store: PgStore<Job> =
@@ -214,6 +345,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
         Ledger {
             table: ledger.clone(),
             transactional: mode == ExecutionMode::Transactional,
+            harness: harness.clone(),
         },
         WorkerOptions {
             heartbeat_interval: Duration::from_millis(500),
@@ -233,7 +365,7 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
 
     // The producer: RATE jobs a second, each enqueue retried until it lands.
     let enqueued = Arc::new(AtomicUsize::new(0));
-    let producer = spawn_producer(&pool, &table, PRODUCE, enqueued.clone());
+    let producer = spawn_producer(&harness, &table, PRODUCE, enqueued.clone());
 
     // Completions sampled every 250 ms (a failed read, while the server is
     // down, counts as no change).
@@ -251,9 +383,11 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
         ServerFault::BackendKills | ServerFault::SlotsHeld => KILLS_FOR,
     };
     let killing = CancellationToken::new();
+    let mut fault_window = (chrono::Utc::now(), chrono::Utc::now());
     loop {
         let now = started.elapsed();
         if stopped_at.is_none() && now >= FAULT_AT {
+            fault_window.0 = chrono::Utc::now();
             match fault {
                 ServerFault::Restart => pg.stop_server()?,
                 ServerFault::BackendKills => {
@@ -272,10 +406,11 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
                     ServerFault::BackendKills | ServerFault::SlotsHeld => killing.cancel(),
                 }
                 back_at = Some(Instant::now());
+                fault_window.1 = chrono::Utc::now();
             }
         }
         if let Ok(count) = sqlx::query_scalar::<_, i64>(&completed_sql)
-            .fetch_one(&pool)
+            .fetch_one(&harness)
             .await
         {
             last = count;
@@ -334,20 +469,30 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
             when.saturating_sub(back)
                 .saturating_sub(Duration::from_secs(1))
         });
-    let completed: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+    let completed: i64 = sqlx::query_scalar(&completed_sql)
+        .fetch_one(&harness)
+        .await?;
     let duplicates: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM (SELECT job_id FROM {ledger} GROUP BY job_id HAVING count(*) > 1) AS twice"
     ))
-    .fetch_one(&pool)
+    .fetch_one(&harness)
     .await?;
+    // Nothing is enqueued while the server is down: no claim waits to see.
+    let claim_wait: (Option<f64>, Option<f64>) = if fault == ServerFault::Restart {
+        (None, None)
+    } else {
+        claim_waits(&harness, &ledger, &table, fault_window).await?
+    };
     Ok(Figures {
         enqueued: enqueued.load(Ordering::SeqCst),
         completed,
         duplicates,
         rate_before,
         rate_during,
-        failed: count_failed(&pool, &table).await?,
+        failed: count_failed(&harness, &table).await?,
         recovery,
+        charged: charged(&harness, &table).await?,
+        claim_wait: claim_wait.0.zip(claim_wait.1),
     })
 }
 
@@ -468,7 +613,59 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
         rate_during: completed_then as f64 / killing.as_secs_f64(),
         failed: count_failed(&pool, &table).await?,
         recovery: None,
+        charged: charged(&pool, &table).await?,
+        claim_wait: None,
     })
+}
+
+/// The p99 and longest wait from enqueue to start, in seconds, of the jobs
+/// enqueued within `window` and charged nothing.
+async fn claim_waits(
+    harness: &sqlx::PgPool,
+    ledger: &str,
+    table: &JobTable,
+    window: (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
+) -> Result<(Option<f64>, Option<f64>)> {
+    Ok(sqlx::query_as(&format!(
+        "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY wait), max(wait) FROM (\
+         SELECT extract(epoch FROM min(l.at) - j.queued_at)::float8 AS wait \
+         FROM {ledger} AS l JOIN {jobs} AS j ON j.id = l.job_id \
+         WHERE j.queued_at BETWEEN $1 AND $2 AND j.num_failures = 0 AND j.num_resets = 0 \
+         GROUP BY j.id, j.queued_at) AS waits",
+        jobs = table.name().quoted()
+    ))
+    .bind(window.0)
+    .bind(window.1)
+    .fetch_one(harness)
+    .await?)
+}
+
+/// A pool for the harness's own statements, which may be killed too: a
+/// connection handed back is pinged by the pool's own hook first, and a
+/// dead one closed quietly, so that sqlx's warning about it (which the run
+/// counts) can only come from the store's pool.
+async fn harness_pool(url: &str) -> Result<sqlx::PgPool> {
+    use sqlx::Connection;
+    PgPoolOptions::new()
+        .max_connections(8)
+        // While the server is down, a statement fails within 2 s and is
+        // tried again, rather than waiting out sqlx's 30 s.
+        .acquire_timeout(Duration::from_secs(2))
+        .after_release(|conn, _| Box::pin(async move { Ok(conn.ping().await.is_ok()) }))
+        .connect(url)
+        .await
+        .context("connecting the harness to Postgres")
+}
+
+/// Jobs charged a failure, and a reset.
+async fn charged(pool: &sqlx::PgPool, table: &JobTable) -> Result<Charged> {
+    let (failures, resets): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE num_failures > 0), count(*) FILTER (WHERE num_resets > 0) FROM {}",
+        table.name().quoted()
+    ))
+    .fetch_one(pool)
+    .await?;
+    Ok(Charged { failures, resets })
 }
 
 /// Jobs that ended failed.

@@ -13,6 +13,7 @@ mod fuzz_api;
 mod pg;
 mod served;
 mod test_pg;
+mod warnings;
 
 use anyhow::{bail, Result};
 

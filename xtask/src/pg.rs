@@ -84,6 +84,16 @@ impl Postgres {
             .stop_server()
     }
 
+    /// The server's log so far (a cluster of this process only).
+    pub fn server_log(&self) -> Result<String> {
+        let cluster = self
+            ._cluster
+            .as_ref()
+            .context("only a throwaway cluster of this process has a log here")?;
+        let path = cluster.dir.join("server.log");
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
+    }
+
     /// Starts the stopped server again.
     pub fn start_server(&self) -> Result<()> {
         self._cluster

@@ -874,6 +874,55 @@ pub async fn release_requeues_without_counting<H: Harness>(h: &H) {
     assert_eq!(again.lease.attempt, 1);
 }
 
+/// `finish_again` (a failed finish written once more, outside the job
+/// store) records its transition under the lease like `finish`, and is
+/// stale once the job has moved on.
+pub async fn finish_again_is_guarded_like_finish<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let id = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(null)))
+        .await;
+    let claimed = claim::<H>(&store, 1, t).await.pop().expect("one job");
+    let lease = claimed.lease.clone();
+    // The first finish's job store is gone with it (a crashed transaction).
+    h.crash(claimed.job_store).await;
+    let again = |transition| store.finish_again(&lease, transition, at(t, 1));
+    assert_eq!(
+        again(Transition::Release).await.expect("finish_again"),
+        WriteResult::Applied
+    );
+    let s = snapshot(h, &store, &id).await;
+    assert_eq!(
+        (s.state, s.num_failures, s.num_resets),
+        (JobState::Queued, 0, 0)
+    );
+    assert_eq!(
+        again(Transition::Complete).await.expect("finish_again"),
+        WriteResult::Stale,
+        "the lease is spent"
+    );
+    let claimed = claim::<H>(&store, 1, at(t, 2))
+        .await
+        .pop()
+        .expect("queued again");
+    let lease = claimed.lease.clone();
+    h.crash(claimed.job_store).await;
+    let error = Transition::Error {
+        message: "written again".into(),
+        retry_at: at(t, 60),
+    };
+    assert_eq!(
+        store
+            .finish_again(&lease, error, at(t, 3))
+            .await
+            .expect("finish_again"),
+        WriteResult::Applied
+    );
+    let s = snapshot(h, &store, &id).await;
+    assert_eq!((s.state, s.num_failures), (JobState::Errored, 1));
+}
+
 /// Writes for a deleted job are stale and do not resurrect it.
 pub async fn deleted_job_writes_are_stale<H: Harness>(h: &H) {
     let store = h.store().await;
@@ -1765,6 +1814,7 @@ macro_rules! conformance_tests {
             an_at_most_once_job_fails_when_stalled,
             stale_lease_cannot_write,
             release_requeues_without_counting,
+            finish_again_is_guarded_like_finish,
             deleted_job_writes_are_stale,
             admin_get_shows_a_job_as_stored,
             admin_list_filters_and_pages_by_key,

@@ -232,6 +232,9 @@ pub(crate) struct Statements {
     /// The completion inside a job's transaction, prepared: fails
     /// ([`prepared::NOT_HELD`]) unless it completed the claim's row.
     pub held_complete: Prepared,
+    /// Prepares the two above on a connection that lacks them, without an
+    /// error on one that has them (see [`prepared::prepare_missing`]).
+    pub prepare_held: String,
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
@@ -703,6 +706,7 @@ impl Statements {
             select_view,
             select_text,
             lock,
+            prepare_held: prepared::prepare_missing(&[&held_lock, &held_complete]),
             held_lock,
             held_complete,
             finish,

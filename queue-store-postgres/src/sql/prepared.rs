@@ -61,6 +61,28 @@ impl Prepared {
     }
 }
 
+/// A `DO` block that prepares each of `statements` the connection does not
+/// hold yet. Sent ahead of a statement's first `EXECUTE` on a connection
+/// the store has not seen prepare them, so that it never fails for want of
+/// them: executing first and preparing on the error (26000) would leave an
+/// `ERROR` in the server's log for every new connection. A prepared
+/// statement belongs to the session, and survives the transaction it was
+/// made in.
+pub(crate) fn prepare_missing(statements: &[&Prepared]) -> String {
+    let body: String = statements
+        .iter()
+        .map(|p| {
+            format!(
+                "IF NOT EXISTS (SELECT FROM pg_catalog.pg_prepared_statements WHERE name = {}) \
+                 THEN EXECUTE {}; END IF; ",
+                literal(&p.name),
+                literal(&p.prepare())
+            )
+        })
+        .collect();
+    format!("DO {}", literal(&format!("BEGIN {body}END")))
+}
+
 /// `SELECT 1` when exactly one row was locked or updated (`rows`, a
 /// subquery), the [`NOT_HELD`] error otherwise.
 pub(crate) fn exactly_one(rows: &str) -> String {

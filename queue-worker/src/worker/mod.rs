@@ -14,7 +14,7 @@ use async_trait::async_trait;
 use futures_util::FutureExt;
 use queue_core::{
     AttemptEnd, CancellationToken, Claimed, Clock, Handler, JobContext, JobRecord, Lease, LogEntry,
-    LogSink, Outcome, OutcomePolicy, Store, StoreError, SystemClock, WriteResult,
+    LogSink, Outcome, OutcomePolicy, Store, StoreError, SystemClock, Transition, WriteResult,
 };
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinSet;
@@ -417,7 +417,8 @@ async fn start_job<S: Store, H: Handler<S>>(
                 fastrand::f64(),
             );
             tracing::error!(id = %lease.id, outcome = outcome.label(), "claimed record could not be decoded");
-            record_outcome(shared, job_store, &lease, &outcome).await;
+            // The handler never ran: no transaction of its to lose.
+            let outcome = record_outcome(shared, job_store, &lease, outcome, false).await;
             metrics::undecodable(&outcome);
             shared.count(&outcome);
             return None;
@@ -512,6 +513,20 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
                 AttemptEnd::Released if lease.limits.at_most_once => {
                     AttemptEnd::Errored(queue_core::JobError::poison(AT_MOST_ONCE_SHUTDOWN_MESSAGE))
                 }
+                // The store's fault, not the handler's: not charged.
+                AttemptEnd::Errored(error) => {
+                    let cut_off = match shared.store.attempt_cut_off(&mut job_store).await {
+                        Some(why) => Some(why),
+                        None => store_unavailable(&error),
+                    };
+                    match cut_off {
+                        Some(why) => {
+                            tracing::warn!(id = %lease.id, handler_error = %error, "{why}; the job is handed back without counting a failure");
+                            AttemptEnd::Interrupted(why)
+                        }
+                        None => AttemptEnd::Errored(error),
+                    }
+                }
                 end => end,
             }
         }
@@ -521,7 +536,8 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
     // outcome is recorded (which a batching store may hold briefly), unless
     // recording it commits the handler's transaction, which is still the
     // handler's work.
-    let run_slot = run_slot.filter(|_| shared.store.finish_ends_transaction(&job_store));
+    let ends_transaction = shared.store.finish_ends_transaction(&job_store);
+    let run_slot = run_slot.filter(|_| ends_transaction);
     drop(claim_slot);
     if !matches!(end, AttemptEnd::Succeeded) {
         // Let anything the handler spawned with the token stop too.
@@ -535,7 +551,7 @@ async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job: JobRun<S>)
         fastrand::f64(),
     );
     let outcome = without_uncounted_retry(outcome, shared.store.counts_failures());
-    let outcome = record_outcome(shared, job_store, &lease, &outcome).await;
+    let outcome = record_outcome(shared, job_store, &lease, outcome, ends_transaction).await;
     drop(run_slot);
     if let Outcome::Retried { retry_at, .. } = &outcome {
         wake_when_due(shared, *retry_at);
@@ -595,6 +611,26 @@ async fn handle<S: Store, H: Handler<S>>(
     }
 }
 
+/// Whether a handler's error came from the queue's store being unreachable
+/// (a [`StoreError::Unavailable`] anywhere in its chain: the job's
+/// transaction could not be opened, an execution log entry could not be
+/// written): then the attempt was cut off by the store, not failed by the
+/// handler. Errors of the handler's own connections (to this database or
+/// any other) stay the handler's: handing those back uncounted would retry
+/// a job whose other database is down without end or backoff.
+fn store_unavailable(error: &queue_core::JobError) -> Option<String> {
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(error.source());
+    while let Some(cause) = next {
+        if let Some(store_error @ StoreError::Unavailable { .. }) =
+            cause.downcast_ref::<StoreError>()
+        {
+            return Some(store_error.chain());
+        }
+        next = cause.source();
+    }
+    None
+}
+
 /// How a job asked to stop ends.
 fn stopped(reason: Option<StopReason>) -> AttemptEnd {
     match reason {
@@ -637,19 +673,67 @@ fn without_uncounted_retry(outcome: Outcome, store_counts_failures: bool) -> Out
     }
 }
 
-/// Writes the outcome's transition; a stale write turns it into `Lost`.
+/// How long a failed outcome write is retried before the job is left to
+/// the resetter, and the first and longest waits between tries.
+const FINISH_RETRIES_FOR: Duration = Duration::from_secs(3);
+const FINISH_RETRY_FIRST: Duration = Duration::from_millis(50);
+const FINISH_RETRY_MOST: Duration = Duration::from_secs(1);
+
+/// Writes the outcome's transition; a stale write turns it into `Lost`. A
+/// write that fails retryably (the connection was lost) is tried again for
+/// a few seconds, outside any job transaction: a completion whose
+/// transaction the handler wrote in (`ends_transaction`) is lost with that
+/// transaction, so it is retried as a hand-back (`Interrupted`; an
+/// at-most-once job fails). Only then is the job left to the resetter.
 async fn record_outcome<S: Store, H>(
     shared: &Shared<S, H>,
     job_store: S::JobStore,
     lease: &Lease<S::Id>,
-    outcome: &Outcome,
+    mut outcome: Outcome,
+    ends_transaction: bool,
 ) -> Outcome {
-    let Some(transition) = outcome.transition() else {
-        return outcome.clone();
+    let Some(mut transition) = outcome.transition() else {
+        return outcome;
     };
-    let now = shared.options.clock.now();
-    match shared.store.finish(job_store, lease, transition, now).await {
-        Ok(WriteResult::Applied) => outcome.clone(),
+    let clock = &shared.options.clock;
+    let mut written = shared
+        .store
+        .finish(job_store, lease, transition.clone(), clock.now())
+        .await;
+    let retrying_until = Instant::now() + FINISH_RETRIES_FOR;
+    let mut wait = FINISH_RETRY_FIRST;
+    loop {
+        let error = match &written {
+            Err(error) if error.is_retryable() && Instant::now() + wait <= retrying_until => error,
+            _ => break,
+        };
+        if ends_transaction && transition == Transition::Complete {
+            let why = format!(
+                "the job's transaction could not commit ({}); its writes were rolled back",
+                error.chain()
+            );
+            outcome = if lease.limits.at_most_once {
+                Outcome::Failed {
+                    message: format!("{why} (an at-most-once job is never started twice)"),
+                }
+            } else {
+                Outcome::Interrupted { message: why }
+            };
+            transition = outcome.transition().unwrap_or(Transition::Release);
+        }
+        if wait == FINISH_RETRY_FIRST {
+            // Once per job: the tries after it say nothing new.
+            tracing::warn!(error = %error.chain(), id = %lease.id, "recording the job's outcome failed; trying again for a few seconds");
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(FINISH_RETRY_MOST);
+        written = shared
+            .store
+            .finish_again(lease, transition.clone(), clock.now())
+            .await;
+    }
+    match written {
+        Ok(WriteResult::Applied) => outcome,
         Ok(WriteResult::Stale) => {
             tracing::warn!(id = %lease.id, "job moved on while it ran (reset, reclaimed or deleted); its outcome was not recorded");
             Outcome::Lost

@@ -99,6 +99,26 @@ pub struct Slowed {
     pub events: Arc<Mutex<Vec<String>>>,
     /// The next this many claims fail as if the connection died.
     pub failing_claims: Arc<AtomicUsize>,
+    /// The next this many finishes (first or again) fail as if the
+    /// connection died, writing nothing.
+    pub failing_finishes: Arc<AtomicUsize>,
+    /// The next this many attempts whose handler fails are cut off by the
+    /// store (as a connection lost under the handler would).
+    pub cut_offs: Arc<AtomicUsize>,
+}
+
+/// Takes one from `counter` if it is above zero.
+fn take_one(counter: &AtomicUsize) -> bool {
+    counter
+        .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1))
+        .is_ok()
+}
+
+fn connection_died(context: &str) -> StoreError {
+    StoreError::Unavailable {
+        context: context.into(),
+        source: "server closed the connection unexpectedly".into(),
+    }
 }
 
 impl Slowed {
@@ -113,6 +133,8 @@ impl Slowed {
             ends_transaction: false,
             events: Arc::default(),
             failing_claims: Arc::default(),
+            failing_finishes: Arc::default(),
+            cut_offs: Arc::default(),
         }
     }
 
@@ -133,15 +155,9 @@ impl Store for Slowed {
         &self,
         params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
-        let failing = self
-            .failing_claims
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| n.checked_sub(1));
-        if failing.is_ok() {
+        if take_one(&self.failing_claims) {
             self.record("claim failed".into());
-            return Err(StoreError::Unavailable {
-                context: "claiming jobs".into(),
-                source: "server closed the connection unexpectedly".into(),
-            });
+            return Err(connection_died("claiming jobs"));
         }
         let now = self.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
         self.most_in_flight.fetch_max(now, Ordering::SeqCst);
@@ -168,9 +184,31 @@ impl Store for Slowed {
         now: DateTime<Utc>,
     ) -> Result<WriteResult, StoreError> {
         tokio::time::sleep(self.finish_delay).await;
+        if take_one(&self.failing_finishes) {
+            self.record(format!("finish failed {}", lease.id));
+            return Err(connection_died("committing a job's transaction"));
+        }
         let written = self.inner.finish(job_store, lease, transition, now).await;
         self.record(format!("finished {}", lease.id));
         written
+    }
+
+    async fn finish_again(
+        &self,
+        lease: &Lease<i64>,
+        transition: Transition,
+        now: DateTime<Utc>,
+    ) -> Result<WriteResult, StoreError> {
+        if take_one(&self.failing_finishes) {
+            self.record(format!("finish failed {}", lease.id));
+            return Err(connection_died("recording job outcomes"));
+        }
+        self.record(format!("finished again {} {transition:?}", lease.id));
+        self.inner.finish_again(lease, transition, now).await
+    }
+
+    async fn attempt_cut_off(&self, _: &mut MemoryStore) -> Option<String> {
+        take_one(&self.cut_offs).then(|| "the job's connection to the database failed".to_owned())
     }
 
     fn finish_ends_transaction(&self, _: &MemoryStore) -> bool {
