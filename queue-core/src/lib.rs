@@ -9,6 +9,7 @@ mod handler;
 mod job;
 mod outcome;
 pub mod resetter;
+pub mod retention;
 mod retry;
 mod store;
 #[cfg(feature = "testkit")]
@@ -29,6 +30,7 @@ pub use crate::job::{
 };
 pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
 pub use crate::resetter::{Delivery, ResetParams, ResetReport};
+pub use crate::retention::{prune, PruneReport, Retention};
 pub use crate::retry::{Backoff, RetryDecision, RetryPolicy};
 pub use crate::store::{ClaimParams, Claimed, HeartbeatReport, Store, Transition, WriteResult};
 

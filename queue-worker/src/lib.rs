@@ -4,6 +4,7 @@
 mod budget;
 mod error;
 pub mod metrics;
+mod pruner;
 mod resetter;
 mod router;
 pub mod shutdown;
@@ -11,6 +12,7 @@ mod worker;
 
 pub use crate::budget::Budget;
 pub use crate::error::WorkerError;
+pub use crate::pruner::{Pruner, PrunerOptions};
 pub use crate::resetter::{Resetter, ResetterOptions};
 pub use crate::router::Router;
 pub use crate::worker::{

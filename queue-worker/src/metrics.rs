@@ -17,6 +17,8 @@ pub const JOBS_IN_FLIGHT: &str = "queue_jobs_in_flight";
 /// Counter of stalled jobs the resetter handled, labelled `action`
 /// (`reset` or `failed`).
 pub const JOBS_RESET: &str = "queue_jobs_reset_total";
+/// Counter of finished jobs the pruner removed, labelled `state`.
+pub const JOBS_PRUNED: &str = "queue_jobs_pruned_total";
 
 /// Serves every metric of this process (the worker's, the store's and the
 /// application's own) in Prometheus' text format over HTTP at `addr`, such
@@ -50,6 +52,10 @@ pub(crate) fn job_finished(kind: &str, outcome: &Outcome, duration: Duration) {
 pub(crate) fn undecodable(outcome: &Outcome) {
     metrics::counter!(JOBS_PROCESSED, "kind" => "undecodable", "outcome" => outcome.label())
         .increment(1);
+}
+
+pub(crate) fn jobs_pruned(state: queue_core::JobState, removed: u64) {
+    metrics::counter!(JOBS_PRUNED, "state" => state.as_str()).increment(removed);
 }
 
 pub(crate) fn jobs_reset(reset: usize, failed: usize) {

@@ -1,5 +1,6 @@
 //! The worker reports `queue_jobs_processed_total{kind,outcome}`, the
-//! duration histogram and the in-flight gauge through the `metrics` facade.
+//! duration histogram and the in-flight gauge, and the pruner
+//! `queue_jobs_pruned_total{state}`, through the `metrics` facade.
 //! (Its own test binary: it installs a process-wide recorder.)
 
 mod common;
@@ -16,7 +17,7 @@ use metrics::{
 };
 use queue_core::{Handler, Job, JobContext, JobError, JobState, NewJob};
 use queue_store_memory::MemoryStore;
-use queue_worker::metrics::{JOBS_IN_FLIGHT, JOBS_PROCESSED, JOB_DURATION};
+use queue_worker::metrics::{JOBS_IN_FLIGHT, JOBS_PROCESSED, JOBS_PRUNED, JOB_DURATION};
 
 /// Every metric as `name{label=value,...}` and its value.
 #[derive(Default)]
@@ -110,7 +111,7 @@ impl Handler<MemoryStore> for ByKind {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn processed_jobs_are_counted_by_kind_and_outcome() {
+async fn processed_and_pruned_jobs_are_counted() {
     let capture = Arc::new(Capture::default());
     metrics::set_global_recorder(Global(capture.clone())).expect("first recorder in this binary");
 
@@ -143,4 +144,26 @@ async fn processed_jobs_are_counted_by_kind_and_outcome() {
         .get(&format!("{JOBS_IN_FLIGHT}{{kind=email}}"))
         .map(f64::from_bits);
     assert_eq!(in_flight, Some(0.0), "the in-flight gauge returns to zero");
+
+    // The two completed jobs are past a retention of zero; the failed one
+    // is kept (no age for failed jobs).
+    let pruner = queue_worker::Pruner::new(
+        store.clone(),
+        queue_worker::PrunerOptions {
+            retention: queue_core::Retention {
+                completed: Some(std::time::Duration::ZERO),
+                batch: 1,
+                ..queue_core::Retention::default()
+            },
+            ..queue_worker::PrunerOptions::default()
+        },
+    )
+    .expect("valid options");
+    let report = pruner.prune_once().await.expect("a pass");
+    assert_eq!(report.total(), 2);
+    assert_eq!(
+        capture.get(&format!("{JOBS_PRUNED}{{state=completed}}")),
+        Some(2),
+        "counted per batch, by state"
+    );
 }

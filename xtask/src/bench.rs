@@ -16,10 +16,11 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use async_trait::async_trait;
 use queue_core::{
-    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Store, UniqueScope,
+    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Retention, Store,
+    UniqueScope,
 };
 use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgJobStore, PgStore};
-use queue_worker::{Worker, WorkerOptions};
+use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -42,6 +43,8 @@ struct Sizes {
     growth_rows: [u64; 3],
     /// Jobs scheduled a day ahead in the scheduled scenario.
     scheduled_rows: u64,
+    /// Old finished jobs in the table of the retention scenario's drains.
+    retention_rows: u64,
     single_enqueues: usize,
     /// Jobs per round of the HTTP enqueue scenario, each way.
     http_enqueues: usize,
@@ -57,6 +60,7 @@ const FULL: Sizes = Sizes {
     memory_jobs: 10_000,
     growth_rows: [0, 1_000_000, 10_000_000],
     scheduled_rows: 200_000,
+    retention_rows: 1_000_000,
     single_enqueues: 5_000,
     http_enqueues: 16_000,
     rounds: 5,
@@ -69,6 +73,7 @@ const QUICK: Sizes = Sizes {
     memory_jobs: 200,
     growth_rows: [0, 10_000, 50_000],
     scheduled_rows: 5_000,
+    retention_rows: 20_000,
     single_enqueues: 500,
     http_enqueues: 800,
     rounds: 1,
@@ -117,10 +122,11 @@ impl Results {
 }
 
 /// The scenarios `--only` can pick, in the order they run.
-const SCENARIOS: [&str; 10] = [
+const SCENARIOS: [&str; 11] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
+    "retention",
     "alternating",
     "enqueue",
     "wake",
@@ -132,7 +138,7 @@ const SCENARIOS: [&str; 10] = [
 
 const USAGE: &str = "usage: cargo xtask bench [--quick] [--peers] [--only SCENARIO,...]\n\
                      scenarios (a prefix picks all that start with it): ceiling, drain-lease, \
-                     drain-transactional, alternating, enqueue, wake, memory, growth, scheduled, peers";
+                     drain-transactional, retention, alternating, enqueue, wake, memory, growth, scheduled, peers";
 
 /// Which scenarios run: all of them (peers only with `--peers`), or those
 /// `--only` names.
@@ -248,6 +254,48 @@ pub async fn run(args: &[String]) -> Result<()> {
                 "{} jobs, exactly once; {:.0} WAL bytes/job, {:.2} commits/job{cpu}",
                 sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
             ),
+        );
+    }
+
+    if selection.runs("retention") {
+        let old = sizes.retention_rows;
+        let mut rates = Vec::new();
+        for (pruning, what) in [
+            (false, "lease, 16 handlers, old finished jobs kept"),
+            (
+                true,
+                "lease, 16 handlers, old finished jobs pruned meanwhile",
+            ),
+        ] {
+            let setup = StoreSetup {
+                old_finished: old,
+                pruning,
+                ..LEASE
+            };
+            let drained = drain(&pool, setup, 16, sizes.drain_jobs).await?;
+            rates.push(drained.jobs_per_second);
+            let pruned = drained
+                .pruned
+                .map(|(n, secs)| format!("; the pruner removed {} in {secs:.1} s", thousands(n)))
+                .unwrap_or_default();
+            results.add(
+                "retention",
+                what,
+                drained.jobs_per_second,
+                "jobs/s",
+                format!(
+                    "{} jobs beside {} completed 40 days ago{pruned}",
+                    sizes.drain_jobs,
+                    thousands(old)
+                ),
+            );
+        }
+        results.add(
+            "retention",
+            "drain while pruning / drain without",
+            rates[1] / rates[0],
+            "x",
+            "same table shape, same run",
         );
     }
 
@@ -575,6 +623,8 @@ struct Drained {
     wal_bytes_per_job: f64,
     commits_per_job: f64,
     cpu: Option<CpuPerJob>,
+    /// With a pruner running: the rows it removed, and in how many seconds.
+    pruned: Option<(u64, f64)>,
 }
 
 async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
@@ -608,12 +658,18 @@ struct StoreSetup {
     /// Transactional mode: how long job locks may wait to ride on other
     /// jobs' commits (`None`: they never do).
     lock_rides: Option<Duration>,
+    /// Completed jobs finished 40 days ago, in the table before the drain.
+    old_finished: u64,
+    /// Whether a pruner (30 days for completed jobs) runs during the drain.
+    pruning: bool,
 }
 
 const LEASE: StoreSetup = StoreSetup {
     mode: ExecutionMode::Lease,
     completed: CompletedJobs::Keep,
     lock_rides: None,
+    old_finished: 0,
+    pruning: false,
 };
 const LEASE_DELETING: StoreSetup = StoreSetup {
     completed: CompletedJobs::Delete,
@@ -633,8 +689,19 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
         mode,
         completed,
         lock_rides,
+        old_finished,
+        pruning,
     } = setup;
     let table = fresh_table(pool, "drain").await?;
+    if old_finished > 0 {
+        sqlx::query(&format!(
+            "INSERT INTO {} (kind, state, finished_at) SELECT 'old', 'completed', \
+             now() - interval '40 days' FROM generate_series(1, {old_finished})",
+            table.name().quoted()
+        ))
+        .execute(pool)
+        .await?;
+    }
     let first_id = enqueue_all(pool, &table, n, "noop").await?;
     sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
         .execute(pool)
@@ -659,7 +726,7 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
     let (wal0, commits0) = wal_and_commits(pool).await?;
     let shutdown = CancellationToken::new();
     let worker = Worker::new(
-        store,
+        store.clone(),
         Counted {
             first_id,
             runs: runs.clone(),
@@ -668,6 +735,33 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
         },
         drain_options(handlers),
     )?;
+    let pruner = if pruning {
+        let pruner = Pruner::new(
+            store.clone(),
+            PrunerOptions {
+                interval: Duration::from_millis(100),
+                retention: Retention {
+                    completed: Some(Duration::from_secs(30 * 24 * 3600)),
+                    batch: 5_000,
+                    ..Retention::default()
+                },
+                ..PrunerOptions::default()
+            },
+        )?;
+        Some(tokio::spawn(async move {
+            let started = Instant::now();
+            let mut removed = 0;
+            loop {
+                let pass = pruner.prune_once().await?;
+                removed += pass.total();
+                if pass.total() == 0 {
+                    return anyhow::Ok((removed, started.elapsed().as_secs_f64()));
+                }
+            }
+        }))
+    } else {
+        None
+    };
     let started = Instant::now();
     let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
@@ -717,12 +811,17 @@ async fn drain(pool: &PgPool, setup: StoreSetup, handlers: usize, n: usize) -> R
         twice.is_empty(),
         "EXACTLY-ONCE VIOLATED: jobs at offsets {twice:?} ran other than once"
     );
+    let pruned = match pruner {
+        Some(pruning) => Some(pruning.await??),
+        None => None,
+    };
     store_pool.close().await;
     Ok(Drained {
         jobs_per_second: n as f64 / elapsed.as_secs_f64(),
         wal_bytes_per_job: (wal1 - wal0) as f64 / n as f64,
         commits_per_job: (commits1 - commits0) as f64 / n as f64,
         cpu,
+        pruned,
     })
 }
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use chrono::{TimeDelta, Utc};
-use queue_core::{Admin, Delivery, JobFilter, JobState, PurgeParams, ResetParams};
+use queue_core::{prune, Admin, Delivery, JobFilter, JobState, ResetParams, Retention};
 
 use crate::args::{age, states_named};
 use crate::commands::read::stalled_max_age;
@@ -109,7 +109,8 @@ pub async fn purge<A: Admin>(
         states = vec![JobState::Completed, JobState::Failed, JobState::Canceled];
     }
     states.dedup();
-    let cutoff = Utc::now() - args.older_than;
+    let now = Utc::now();
+    let cutoff = now - args.older_than;
     let filter = JobFilter::default()
         .states(states.iter().copied())
         .finished_before(cutoff);
@@ -127,22 +128,19 @@ pub async fn purge<A: Admin>(
         }
     }
     let bar = progress(total, "purging", !context.json);
-    let params = PurgeParams {
-        finished_before: cutoff,
-        states,
-        limit: args.batch,
+    // The pruner's own pass (queue_core::prune), with the one age for each
+    // state chosen, and no pause between batches: an operator is waiting.
+    let age = args.older_than.to_std().unwrap_or_default();
+    let chosen = |state| states.contains(&state).then_some(age);
+    let retention = Retention {
+        completed: chosen(JobState::Completed),
+        failed: chosen(JobState::Failed),
+        canceled: chosen(JobState::Canceled),
+        batch: args.batch,
+        pause: Duration::ZERO,
     };
-    let mut purged = 0;
-    let mut batches = 0;
-    while purged < total {
-        let n = admin.purge(&params).await?;
-        purged += n;
-        batches += 1;
-        bar.inc(n);
-        if n < args.batch as u64 {
-            break;
-        }
-    }
+    let report = prune(admin, &retention, now, |_, n| bar.inc(n)).await?;
+    let (purged, batches) = (report.total(), report.batches);
     bar.finish_and_clear();
     if context.json {
         return output::json(

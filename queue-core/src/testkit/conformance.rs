@@ -25,6 +25,7 @@ use crate::admin::{
 };
 use crate::job::{JobState, Lease, LogEntry, NewJob};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
+use crate::retention::{prune, Retention};
 use crate::store::{ClaimParams, Claimed, Store, Transition, WriteResult};
 
 /// The name under which the suite claims.
@@ -1568,6 +1569,95 @@ pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H)
     );
 }
 
+/// `prune` removes, state by state and in batches, the finished jobs older
+/// than their state's age, and keeps states without one, recent jobs and
+/// unfinished ones.
+pub async fn prune_removes_finished_jobs_past_their_states_age<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    for n in 0..7 {
+        h.enqueue(&store, NewJob::new("k", serde_json::json!(n)))
+            .await;
+    }
+    let queued = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!("waits")))
+        .await;
+    let mut claimed = claim::<H>(&store, 7, t).await;
+    let mut ended = |n: usize| claimed.drain(..n).collect::<Vec<_>>();
+    let (old_completed, recent, old_failed, old_canceled) =
+        (ended(3), ended(1), ended(2), ended(1));
+    let recent_id = recent[0].lease.id.clone();
+    let failed_id = old_failed[0].lease.id.clone();
+    for c in old_completed {
+        end::<H>(&store, c, Transition::Complete, at(t, -7200)).await;
+    }
+    for c in recent {
+        end::<H>(&store, c, Transition::Complete, at(t, -60)).await;
+    }
+    for c in old_failed {
+        end::<H>(&store, c, fail("x"), at(t, -7200)).await;
+    }
+    let cancel = Transition::Cancel {
+        message: "stop".into(),
+    };
+    for c in old_canceled {
+        end::<H>(&store, c, cancel.clone(), at(t, -7200)).await;
+    }
+    let hour = std::time::Duration::from_secs(3600);
+    let retention = Retention {
+        completed: Some(hour),
+        failed: None,
+        canceled: Some(hour),
+        batch: 2,
+        pause: std::time::Duration::ZERO,
+    };
+    let mut batches = Vec::new();
+    let report = prune(&store, &retention, t, |state, n| batches.push((state, n)))
+        .await
+        .expect("prune failed");
+    assert_eq!(
+        batches,
+        vec![
+            (JobState::Completed, 2),
+            (JobState::Completed, 1),
+            (JobState::Canceled, 1)
+        ],
+        "two per batch, until a batch comes back short"
+    );
+    assert_eq!(
+        report.removed,
+        vec![(JobState::Completed, 3), (JobState::Canceled, 1)]
+    );
+    assert_eq!((report.total(), report.batches), (4, 3));
+    assert_eq!(
+        snapshot(h, &store, &recent_id).await.state,
+        JobState::Completed
+    );
+    assert_eq!(
+        snapshot(h, &store, &failed_id).await.state,
+        JobState::Failed
+    );
+    assert_eq!(snapshot(h, &store, &queued).await.state, JobState::Queued);
+    let again = prune(&store, &retention, t, |_, _| {})
+        .await
+        .expect("prune");
+    assert_eq!(again.total(), 0, "nothing left to remove");
+    let refused = prune(
+        &store,
+        &Retention {
+            batch: 0,
+            ..retention
+        },
+        t,
+        |_, _| {},
+    )
+    .await;
+    assert!(
+        matches!(refused, Err(crate::StoreError::Config(_))),
+        "{refused:?}"
+    );
+}
+
 /// `finished_timeline` counts the jobs that finished in each interval by
 /// end state, leaves out those that finished outside the intervals and
 /// those still running, and returns every interval, empty ones too.
@@ -1824,6 +1914,7 @@ macro_rules! conformance_tests {
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
+            prune_removes_finished_jobs_past_their_states_age,
             admin_enqueue_adds_claimable_jobs,
             admin_unique_keys_hold_while_in_scope,
             admin_retry_passes_over_jobs_whose_key_is_held,

@@ -1,0 +1,206 @@
+//! The pruner on Postgres: 1,000,000 finished jobs past their retention
+//! are removed in batches while a worker drains a steady stream from the
+//! same table; every old job goes, nothing else does, and no claim beside
+//! them waits a second. Run with `--nocapture` to see the figures.
+
+mod support;
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use queue_core::{
+    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Retention, Store,
+    Transition,
+};
+use queue_store_postgres::{ExecutionMode, PgJobStore, PgStore};
+use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
+use support::{fresh_table, pool};
+
+const FINISHED: i64 = 1_000_000;
+
+struct Noop;
+
+#[async_trait]
+impl Handler<PgStore<Job>> for Noop {
+    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
+    let Some(pool) = pool("the_pruner_removes_a_million_old_jobs_while_a_worker_drains").await
+    else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let table = jobs.name().quoted();
+    // Old jobs in each final state; failed ones are kept (no age), and the
+    // completed ones of yesterday are too young.
+    sqlx::raw_sql(&format!(
+        "INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'old', CASE WHEN n % 10 = 0 THEN 'canceled' ELSE 'completed' END, \
+                now() - interval '40 days' FROM generate_series(1, {FINISHED}) AS n; \
+         INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'kept', 'failed', now() - interval '40 days' FROM generate_series(1, 100); \
+         INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'kept', 'completed', now() - interval '1 day' FROM generate_series(1, 100); \
+         ANALYZE {table}"
+    ))
+    .execute(&pool)
+    .await
+    .expect("the finished jobs");
+
+    let store = PgStore::default_table(
+        pool.clone(),
+        jobs.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .expect("a store");
+    let stop = CancellationToken::new();
+    let worker =
+        Worker::new(store.clone(), Noop, WorkerOptions::default().handlers(16)).expect("a worker");
+    let worker = tokio::spawn(worker.run(stop.clone()));
+
+    // A steady stream of new jobs for the worker while the pruner runs.
+    let feeding = Arc::new(AtomicBool::new(true));
+    let fed = Arc::new(AtomicU64::new(0));
+    let feeder = {
+        let (jobs, pool, feeding, fed) = (jobs.clone(), pool.clone(), feeding.clone(), fed.clone());
+        tokio::spawn(async move {
+            while feeding.load(Ordering::SeqCst) {
+                let batch: Vec<NewJob> = (0..100)
+                    .map(|n| NewJob::new("new", serde_json::json!(n)))
+                    .collect();
+                jobs.enqueue_many(&pool, &batch).await.expect("enqueue");
+                fed.fetch_add(100, Ordering::SeqCst);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+    };
+    // The prober: one claim at a time beside the worker, each timed.
+    let prober = {
+        let (store, feeding) = (store.clone(), feeding.clone());
+        tokio::spawn(async move {
+            let mut waits = Vec::new();
+            while feeding.load(Ordering::SeqCst) {
+                let started = Instant::now();
+                let claimed = store
+                    .claim(ClaimParams {
+                        limit: 1,
+                        worker: "prober",
+                        conditions: None,
+                        now: chrono::Utc::now(),
+                    })
+                    .await
+                    .expect("a claim");
+                waits.push(started.elapsed());
+                for job in claimed {
+                    let done = store
+                        .finish(
+                            job.job_store,
+                            &job.lease,
+                            Transition::Complete,
+                            chrono::Utc::now(),
+                        )
+                        .await
+                        .expect("a completion");
+                    assert!(done.is_applied(), "the prober's job completes");
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            waits
+        })
+    };
+
+    let thirty_days = Duration::from_secs(30 * 24 * 3600);
+    let pruner = Pruner::new(
+        store.clone(),
+        PrunerOptions {
+            interval: Duration::from_millis(100),
+            retention: Retention {
+                completed: Some(thirty_days),
+                canceled: Some(thirty_days),
+                batch: 5_000,
+                ..Retention::default()
+            },
+            ..PrunerOptions::default()
+        },
+    )
+    .expect("a pruner");
+    let pruning = tokio::spawn(pruner.run(stop.clone()));
+    let count = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&pool)
+                .await
+                .expect("count")
+        }
+    };
+    let started = Instant::now();
+    loop {
+        let old = count(format!("SELECT count(*) FROM {table} WHERE kind = 'old'")).await;
+        if old == 0 {
+            break;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(300),
+            "{old} old jobs left after five minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let took = started.elapsed();
+    feeding.store(false, Ordering::SeqCst);
+    feeder.await.expect("the feeder");
+    let mut waits = prober.await.expect("the prober");
+
+    // The worker drains what was fed; nothing but the old jobs went.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let waiting = count(format!(
+            "SELECT count(*) FROM {table} WHERE state IN ('queued', 'processing')"
+        ))
+        .await;
+        if waiting == 0 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "{waiting} jobs never drained");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.cancel();
+    let drained = worker.await.expect("the worker task").expect("the worker");
+    pruning.await.expect("the pruner task").expect("the pruner");
+    let kept = count(format!("SELECT count(*) FROM {table} WHERE kind = 'kept'")).await;
+    let new = count(format!("SELECT count(*) FROM {table} WHERE kind = 'new'")).await;
+
+    waits.sort();
+    let max = waits.last().copied().unwrap_or_default();
+    let p99 = waits
+        .get(waits.len().saturating_mul(99) / 100)
+        .copied()
+        .unwrap_or_default();
+    println!(
+        "pruner: {FINISHED} rows in {:.1}s; meanwhile {} jobs fed, the worker completed {}; \
+         prober: {} claims, p99 {:.1} ms, max {:.1} ms",
+        took.as_secs_f64(),
+        fed.load(Ordering::SeqCst),
+        drained.count("ok"),
+        waits.len(),
+        p99.as_secs_f64() * 1000.0,
+        max.as_secs_f64() * 1000.0
+    );
+    assert_eq!(kept, 200, "failed jobs (no age) and young ones stay");
+    assert_eq!(
+        new as u64,
+        fed.load(Ordering::SeqCst),
+        "the new jobs (completed today) stay"
+    );
+    assert!(waits.len() > 10, "the prober claimed while the pruner ran");
+    assert!(
+        max < Duration::from_secs(1),
+        "a claim waited {max:?} while the pruner ran"
+    );
+}
