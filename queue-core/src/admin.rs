@@ -506,6 +506,26 @@ pub struct PurgeParams {
     pub limit: usize,
 }
 
+impl PurgeParams {
+    /// The jobs these parameters purge, `None` if no state is named;
+    /// refused if a state is not a final one.
+    pub fn filter(&self) -> Result<Option<JobFilter>, StoreError> {
+        if let Some(state) = self.states.iter().find(|s| !s.is_terminal()) {
+            return Err(StoreError::Config(format!(
+                "only finished jobs can be purged, not {state} ones; choose among completed, failed and canceled"
+            )));
+        }
+        if self.states.is_empty() {
+            return Ok(None);
+        }
+        Ok(Some(
+            JobFilter::default()
+                .states(self.states.iter().copied())
+                .finished_before(self.finished_before),
+        ))
+    }
+}
+
 /// The states [`Admin::retry`] moves jobs out of.
 pub const RETRYABLE_STATES: [JobState; 3] =
     [JobState::Failed, JobState::Errored, JobState::Canceled];
@@ -598,17 +618,9 @@ pub trait Admin: Send + Sync + 'static {
     /// before `params.finished_before`; returns how many. Call again while
     /// it returns `params.limit`.
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
-        if let Some(state) = params.states.iter().find(|s| !s.is_terminal()) {
-            return Err(StoreError::Config(format!(
-                "only finished jobs can be purged, not {state} ones; choose among completed, failed and canceled"
-            )));
-        }
-        if params.states.is_empty() {
+        let Some(filter) = params.filter()? else {
             return Ok(0);
-        }
-        let filter = JobFilter::default()
-            .states(params.states.iter().copied())
-            .finished_before(params.finished_before);
+        };
         let report = self
             .delete(&Targets::Matching {
                 filter,

@@ -10,8 +10,8 @@ use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
     ActionReport, Admin, Delivery, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
-    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
-    StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
+    ListOrder, ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
+    Skipped, StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
     CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
 use sqlx::postgres::PgRow;
@@ -257,6 +257,7 @@ impl<K: PgKey> PgAdmin<K> {
             AdminWrite::Retry(_) => "retrying jobs",
             AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
             AdminWrite::Delete => "deleting jobs",
+            AdminWrite::Archive => "moving purged jobs to the archive",
         };
         let rows = query(&statement, |p| match p {
             Param::Ids => ids.take().map(Value::Keys),
@@ -805,6 +806,26 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             stop_requested: flagged.len() as u64,
             skipped: self.skipped(targets, &changed).await?,
         })
+    }
+
+    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        let Some(filter) = params.filter()? else {
+            return Ok(0);
+        };
+        // With an archive, purged jobs move there; else they are deleted.
+        let write = if self.inner.options.archive.is_some() {
+            AdminWrite::Archive
+        } else {
+            AdminWrite::Delete
+        };
+        let targets = Targets::Matching {
+            filter,
+            limit: params.limit,
+        };
+        let moved = self
+            .write(write, &targets, params.limit, Utc::now())
+            .await?;
+        Ok(moved.len() as u64)
     }
 
     async fn delete(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {

@@ -279,6 +279,9 @@ pub struct PgConfig {
     pub view: Option<Ident>,
     /// The view's schema, if not the table's.
     pub view_schema: Option<Ident>,
+    /// A table purged jobs move to instead of being deleted (in the
+    /// table's schema); see [`PgStoreOptions::archive_table`].
+    pub archive_table: Option<Ident>,
     /// The alias of the table in SQL expressions.
     pub alias: Option<Ident>,
     /// The workers' select list (SQL).
@@ -381,6 +384,11 @@ impl PgConfig {
                 None => options.view(view.as_str()),
             }
             .map_err(|e| invalid("view", e))?;
+        }
+        if let Some(archive) = &self.archive_table {
+            options = options
+                .archive_table(archive.as_str())
+                .map_err(|e| invalid("archive_table", e))?;
         }
         if let Some(alias) = &self.alias {
             options = options

@@ -136,6 +136,36 @@ impl JobTable {
         options.unwrap_or_else(|e| panic!("validated names rejected: {e}"))
     }
 
+    /// The name of this table's archive: `<table>_archive` in its schema
+    /// (see [`JobTable::create_archive`]).
+    pub fn archive_name(&self) -> String {
+        crate::sql::default_table::derived_name(&self.table.name, "archive")
+    }
+
+    /// Creates the archive purged jobs move to, if it is missing: a table
+    /// like this one (same columns and defaults, no indexes or triggers)
+    /// named [`JobTable::archive_name`]. Point the store at it with
+    /// `store_options().archive_table(&jobs.archive_name())`; the pruner and
+    /// `queue purge` then move old finished jobs there instead of deleting
+    /// them. Run it after [`JobTable::migrate`] (and again after a
+    /// migration that adds a column: the store checks at start-up that the
+    /// archive has every column).
+    pub async fn create_archive(&self, pool: &PgPool) -> Result<(), StoreError> {
+        let archive = crate::ident::QualifiedName::new(
+            self.table.schema.clone(),
+            crate::ident::Ident::new(self.archive_name())?,
+        );
+        sqlx::query(&format!(
+            "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS)",
+            archive.quoted(),
+            self.table.quoted()
+        ))
+        .execute(pool)
+        .await
+        .map_err(|e| crate::error::store_error("creating the archive table", e))?;
+        Ok(())
+    }
+
     /// Brings the table to the newest version of its schema: creates the
     /// schema, table, indexes and notify trigger where missing, then each
     /// later version in order (see [`Migration`]). Returns the versions it

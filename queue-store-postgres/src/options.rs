@@ -314,6 +314,8 @@ pub struct PgStoreOptions {
     pub(crate) table: QualifiedName,
     pub(crate) alias: Ident,
     pub(crate) view: Option<QualifiedName>,
+    /// Where purged jobs go instead of being deleted.
+    pub(crate) archive: Option<QualifiedName>,
     pub(crate) select: Option<String>,
     pub(crate) order_by: Option<String>,
     pub(crate) columns: BTreeMap<Column, Option<Ident>>,
@@ -344,6 +346,7 @@ impl PgStoreOptions {
             table: QualifiedName::new(Ident::new("public")?, table.clone()),
             alias: table,
             view: None,
+            archive: None,
             select: None,
             order_by: None,
             columns,
@@ -381,6 +384,28 @@ impl PgStoreOptions {
         self.view = Some(QualifiedName::new(
             self.table.schema.clone(),
             Ident::new(view)?,
+        ));
+        Ok(self)
+    }
+
+    /// Moves purged jobs (the pruner's, `queue purge`'s: [`Admin::purge`](queue_core::Admin::purge))
+    /// into `archive` (in the table's schema) instead of deleting them, as
+    /// rickover's `archived_jobs` does. The archive needs every column of
+    /// the table, with the same types (`CREATE TABLE archive (LIKE jobs)`;
+    /// checked at start-up); an operator's `delete` still deletes.
+    pub fn archive_table(mut self, archive: &str) -> Result<Self, OptionsError> {
+        self.archive = Some(QualifiedName::new(
+            self.table.schema.clone(),
+            Ident::new(archive)?,
+        ));
+        Ok(self)
+    }
+
+    /// [`PgStoreOptions::archive_table`] in `schema`.
+    pub fn archive_table_in(mut self, schema: &str, archive: &str) -> Result<Self, OptionsError> {
+        self.archive = Some(QualifiedName::new(
+            Ident::new(schema)?,
+            Ident::new(archive)?,
         ));
         Ok(self)
     }

@@ -204,3 +204,118 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
         "a claim waited {max:?} while the pruner ran"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_archive_purged_jobs_move_there_whole_instead_of_being_deleted() {
+    let Some(pool) = pool("with_an_archive_purged_jobs_move_there").await else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let table = jobs.name().quoted();
+    jobs.create_archive(&pool).await.expect("the archive");
+    let archive = format!(
+        "{}.\"{}\"",
+        jobs.name().schema.quoted(),
+        jobs.archive_name()
+    );
+    sqlx::raw_sql(&format!(
+        "INSERT INTO {table} (kind, payload, state, failure_message, finished_at) \
+         SELECT 'old', jsonb_build_object('n', n), 'failed', 'boom ' || n, now() - interval '40 days' \
+         FROM generate_series(1, 5) AS n; \
+         INSERT INTO {table} (kind, state, finished_at) VALUES ('young', 'failed', now())"
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let store = PgStore::default_table(
+        pool.clone(),
+        jobs.store_options()
+            .archive_table(&jobs.archive_name())
+            .expect("a valid name"),
+    )
+    .await
+    .expect("a store with an archive");
+    let retention = Retention {
+        failed: Some(Duration::from_secs(30 * 24 * 3600)),
+        batch: 2,
+        ..Retention::default()
+    };
+    let report = queue_core::prune(&store, &retention, chrono::Utc::now(), |_, _| {})
+        .await
+        .expect("a pass");
+    assert_eq!(report.total(), 5);
+    let left: Vec<String> = sqlx::query_scalar(&format!("SELECT kind FROM {table}"))
+        .fetch_all(&pool)
+        .await
+        .unwrap();
+    assert_eq!(left, ["young"]);
+    let moved: Vec<(String, serde_json::Value, String)> = sqlx::query_as(&format!(
+        "SELECT kind, payload, failure_message FROM {archive} ORDER BY id"
+    ))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert_eq!(moved.len(), 5, "{moved:?}");
+    assert_eq!(
+        moved[0],
+        (
+            "old".to_owned(),
+            serde_json::json!({"n": 1}),
+            "boom 1".to_owned()
+        ),
+        "whole rows move"
+    );
+
+    // An operator's delete still deletes.
+    let young: i64 = sqlx::query_scalar(&format!("SELECT id FROM {table}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    queue_core::Admin::delete(&store, &queue_core::Targets::Ids(vec![young]))
+        .await
+        .unwrap();
+    let archived: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {archive}"))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(archived, 5);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_or_narrower_archive_is_refused_at_start_up_with_the_fix() {
+    let Some(pool) = pool("a_missing_or_narrower_archive_is_refused").await else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let options = || {
+        jobs.store_options()
+            .archive_table(&jobs.archive_name())
+            .expect("a valid name")
+    };
+    let missing = PgStore::<Job>::default_table(pool.clone(), options())
+        .await
+        .expect_err("no archive yet")
+        .to_string();
+    assert!(
+        missing.contains("does not exist") && missing.contains("(LIKE"),
+        "{missing}"
+    );
+    jobs.create_archive(&pool).await.unwrap();
+    sqlx::query(&format!(
+        "ALTER TABLE {}.\"{}\" DROP COLUMN payload",
+        jobs.name().schema.quoted(),
+        jobs.archive_name()
+    ))
+    .execute(&pool)
+    .await
+    .unwrap();
+    let narrower = PgStore::<Job>::default_table(pool.clone(), options())
+        .await
+        .expect_err("the archive lacks a column")
+        .to_string();
+    assert!(
+        narrower.contains("no column \"payload\"")
+            && narrower.contains("ADD COLUMN \"payload\" jsonb"),
+        "{narrower}"
+    );
+}

@@ -22,6 +22,9 @@ pub(crate) enum AdminWrite {
     RequestStop,
     /// Any state → deleted.
     Delete,
+    /// Any state → moved to the archive table; `None` (no statement)
+    /// without one.
+    Archive,
 }
 
 /// A `RETURNING` column that notifies [`Param::Channel`]: an initplan,
@@ -528,7 +531,7 @@ impl AdminStatements {
             AdminWrite::Retry(_) => distinct_retryable_states(|s| self.states.get(s).to_owned()),
             AdminWrite::CancelWaiting => vec![JobState::Queued, JobState::Errored],
             AdminWrite::RequestStop => vec![JobState::Processing],
-            AdminWrite::Delete => Vec::new(),
+            AdminWrite::Delete | AdminWrite::Archive => Vec::new(),
         }
     }
 
@@ -597,7 +600,7 @@ impl AdminStatements {
             Pick::Ids => String::new(),
             Pick::Matching(_) => format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit)),
         };
-        let lock = if write == AdminWrite::Delete {
+        let lock = if matches!(write, AdminWrite::Delete | AdminWrite::Archive) {
             "FOR UPDATE"
         } else {
             "FOR NO KEY UPDATE"
@@ -617,6 +620,19 @@ impl AdminStatements {
         let text = match write {
             AdminWrite::Delete => {
                 format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}")
+            }
+            AdminWrite::Archive => {
+                let Some((archive, columns)) = &self.shape.archive else {
+                    return Ok(None);
+                };
+                // The rows leave the table and enter the archive in one
+                // statement: a failed insert deletes nothing.
+                let columns = columns.join(", ");
+                let key = names.get(Column::Id).unwrap_or("\"id\"");
+                format!(
+                    "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*) \
+                     INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}"
+                )
             }
             AdminWrite::Retry(reset) => {
                 let mut sets = vec![format!(
@@ -838,6 +854,7 @@ mod tests {
             notify_trigger,
             failure_json: None,
             text_select: None,
+            archive: None,
         }
     }
 

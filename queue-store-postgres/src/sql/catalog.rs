@@ -79,6 +79,52 @@ async fn columns(
     Ok((by_name, order))
 }
 
+/// The configured archive, checked to hold every column of the table with
+/// its type, and the table's columns to move; `None` without one.
+async fn archive(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    cols: &HashMap<String, ColumnInfo>,
+    order: &[String],
+) -> Result<Option<(String, Vec<String>)>, StoreError> {
+    let Some(archive) = &options.archive else {
+        return Ok(None);
+    };
+    let table = &options.table;
+    let like = format!("create it with `CREATE TABLE {archive} (LIKE {table})`");
+    let (oid, kind) = relation(pool, archive).await?.ok_or_else(|| {
+        StoreError::Config(format!("archive table {archive} does not exist; {like}"))
+    })?;
+    if kind != "r" && kind != "p" {
+        return Err(StoreError::Config(format!(
+            "archive {archive} is not a table (relkind {kind:?}); {like}"
+        )));
+    }
+    let (archived, _) = columns(pool, oid).await?;
+    for name in order {
+        let ours = &cols[name.as_str()].type_name;
+        match archived.get(name.as_str()) {
+            None => {
+                return Err(StoreError::Config(format!(
+                    "archive table {archive} has no column \"{name}\" ({ours}), which {table} has; add it with `ALTER TABLE {archive} ADD COLUMN \"{name}\" {ours}`"
+                )))
+            }
+            Some(theirs) if &theirs.type_name != ours => {
+                return Err(StoreError::Config(format!(
+                    "archive table {archive} column \"{name}\" is {}, but {table} has {ours}; purged rows could not be moved",
+                    theirs.type_name
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    let quoted = order
+        .iter()
+        .map(|name| format!("\"{}\"", name.replace('"', "\"\"")))
+        .collect();
+    Ok(Some((archive.quoted(), quoted)))
+}
+
 /// The table's columns in order, enum columns cast to text, or `None` if
 /// it has no enum column.
 fn text_select(
@@ -265,6 +311,7 @@ pub(crate) async fn inspect(
             notify_trigger,
             failure_json,
             text_select: text_select(options, &cols, &order),
+            archive: archive(pool, options, &cols, &order).await?,
         },
         absent,
     ))

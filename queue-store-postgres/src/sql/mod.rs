@@ -180,6 +180,9 @@ pub(crate) struct TableShape {
     /// Every column of the table, enum columns cast to text, if it has
     /// any (unqualified names after the alias).
     pub text_select: Option<String>,
+    /// The archive purged jobs move to, quoted, and the table's columns
+    /// (quoted), which it has too; `None` without one.
+    pub archive: Option<(String, Vec<String>)>,
 }
 
 /// What a write puts in the failure column for `message` (an SQL text
@@ -772,6 +775,7 @@ mod tests {
             notify_trigger: true,
             failure_json: None,
             text_select: None,
+            archive: None,
         }
     }
 
