@@ -9,15 +9,19 @@
 //! ```
 //!
 //! The runs table is `<schema>.runs (job_id bigint, pid int)`; it is created
-//! if missing.
+//! if missing. With `--schedule-every-ms N`, the process also runs a
+//! scheduler that enqueues a `tick` job every N ms (schedule `ticks`), as
+//! every process does: the scheduler tests start three and kill one.
 
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
-use queue_core::{CancellationToken, Handler, Job, JobContext, JobError};
+use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
-use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
+use queue_worker::{
+    Resetter, ResetterOptions, Schedule, Scheduler, SchedulerOptions, Worker, WorkerOptions,
+};
 use sqlx::postgres::PgPoolOptions;
 
 struct Args {
@@ -28,6 +32,7 @@ struct Args {
     sleep: Duration,
     until_drained: bool,
     stalled_max_age: Duration,
+    schedule_every: Option<Duration>,
 }
 
 fn parse() -> Result<Args> {
@@ -39,6 +44,7 @@ fn parse() -> Result<Args> {
         sleep: Duration::ZERO,
         until_drained: false,
         stalled_max_age: Duration::from_secs(60),
+        schedule_every: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -68,6 +74,13 @@ fn parse() -> Result<Args> {
                 )
             }
             "--until-drained" => args.until_drained = true,
+            "--schedule-every-ms" => {
+                args.schedule_every = Some(Duration::from_millis(
+                    value()?
+                        .parse()
+                        .context("--schedule-every-ms takes a number")?,
+                ))
+            }
             other => bail!("unknown flag {other}"),
         }
     }
@@ -159,6 +172,19 @@ async fn main() -> Result<()> {
     )?;
     let resetting = tokio::spawn(resetter.run(shutdown.clone()));
     let working = tokio::spawn(worker.run(shutdown.clone()));
+    let scheduling = match args.schedule_every {
+        Some(period) => {
+            let ticks = Schedule::every(
+                "ticks",
+                period,
+                NewJob::new("tick", serde_json::json!(null)),
+            )?;
+            let scheduler =
+                Scheduler::new(store.clone(), vec![ticks], SchedulerOptions::default())?;
+            Some(tokio::spawn(scheduler.run(shutdown.clone())))
+        }
+        None => None,
+    };
     println!("ready {}", std::process::id());
     if args.until_drained {
         wait_until_drained(&pool, &table, &shutdown).await?;
@@ -166,6 +192,9 @@ async fn main() -> Result<()> {
     }
     let report = working.await??;
     resetting.await??;
+    if let Some(scheduling) = scheduling {
+        scheduling.await??;
+    }
     println!("report ok={} total={}", report.count("ok"), report.total());
     Ok(())
 }

@@ -7,6 +7,7 @@ pub mod metrics;
 mod pruner;
 mod resetter;
 mod router;
+mod scheduler;
 pub mod shutdown;
 mod worker;
 
@@ -15,6 +16,7 @@ pub use crate::error::WorkerError;
 pub use crate::pruner::{Pruner, PrunerOptions};
 pub use crate::resetter::{Resetter, ResetterOptions};
 pub use crate::router::Router;
+pub use crate::scheduler::{CatchUp, Occurrence, Schedule, Scheduler, SchedulerOptions};
 pub use crate::worker::{
     default_worker_name, Worker, WorkerOptions, WorkerReport, AT_MOST_ONCE_SHUTDOWN_MESSAGE,
 };

@@ -6,7 +6,9 @@
 //! completions, job transactions and the listener alike), and one of two
 //! worker processes (the `pg_worker` example) SIGKILLed every 3 s, five
 //! times, while jobs are enqueued, and every connection slot but three
-//! held for twenty seconds (no job may fail for it). A producer enqueues 200 jobs a
+//! held for twenty seconds (no job may fail for it); and three worker
+//! processes running the same one-second schedule for a minute, one of them
+//! SIGKILLed half-way (every second must have exactly one job). A producer enqueues 200 jobs a
 //! second throughout (retrying while the server is down); a worker and a
 //! resetter drain them; every handler run is written to a ledger (in the
 //! job's transaction in transactional mode).
@@ -195,6 +197,7 @@ impl Noise {
 /// faults named, or all.
 pub async fn run(only: &[String]) -> Result<()> {
     let named = |name: &str| only.is_empty() || only.iter().any(|o| o == name);
+    let run_schedulers = named("schedulers");
     let faults: Vec<Fault> = [
         ("restart", Fault::Restart),
         ("backend-kills", Fault::BackendKills),
@@ -206,8 +209,8 @@ pub async fn run(only: &[String]) -> Result<()> {
     .map(|(_, fault)| fault)
     .collect();
     ensure!(
-        !faults.is_empty(),
-        "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills, slots-held"
+        !faults.is_empty() || run_schedulers,
+        "unknown fault in {only:?}; choose among restart, backend-kills, worker-kills, slots-held, schedulers"
     );
     warnings::install();
     let mut failures = Vec::new();
@@ -311,10 +314,104 @@ pub async fn run(only: &[String]) -> Result<()> {
             }
         }
     }
+    if run_schedulers {
+        let pg = Postgres::start_local(ClusterOptions { durable: false })?;
+        let figures = schedulers(&pg).await?;
+        println!(
+            "faults: three worker processes running a one-second schedule for {} s, one \
+             SIGKILLed half-way: {} occurrences expected, {} enqueued, {} missing, {} twice",
+            SCHEDULED_FOR.as_secs(),
+            figures.expected,
+            figures.enqueued,
+            figures.missing.len(),
+            figures.twice
+        );
+        if !figures.missing.is_empty() || figures.twice != 0 {
+            failures.push(format!(
+                "schedulers: missing occurrences {:?}, {} enqueued twice",
+                figures.missing, figures.twice
+            ));
+        }
+    }
     if !failures.is_empty() {
         bail!("fault tests failed: {}", failures.join("; "));
     }
     Ok(())
+}
+
+/// How long the scheduler processes run.
+const SCHEDULED_FOR: Duration = Duration::from_secs(60);
+
+/// What the scheduler run saw.
+struct ScheduleFigures {
+    /// Whole seconds between the last process's start and the first one's
+    /// stop, each an occurrence.
+    expected: usize,
+    /// Occurrences with a job.
+    enqueued: usize,
+    /// Occurrences in the window without one.
+    missing: Vec<String>,
+    /// Jobs beyond one per occurrence.
+    twice: i64,
+}
+
+/// Three worker processes (the `pg_worker` example) each run the same
+/// one-second schedule for SCHEDULED_FOR; the first is SIGKILLed half-way.
+/// Every second while any ran must have exactly one job.
+async fn schedulers(pg: &Postgres) -> Result<ScheduleFigures> {
+    let binary = worker_binary()?;
+    let pool = PgPoolOptions::new()
+        .max_connections(4)
+        .connect(&pg.url)
+        .await
+        .context("connecting to Postgres")?;
+    let table = JobTable::new("faults", "jobs")?;
+    table.migrate(&pool).await?;
+    let every_second = ["--schedule-every-ms", "1000"];
+    let mut processes = Vec::new();
+    for _ in 0..3 {
+        processes.push(spawn_worker(&binary, &pg.url, ExecutionMode::Lease, &every_second).await?);
+    }
+    // Occurrences from the first whole second after all three run.
+    let from = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+    tokio::time::sleep(SCHEDULED_FOR / 2).await;
+    let mut first = processes.remove(0);
+    first.start_kill().context("SIGKILL")?;
+    first.wait().await?;
+    tokio::time::sleep(SCHEDULED_FOR / 2).await;
+    // Up to the last whole second before the others stop.
+    let to = chrono::Utc::now() - chrono::TimeDelta::seconds(1);
+    for mut process in processes {
+        process.start_kill().context("SIGKILL")?;
+        process.wait().await?;
+    }
+    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+        "SELECT unique_key, count(*) FROM {} WHERE kind = 'tick' GROUP BY unique_key",
+        table.name().quoted()
+    ))
+    .fetch_all(&pool)
+    .await?;
+    let twice = rows.iter().map(|(_, n)| n - 1).sum();
+    let keys: std::collections::HashSet<String> = rows.into_iter().map(|(k, _)| k).collect();
+    let (mut second, mut expected, mut missing) = (from.timestamp() + 1, 0, Vec::new());
+    while second <= to.timestamp() {
+        let at = chrono::DateTime::from_timestamp(second, 0).context("a time")?;
+        let key = format!(
+            "schedule:ticks:{}",
+            at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+        );
+        expected += 1;
+        if !keys.contains(&key) {
+            missing.push(key);
+        }
+        second += 1;
+    }
+    Ok(ScheduleFigures {
+        expected,
+        enqueued: keys.len(),
+        missing,
+        twice,
+    })
 }
 
 async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> Result<Figures> {
@@ -522,6 +619,7 @@ async fn spawn_worker(
     binary: &std::path::Path,
     url: &str,
     mode: ExecutionMode,
+    extra: &[&str],
 ) -> Result<tokio::process::Child> {
     use tokio::io::AsyncBufReadExt;
     let mode = match mode {
@@ -538,6 +636,7 @@ async fn spawn_worker(
             "--stalled-max-age-ms",
             "1000",
         ])
+        .args(extra)
         .env("DATABASE_URL", url)
         .stdout(std::process::Stdio::piped())
         .kill_on_drop(true)
@@ -568,7 +667,7 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
         .context("connecting to Postgres")?;
     let table = JobTable::new("faults", "jobs")?;
     table.migrate(&pool).await?;
-    let steady = spawn_worker(&binary, &pg.url, mode).await?;
+    let steady = spawn_worker(&binary, &pg.url, mode, &[]).await?;
     let enqueued = Arc::new(AtomicUsize::new(0));
     let producer = spawn_producer(&pool, &table, Duration::from_secs(18), enqueued.clone());
     let completed_sql = format!(
@@ -577,7 +676,7 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
     );
     let started = Instant::now();
     for _ in 0..5 {
-        let mut doomed = spawn_worker(&binary, &pg.url, mode).await?;
+        let mut doomed = spawn_worker(&binary, &pg.url, mode, &[]).await?;
         tokio::time::sleep(Duration::from_secs(3)).await;
         doomed.start_kill().context("SIGKILL")?;
         doomed.wait().await?;
