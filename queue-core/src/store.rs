@@ -282,4 +282,15 @@ pub trait Store: Send + Sync + 'static {
     /// `max_wait` has passed, whichever comes first. Stores without
     /// notifications simply sleep.
     async fn wait_for_jobs(&self, max_wait: Duration);
+
+    /// The earliest time after `after` at which a waiting job comes due
+    /// (its `process_after`: scheduled, or errored and waiting for its
+    /// retry), if any. An idle worker sleeps no longer than until then, so
+    /// a scheduled job starts on time without a notification at that
+    /// moment. The default knows of none (the worker then relies on
+    /// notifications and its poll interval).
+    async fn next_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let _ = after;
+        Ok(None)
+    }
 }

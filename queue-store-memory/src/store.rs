@@ -557,4 +557,15 @@ impl Store for MemoryStore {
     async fn wait_for_jobs(&self, max_wait: Duration) {
         let _ = tokio::time::timeout(max_wait, self.shared.jobs_available.notified()).await;
     }
+
+    async fn next_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .jobs
+            .values()
+            .filter(|job| matches!(job.state, JobState::Queued | JobState::Errored))
+            .filter_map(|job| job.process_after)
+            .filter(|at| *at > after)
+            .min())
+    }
 }

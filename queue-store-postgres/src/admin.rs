@@ -118,6 +118,11 @@ impl<K: PgKey> PgAdmin<K> {
         self.inner.offset.to_db(at)
     }
 
+    /// `at`, a time on the database's clock, on this process's clock.
+    pub(crate) fn to_local(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        self.inner.offset.to_local(at)
+    }
+
     /// Measures the clock offset again at store start.
     pub(crate) async fn measure_clock(&self) -> Result<(), StoreError> {
         self.inner.offset.measure(&self.inner.pool).await

@@ -63,6 +63,13 @@ impl ClockOffset {
             .unwrap_or(at)
     }
 
+    /// `at` on the database's clock, back on this process's.
+    pub(crate) fn to_local(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        let micros = self.micros.load(Ordering::Relaxed);
+        at.checked_sub_signed(TimeDelta::microseconds(micros))
+            .unwrap_or(at)
+    }
+
     /// The offset as measured last.
     pub(crate) fn offset(&self) -> TimeDelta {
         TimeDelta::microseconds(self.micros.load(Ordering::Relaxed))

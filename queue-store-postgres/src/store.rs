@@ -797,6 +797,32 @@ where
     async fn wait_for_jobs(&self, max_wait: Duration) {
         let _ = tokio::time::timeout(max_wait, self.inner.wake.notified()).await;
     }
+
+    async fn next_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, StoreError> {
+        let Some(statement) = &self.inner.sql.next_due else {
+            return Ok(None);
+        };
+        let context = "reading when the next scheduled job comes due";
+        let after = self.inner.admin.to_db(after);
+        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        let due: Option<DateTime<Utc>> = loop {
+            let mut conn = tries.connection().await?;
+            let next = query::<R::Id>(statement, |p| match p {
+                Param::Now => Some(Value::Time(after)),
+                _ => None,
+            })?;
+            let done = next
+                .fetch_one(&mut *conn)
+                .await
+                .and_then(|row| row.try_get::<Option<DateTime<Utc>>, _>(0))
+                .map_err(|e| store_error(context, e));
+            if let Some(done) = tries.settle(conn, done) {
+                break done?;
+            }
+        };
+        // Back on this process's clock.
+        Ok(due.map(|at| self.inner.admin.to_local(at)))
+    }
 }
 
 /// The admin contract, through [`PgStore::admin`].

@@ -480,3 +480,45 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         "a stale attempt's writes are rolled back, not committed"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_job_scheduled_ahead_starts_when_due_without_a_notification_then() {
+    let Some(pool) = pool("a_job_scheduled_ahead_starts_when_due").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = support::store(&pool, &table, ExecutionMode::Lease).await;
+    // Polls every 30 s: only the due time can wake it in time.
+    let running = start(&store, Noop, options(2));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let due = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
+    let id = table
+        .enqueue(
+            &pool,
+            &NewJob::new("k", serde_json::json!(null)).process_after(due),
+        )
+        .await
+        .unwrap();
+    wait_for(
+        &pool,
+        &table,
+        id,
+        JobState::Completed,
+        Duration::from_secs(10),
+    )
+    .await;
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(&format!(
+        "SELECT started_at FROM {} WHERE id = $1",
+        table.name().quoted()
+    ))
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    stop(running).await;
+    let late = started - due;
+    assert!(
+        late >= chrono::TimeDelta::zero() && late < chrono::TimeDelta::seconds(2),
+        "started {late} after it came due (the poll interval is 30 s)"
+    );
+}

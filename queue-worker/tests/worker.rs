@@ -835,3 +835,24 @@ async fn a_handler_error_from_an_unreachable_store_is_not_charged_to_the_job() {
     assert_eq!(store.get(id).expect("the job").num_failures, 0);
     assert_eq!((report.count("interrupted"), report.count("ok")), (1, 1));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_worker_wakes_when_a_scheduled_job_comes_due_not_at_its_next_poll() {
+    let store = MemoryStore::new();
+    let options = WorkerOptions {
+        poll_interval: Duration::from_secs(30),
+        ..fast_options()
+    };
+    let running = start(&store, Scripted, options);
+    // Let the worker go idle first: its wait then covers the due time.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let due = Utc::now() + chrono::TimeDelta::milliseconds(300);
+    let id = store.enqueue(job("ok", serde_json::json!(1)).process_after(due));
+    wait_for_state(&store, id, JobState::Completed).await;
+    let late = Utc::now() - due;
+    running.stop().await;
+    assert!(
+        late < chrono::TimeDelta::seconds(2),
+        "started {late} after it came due; the poll interval is 30 s"
+    );
+}

@@ -28,6 +28,11 @@ const COLUMNS: &str =
 const HAS_TRIGGER: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
      WHERE tgrelid = $1::oid AND tgname = $2 AND NOT tgisinternal)";
 
+/// Whether an index of the table starts with the column named $2.
+const HAS_INDEX_ON: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
+     JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+     WHERE i.indrelid = $1::oid AND a.attname = $2)";
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 
@@ -291,6 +296,23 @@ pub(crate) async fn inspect(
             return Err(StoreError::Config(format!(
                 "view {view} has no key column \"{key}\"; the store matches view rows to claimed rows by it, so the view must select it"
             )));
+        }
+    }
+    if let Some(after) = options.column_name(Column::ProcessAfter) {
+        if !absent.contains(&Column::ProcessAfter) {
+            let indexed: bool = sqlx::query_scalar(HAS_INDEX_ON)
+                .bind(oid)
+                .bind(after.as_str())
+                .fetch_one(pool)
+                .await
+                .map_err(|e| store_error("reading the catalog", e))?;
+            if !indexed {
+                tracing::warn!(
+                    %table,
+                    column = %after,
+                    "no index starts with the process_after column: an idle worker reads every waiting row to learn when the next scheduled job comes due; create one over the waiting rows (docs/existing-tables.md, \"Wake-ups\")"
+                );
+            }
         }
     }
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)

@@ -102,7 +102,26 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "the enqueue function inserts a batch in one statement before it looks at taken keys",
             statements: version_4(table),
         },
+        MigrationSql {
+            version: 5,
+            name: "an index of waiting jobs by the time they come due (scheduled and retrying ones)",
+            statements: version_5(table),
+        },
     ]
+}
+
+/// Version 5: the waiting jobs that have a `process_after` (scheduled, or
+/// errored and waiting for their retry), by that time. An idle worker asks
+/// for the earliest one to sleep until it comes due (one index probe
+/// however many wait); jobs enqueued to run now are not in it, so plain
+/// enqueues pay nothing for it.
+fn version_5(table: &QualifiedName) -> Vec<String> {
+    vec![format!(
+        "CREATE INDEX IF NOT EXISTS {idx} ON {t} (\"process_after\") \
+         WHERE \"state\" IN ('queued', 'errored') AND \"process_after\" IS NOT NULL",
+        idx = derived(&table.name, "due_idx"),
+        t = table.quoted()
+    )]
 }
 
 /// Version 4: version 3's enqueue function, set-based. One `INSERT ..

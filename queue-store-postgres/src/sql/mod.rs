@@ -238,6 +238,9 @@ pub(crate) struct Statements {
     /// Prepares the two above on a connection that lacks them, without an
     /// error on one that has them (see [`prepared::prepare_missing`]).
     pub prepare_held: String,
+    /// The earliest `process_after` of a waiting job later than
+    /// [`Param::Now`]; `None` without the column.
+    pub next_due: Option<Statement>,
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
@@ -688,6 +691,19 @@ impl Statements {
         b.push(" SELECT id, cancel FROM held");
         let heartbeat = b.build();
 
+        // The earliest time a waiting job comes due after $now (the default
+        // table's due index answers it with one probe).
+        let next_due = names.at(Column::ProcessAfter).map(|after| {
+            let mut b = Builder::default();
+            let now = b.p(Param::Now);
+            b.push(&format!(
+                "SELECT min({after}) FROM {table} AS {a} WHERE {state} IN (CAST({queued} AS {st}), CAST({errored} AS {st})) \
+                 AND {after} IS NOT NULL AND {after} > {now}",
+                state = names.must(Column::State),
+            ));
+            b.build()
+        });
+
         let append_log = names.get(Column::ExecutionLogs).map(|n| {
             let mut b = Builder::default();
             let guard = held(&mut b);
@@ -710,6 +726,7 @@ impl Statements {
             select_text,
             lock,
             prepare_held: prepared::prepare_missing(&[&held_lock, &held_complete]),
+            next_due,
             held_lock,
             held_complete,
             finish,

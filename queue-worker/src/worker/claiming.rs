@@ -98,8 +98,9 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                         if jobs.is_empty() {
                             if pause.is_none() {
                                 let store = shared.store.clone();
-                                let wait = options.poll_interval;
+                                let (poll, clock) = (options.poll_interval, options.clock.clone());
                                 pause = Some(Pause::Idle(Box::pin(async move {
+                                    let wait = idle_wait(&*store, &*clock, poll).await;
                                     store.wait_for_jobs(wait).await
                                 })));
                             }
@@ -157,6 +158,22 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
         }
     }
     result
+}
+
+/// How long an idle claim loop waits for a notification: the poll
+/// interval, or less if a scheduled or retrying job comes due sooner (so it
+/// starts on time though nothing notifies at that moment). A store that
+/// cannot tell leaves the poll interval.
+async fn idle_wait<S: Store>(store: &S, clock: &dyn queue_core::Clock, poll: Duration) -> Duration {
+    let now = clock.now();
+    match store.next_due(now).await {
+        Ok(Some(due)) => (due - now).to_std().unwrap_or_default().min(poll),
+        Ok(None) => poll,
+        Err(error) => {
+            tracing::debug!(error = %error.chain(), "could not read when the next job comes due; waiting the poll interval");
+            poll
+        }
+    }
 }
 
 /// How long to wait after `failures` claims in a row failed (0 for the

@@ -1,0 +1,80 @@
+//! Start-up warnings: a table without an index on `process_after` is
+//! told so (idle workers would read every waiting row to learn when the
+//! next scheduled job comes due); the default table, which has one, is not.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+
+use queue_core::Job;
+use queue_store_postgres::PgStore;
+use support::{fresh_table, pool};
+use tracing::field::{Field, Visit};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+use tracing_subscriber::Layer;
+
+/// Keeps the message of every warning.
+#[derive(Clone, Default)]
+struct Warnings(Arc<Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> Layer<S> for Warnings {
+    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
+        struct Message(String);
+        impl Visit for Message {
+            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        if *event.metadata().level() == tracing::Level::WARN {
+            let mut message = Message(String::new());
+            event.record(&mut message);
+            self.0.lock().unwrap().push(message.0);
+        }
+    }
+}
+
+/// Starts a store over `table` with the warnings captured (this test's
+/// thread only: a current-thread runtime).
+async fn warnings_of_start(
+    pool: &sqlx::PgPool,
+    table: &queue_store_postgres::JobTable,
+) -> Vec<String> {
+    let warnings = Warnings::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect("a store");
+    let captured = warnings.0.lock().unwrap().clone();
+    captured
+}
+
+#[tokio::test]
+async fn a_table_without_a_due_index_is_warned_about_at_start_up() {
+    let Some(pool) = pool("a_table_without_a_due_index_is_warned_about").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        !warned.iter().any(|w| w.contains("process_after")),
+        "the default table has its due index: {warned:?}"
+    );
+    let schema = table.name().schema.quoted();
+    sqlx::query(&format!(
+        "DROP INDEX {schema}.\"{}_due_idx\"",
+        table.name().name.as_str()
+    ))
+    .execute(&pool)
+    .await
+    .expect("the due index dropped");
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        warned
+            .iter()
+            .any(|w| w.contains("no index starts with the process_after column")),
+        "{warned:?}"
+    );
+}
