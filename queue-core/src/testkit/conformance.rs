@@ -875,6 +875,47 @@ pub async fn release_requeues_without_counting<H: Harness>(h: &H) {
     assert_eq!(again.lease.attempt, 1);
 }
 
+/// `next_due` reports the earliest time ahead at which a waiting job
+/// comes due: scheduled or retrying, never one due already, running or
+/// finished. A store that keeps no such time may say none.
+pub async fn next_due_is_the_earliest_waiting_time_ahead<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    assert_eq!(
+        store.next_due(t).await.expect("next_due"),
+        None,
+        "with no job, nothing comes due"
+    );
+    h.enqueue(&store, NewJob::new("k", serde_json::json!("now")))
+        .await;
+    h.enqueue(
+        &store,
+        NewJob::new("k", serde_json::json!("later")).process_after(at(t, 600)),
+    )
+    .await;
+    h.enqueue(
+        &store,
+        NewJob::new("k", serde_json::json!("sooner")).process_after(at(t, 60)),
+    )
+    .await;
+    h.enqueue(
+        &store,
+        NewJob::new("k", serde_json::json!("past")).process_after(at(t, -60)),
+    )
+    .await;
+    let due = store.next_due(t).await.expect("next_due");
+    if due.is_none() {
+        return; // the store keeps no due times (the default answer)
+    }
+    assert_eq!(due, Some(at(t, 60)));
+    assert_eq!(
+        store.next_due(at(t, 60)).await.unwrap(),
+        Some(at(t, 600)),
+        "strictly ahead"
+    );
+    assert_eq!(store.next_due(at(t, 600)).await.unwrap(), None);
+}
+
 /// `finish_again` (a failed finish written once more, outside the job
 /// store) records its transition under the lease like `finish`, and is
 /// stale once the job has moved on.
@@ -1905,6 +1946,7 @@ macro_rules! conformance_tests {
             stale_lease_cannot_write,
             release_requeues_without_counting,
             finish_again_is_guarded_like_finish,
+            next_due_is_the_earliest_waiting_time_ahead,
             deleted_job_writes_are_stale,
             admin_get_shows_a_job_as_stored,
             admin_list_filters_and_pages_by_key,
