@@ -11,9 +11,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use queue_core::{
-    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Store, Transition,
-};
+use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use support::Setup;
@@ -74,40 +72,11 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
             }
         })
     };
-    // The prober: one claim at a time, each timed.
-    let prober = {
-        let (store, feeding) = (store.clone(), feeding.clone());
-        tokio::spawn(async move {
-            let mut waits = Vec::new();
-            while feeding.load(Ordering::SeqCst) {
-                let started = Instant::now();
-                let claimed = store
-                    .claim(ClaimParams {
-                        limit: 1,
-                        worker: "prober",
-                        conditions: None,
-                        now: chrono::Utc::now(),
-                    })
-                    .await
-                    .expect("a claim");
-                waits.push(started.elapsed());
-                for job in claimed {
-                    let done = store
-                        .finish(
-                            job.job_store,
-                            &job.lease,
-                            Transition::Complete,
-                            chrono::Utc::now(),
-                        )
-                        .await
-                        .expect("a completion");
-                    assert!(done.is_applied(), "the prober's job completes");
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            waits
-        })
-    };
+    // The prober: one claim at a time beside the worker, each timed.
+    let prober = tokio::spawn(queue_core::testkit::probe_claims(
+        store.clone(),
+        feeding.clone(),
+    ));
 
     tokio::time::sleep(Duration::from_millis(300)).await;
     let config = t.config("");

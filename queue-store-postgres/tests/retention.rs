@@ -10,10 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use queue_core::{
-    CancellationToken, ClaimParams, Handler, Job, JobContext, JobError, NewJob, Retention, Store,
-    Transition,
-};
+use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob, Retention};
 use queue_store_postgres::{ExecutionMode, PgJobStore, PgStore};
 use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use support::{fresh_table, pool};
@@ -81,39 +78,10 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
         })
     };
     // The prober: one claim at a time beside the worker, each timed.
-    let prober = {
-        let (store, feeding) = (store.clone(), feeding.clone());
-        tokio::spawn(async move {
-            let mut waits = Vec::new();
-            while feeding.load(Ordering::SeqCst) {
-                let started = Instant::now();
-                let claimed = store
-                    .claim(ClaimParams {
-                        limit: 1,
-                        worker: "prober",
-                        conditions: None,
-                        now: chrono::Utc::now(),
-                    })
-                    .await
-                    .expect("a claim");
-                waits.push(started.elapsed());
-                for job in claimed {
-                    let done = store
-                        .finish(
-                            job.job_store,
-                            &job.lease,
-                            Transition::Complete,
-                            chrono::Utc::now(),
-                        )
-                        .await
-                        .expect("a completion");
-                    assert!(done.is_applied(), "the prober's job completes");
-                }
-                tokio::time::sleep(Duration::from_millis(5)).await;
-            }
-            waits
-        })
-    };
+    let prober = tokio::spawn(queue_core::testkit::probe_claims(
+        store.clone(),
+        feeding.clone(),
+    ));
 
     let thirty_days = Duration::from_secs(30 * 24 * 3600);
     let pruner = Pruner::new(

@@ -4,9 +4,12 @@
 //! - [`database_url`]: where tests that need Postgres find it.
 //! - [`model`]: a pure model of the store contract, for state-machine
 //!   property tests.
+//! - [`probe_claims`]: times claims beside the work under test.
 
 pub mod conformance;
 mod database;
 pub mod model;
+mod probe;
 
 pub use database::database_url;
+pub use probe::probe_claims;
