@@ -8,6 +8,7 @@
 mod args;
 mod commands;
 mod output;
+mod schedules;
 pub mod serve;
 
 use std::io::{IsTerminal, Write};

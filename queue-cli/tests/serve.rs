@@ -717,3 +717,51 @@ async fn an_enqueue_carries_the_jobs_own_options() {
         "{body}"
     );
 }
+
+#[tokio::test]
+async fn queue_serve_enqueues_the_configs_schedules() {
+    let Some(t) = Setup::new("queue_serve_enqueues_the_configs_schedules").await else {
+        return;
+    };
+    let config = t.config(
+        "[[schedules]]\nname = \"ticks\"\nevery = \"1s\"\nkind = \"tick\"\npayload = { from = \"config\" }\n",
+    );
+    assert!(support::ok(&mut t.queue(&config, &["migrate"])).contains("applied"));
+    let binary = assert_cmd::cargo::cargo_bin("queue");
+    let mut child = tokio::process::Command::new(binary)
+        .env("DATABASE_URL", &t.url)
+        .arg("--config")
+        .arg(&config)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("queue serve starts");
+    let stdout = child.stdout.take().expect("its output");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("it says where it listens")
+        .expect("a line");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let stopped = std::process::Command::new("kill")
+        .args(["-TERM", &child.id().expect("its pid").to_string()])
+        .status()
+        .expect("kill");
+    assert!(stopped.success());
+    child.wait().await.expect("it stops");
+    let jobs: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
+        "SELECT unique_key, payload FROM {}.queue_jobs WHERE kind = 'tick' ORDER BY id",
+        t.s
+    ))
+    .fetch_all(&t.pool)
+    .await
+    .expect("the jobs");
+    assert!(jobs.len() >= 2, "one job a second: {jobs:?}");
+    assert!(
+        jobs.iter()
+            .all(|(key, payload)| key.starts_with("schedule:ticks:")
+                && *payload == serde_json::json!({"from": "config"})),
+        "{jobs:?}"
+    );
+}

@@ -215,6 +215,42 @@ pub struct ResetterConfig {
     pub delivery: Option<Delivery>,
 }
 
+/// One `[[schedules]]` entry: a periodic job that `queue serve` enqueues
+/// (`queue_worker::Schedule`). Exactly one of `cron` and `every`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ScheduleConfig {
+    /// The schedule's name (part of each job's unique key).
+    pub name: String,
+    /// A cron expression (five fields, or six with seconds first).
+    pub cron: Option<String>,
+    /// The cron expression's time zone: `UTC` (default), a fixed offset
+    /// such as `+02:00`, or an IANA name such as `Europe/Berlin`.
+    pub zone: Option<String>,
+    /// A fixed interval instead, such as `5m` (aligned to the Unix epoch).
+    #[serde(default, with = "humantime_serde")]
+    pub every: Option<Duration>,
+    /// The job's kind.
+    pub kind: String,
+    /// The job's payload (any TOML value, as JSON); default `{}`.
+    pub payload: Option<serde_json::Value>,
+    /// The job's priority; default 0.
+    pub priority: Option<i32>,
+    /// After downtime: `skip` (default) or `once`.
+    pub catch_up: Option<CatchUpConfig>,
+}
+
+/// What a configured schedule does about occurrences missed while no
+/// scheduler ran.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum CatchUpConfig {
+    /// Skip them.
+    Skip,
+    /// Run the latest of them once.
+    Once,
+}
+
 /// The `[serve]` table: the settings of `queue serve`, the HTTP API.
 #[derive(Debug, Clone, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -320,6 +356,9 @@ pub struct PgConfig {
     /// `queue serve`'s settings.
     #[serde(default)]
     pub serve: ServeConfig,
+    /// Periodic jobs `queue serve` enqueues.
+    #[serde(default)]
+    pub schedules: Vec<ScheduleConfig>,
 }
 
 /// `file:line:column` of a byte offset.

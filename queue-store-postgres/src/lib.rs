@@ -30,8 +30,8 @@ pub use crate::admin::PgAdmin;
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 #[cfg(feature = "config")]
 pub use crate::config::{
-    ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, PgConfig, ResetterConfig,
-    ServeConfig, StatesConfig,
+    CatchUpConfig, ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, PgConfig,
+    ResetterConfig, ScheduleConfig, ServeConfig, StatesConfig,
 };
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;

@@ -22,6 +22,7 @@ use axum::middleware::from_fn_with_state;
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
+use queue_core::CancellationToken;
 use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
 use sqlx::PgPool;
 
@@ -136,11 +137,31 @@ pub(crate) async fn run(
             "refusing to serve on {listen} without a token: set QUEUE_ADMIN_TOKENS (and QUEUE_READ_TOKENS) or serve.admin_tokens in the config, or listen on 127.0.0.1"
         );
     }
-    let admin = match key {
-        PgKeyType::Int4 => Erased::shared(PgAdmin::<i32>::new(pool, options).await?),
-        PgKeyType::Int8 => Erased::shared(PgAdmin::<i64>::new(pool, options).await?),
-        PgKeyType::Uuid => Erased::shared(PgAdmin::<uuid::Uuid>::new(pool, options).await?),
-        PgKeyType::Text => Erased::shared(PgAdmin::<String>::new(pool, options).await?),
+    let schedules = crate::schedules::from_config(&context.config.schedules)?;
+    let stop_scheduling = CancellationToken::new();
+    let stop = stop_scheduling.clone();
+    // The scheduler needs the admin's own key type; the API an erased one.
+    let (admin, scheduling) = match key {
+        PgKeyType::Int4 => {
+            let admin = PgAdmin::<i32>::new(pool, options).await?;
+            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
+            (Erased::shared(admin), scheduling)
+        }
+        PgKeyType::Int8 => {
+            let admin = PgAdmin::<i64>::new(pool, options).await?;
+            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
+            (Erased::shared(admin), scheduling)
+        }
+        PgKeyType::Uuid => {
+            let admin = PgAdmin::<uuid::Uuid>::new(pool, options).await?;
+            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
+            (Erased::shared(admin), scheduling)
+        }
+        PgKeyType::Text => {
+            let admin = PgAdmin::<String>::new(pool, options).await?;
+            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
+            (Erased::shared(admin), scheduling)
+        }
     };
     let api = Api::new(
         admin,
@@ -164,6 +185,10 @@ pub(crate) async fn run(
         .await
         .context("serving")?;
     sampler.abort();
+    stop_scheduling.cancel();
+    if let Some(scheduling) = scheduling {
+        let _ = scheduling.await;
+    }
     Ok(())
 }
 
