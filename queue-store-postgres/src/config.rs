@@ -186,6 +186,9 @@ pub struct StatesConfig {
     pub errored: Option<String>,
     pub failed: Option<String>,
     pub canceled: Option<String>,
+    /// The value expired jobs end in, if not failed's
+    /// ([`PgStoreOptions::expired_state_value`]).
+    pub expired: Option<String>,
 }
 
 impl StatesConfig {
@@ -401,6 +404,7 @@ impl PgConfig {
             .iter()
             .all(|(_, s)| s.is_none_or(|s| *s == ColumnSetting::Standard))
             && self.states.values().iter().all(|(_, v)| v.is_none())
+            && self.states.expired.is_none()
             && self.view.is_none()
             && self.select.is_none()
     }
@@ -456,6 +460,9 @@ impl PgConfig {
             if let Some(value) = value {
                 options = options.state_value(state, value.clone());
             }
+        }
+        if let Some(expired) = &self.states.expired {
+            options = options.expired_state_value(expired.clone());
         }
         if let Some(mode) = self.mode {
             options = options.mode(mode);

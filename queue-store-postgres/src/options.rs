@@ -323,6 +323,8 @@ pub struct PgStoreOptions {
     /// exist even where the column is [optional by default](Column::optional_by_default).
     pub(crate) named: std::collections::BTreeSet<Column>,
     pub(crate) states: StateValues,
+    /// The value expired jobs end in, if not failed's.
+    pub(crate) expired_value: Option<String>,
     pub(crate) mode: ExecutionMode,
     pub(crate) channel: Option<String>,
     pub(crate) completion_delay: std::time::Duration,
@@ -352,6 +354,7 @@ impl PgStoreOptions {
             columns,
             named: Default::default(),
             states: StateValues::default(),
+            expired_value: None,
             mode: ExecutionMode::default(),
             channel: None,
             completion_delay: std::time::Duration::from_millis(2),
@@ -478,6 +481,26 @@ impl PgStoreOptions {
     pub fn state_value(mut self, state: JobState, value: impl Into<String>) -> Self {
         self.states.set(state, value.into());
         self
+    }
+
+    /// The value a job that expired before it started
+    /// ([`NewJob::expires_at`](queue_core::NewJob::expires_at)) ends in,
+    /// instead of failed's (as rickover's `expired` state): the table's own
+    /// value, which the admin surfaces show as stored (it is no standard
+    /// state, so it is never claimed, retried or purged as one). On an enum
+    /// column it must be one of the enum's labels; it must differ from every
+    /// state's value.
+    pub fn expired_state_value(mut self, value: impl Into<String>) -> Self {
+        self.expired_value = Some(value.into());
+        self
+    }
+
+    /// The value expired jobs end in: [`PgStoreOptions::expired_state_value`],
+    /// else failed's.
+    pub fn expired_value(&self) -> &str {
+        self.expired_value
+            .as_deref()
+            .unwrap_or(self.states.get(JobState::Failed))
     }
 
     /// Transactional (default) or lease mode.
@@ -628,6 +651,19 @@ impl PgStoreOptions {
                         value: self.states.get(*a).to_owned(),
                     });
                 }
+            }
+        }
+        if let Some(expired) = &self.expired_value {
+            if let Some(state) = JobState::ALL
+                .iter()
+                .find(|s| self.states.get(**s) == expired)
+            {
+                return Err(OptionsError::Invalid {
+                    option: "expired_state_value",
+                    problem: format!(
+                        "{expired:?} is {state}'s value; expired jobs need a value of their own (or none, to end failed)"
+                    ),
+                });
             }
         }
         for (i, a) in Column::ALL.iter().enumerate() {

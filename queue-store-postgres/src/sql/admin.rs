@@ -335,12 +335,10 @@ impl AdminStatements {
 
         let expire = names.at(Column::ExpiresAt).map(|expires| {
             let mut b = Builder::default();
-            let (now, limit, failed) = (
-                b.p(Param::Now),
-                b.p(Param::Limit),
-                b.p(Param::State(JobState::Failed)),
-            );
-            let mut sets = vec![format!("{state_name} = CAST({failed} AS {st})")];
+            // Failed's value, or the table's own for expired jobs.
+            let ended = literal(options.expired_value());
+            let (now, limit) = (b.p(Param::Now), b.p(Param::Limit));
+            let mut sets = vec![format!("{state_name} = CAST({ended} AS {st})")];
             if let Some(n) = names.get(Column::FailureMessage) {
                 let message = b.p(Param::Message);
                 sets.push(format!("{n} = {}", failure_value(shape, &message, None)));

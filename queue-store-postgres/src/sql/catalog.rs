@@ -359,5 +359,13 @@ async fn check_enum_labels(
             )));
         }
     }
+    if let Some(expired) = &options.expired_value {
+        if !labels.iter().any(|l| l == expired) {
+            return Err(StoreError::Config(format!(
+                "the state enum {type_name} has no value {expired:?} (configured for expired jobs); its values are {}",
+                labels.iter().map(|l| format!("{l:?}")).collect::<Vec<_>>().join(", ")
+            )));
+        }
+    }
     Ok(())
 }

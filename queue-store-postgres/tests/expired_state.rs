@@ -1,0 +1,119 @@
+//! A table with a state value of its own for expired jobs (rickover's
+//! `expired`): a job not started by its `expires_at` ends in that value,
+//! with the expiry message, instead of failed's; the admin shows it as
+//! stored. A value that collides with a state's, or that the state enum
+//! lacks, is refused.
+
+mod support;
+
+use queue_core::{Admin, Job, NewJob, StatsParams, Store, EXPIRED_MESSAGE};
+use queue_store_postgres::{PgStore, PgStoreOptions};
+use support::{fresh_table, pool};
+
+#[tokio::test]
+async fn an_expired_job_ends_in_the_tables_own_expired_value() {
+    let Some(pool) = pool("an_expired_job_ends_in_the_tables_own_expired_value").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    // The default table allows only the standard values; this one also
+    // has `expired`.
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE {t} DROP CONSTRAINT \"{}_state_check\"; \
+         ALTER TABLE {t} ADD CHECK (state IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled', 'expired'))",
+        table.name().name.as_str()
+    ))
+    .execute(&pool)
+    .await
+    .expect("the table's own states");
+    let store = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().expired_state_value("expired"),
+    )
+    .await
+    .expect("a store");
+    let now = chrono::Utc::now();
+    let late = table
+        .enqueue(
+            &pool,
+            &NewJob::new("k", serde_json::json!(null))
+                .expires_at(now - chrono::TimeDelta::seconds(5)),
+        )
+        .await
+        .unwrap();
+    let expired = store.expire(now, 10).await.expect("the sweep");
+    assert_eq!(expired, [late]);
+    let (state, message): (String, Option<String>) = sqlx::query_as(&format!(
+        "SELECT state, failure_message FROM {t} WHERE id = $1"
+    ))
+    .bind(late)
+    .fetch_one(&pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (state.as_str(), message.as_deref()),
+        ("expired", Some(EXPIRED_MESSAGE))
+    );
+    let view = store.get(&late).await.unwrap().expect("the job");
+    assert_eq!(
+        (view.state, view.stored_state.as_str()),
+        (None, "expired"),
+        "shown as stored: no standard state"
+    );
+    let stats = store
+        .stats(StatsParams {
+            now,
+            stalled_before: now,
+        })
+        .await
+        .unwrap();
+    assert!(
+        stats
+            .counts
+            .iter()
+            .any(|c| c.stored_state == "expired" && c.count == 1),
+        "{stats:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_expired_value_that_cannot_be_told_apart_or_stored_is_refused() {
+    let Some(pool) = pool("an_expired_value_that_cannot_be_told_apart").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let taken = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().expired_state_value("failed"),
+    )
+    .await
+    .expect_err("failed's value");
+    assert!(taken.to_string().contains("is failed's value"), "{taken}");
+
+    // A table like the default one whose state is an enum without the label.
+    let t = table.name().quoted();
+    let schema = table.name().schema.quoted();
+    sqlx::raw_sql(&format!(
+        "CREATE TYPE {schema}.status AS ENUM ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled'); \
+         CREATE TABLE {schema}.enum_jobs (LIKE {t} INCLUDING DEFAULTS); \
+         ALTER TABLE {schema}.enum_jobs ALTER COLUMN state DROP DEFAULT; \
+         ALTER TABLE {schema}.enum_jobs ALTER COLUMN state TYPE {schema}.status USING state::{schema}.status"
+    ))
+    .execute(&pool)
+    .await
+    .expect("an enum state column");
+    let options = PgStoreOptions::new("enum_jobs")
+        .and_then(|o| o.schema(table.name().schema.as_str()))
+        .expect("valid names")
+        .expired_state_value("expired");
+    let missing = PgStore::<Job>::default_table(pool.clone(), options)
+        .await
+        .expect_err("the enum lacks expired");
+    assert!(
+        missing
+            .to_string()
+            .contains("has no value \"expired\" (configured for expired jobs)"),
+        "{missing}"
+    );
+}
