@@ -118,6 +118,10 @@ impl<K> Drop for PgJobStore<K> {
         // connection, which is at once.
         if let Some(mut tx) = self.tx.take() {
             PgTransactionManager::start_rollback(&mut tx.lent.conn);
+            match &self.claim {
+                Some(claim) => claim.stash.return_checked(tx.lent),
+                None => drop(tx),
+            }
         }
     }
 }

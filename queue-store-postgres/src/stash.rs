@@ -169,28 +169,48 @@ impl Stash {
     /// Hands back a connection that finished its statements cleanly: no
     /// transaction open, or only the empty one a `COMMIT AND CHAIN` opened.
     pub(crate) fn put(&self, lent: Lent) {
-        let Lent { mut conn, prepared } = lent;
+        let Lent { conn, prepared } = lent;
+        let entry = Idle {
+            conn: Some(conn),
+            prepared,
+            since: Instant::now(),
+        };
         let mut idle = self.lock();
         if idle.len() < self.capacity {
-            idle.push(Idle {
-                conn: Some(conn),
-                prepared,
-                since: Instant::now(),
-            });
+            idle.push(entry);
         } else {
-            // Beyond capacity: back to the pool.
-            end_transactions(&mut conn);
+            // Beyond capacity: back to the pool (pinged first, so that one
+            // whose backend died is closed quietly).
+            drop(idle);
+            retire(vec![entry]);
         }
+    }
+
+    /// Returns a connection to the pool out of any transaction, pinged
+    /// first like a stale one (one whose backend died is closed quietly):
+    /// for a connection whose last statement failed, or whose attempt was
+    /// given up without a word (a job store dropped with its transaction
+    /// open).
+    pub(crate) fn return_checked(&self, lent: Lent) {
+        retire(vec![Idle {
+            conn: Some(lent.conn),
+            prepared: lent.prepared,
+            since: Instant::now(),
+        }]);
     }
 
     /// Hands back a connection whose statement failed: closed if the
     /// connection itself failed (`connection_failed`: see
-    /// [`crate::error::is_connection_fault`]), else to the pool, out of any transaction.
+    /// [`crate::error::is_connection_fault`]), else to the pool, out of any
+    /// transaction, pinged first (an error that does not say so may still
+    /// have come from a connection that died).
     pub(crate) fn put_after(&self, lent: Lent, connection_failed: bool) {
-        let mut conn = lent.conn;
-        end_transactions(&mut conn);
         if connection_failed {
+            let mut conn = lent.conn;
+            end_transactions(&mut conn);
             conn.close_on_drop();
+        } else {
+            self.return_checked(lent);
         }
     }
 
@@ -301,7 +321,12 @@ fn retire(stale: Vec<Idle>) {
     if stale.is_empty() {
         return;
     }
-    tokio::spawn(async move {
+    // Outside a runtime (a store dropped at exit) there is no pinging:
+    // they go back to the pool as they are.
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return;
+    };
+    runtime.spawn(async move {
         for entry in stale {
             let Some(Lent { mut conn, .. }) = entry.take() else {
                 continue;
