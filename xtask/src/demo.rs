@@ -123,6 +123,14 @@ fn new_job(i: usize, noop: bool) -> NewJob {
 
 pub async fn run(args: &[String]) -> Result<()> {
     let args = parse(args)?;
+    // The store's and the worker's warnings (start-up advice, faults) on
+    // standard error, as an application would show them; RUST_LOG widens it.
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .try_init();
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     println!("demo: Postgres from {}", pg.origin);
     let pool = PgPoolOptions::new()
@@ -256,6 +264,11 @@ pub async fn run(args: &[String]) -> Result<()> {
     if count("failed") != expected_failed || count("completed") != args.jobs - expected_failed {
         bail!("unexpected final states: {states:?}");
     }
+    // The store's listener stops once the store is gone; let it, before
+    // the cluster stops under it (which it would report as a lost LISTEN).
+    drop(store);
+    tokio::task::yield_now().await;
+    tokio::time::sleep(Duration::from_millis(50)).await;
     pool.close().await;
     drop(pg);
     Ok(())

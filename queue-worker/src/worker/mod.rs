@@ -182,14 +182,17 @@ impl WorkerOptions {
     }
 }
 
-/// `host-pid`, from the kernel's host name (or `$HOSTNAME`).
+/// `host-pid`, from the system's host name (or `$HOSTNAME`).
 pub fn default_worker_name() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
-        .map(|h| h.trim().to_owned())
-        .filter(|h| !h.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .unwrap_or_else(|| "localhost".to_owned());
+    let host = Some(
+        gethostname::gethostname()
+            .to_string_lossy()
+            .trim()
+            .to_owned(),
+    )
+    .filter(|h| !h.is_empty())
+    .or_else(|| std::env::var("HOSTNAME").ok())
+    .unwrap_or_else(|| "localhost".to_owned());
     format!("{host}-{}", std::process::id())
 }
 
