@@ -90,7 +90,7 @@ impl Postgres {
             ._cluster
             .as_ref()
             .context("only a throwaway cluster of this process has a log here")?;
-        let path = cluster.dir.join("server.log");
+        let path = cluster.dir.path().join("server.log");
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))
     }
 
@@ -128,7 +128,7 @@ impl Postgres {
                 "throwaway cluster (PostgreSQL {}) on port {} in {}",
                 cluster.version,
                 cluster.port,
-                cluster.dir.display()
+                cluster.dir.path().display()
             ),
             _cluster: Some(cluster),
             #[cfg(feature = "docker")]
@@ -139,7 +139,7 @@ impl Postgres {
 
 struct Cluster {
     bin: PathBuf,
-    dir: PathBuf,
+    dir: tempfile::TempDir,
     port: u16,
     version: String,
     /// The non-root user the server runs as, when xtask runs as root.
@@ -239,12 +239,11 @@ impl Cluster {
         } else {
             None
         };
-        let base = std::env::temp_dir().join(format!(
-            "queue-pg-{}-{}",
-            std::process::id(),
-            fastrand_suffix()
-        ));
-        std::fs::create_dir_all(&base).with_context(|| format!("creating {}", base.display()))?;
+        // Removed when the cluster is dropped (after its server stops).
+        let base = tempfile::Builder::new()
+            .prefix(&format!("queue-pg-{}-", std::process::id()))
+            .tempdir()
+            .context("creating the cluster's directory")?;
         let port = free_port()?;
         let version = Command::new(bin.join("pg_ctl"))
             .arg("--version")
@@ -269,11 +268,14 @@ impl Cluster {
         if let Some(user) = &cluster.run_as {
             let status = Command::new("chown")
                 .args(["-R", user])
-                .arg(&cluster.dir)
+                .arg(cluster.dir.path())
                 .status()
                 .context("running chown")?;
             if !status.success() {
-                bail!("could not hand {} to user {user}", cluster.dir.display());
+                bail!(
+                    "could not hand {} to user {user}",
+                    cluster.dir.path().display()
+                );
             }
         }
         cluster.init_and_start(options)?;
@@ -281,7 +283,7 @@ impl Cluster {
     }
 
     fn data(&self) -> PathBuf {
-        self.dir.join("data")
+        self.dir.path().join("data")
     }
 
     fn command(&self, program: &str) -> Command {
@@ -372,7 +374,7 @@ impl Cluster {
         let mut server_options = format!(
             "-p {} -k {} -c listen_addresses=127.0.0.1 -c max_connections=300 -c shared_buffers=256MB",
             self.port,
-            self.dir.display()
+            self.dir.path().display()
         );
         if self.tls {
             // Relative to the data directory.
@@ -389,7 +391,7 @@ impl Cluster {
 
     /// Starts the initialised server (again).
     fn start_server(&self) -> Result<()> {
-        let log = self.dir.join("server.log");
+        let log = self.dir.path().join("server.log");
         let out = self
             .command("pg_ctl")
             .args(["start", "-w", "-t", "60", "-D"])
@@ -442,15 +444,7 @@ impl Drop for Cluster {
             .stdout(Stdio::null())
             .stderr(Stdio::null())
             .status();
-        let _ = std::fs::remove_dir_all(&self.dir);
     }
-}
-
-fn fastrand_suffix() -> u64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.subsec_nanos() as u64)
-        .unwrap_or(0)
 }
 
 #[cfg(feature = "docker")]
