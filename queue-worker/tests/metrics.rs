@@ -5,96 +5,46 @@
 
 mod common;
 
-use std::collections::BTreeMap;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
-
 use async_trait::async_trait;
 use common::{fast_options, start, wait_for_state};
-use metrics::{
-    Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata, Recorder,
-    SharedString, Unit,
-};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::CompositeKey;
 use queue_core::{Handler, Job, JobContext, JobError, JobState, NewJob};
 use queue_store_memory::MemoryStore;
 use queue_worker::metrics::{JOBS_IN_FLIGHT, JOBS_PROCESSED, JOBS_PRUNED, JOB_DURATION};
 
-/// Every metric as `name{label=value,...}` and its value.
-#[derive(Default)]
-struct Capture {
-    values: Mutex<BTreeMap<String, Arc<Value>>>,
+/// What one snapshot of the recorder held (a snapshot drains what it
+/// reads, so a test takes one and asks it everything).
+type Snapshot = Vec<(
+    CompositeKey,
+    Option<metrics::Unit>,
+    Option<metrics::SharedString>,
+    DebugValue,
+)>;
+
+/// The value of metric `name` with exactly `labels`, if recorded.
+fn value<'s>(
+    snapshot: &'s Snapshot,
+    name: &str,
+    labels: &[(&str, &str)],
+) -> Option<&'s DebugValue> {
+    snapshot
+        .iter()
+        .find(|(key, ..)| {
+            let key = key.key();
+            let mut have: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+            let mut want = labels.to_vec();
+            have.sort();
+            want.sort();
+            key.name() == name && have == want
+        })
+        .map(|(_, _, _, value)| value)
 }
 
-#[derive(Default)]
-struct Value {
-    bits: AtomicU64, // f64 bits for gauges, a count for counters and histograms
-}
-
-impl CounterFn for Value {
-    fn increment(&self, value: u64) {
-        self.bits.fetch_add(value, Ordering::SeqCst);
-    }
-    fn absolute(&self, value: u64) {
-        self.bits.store(value, Ordering::SeqCst);
-    }
-}
-
-impl GaugeFn for Value {
-    fn increment(&self, value: f64) {
-        let _ = self
-            .bits
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |b| {
-                Some((f64::from_bits(b) + value).to_bits())
-            });
-    }
-    fn decrement(&self, value: f64) {
-        GaugeFn::increment(self, -value);
-    }
-    fn set(&self, value: f64) {
-        self.bits.store(value.to_bits(), Ordering::SeqCst);
-    }
-}
-
-impl HistogramFn for Value {
-    fn record(&self, _value: f64) {
-        self.bits.fetch_add(1, Ordering::SeqCst);
-    }
-}
-
-impl Capture {
-    fn slot(&self, key: &Key) -> Arc<Value> {
-        let mut labels: Vec<String> = key
-            .labels()
-            .map(|l| format!("{}={}", l.key(), l.value()))
-            .collect();
-        labels.sort();
-        let name = format!("{}{{{}}}", key.name(), labels.join(","));
-        self.values.lock().unwrap().entry(name).or_default().clone()
-    }
-
-    fn get(&self, name: &str) -> Option<u64> {
-        self.values
-            .lock()
-            .unwrap()
-            .get(name)
-            .map(|v| v.bits.load(Ordering::SeqCst))
-    }
-}
-
-struct Global(Arc<Capture>);
-
-impl Recorder for Global {
-    fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
-    fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
-        Counter::from_arc(self.0.slot(key))
-    }
-    fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
-        Gauge::from_arc(self.0.slot(key))
-    }
-    fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
-        Histogram::from_arc(self.0.slot(key))
+fn counter(snapshot: &Snapshot, name: &str, labels: &[(&str, &str)]) -> Option<u64> {
+    match value(snapshot, name, labels) {
+        Some(DebugValue::Counter(n)) => Some(*n),
+        _ => None,
     }
 }
 
@@ -112,8 +62,9 @@ impl Handler<MemoryStore> for ByKind {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn processed_and_pruned_jobs_are_counted() {
-    let capture = Arc::new(Capture::default());
-    metrics::set_global_recorder(Global(capture.clone())).expect("first recorder in this binary");
+    let recorder = DebuggingRecorder::new();
+    let metrics = recorder.snapshotter();
+    recorder.install().expect("first recorder in this binary");
 
     let store = MemoryStore::new();
     let ids = store.enqueue_many([
@@ -127,22 +78,32 @@ async fn processed_and_pruned_jobs_are_counted() {
     wait_for_state(&store, ids[2], JobState::Failed).await;
     running.stop().await;
 
+    let snapshot = metrics.snapshot().into_vec();
     assert_eq!(
-        capture.get(&format!("{JOBS_PROCESSED}{{kind=email,outcome=ok}}")),
+        counter(
+            &snapshot,
+            JOBS_PROCESSED,
+            &[("kind", "email"), ("outcome", "ok")]
+        ),
         Some(2)
     );
     assert_eq!(
-        capture.get(&format!("{JOBS_PROCESSED}{{kind=resize,outcome=poison}}")),
+        counter(
+            &snapshot,
+            JOBS_PROCESSED,
+            &[("kind", "resize"), ("outcome", "poison")]
+        ),
         Some(1)
     );
-    assert_eq!(
-        capture.get(&format!("{JOB_DURATION}{{kind=email}}")),
-        Some(2),
-        "one duration per attempt"
-    );
-    let in_flight = capture
-        .get(&format!("{JOBS_IN_FLIGHT}{{kind=email}}"))
-        .map(f64::from_bits);
+    let durations = match value(&snapshot, JOB_DURATION, &[("kind", "email")]) {
+        Some(DebugValue::Histogram(values)) => values.len(),
+        other => panic!("no duration histogram: {other:?}"),
+    };
+    assert_eq!(durations, 2, "one duration per attempt");
+    let in_flight = match value(&snapshot, JOBS_IN_FLIGHT, &[("kind", "email")]) {
+        Some(DebugValue::Gauge(v)) => Some(v.into_inner()),
+        _ => None,
+    };
     assert_eq!(in_flight, Some(0.0), "the in-flight gauge returns to zero");
 
     // The two completed jobs are past a retention of zero; the failed one
@@ -162,7 +123,11 @@ async fn processed_and_pruned_jobs_are_counted() {
     let report = pruner.prune_once().await.expect("a pass");
     assert_eq!(report.total(), 2);
     assert_eq!(
-        capture.get(&format!("{JOBS_PRUNED}{{state=completed}}")),
+        counter(
+            &metrics.snapshot().into_vec(),
+            JOBS_PRUNED,
+            &[("state", "completed")]
+        ),
         Some(2),
         "counted per batch, by state"
     );
