@@ -3,7 +3,7 @@
 //! with `--noop`), runs a worker and a resetter over them with a progress
 //! bar, prints a summary, and cleans up.
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -183,22 +183,27 @@ pub async fn run(args: &[String]) -> Result<()> {
         "SELECT count(*) FROM {} WHERE state IN ('completed', 'failed', 'canceled')",
         table.name().quoted()
     );
-    let tty = std::io::stdout().is_terminal();
+    // On a terminal, a progress bar (on stderr); otherwise a line a second
+    // (CI logs).
+    let tty = std::io::stderr().is_terminal();
+    let bar = if tty {
+        let bar = indicatif::ProgressBar::new(args.jobs as u64);
+        if let Ok(style) = indicatif::ProgressStyle::with_template(
+            "[{bar:40}] {human_pos}/{human_len} jobs, {elapsed_precise}",
+        ) {
+            bar.set_style(style.progress_chars("#>."));
+        }
+        bar
+    } else {
+        indicatif::ProgressBar::hidden()
+    };
     let mut last_line = Instant::now();
     loop {
         let finished = sqlx::query_scalar::<_, i64>(&finished_sql)
             .fetch_one(&pool)
             .await? as usize;
         if tty {
-            let width = 40;
-            let filled = finished * width / args.jobs.max(1);
-            print!(
-                "\r[{}{}] {finished}/{} jobs",
-                "#".repeat(filled),
-                ".".repeat(width - filled),
-                args.jobs
-            );
-            std::io::stdout().flush()?;
+            bar.set_position(finished as u64);
         } else if last_line.elapsed() >= Duration::from_secs(1) || finished == args.jobs {
             println!("progress: {finished}/{} jobs finished", args.jobs);
             last_line = Instant::now();
@@ -212,9 +217,7 @@ pub async fn run(args: &[String]) -> Result<()> {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let elapsed = started.elapsed();
-    if tty {
-        println!();
-    }
+    bar.finish();
     shutdown.cancel();
     let report = working.await??;
     resetting.await??;
