@@ -571,6 +571,31 @@ async fn the_database_going_away_is_a_503_and_then_recovers() {
     );
 }
 
+/// `queue serve` on a free loopback port with `config`, and the first line
+/// it prints (where it listens).
+async fn serve_binary(t: &Setup, config: &std::path::Path) -> (tokio::process::Child, String) {
+    let binary = assert_cmd::cargo::cargo_bin("queue");
+    let mut child = tokio::process::Command::new(binary)
+        .env("DATABASE_URL", &t.url)
+        .arg("--config")
+        .arg(config)
+        .args(["serve", "--listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("queue serve starts");
+    let stdout = child.stdout.take().expect("its output");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
+        .await
+        .expect("it says where it listens")
+        .expect("a line")
+        .expect("not the end");
+    // Keep reading, so the server never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    (child, first)
+}
+
 #[tokio::test]
 async fn the_binary_serves_and_refuses_to_serve_openly() {
     let Some(t) = Setup::new("the_binary_serves_and_refuses_to_serve_openly").await else {
@@ -589,23 +614,7 @@ async fn the_binary_serves_and_refuses_to_serve_openly() {
     );
 
     // Serve on a free loopback port, ask over HTTP, stop with SIGTERM.
-    let binary = assert_cmd::cargo::cargo_bin("queue");
-    let mut child = tokio::process::Command::new(binary)
-        .env("DATABASE_URL", &t.url)
-        .arg("--config")
-        .arg(&config)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("queue serve starts");
-    let stdout = child.stdout.take().expect("its output");
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    let first = tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .expect("it says where it listens")
-        .expect("a line")
-        .expect("not the end");
+    let (mut child, first) = serve_binary(&t, &config).await;
     let addr = first
         .strip_prefix("listening on http://")
         .unwrap_or_else(|| panic!("{first}"))
@@ -727,22 +736,7 @@ async fn queue_serve_enqueues_the_configs_schedules() {
         "[[schedules]]\nname = \"ticks\"\nevery = \"1s\"\nkind = \"tick\"\npayload = { from = \"config\" }\n",
     );
     assert!(support::ok(&mut t.queue(&config, &["migrate"])).contains("applied"));
-    let binary = assert_cmd::cargo::cargo_bin("queue");
-    let mut child = tokio::process::Command::new(binary)
-        .env("DATABASE_URL", &t.url)
-        .arg("--config")
-        .arg(&config)
-        .args(["serve", "--listen", "127.0.0.1:0"])
-        .stdout(std::process::Stdio::piped())
-        .kill_on_drop(true)
-        .spawn()
-        .expect("queue serve starts");
-    let stdout = child.stdout.take().expect("its output");
-    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
-    tokio::time::timeout(Duration::from_secs(20), lines.next_line())
-        .await
-        .expect("it says where it listens")
-        .expect("a line");
+    let (mut child, _listening) = serve_binary(&t, &config).await;
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let stopped = std::process::Command::new("kill")
         .args(["-TERM", &child.id().expect("its pid").to_string()])

@@ -229,9 +229,7 @@ async fn write_outcomes<K: PgKey>(
                 return Ok(applied);
             }
             Err(error) => {
-                let connection_failed = matches!(error, StoreError::Unavailable { .. });
-                stash.put_after(lent, connection_failed);
-                if !connection_failed || tries > 1 {
+                if !stash.put_after(lent, &error) || tries > 1 {
                     return Err(error);
                 }
                 lent = stash

@@ -179,10 +179,12 @@ impl Stash {
         if idle.len() < self.capacity {
             idle.push(entry);
         } else {
-            // Beyond capacity: back to the pool (pinged first, so that one
-            // whose backend died is closed quietly).
+            // Beyond capacity: straight back to the pool (out of any
+            // transaction, as Idle's drop does). It finished its statements
+            // a moment ago, so the pool's own ping is check enough; pinging
+            // it here too would double a round trip on the busy path.
             drop(idle);
-            retire(vec![entry]);
+            drop(entry);
         }
     }
 
@@ -199,12 +201,15 @@ impl Stash {
         }]);
     }
 
-    /// Hands back a connection whose statement failed: closed if the
-    /// connection itself failed (`connection_failed`: see
+    /// Hands back a connection whose statement failed with `error`: closed
+    /// if the connection itself failed ([`StoreError::Unavailable`], see
     /// [`crate::error::is_connection_fault`]), else to the pool, out of any
     /// transaction, pinged first (an error that does not say so may still
-    /// have come from a connection that died).
-    pub(crate) fn put_after(&self, lent: Lent, connection_failed: bool) {
+    /// have come from a connection that died). Returns whether the
+    /// connection failed, so the caller may run the statement again on
+    /// another.
+    pub(crate) fn put_after(&self, lent: Lent, error: &StoreError) -> bool {
+        let connection_failed = matches!(error, StoreError::Unavailable { .. });
         if connection_failed {
             let mut conn = lent.conn;
             end_transactions(&mut conn);
@@ -212,6 +217,7 @@ impl Stash {
         } else {
             self.return_checked(lent);
         }
+        connection_failed
     }
 
     /// Returns the connections unused for `FRESH_FOR` to the pool.

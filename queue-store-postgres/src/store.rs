@@ -478,9 +478,7 @@ where
             match rows {
                 Ok(rows) => break Ok((lent, rows)),
                 Err(error) => {
-                    let connection_failed = matches!(error, StoreError::Unavailable { .. });
-                    stash.put_after(lent, connection_failed);
-                    if !connection_failed || tries > 1 {
+                    if !stash.put_after(lent, &error) || tries > 1 {
                         break Err(error);
                     }
                     // A stashed or pooled connection whose backend died

@@ -44,18 +44,24 @@ async fn kill(pool: &PgPool, pid: i32) {
     panic!("backend {pid} outlived pg_terminate_backend");
 }
 
+/// A transactional store over a fresh table with one job, claimed.
+async fn one_claimed_job(pool: &PgPool) -> (PgStore<Job>, queue_core::Claimed<PgStore<Job>>) {
+    let table = fresh_table(pool).await;
+    let store = support::store(pool, &table, ExecutionMode::Transactional).await;
+    table
+        .enqueue(pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .unwrap();
+    let job = claim_now(&store, 1).await.pop().expect("a job");
+    (store, job)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_job_whose_connection_is_killed_under_its_handler_is_cut_off_not_failed() {
     let Some(pool) = pool("a_job_whose_connection_is_killed_under_its_handler").await else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    let store = support::store(&pool, &table, ExecutionMode::Transactional).await;
-    table
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .unwrap();
-    let mut job = claim_now(&store, 1).await.pop().expect("a job");
+    let (store, mut job) = one_claimed_job(&pool).await;
     let conn = job
         .job_store
         .transaction()
@@ -100,13 +106,7 @@ async fn a_handlers_own_failure_on_a_live_transaction_stays_the_handlers() {
     let Some(pool) = pool("a_handlers_own_failure_on_a_live_transaction").await else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    let store = support::store(&pool, &table, ExecutionMode::Transactional).await;
-    table
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .unwrap();
-    let mut job = claim_now(&store, 1).await.pop().expect("a job");
+    let (store, mut job) = one_claimed_job(&pool).await;
     let conn = job
         .job_store
         .transaction()
@@ -294,13 +294,7 @@ async fn a_new_connection_gets_the_prepared_statements_without_an_error() {
     let Some(pool) = pool("a_new_connection_gets_the_prepared_statements").await else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    let store = support::store(&pool, &table, ExecutionMode::Transactional).await;
-    table
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .unwrap();
-    let mut job = claim_now(&store, 1).await.pop().expect("a job");
+    let (store, mut job) = one_claimed_job(&pool).await;
     let conn = job
         .job_store
         .transaction()
