@@ -715,13 +715,14 @@ async fn record_outcome<S: Store, H>(
                 "the job's transaction could not commit ({}); its writes were rolled back",
                 error.chain()
             );
-            outcome = if lease.limits.at_most_once {
-                Outcome::Failed {
-                    message: format!("{why} (an at-most-once job is never started twice)"),
-                }
-            } else {
-                Outcome::Interrupted { message: why }
-            };
+            // The same judgement as an attempt cut off under its handler.
+            outcome = shared.options.outcome_policy.decide_for(
+                AttemptEnd::Interrupted(why),
+                lease.attempt,
+                lease.limits,
+                clock.now(),
+                0.0,
+            );
             transition = outcome.transition().unwrap_or(Transition::Release);
         }
         if wait == FINISH_RETRY_FIRST {
