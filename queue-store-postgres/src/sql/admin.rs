@@ -90,14 +90,7 @@ impl AdminStatements {
         shape: &TableShape,
         absent: &[Column],
     ) -> AdminStatements {
-        let names = Names {
-            alias: options.alias.quoted(),
-            cols: Column::ALL
-                .iter()
-                .filter(|c| !absent.contains(c))
-                .filter_map(|c| options.column_name(*c).map(|i| (*c, i.quoted())))
-                .collect(),
-        };
+        let names = Names::new(options, absent);
         let table = options.table.quoted();
         let a = names.alias.clone();
         let st = shape.state_type.clone();

@@ -1,0 +1,58 @@
+//! What a running job writes besides its outcome: heartbeats (which also
+//! tell the worker which leases still hold and which were cancelled) and
+//! execution-log entries.
+
+use queue_core::JobState;
+
+use super::{unnest_unseen, unseen, Builder, Param, Statement, Target};
+use crate::options::Column;
+
+/// Reports which leases still hold (and their cancel flag), and bumps the
+/// heartbeat of those no transaction has locked (a locked row is alive by
+/// its lock).
+pub(super) fn heartbeat(t: &Target) -> Statement {
+    let (table, a, id, state, token) = (&t.table, &t.a, &t.id, &t.state, &t.token);
+    let mut b = Builder::default();
+    let (ids, tokens, processing) = (
+        b.p(Param::Ids),
+        b.p(Param::Tokens),
+        b.p(Param::State(JobState::Processing)),
+    );
+    let cancel = t.names.at(Column::Cancel).unwrap_or_else(|| "false".into());
+    // Its inputs [`unseen`], as in the batched finishes.
+    let leases = unnest_unseen(&[(&ids, &format!("{}[]", t.kt())), (&tokens, "int8[]")]);
+    let processing = unseen(&processing, t.st());
+    b.push(&format!(
+        "WITH leases AS (SELECT * FROM {leases} AS l(id, token)), \
+         held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+         WHERE {state} = {processing} AND {token} = l.token)"
+    ));
+    if let Some(n) = t.names.get(Column::LastHeartbeatAt) {
+        let now = b.p(Param::Now);
+        b.push(&format!(
+            ", bumped AS (UPDATE {table} AS {a} SET {n} = {now} WHERE {id} IN (\
+             SELECT {id} FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+             WHERE {state} = {processing} AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
+        ));
+    }
+    b.push(" SELECT id, cancel FROM held");
+    b.build()
+}
+
+/// Appends an entry to a running job's execution log; `None` without a
+/// log column.
+pub(super) fn append_log(t: &Target) -> Option<Statement> {
+    t.names.get(Column::ExecutionLogs).map(|n| {
+        let mut b = Builder::default();
+        let guard = t.held(&mut b);
+        let entry = b.p(Param::Entry);
+        let at = t.names.must(Column::ExecutionLogs);
+        b.push(&format!(
+            "UPDATE {table} AS {a} SET {n} = array_append(COALESCE({at}, '{{}}'), CAST({entry} AS {el})) WHERE {guard}",
+            table = t.table,
+            a = t.a,
+            el = t.shape.log_element,
+        ));
+        b.build()
+    })
+}
