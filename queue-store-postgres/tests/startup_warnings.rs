@@ -78,3 +78,31 @@ async fn a_table_without_a_due_index_is_warned_about_at_start_up() {
         "{warned:?}"
     );
 }
+
+#[tokio::test]
+async fn a_table_whose_claim_index_holds_scheduled_jobs_is_warned_about_at_start_up() {
+    let Some(pool) = pool("a_table_whose_claim_index_holds_scheduled_jobs").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let (schema, t) = (table.name().schema.quoted(), table.name().quoted());
+    let name = table.name().name.as_str();
+    // The claim index of versions 1 to 5: every waiting job, scheduled or
+    // not.
+    for sql in [
+        format!("DROP INDEX {schema}.\"{name}_claimable_idx\""),
+        format!(
+            "CREATE INDEX \"{name}_claimable_idx\" ON {t} (priority DESC, id) \
+             WHERE state IN ('queued', 'errored')"
+        ),
+    ] {
+        sqlx::query(&sql).execute(&pool).await.expect(&sql);
+    }
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        warned.iter().any(|w| w.contains(
+            "no index leaves out the rows with a process_after (a predicate with `process_after IS NULL`)"
+        )),
+        "{warned:?}"
+    );
+}

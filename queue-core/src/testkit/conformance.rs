@@ -336,6 +336,35 @@ pub async fn claim_skips_jobs_scheduled_later<H: Harness>(h: &H) {
     );
 }
 
+/// Jobs whose time has come (scheduled ones, and failed ones waiting to
+/// retry) join the claim order of the jobs ready now: by priority, then in
+/// enqueue order. Jobs still waiting for their time are passed over
+/// wherever they stand in that order.
+pub async fn due_jobs_join_the_claim_order<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let job = |n: i64, priority: i32| NewJob::new("k", serde_json::json!(n)).priority(priority);
+    let ready_low = h.enqueue(&store, job(1, 0)).await;
+    let _waiting_high = h
+        .enqueue(&store, job(2, 9).process_after(at(t, 3600)))
+        .await;
+    let due_high = h.enqueue(&store, job(3, 5).process_after(at(t, 10))).await;
+    let ready_mid = h.enqueue(&store, job(4, 3)).await;
+    let due_low = h.enqueue(&store, job(5, 0).process_after(at(t, 20))).await;
+    let first = claim::<H>(&store, 3, at(t, 30)).await;
+    assert_eq!(
+        ids::<H>(&first),
+        vec![due_high, ready_mid, ready_low],
+        "the best three of ready and due jobs, by priority; the one due in an hour passed over"
+    );
+    let rest = claim::<H>(&store, 3, at(t, 30)).await;
+    assert_eq!(
+        ids::<H>(&rest),
+        vec![due_low],
+        "the due job of the lowest priority, enqueued last, comes last"
+    );
+}
+
 /// Extra dequeue conditions restrict which jobs are claimed.
 pub async fn claim_honours_extra_conditions<H: Harness>(h: &H) {
     let store = h.store().await;
@@ -1930,6 +1959,7 @@ macro_rules! conformance_tests {
             claim_respects_limit_and_priority,
             concurrent_claims_never_share_a_job,
             claim_skips_jobs_scheduled_later,
+            due_jobs_join_the_claim_order,
             claim_honours_extra_conditions,
             complete_applies_once,
             errored_job_is_retried_after_its_time,

@@ -846,6 +846,7 @@ mod tests {
             failure_json: None,
             text_select: None,
             archive: None,
+            due_apart: false,
         }
     }
 

@@ -18,7 +18,7 @@ const RELATION: &str = "SELECT c.oid::int8 AS oid, c.relkind::text AS kind \
 
 const COLUMNS: &str =
     "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type, \
-     t.typtype::text AS typtype, a.atttypid::int8 AS type_oid, \
+     t.typtype::text AS typtype, a.atttypid::int8 AS type_oid, a.attnotnull AS not_null, \
      CASE WHEN t.typcategory = 'A' THEN format_type(t.typelem, NULL) END AS element \
      FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
      WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
@@ -33,6 +33,13 @@ const HAS_INDEX_ON: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS 
      JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
      WHERE i.indrelid = $1::oid AND a.attname = $2)";
 
+/// Whether an index's predicate leaves out the rows where the column named
+/// $2 has a value (`(column IS NULL)` among its conditions, as Postgres
+/// prints them): the index of jobs ready now.
+const HAS_INDEX_WITHOUT: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
+     WHERE i.indrelid = $1::oid AND i.indpred IS NOT NULL \
+     AND strpos(pg_get_expr(i.indpred, i.indrelid), '(' || quote_ident($2) || ' IS NULL)') > 0)";
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 
@@ -41,6 +48,7 @@ struct ColumnInfo {
     typtype: String,
     type_oid: i64,
     element: Option<String>,
+    not_null: bool,
 }
 
 async fn relation(
@@ -77,6 +85,7 @@ async fn columns(
                     typtype: r.get("typtype"),
                     type_oid: r.get("type_oid"),
                     element: r.get("element"),
+                    not_null: r.get("not_null"),
                 },
             )
         })
@@ -298,19 +307,40 @@ pub(crate) async fn inspect(
             )));
         }
     }
+    let mut due_apart = false;
     if let Some(after) = options.column_name(Column::ProcessAfter) {
-        if !absent.contains(&Column::ProcessAfter) {
-            let indexed: bool = sqlx::query_scalar(HAS_INDEX_ON)
-                .bind(oid)
-                .bind(after.as_str())
-                .fetch_one(pool)
-                .await
-                .map_err(|e| store_error("reading the catalog", e))?;
-            if !indexed {
+        if let Some(info) = cols
+            .get(after.as_str())
+            .filter(|_| !absent.contains(&Column::ProcessAfter))
+        {
+            let catalog = |sql: &'static str| async move {
+                sqlx::query_scalar::<_, bool>(sql)
+                    .bind(oid)
+                    .bind(after.as_str())
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| store_error("reading the catalog", e))
+            };
+            let due_index = catalog(HAS_INDEX_ON).await?;
+            let ready_index = catalog(HAS_INDEX_WITHOUT).await?;
+            due_apart = !info.not_null && due_index && ready_index;
+            if !due_index {
                 tracing::warn!(
                     %table,
                     column = %after,
-                    "no index starts with the process_after column: an idle worker reads every waiting row to learn when the next scheduled job comes due; create one over the waiting rows (docs/existing-tables.md, \"Wake-ups\")"
+                    "no index starts with the process_after column: an idle worker reads every waiting row to learn when the next scheduled job comes due, and claims step over every job scheduled ahead or waiting to retry; create the two indexes of docs/existing-tables.md (\"Scheduled and retrying jobs\")"
+                );
+            } else if !info.not_null && !ready_index {
+                tracing::warn!(
+                    %table,
+                    column = %after,
+                    "no index leaves out the rows with a process_after (a predicate with `process_after IS NULL`): claims step over every job scheduled ahead or waiting to retry; create the index of ready jobs of docs/existing-tables.md (\"Scheduled and retrying jobs\")"
+                );
+            } else if info.not_null {
+                tracing::info!(
+                    %table,
+                    column = %after,
+                    "process_after is NOT NULL, so every job has a time: claims read the claim order and step over jobs scheduled ahead (docs/existing-tables.md, \"Scheduled and retrying jobs\")"
                 );
             }
         }
@@ -334,6 +364,7 @@ pub(crate) async fn inspect(
             failure_json,
             text_select: text_select(options, &cols, &order),
             archive: archive(pool, options, &cols, &order).await?,
+            due_apart,
         },
         absent,
     ))

@@ -19,16 +19,23 @@ pub(crate) const MAX_ATTEMPTS_COLUMN: &str = "__queue_max_attempts";
 /// [`Column::AtMostOnce`]).
 pub(crate) const AT_MOST_ONCE_COLUMN: &str = "__queue_at_most_once";
 
-/// The claim's text in pieces, since the extra conditions and the limit
-/// change from claim to claim.
+/// A piece of the claim's text: fixed SQL, or a place filled per claim.
+#[derive(Debug, Clone)]
+enum Piece {
+    Sql(String),
+    /// The extra conditions of a PreDequeue hook, ` AND (..)` each.
+    Conditions,
+    /// The condition that starts the scan of ready jobs after the cursor.
+    Cursor,
+    /// The claim's size, a literal.
+    Limit,
+}
+
+/// The claim's text in pieces, since the extra conditions, the cursor and
+/// the limit change from claim to claim.
 #[derive(Debug, Clone)]
 pub(super) struct ClaimStatements {
-    /// The claim, up to the place where extra conditions go.
-    head: String,
-    /// The claim's order, up to its (literal) limit.
-    order: String,
-    /// The claim after the extra conditions.
-    tail: String,
+    pieces: Vec<Piece>,
     params: Vec<Param>,
     /// With the claim cursor: the condition that starts the claim's scan
     /// after the cursor, numbered after `params`, and its inputs.
@@ -36,22 +43,33 @@ pub(super) struct ClaimStatements {
 }
 
 impl ClaimStatements {
+    fn render(&self, conditions: &str, cursor: &str, limit: usize) -> String {
+        let mut text = String::new();
+        for piece in &self.pieces {
+            match piece {
+                Piece::Sql(sql) => text.push_str(sql),
+                Piece::Conditions => text.push_str(conditions),
+                Piece::Cursor => text.push_str(cursor),
+                Piece::Limit => text.push_str(&limit.to_string()),
+            }
+        }
+        text
+    }
+
     /// The claim statement for up to `limit` jobs with `conditions`
     /// spliced in; condition placeholders are numbered after the statement's
-    /// own parameters.
+    /// own parameters (once: where the claim reads two sets of jobs, both
+    /// carry the same text and the same placeholders).
     pub(super) fn claim(&self, conditions: &[PgCondition], limit: usize) -> Statement {
-        let mut text = self.head.clone();
         let mut next = self.params.len() + 1;
+        let mut spliced = String::new();
         for condition in conditions {
-            text.push_str(" AND (");
-            text.push_str(&condition.numbered(&mut next));
-            text.push(')');
+            spliced.push_str(" AND (");
+            spliced.push_str(&condition.numbered(&mut next));
+            spliced.push(')');
         }
-        text.push_str(&self.order);
-        text.push_str(&limit.to_string());
-        text.push_str(&self.tail);
         Statement {
-            text,
+            text: self.render(&spliced, "", limit),
             params: self.params.clone(),
         }
     }
@@ -61,7 +79,7 @@ impl ClaimStatements {
     pub(super) fn claim_after_cursor(&self, limit: usize) -> Option<Statement> {
         let (condition, params) = self.after.as_ref()?;
         Some(Statement {
-            text: format!("{}{condition}{}{limit}{}", self.head, self.order, self.tail),
+            text: self.render("", condition, limit),
             params: params.clone(),
         })
     }
@@ -97,12 +115,35 @@ fn claim_order(t: &Target) -> String {
         })
 }
 
+/// Ends the fixed text so far and adds `piece` after it.
+fn cut(b: &mut Builder, pieces: &mut Vec<Piece>, piece: Piece) {
+    let text = std::mem::take(&mut b.text);
+    if !text.is_empty() {
+        pieces.push(Piece::Sql(text));
+    }
+    pieces.push(piece);
+}
+
+/// The column the two sets of a split claim carry for their merge in the
+/// default order (with a priority column).
+const MERGE_PRIORITY: &str = "\"__queue_merge_priority\"";
+
 /// The claim: lock up to $limit eligible rows, skipping locked ones, and
 /// mark them processing in the same statement. The update finds the rows
 /// by key (`= ANY(ARRAY(..))`), which keeps large batches on the primary
 /// key instead of a join the planner may turn into a scan of the table;
 /// `__queue_rank` restores the claim order. The store reads the four
 /// `__queue_*` columns by position: keep them first, in order.
+///
+/// Where the table has the indexes for it ([`TableShape::due_apart`](super::TableShape::due_apart)),
+/// the claim reads two sets and merges them in claim order: the best
+/// `limit` jobs *ready* now (no `process_after`), in the claim order, from
+/// the index of ready jobs, and the `limit` jobs that *came due* first
+/// (scheduled, or retrying after a failure, whose time has passed), from
+/// the index of due times. Jobs still waiting for their time are in
+/// neither index's range, so a million of them cost a claim nothing; read
+/// in one scan, the claim order steps over each of them. Otherwise one scan
+/// in claim order takes every waiting job whose time has come.
 ///
 /// The claimable states and the batch size are literals, not binds: only
 /// with the state values in its text can a cached generic plan use a
@@ -115,26 +156,91 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
     let (options, names) = (t.options, &t.names);
     let (table, a, id, id_name, st) = (&t.table, &t.a, &t.id, &t.id_name, t.st());
     let mut b = Builder::default();
-    b.push(&format!(
-        "WITH candidates AS (SELECT {id} FROM {table} AS {a} WHERE {}",
-        waiting(t)
-    ));
-    if options.claim_commit == ClaimCommit::Async {
+    let mut pieces = Vec::new();
+    let order = claim_order(t);
+    let after = names.at(Column::ProcessAfter);
+    let split = after.as_ref().filter(|_| t.shape.due_apart);
+    let synchronous_off = if options.claim_commit == ClaimCommit::Async {
         // An initplan run once per claim; `true`: for the statement's own
         // transaction only, so it holds at its commit and is gone after.
-        b.push(" AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'");
-    }
-    if let Some(after) = names.at(Column::ProcessAfter) {
-        let now = b.p(Param::Now);
-        b.push(&format!(" AND ({after} IS NULL OR {after} <= {now})"));
-    }
-    if let Some(expires) = names.at(Column::ExpiresAt) {
+        " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+    } else {
+        ""
+    };
+    let not_expired = |b: &mut Builder| match names.at(Column::ExpiresAt) {
         // Expired jobs are never started; the resetter's sweep ends them.
-        let now = b.p(Param::Now);
-        b.push(&format!(" AND ({expires} IS NULL OR {expires} > {now})"));
+        Some(expires) => {
+            let now = b.p(Param::Now);
+            format!(" AND ({expires} IS NULL OR {expires} > {now})")
+        }
+        None => String::new(),
+    };
+    let merge_priority = names
+        .at(Column::Priority)
+        .filter(|_| split.is_some() && options.order_by.is_none());
+    let carried = merge_priority
+        .as_ref()
+        .map(|p| format!(", {p} AS {MERGE_PRIORITY}"))
+        .unwrap_or_default();
+    match split {
+        Some(after) => {
+            let now = b.p(Param::Now);
+            let not_expired = not_expired(&mut b);
+            b.push(&format!(
+                "WITH ready AS (SELECT {id}{carried} FROM {table} AS {a} WHERE {waiting}{synchronous_off} \
+                 AND {after} IS NULL{not_expired}",
+                waiting = waiting(t)
+            ));
+            cut(&mut b, &mut pieces, Piece::Conditions);
+            cut(&mut b, &mut pieces, Piece::Cursor);
+            b.push(&format!(" ORDER BY {order} LIMIT "));
+            cut(&mut b, &mut pieces, Piece::Limit);
+            b.push(&format!(
+                " FOR UPDATE SKIP LOCKED), due AS (SELECT {id}{carried} FROM {table} AS {a} WHERE {waiting} \
+                 AND {after} IS NOT NULL AND {after} <= {now}{not_expired}",
+                waiting = waiting(t)
+            ));
+            cut(&mut b, &mut pieces, Piece::Conditions);
+            b.push(&format!(" ORDER BY {after} LIMIT "));
+            cut(&mut b, &mut pieces, Piece::Limit);
+            b.push(" FOR UPDATE SKIP LOCKED), candidates AS (");
+            match &merge_priority {
+                // The default order, from what the two sets carry.
+                Some(_) => b.push(&format!(
+                    "SELECT {id_name} FROM (SELECT * FROM ready UNION ALL SELECT * FROM due) AS c \
+                     ORDER BY c.{MERGE_PRIORITY} DESC, c.{id_name} LIMIT "
+                )),
+                None if options.order_by.is_none() => b.push(&format!(
+                    "SELECT {id_name} FROM (SELECT * FROM ready UNION ALL SELECT * FROM due) AS c \
+                     ORDER BY c.{id_name} LIMIT "
+                )),
+                // An order of the user's, read from the (locked) rows.
+                None => b.push(&format!(
+                    "SELECT {id} FROM {table} AS {a} WHERE {id} = ANY(ARRAY(\
+                     SELECT {id_name} FROM ready UNION ALL SELECT {id_name} FROM due)) ORDER BY {order} LIMIT "
+                )),
+            };
+            cut(&mut b, &mut pieces, Piece::Limit);
+            b.push(")");
+        }
+        None => {
+            b.push(&format!(
+                "WITH candidates AS (SELECT {id} FROM {table} AS {a} WHERE {}{synchronous_off}",
+                waiting(t)
+            ));
+            if let Some(after) = &after {
+                let now = b.p(Param::Now);
+                b.push(&format!(" AND ({after} IS NULL OR {after} <= {now})"));
+            }
+            let not_expired = not_expired(&mut b);
+            b.push(&not_expired);
+            cut(&mut b, &mut pieces, Piece::Conditions);
+            cut(&mut b, &mut pieces, Piece::Cursor);
+            b.push(&format!(" ORDER BY {order} LIMIT "));
+            cut(&mut b, &mut pieces, Piece::Limit);
+            b.push(" FOR UPDATE SKIP LOCKED)");
+        }
     }
-    let head = std::mem::take(&mut b.text);
-    let order = format!(" ORDER BY {} LIMIT ", claim_order(t));
     let processing = b.p(Param::State(JobState::Processing));
     let mut sets = vec![format!("{} = CAST({processing} AS {st})", t.state_name)];
     for c in [Column::StartedAt, Column::LastHeartbeatAt] {
@@ -186,14 +292,13 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
         .map(|f| format!("{f}::int8"))
         .unwrap_or_else(|| "0::int8".into());
     b.push(&format!(
-        " FOR UPDATE SKIP LOCKED) \
-         UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
+        " UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
          RETURNING {id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\", \
          array_position(ARRAY(SELECT {id_name} FROM candidates), {id}) AS \"__queue_rank\"{returning_record}",
         sets = sets.join(", "),
         token = t.token,
     ));
-    let tail = b.text;
+    pieces.push(Piece::Sql(std::mem::take(&mut b.text)));
     let params = b.params;
     let after = cursor.then(|| {
         let n = params.len() + 1;
@@ -211,9 +316,7 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
         (condition, after_params)
     });
     ClaimStatements {
-        head,
-        order,
-        tail,
+        pieces,
         params,
         after,
     }
@@ -278,9 +381,28 @@ pub(super) fn next_due(t: &Target) -> Option<Statement> {
 
 #[cfg(test)]
 mod tests {
-    use super::super::{test_shape, Statements};
+    use super::super::{test_shape, Statements, TableShape};
     use super::*;
     use crate::options::PgStoreOptions;
+
+    /// The shape of a table whose indexes do not let claims read ready and
+    /// due jobs apart.
+    fn one_scan_shape() -> TableShape {
+        TableShape {
+            due_apart: false,
+            ..test_shape()
+        }
+    }
+
+    const UPDATE: &str = " UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
+         \"last_heartbeat_at\" = $1, \"worker_hostname\" = $3, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
+         \"execution_logs\" = '{}' WHERE \"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates)) \
+         RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
+         \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
+         array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*, \
+         \"jobs\".\"priority\"::int8 AS \"__queue_priority\", \
+         \"jobs\".\"max_attempts\"::int8 AS \"__queue_max_attempts\", \
+         (\"jobs\".\"at_most_once\") IS TRUE AS \"__queue_at_most_once\"";
 
     #[test]
     fn default_claim_quotes_names_binds_values_and_spells_out_states_and_limit() {
@@ -288,21 +410,23 @@ mod tests {
         let claim = Statements::new(&options, &test_shape(), &[]).claim(&[], 32);
         assert_eq!(
             claim.text,
-            "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
-             WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
-             AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
-             AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $1) \
-             AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
-             ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED) \
-             UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
-             \"last_heartbeat_at\" = $1, \"worker_hostname\" = $3, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
-             \"execution_logs\" = '{}' WHERE \"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates)) \
-             RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
-             \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \
-             array_position(ARRAY(SELECT \"id\" FROM candidates), \"jobs\".\"id\") AS \"__queue_rank\", \"jobs\".*, \
-             \"jobs\".\"priority\"::int8 AS \"__queue_priority\", \
-             \"jobs\".\"max_attempts\"::int8 AS \"__queue_max_attempts\", \
-             (\"jobs\".\"at_most_once\") IS TRUE AS \"__queue_at_most_once\""
+            format!(
+                "WITH ready AS (SELECT \"jobs\".\"id\", \"jobs\".\"priority\" AS \"__queue_merge_priority\" \
+                 FROM \"public\".\"jobs\" AS \"jobs\" \
+                 WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+                 AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
+                 AND \"jobs\".\"process_after\" IS NULL \
+                 AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
+                 ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED), \
+                 due AS (SELECT \"jobs\".\"id\", \"jobs\".\"priority\" AS \"__queue_merge_priority\" \
+                 FROM \"public\".\"jobs\" AS \"jobs\" \
+                 WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+                 AND \"jobs\".\"process_after\" IS NOT NULL AND \"jobs\".\"process_after\" <= $1 \
+                 AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
+                 ORDER BY \"jobs\".\"process_after\" LIMIT 32 FOR UPDATE SKIP LOCKED), \
+                 candidates AS (SELECT \"id\" FROM (SELECT * FROM ready UNION ALL SELECT * FROM due) AS c \
+                 ORDER BY c.\"__queue_merge_priority\" DESC, c.\"id\" LIMIT 32){UPDATE}"
+            )
         );
         assert_eq!(
             claim.params,
@@ -311,6 +435,71 @@ mod tests {
                 Param::State(JobState::Processing),
                 Param::Worker
             ]
+        );
+    }
+
+    #[test]
+    fn without_the_indexes_for_it_the_claim_reads_every_waiting_job_in_one_scan() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let claim = Statements::new(&options, &one_scan_shape(), &[]).claim(&[], 32);
+        assert_eq!(
+            claim.text,
+            format!(
+                "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
+                 WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+                 AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
+                 AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $1) \
+                 AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
+                 ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED){UPDATE}"
+            )
+        );
+        assert_eq!(
+            claim.params,
+            [
+                Param::Now,
+                Param::State(JobState::Processing),
+                Param::Worker
+            ]
+        );
+    }
+
+    #[test]
+    fn a_split_claim_merges_by_key_alone_or_reads_a_custom_order_from_the_rows() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let by_key = Statements::new(
+            &options.clone().without(Column::Priority).unwrap(),
+            &test_shape(),
+            &[],
+        )
+        .claim(&[], 8)
+        .text;
+        assert!(
+            by_key.contains(
+                "candidates AS (SELECT \"id\" FROM (SELECT * FROM ready UNION ALL SELECT * FROM due) AS c \
+                 ORDER BY c.\"id\" LIMIT 8)"
+            ),
+            "{by_key}"
+        );
+        assert!(!by_key.contains("__queue_merge_priority"), "{by_key}");
+        let custom = Statements::new(
+            &options.order_by("jobs.queued_at, jobs.id"),
+            &test_shape(),
+            &[],
+        )
+        .claim(&[], 8)
+        .text;
+        assert!(
+            custom.contains(
+                "candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" WHERE \"jobs\".\"id\" = ANY(ARRAY(\
+                 SELECT \"id\" FROM ready UNION ALL SELECT \"id\" FROM due)) ORDER BY jobs.queued_at, jobs.id LIMIT 8)"
+            ),
+            "{custom}"
+        );
+        assert!(
+            custom.contains(
+                "\"jobs\".\"expires_at\" > $1) ORDER BY jobs.queued_at, jobs.id LIMIT 8 FOR UPDATE"
+            ),
+            "ready jobs in the user's order: {custom}"
         );
     }
 
@@ -403,17 +592,29 @@ mod tests {
     #[test]
     fn conditions_are_numbered_after_the_claims_own_parameters() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let s = Statements::new(&options, &test_shape(), &[]);
         let cond = PgCondition::new("jobs.cost <= {} AND jobs.kind = {}")
             .bind(5i64)
             .bind("x");
-        let claim = s.claim(std::slice::from_ref(&cond), 8);
+        let one_scan =
+            Statements::new(&options, &one_scan_shape(), &[]).claim(std::slice::from_ref(&cond), 8);
         assert!(
-            claim
+            one_scan
                 .text
                 .contains("AND (jobs.cost <= $4 AND jobs.kind = $5) ORDER BY"),
             "{}",
-            claim.text
+            one_scan.text
         );
+        let split =
+            Statements::new(&options, &test_shape(), &[]).claim(std::slice::from_ref(&cond), 8);
+        assert_eq!(
+            split
+                .text
+                .matches("AND (jobs.cost <= $4 AND jobs.kind = $5) ORDER BY")
+                .count(),
+            2,
+            "ready and due jobs alike, with the same placeholders: {}",
+            split.text
+        );
+        assert_eq!(split.params.len(), 3);
     }
 }

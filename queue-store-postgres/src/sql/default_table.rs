@@ -107,6 +107,31 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "an index of waiting jobs by the time they come due (scheduled and retrying ones)",
             statements: version_5(table),
         },
+        MigrationSql {
+            version: 6,
+            name: "the claim index holds only jobs ready now; scheduled and retrying jobs are claimed through the due index \
+                   (rebuilds the claim index: claims wait while it builds)",
+            statements: version_6(table),
+        },
+    ]
+}
+
+/// Version 6: the claim index leaves out the jobs that wait for a time
+/// (a `process_after`: scheduled ones, and errored ones waiting for their
+/// retry). A claim reads it for the jobs ready now and version 5's index
+/// for the jobs whose time has come (`sql::claim`), so a million jobs
+/// scheduled ahead no longer sit in the claim order for every claim to
+/// step over. Dropped and built again in the migration's transaction, so
+/// no claim ever runs without a claim index.
+fn version_6(table: &QualifiedName) -> Vec<String> {
+    let idx = derived(&table.name, "claimable_idx");
+    vec![
+        format!("DROP INDEX IF EXISTS {}.{idx}", table.schema.quoted()),
+        format!(
+            "CREATE INDEX IF NOT EXISTS {idx} ON {t} (\"priority\" DESC, \"id\") \
+             WHERE \"state\" IN ('queued', 'errored') AND \"process_after\" IS NULL",
+            t = table.quoted()
+        ),
     ]
 }
 

@@ -180,6 +180,11 @@ pub(crate) struct TableShape {
     /// The archive purged jobs move to, quoted, and the table's columns
     /// (quoted), which it has too; `None` without one.
     pub archive: Option<(String, Vec<String>)>,
+    /// Whether claims read the jobs ready now and the jobs whose time came
+    /// apart (see [`claim::statements`]): the `process_after` column is
+    /// nullable, an index starts with it, and an index's predicate leaves
+    /// out the rows that have one (the ready jobs' index).
+    pub due_apart: bool,
 }
 
 /// What a write puts in the failure column for `message` (an SQL text
@@ -453,6 +458,7 @@ fn test_shape() -> TableShape {
         failure_json: None,
         text_select: None,
         archive: None,
+        due_apart: true,
     }
 }
 
