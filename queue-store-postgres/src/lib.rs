@@ -23,6 +23,7 @@ mod record;
 mod ride;
 mod sql;
 mod stash;
+mod statistics;
 mod store;
 mod unique;
 

@@ -36,6 +36,7 @@ use crate::sql::{
     MAX_ATTEMPTS_COLUMN,
 };
 use crate::stash::{OnLiveConnection, Stash};
+use crate::statistics::Statistics;
 
 struct Inner<R: JobRecord> {
     pool: PgPool,
@@ -60,6 +61,8 @@ struct Inner<R: JobRecord> {
     /// Whether claimed rows are read again with enum columns as text (the
     /// record type reads them as strings).
     enums_as_text: AtomicBool,
+    /// Keeps the claim's plan on the claim index (see [`Statistics`]).
+    statistics: Statistics,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -191,6 +194,7 @@ where
                 options.table
             )));
         }
+        let statistics = Statistics::at_start(&pool, &options, &absent).await?;
         let sql = Arc::new(Statements::new(&options, &shape, &absent));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
         admin.measure_clock().await?;
@@ -227,6 +231,7 @@ where
                 rides,
                 admin,
                 enums_as_text: AtomicBool::new(false),
+                statistics,
             }),
         })
     }
@@ -462,6 +467,7 @@ where
             .await
             .map_err(|e| store_error("claiming jobs", e))?;
         let mut tries = 0;
+        let started = std::time::Instant::now();
         let claimed = loop {
             tries += 1;
             let mut rows = self
@@ -492,6 +498,9 @@ where
                 }
             }
         };
+        if claimed.as_ref().is_ok_and(|(_, rows)| !rows.is_empty()) {
+            self.inner.statistics.claim_took(started.elapsed());
+        }
         if let Some(cursor) = cursor {
             match &claimed {
                 Ok((_, rows)) => {

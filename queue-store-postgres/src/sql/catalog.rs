@@ -40,6 +40,24 @@ const HAS_INDEX_WITHOUT: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inde
      WHERE i.indrelid = $1::oid AND i.indpred IS NOT NULL \
      AND strpos(pg_get_expr(i.indpred, i.indrelid), '(' || quote_ident($2) || ' IS NULL)') > 0)";
 
+/// Whether the column `$3` of the table `$1`.`$2` has statistics, and
+/// whether the table has a row.
+pub(crate) fn statistics_present(table: &QualifiedName) -> String {
+    format!(
+        "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stats \
+         WHERE schemaname = $1 AND tablename = $2 AND attname = $3), \
+         EXISTS (SELECT 1 FROM {})",
+        table.quoted()
+    )
+}
+
+/// Refreshes the statistics of the table's `columns` (quoted names): those
+/// a claim's plan depends on, which is quicker than every column (a payload
+/// column's statistics are the dearest to compute).
+pub(crate) fn analyze(table: &QualifiedName, columns: &[String]) -> String {
+    format!("ANALYZE {} ({})", table.quoted(), columns.join(", "))
+}
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 

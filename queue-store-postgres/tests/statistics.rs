@@ -1,0 +1,122 @@
+//! The claim's plan depends on the table's statistics: without them the
+//! planner takes the jobs ready now for a handful and sorts all of them for
+//! each claim. A store analyzes a table of jobs that has none when it
+//! starts, and a table whose claim was slow, in the background.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use queue_core::{ClaimParams, Job, Store};
+use queue_store_postgres::{ExecutionMode, JobTable, PgCondition, PgStore};
+use sqlx::PgPool;
+use support::{fresh_table, pool};
+
+/// Whether the state column of `table` has statistics, and when the table
+/// was last analyzed by a command (not by autovacuum).
+async fn statistics(
+    pool: &PgPool,
+    table: &JobTable,
+) -> (bool, Option<chrono::DateTime<chrono::Utc>>) {
+    let name = table.name();
+    sqlx::query_as(
+        "SELECT EXISTS (SELECT 1 FROM pg_stats WHERE schemaname = $1 AND tablename = $2 AND attname = 'state'), \
+         (SELECT last_analyze FROM pg_stat_user_tables WHERE schemaname = $1 AND relname = $2)",
+    )
+    .bind(name.schema.as_str())
+    .bind(name.name.as_str())
+    .fetch_one(pool)
+    .await
+    .expect("reading the statistics")
+}
+
+/// A default table that autovacuum leaves alone, so that only the store
+/// analyzes it.
+async fn table_without_autovacuum(pool: &PgPool) -> JobTable {
+    let table = fresh_table(pool).await;
+    sqlx::query(&format!(
+        "ALTER TABLE {} SET (autovacuum_enabled = false)",
+        table.name().quoted()
+    ))
+    .execute(pool)
+    .await
+    .expect("autovacuum off");
+    table
+}
+
+async fn insert_jobs(pool: &PgPool, table: &JobTable, n: i64) {
+    sqlx::query(&format!(
+        "INSERT INTO {} (kind) SELECT 'k' FROM generate_series(1, $1::int8)",
+        table.name().quoted()
+    ))
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("jobs");
+}
+
+#[tokio::test]
+async fn a_table_of_jobs_without_statistics_is_analyzed_when_a_store_starts() {
+    let Some(pool) = pool("a_table_of_jobs_without_statistics_is_analyzed").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    let store = |pool: &PgPool| {
+        PgStore::<Job>::default_table(
+            pool.clone(),
+            table.store_options().mode(ExecutionMode::Lease),
+        )
+    };
+    drop(store(&pool).await.expect("a store"));
+    assert_eq!(
+        statistics(&pool, &table).await,
+        (false, None),
+        "an empty table is left alone"
+    );
+    insert_jobs(&pool, &table, 5_000).await;
+    drop(store(&pool).await.expect("a store"));
+    let (has_statistics, analyzed) = statistics(&pool, &table).await;
+    assert!(
+        has_statistics && analyzed.is_some(),
+        "a table of jobs without statistics is analyzed at start-up"
+    );
+}
+
+#[tokio::test]
+async fn a_slow_claim_has_the_table_analyzed() {
+    let Some(pool) = pool("a_slow_claim_has_the_table_analyzed").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    let store = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .expect("a store");
+    insert_jobs(&pool, &table, 100).await;
+    // A claim made slow by its condition (a 30 ms sleep in each of the
+    // claim's scans).
+    let slow = vec![PgCondition::new("(SELECT pg_sleep(0.03)) IS NOT NULL")];
+    let claimed = store
+        .claim(ClaimParams {
+            limit: 1,
+            worker: "w",
+            conditions: Some(&slow),
+            now: chrono::Utc::now(),
+        })
+        .await
+        .expect("a claim");
+    assert_eq!(claimed.len(), 1);
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if statistics(&pool, &table).await.1.is_some() {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the table was not analyzed within 10 s of a slow claim"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
