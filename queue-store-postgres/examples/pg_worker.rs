@@ -15,7 +15,7 @@
 
 use std::time::Duration;
 
-use anyhow::{bail, Context, Result};
+use anyhow::{Context, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
@@ -24,67 +24,49 @@ use queue_worker::{
 };
 use sqlx::postgres::PgPoolOptions;
 
+/// A worker and a resetter over a default-layout table.
+#[derive(clap::Parser)]
 struct Args {
+    /// The table's schema.
+    #[arg(long, default_value = "public")]
     schema: String,
+    /// The table.
+    #[arg(long, default_value = "queue_jobs")]
     table: String,
-    mode: ExecutionMode,
+    /// The execution mode.
+    #[arg(long, value_enum, default_value_t = Mode::Lease)]
+    mode: Mode,
+    /// Handlers running at once.
+    #[arg(long, default_value_t = 16)]
     handlers: usize,
-    sleep: Duration,
+    /// How long each job sleeps after recording its run, in ms.
+    #[arg(long = "sleep-ms", default_value_t = 0)]
+    sleep_ms: u64,
+    /// Exit once no job waits or runs.
+    #[arg(long)]
     until_drained: bool,
-    stalled_max_age: Duration,
-    schedule_every: Option<Duration>,
+    /// The resetter's stalled max age, in ms.
+    #[arg(long = "stalled-max-age-ms", default_value_t = 60_000)]
+    stalled_max_age_ms: u64,
+    /// Also enqueue a `tick` job every this many ms (schedule `ticks`).
+    #[arg(long = "schedule-every-ms")]
+    schedule_every_ms: Option<u64>,
 }
 
-fn parse() -> Result<Args> {
-    let mut args = Args {
-        schema: "public".into(),
-        table: "queue_jobs".into(),
-        mode: ExecutionMode::Lease,
-        handlers: 16,
-        sleep: Duration::ZERO,
-        until_drained: false,
-        stalled_max_age: Duration::from_secs(60),
-        schedule_every: None,
-    };
-    let mut it = std::env::args().skip(1);
-    while let Some(flag) = it.next() {
-        let mut value = || it.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--schema" => args.schema = value()?,
-            "--table" => args.table = value()?,
-            "--mode" => {
-                args.mode = match value()?.as_str() {
-                    "lease" => ExecutionMode::Lease,
-                    "transactional" => ExecutionMode::Transactional,
-                    other => bail!("--mode takes lease or transactional, not {other:?}"),
-                }
-            }
-            "--handlers" => {
-                args.handlers = value()?.parse().context("--handlers takes a number")?
-            }
-            "--sleep-ms" => {
-                args.sleep =
-                    Duration::from_millis(value()?.parse().context("--sleep-ms takes a number")?)
-            }
-            "--stalled-max-age-ms" => {
-                args.stalled_max_age = Duration::from_millis(
-                    value()?
-                        .parse()
-                        .context("--stalled-max-age-ms takes a number")?,
-                )
-            }
-            "--until-drained" => args.until_drained = true,
-            "--schedule-every-ms" => {
-                args.schedule_every = Some(Duration::from_millis(
-                    value()?
-                        .parse()
-                        .context("--schedule-every-ms takes a number")?,
-                ))
-            }
-            other => bail!("unknown flag {other}"),
+/// [`ExecutionMode`] as a flag value.
+#[derive(Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Mode {
+    Lease,
+    Transactional,
+}
+
+impl Args {
+    fn mode(&self) -> ExecutionMode {
+        match self.mode {
+            Mode::Lease => ExecutionMode::Lease,
+            Mode::Transactional => ExecutionMode::Transactional,
         }
     }
-    Ok(args)
 }
 
 /// Records the run, then sleeps.
@@ -131,7 +113,7 @@ impl Handler<PgStore<Job>> for Record {
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let args = parse()?;
+    let args: Args = clap::Parser::parse();
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must point at the database")?;
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
@@ -146,7 +128,8 @@ async fn main() -> Result<()> {
     ))
     .execute(&pool)
     .await?;
-    let store = PgStore::default_table(pool.clone(), table.store_options().mode(args.mode)).await?;
+    let store =
+        PgStore::default_table(pool.clone(), table.store_options().mode(args.mode())).await?;
     let shutdown = queue_worker::shutdown::on_signals();
     let options = WorkerOptions {
         poll_interval: Duration::from_millis(200),
@@ -157,8 +140,8 @@ async fn main() -> Result<()> {
         store.clone(),
         Record {
             runs,
-            sleep: args.sleep,
-            transactional: args.mode == ExecutionMode::Transactional,
+            sleep: Duration::from_millis(args.sleep_ms),
+            transactional: args.mode == Mode::Transactional,
         },
         options,
     )?;
@@ -166,13 +149,13 @@ async fn main() -> Result<()> {
         store.clone(),
         ResetterOptions {
             interval: Duration::from_millis(200),
-            stalled_max_age: args.stalled_max_age,
+            stalled_max_age: Duration::from_millis(args.stalled_max_age_ms),
             ..ResetterOptions::default()
         },
     )?;
     let resetting = tokio::spawn(resetter.run(shutdown.clone()));
     let working = tokio::spawn(worker.run(shutdown.clone()));
-    let scheduling = match args.schedule_every {
+    let scheduling = match args.schedule_every_ms.map(Duration::from_millis) {
         Some(period) => {
             let ticks = Schedule::every(
                 "ticks",

@@ -88,12 +88,8 @@ fn jobs() -> (Vec<NewJob>, NewJob, Vec<NewJob>) {
 
 /// `cargo xtask dashboard [--screenshots DIR]`, on a throwaway Postgres
 /// (or `DATABASE_URL`).
-pub async fn command(args: &[String]) -> Result<()> {
-    let shots = match args {
-        [] => default_shots(),
-        [flag, dir] if flag == "--screenshots" => PathBuf::from(dir),
-        _ => bail!("usage: cargo xtask dashboard [--screenshots DIR]"),
-    };
+pub async fn command(screenshots: Option<PathBuf>) -> Result<()> {
+    let shots = screenshots.unwrap_or_else(default_shots);
     let pg = crate::pg::Postgres::start(crate::pg::ClusterOptions { durable: false }).await?;
     let result = run(&pg.url, &shots).await;
     drop(pg);

@@ -67,47 +67,41 @@ impl Handler<Store> for Noop {
     }
 }
 
-struct Args {
+/// `cargo xtask demo`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// How many jobs to enqueue and drain.
+    #[arg(long, default_value_t = 10_000)]
     jobs: usize,
+    /// Handlers running at once.
+    #[arg(long, default_value_t = 16)]
     handlers: usize,
-    mode: ExecutionMode,
+    /// The execution mode.
+    #[arg(long, value_enum, default_value_t = Mode::Lease)]
+    mode: Mode,
+    /// Jobs that do nothing (measures the queue itself) instead of the
+    /// demo's mix of kinds.
+    #[arg(long)]
     noop: bool,
+    /// Jobs claimed ahead of the handlers.
+    #[arg(long, default_value_t = 0)]
     prefetch: usize,
 }
 
-const USAGE: &str =
-    "usage: cargo xtask demo [--jobs N] [--handlers N] [--mode lease|transactional] [--noop] [--prefetch N]";
+/// [`ExecutionMode`] as a flag value.
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum Mode {
+    Lease,
+    Transactional,
+}
 
-fn parse(args: &[String]) -> Result<Args> {
-    let mut out = Args {
-        jobs: 10_000,
-        handlers: 16,
-        mode: ExecutionMode::Lease,
-        noop: false,
-        prefetch: 0,
-    };
-    let mut it = args.iter();
-    while let Some(flag) = it.next() {
-        let mut value = || {
-            it.next()
-                .with_context(|| format!("{flag} needs a value\n{USAGE}"))
-        };
-        match flag.as_str() {
-            "--jobs" => out.jobs = value()?.parse().context("--jobs takes a number")?,
-            "--handlers" => out.handlers = value()?.parse().context("--handlers takes a number")?,
-            "--mode" => {
-                out.mode = match value()?.as_str() {
-                    "lease" => ExecutionMode::Lease,
-                    "transactional" => ExecutionMode::Transactional,
-                    other => bail!("--mode takes lease or transactional, not {other:?}"),
-                }
-            }
-            "--noop" => out.noop = true,
-            "--prefetch" => out.prefetch = value()?.parse().context("--prefetch takes a number")?,
-            other => bail!("unknown flag {other}\n{USAGE}"),
+impl From<Mode> for ExecutionMode {
+    fn from(mode: Mode) -> Self {
+        match mode {
+            Mode::Lease => ExecutionMode::Lease,
+            Mode::Transactional => ExecutionMode::Transactional,
         }
     }
-    Ok(out)
 }
 
 fn new_job(i: usize, noop: bool) -> NewJob {
@@ -121,8 +115,7 @@ fn new_job(i: usize, noop: bool) -> NewJob {
     }
 }
 
-pub async fn run(args: &[String]) -> Result<()> {
-    let args = parse(args)?;
+pub async fn run(args: Args) -> Result<()> {
     // The store's and the worker's warnings (start-up advice, faults) on
     // standard error, as an application would show them; RUST_LOG widens it.
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
@@ -157,7 +150,8 @@ pub async fn run(args: &[String]) -> Result<()> {
         args.jobs as f64 / enqueue_time.as_secs_f64()
     );
 
-    let store = PgStore::default_table(pool.clone(), table.store_options().mode(args.mode)).await?;
+    let store =
+        PgStore::default_table(pool.clone(), table.store_options().mode(args.mode.into())).await?;
     let router = Router::new()
         .route("thumbnail", Thumbnail)
         .route("upload", FlakyUpload)

@@ -1,9 +1,5 @@
-//! Project automation, run as `cargo xtask <command>`:
-//!
-//! - `test-pg [cargo test args]`: every test, with a real Postgres;
-//! - `demo [flags]`: runs a worker on a throwaway Postgres over thousands of
-//!   jobs and prints a summary;
-//! - `bench [--quick] [--peers]`: the benchmark program.
+//! Project automation, run as `cargo xtask <command>` (`cargo xtask help`
+//! lists the commands and their flags).
 
 mod bench;
 mod dashboard_test;
@@ -15,38 +11,62 @@ mod served;
 mod test_pg;
 mod warnings;
 
-use anyhow::{bail, Result};
+use std::path::PathBuf;
 
-const USAGE: &str = "usage: cargo xtask <command>
+use anyhow::Result;
+use clap::Parser;
 
-commands:
-  test-pg [ARGS]   run every test against a real Postgres (DATABASE_URL,
-                   testcontainers, or a throwaway cluster from the local
-                   PostgreSQL binaries); ARGS go to `cargo test`; then fuzz
-                   the HTTP API with schemathesis (a virtualenv in target/)
-                   and test the dashboard in headless Chromium
-  faults [restart|backend-kills|worker-kills|slots-held]
-                   in both modes, stop PostgreSQL mid-drain, kill backends,
-                   SIGKILL worker processes or hold the connection slots,
-                   and check that nothing is
-                   lost and the drain recovers (clusters of its own)
-  dashboard [--screenshots DIR]
-                   the dashboard's browser test alone (screenshots to DIR,
-                   default target/dashboard-shots)
-  demo [FLAGS]     on a throwaway Postgres, run a worker over jobs and print
-                   a summary; FLAGS: --jobs N (10000), --handlers N (16),
-                   --mode lease|transactional (lease), --noop
-  bench [--quick] [--peers]
-                   measure throughput, wake latency, memory and table growth
-                   against pgbench's ceiling (and peer queues with --peers);
-                   the full run writes docs/benchmarks.md";
+/// Project automation.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask")]
+enum Command {
+    /// Run every test against a real Postgres (DATABASE_URL, testcontainers,
+    /// or a throwaway cluster from the local PostgreSQL binaries), then fuzz
+    /// the HTTP API with schemathesis (a virtualenv in target/), test the
+    /// dashboard in headless Chromium, and inject faults.
+    TestPg {
+        /// Passed on to `cargo test`.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        cargo_test_args: Vec<String>,
+    },
+    /// In both modes, stop PostgreSQL mid-drain, kill backends, SIGKILL
+    /// worker processes or hold the connection slots, and check that nothing
+    /// is lost and the drain recovers (clusters of its own); with several
+    /// schedulers, that each occurrence is enqueued once.
+    Faults {
+        /// Which: restart, backend-kills, worker-kills, slots-held,
+        /// schedulers (all without one).
+        faults: Vec<String>,
+    },
+    /// The dashboard's browser test alone.
+    Dashboard {
+        /// Where the screenshots go (default target/dashboard-shots).
+        #[arg(long)]
+        screenshots: Option<PathBuf>,
+    },
+    /// On a throwaway Postgres, run a worker over jobs and print a summary.
+    Demo(demo::Args),
+    /// Measure throughput, wake latency, memory and table growth against
+    /// pgbench's ceiling (and peer queues with --peers); the full run writes
+    /// docs/benchmarks.md.
+    Bench(bench::Args),
+    /// The worker process the bench's memory scenario measures.
+    #[command(hide = true)]
+    BenchMemoryWorker {
+        /// In-flight jobs to hold.
+        jobs: usize,
+    },
+}
 
 fn main() -> Result<()> {
     let args: Vec<String> = std::env::args().skip(1).collect();
-    let command = args.first().map(String::as_str);
-    let docker = matches!(command, Some("test-pg" | "demo" | "bench")) && pg::wants_docker_build();
+    let command = Command::parse();
+    let docker = matches!(
+        command,
+        Command::TestPg { .. } | Command::Demo(_) | Command::Bench(_)
+    ) && pg::wants_docker_build();
     // Benchmarks measure optimised code.
-    let release = command == Some("bench") && cfg!(debug_assertions);
+    let release = matches!(command, Command::Bench(_)) && cfg!(debug_assertions);
     if docker || release {
         let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
         let mut rerun = std::process::Command::new(cargo);
@@ -74,17 +94,14 @@ fn main() -> Result<()> {
             eprintln!("xtask: interrupted; cleaning up");
         }
     });
-    match command {
-        Some("test-pg") => runtime.block_on(test_pg::run(&args[1..])),
-        Some("demo") => runtime.block_on(demo::run(&args[1..])),
-        Some("dashboard") => runtime.block_on(dashboard_test::command(&args[1..])),
-        Some("faults") => runtime.block_on(faults::run(&args[1..])),
-        Some("bench") => runtime.block_on(bench::run(&args[1..])),
-        Some("bench-memory-worker") => runtime.block_on(bench::memory_worker(&args[1..])),
-        Some("help" | "--help" | "-h") | None => {
-            println!("{USAGE}");
-            Ok(())
+    runtime.block_on(async {
+        match command {
+            Command::TestPg { cargo_test_args } => test_pg::run(&cargo_test_args).await,
+            Command::Demo(args) => demo::run(args).await,
+            Command::Dashboard { screenshots } => dashboard_test::command(screenshots).await,
+            Command::Faults { faults } => faults::run(&faults).await,
+            Command::Bench(args) => bench::run(args).await,
+            Command::BenchMemoryWorker { jobs } => bench::memory_worker(jobs).await,
         }
-        Some(other) => bail!("unknown command `{other}`\n\n{USAGE}"),
-    }
+    })
 }

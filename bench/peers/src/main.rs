@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, ensure, Context, Result};
+use anyhow::{ensure, Context, Result};
 
 #[path = "../../cpu.rs"]
 mod cpu;
@@ -213,6 +213,47 @@ mod graphile {
             .init()
             .await?;
         Ok(Arc::new(worker))
+    }
+
+    /// The drain as a user first meets it: the jobs enqueued into the fresh
+    /// database by a worker of their own, then the clock started before the
+    /// worker that drains them is built (its pool, its schema check), with
+    /// no vacuum and no settling.
+    pub async fn cold(url: &str, jobs: usize) -> Result<()> {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(2)
+            .connect(url)
+            .await?;
+        {
+            let enqueuer = worker(url).await?;
+            let utils = enqueuer.create_utils();
+            let spec = JobSpec::default();
+            let all: Vec<(Noop, &JobSpec)> = (0..jobs).map(|i| (Noop { i }, &spec)).collect();
+            for chunk in all.chunks(5000) {
+                utils.add_jobs::<Noop>(chunk).await?;
+            }
+        }
+        let s = begin_scenario(jobs);
+        let started = Instant::now();
+        let w = worker(url).await?;
+        let running = tokio::spawn({
+            let w = w.clone();
+            async move { w.run().await }
+        });
+        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
+        wait_for_completions(&pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
+        let elapsed = started.elapsed();
+        w.request_shutdown();
+        let _ = running.await?;
+        check_exactly_once("graphile_worker", &s)?;
+        report(
+            "graphile_worker",
+            "cold drain, 16 handlers",
+            jobs as f64 / elapsed.as_secs_f64(),
+            "jobs/s",
+            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion; fresh database, no vacuum, clock from the worker's construction"),
+        );
+        Ok(())
     }
 
     pub async fn run(url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
@@ -502,23 +543,38 @@ mod apalis_pg {
     }
 }
 
+/// The peer job queues' drains and wake-ups, on the server DATABASE_URL names.
+#[derive(clap::Parser)]
+struct Args {
+    /// Jobs per drain.
+    #[arg(long, default_value_t = 20_000)]
+    jobs: usize,
+    /// Jobs of the wake scenario (0: drains only).
+    #[arg(long, default_value_t = 500)]
+    wake_jobs: usize,
+    /// One peer only: graphile_worker, sqlxmq or apalis.
+    #[arg(long)]
+    only: Option<String>,
+    /// graphile_worker's cold drain alone.
+    #[arg(long)]
+    cold: bool,
+}
+
 #[tokio::main]
 async fn main() -> Result<()> {
-    let mut jobs = 20_000;
-    let mut wake_jobs = 500;
-    let mut only: Option<String> = None;
-    let mut args = std::env::args().skip(1);
-    while let Some(flag) = args.next() {
-        let mut value = || args.next().with_context(|| format!("{flag} needs a value"));
-        match flag.as_str() {
-            "--jobs" => jobs = value()?.parse()?,
-            "--wake-jobs" => wake_jobs = value()?.parse()?,
-            "--only" => only = Some(value()?),
-            other => bail!("unknown flag {other}; usage: queue-bench-peers [--jobs N] [--wake-jobs N (0: drain only)] [--only PEER]"),
-        }
-    }
+    let Args {
+        jobs,
+        wake_jobs,
+        only,
+        cold,
+    } = clap::Parser::parse();
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must name the server")?;
     let admin = sqlx::PgPool::connect(&url).await?;
+    if cold {
+        let db = fresh_database(&admin, &url, "peer_graphile_cold").await?;
+        eprintln!("peers: graphile_worker, cold");
+        return graphile::cold(&db, jobs).await;
+    }
     let wanted = |peer: &str| only.as_deref().is_none_or(|o| o == peer);
     if wanted("graphile_worker") {
         let db = fresh_database(&admin, &url, "peer_graphile").await?;

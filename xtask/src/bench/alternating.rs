@@ -1,0 +1,83 @@
+//! Figures compared across minutes on a machine whose speed drifts by a
+//! fifth within them: measured in alternating rounds, medians. The ceiling
+//! with both drains, and the drain of due jobs alone and beside jobs
+//! scheduled ahead.
+
+use anyhow::Result;
+use sqlx::PgPool;
+
+use super::cluster::pgbench;
+use super::drain::{drain, StoreSetup, LEASE, TRANSACTIONAL};
+use super::report::{rows, Results};
+use super::Sizes;
+use crate::pg::Postgres;
+
+/// The ceiling and both drains at 16 handlers, one after the other for a
+/// few rounds (one in a quick run), medians: the targets' ratios are taken
+/// from these, so that the machine's drift hits the ceiling and the drains
+/// alike.
+pub(super) async fn ceiling_and_drains(
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let rounds = sizes.rounds;
+    let (mut ceiling, mut lease, mut transactional) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        println!("alternating: round {round} of {rounds}");
+        ceiling.push(pgbench(pg, sizes.pgbench_seconds).await?);
+        lease.push(
+            drain(pool, LEASE, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+        transactional.push(
+            drain(pool, TRANSACTIONAL, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+    }
+    results.add_median("alternate", rows::ALTERNATING_CEILING, "tps", &ceiling);
+    results.add_median("alternate", rows::ALTERNATING_LEASE, "jobs/s", &lease);
+    results.add_median(
+        "alternate",
+        rows::ALTERNATING_TRANSACTIONAL,
+        "jobs/s",
+        &transactional,
+    );
+    Ok(())
+}
+
+/// The lease drain (16 handlers) of due jobs in a table of their own, and
+/// behind `sizes.waiting_rows` jobs scheduled a day ahead (inserted before
+/// them, so that they come first in key order), alternating for up to
+/// three rounds, medians.
+pub(super) async fn beside_scheduled(
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let rounds = sizes.rounds.min(3);
+    let beside = StoreSetup {
+        scheduled_ahead: sizes.waiting_rows,
+        ..LEASE
+    };
+    let (mut alone, mut behind) = (Vec::new(), Vec::new());
+    for round in 1..=rounds {
+        println!("due drains: round {round} of {rounds}");
+        alone.push(
+            drain(pool, LEASE, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+        behind.push(
+            drain(pool, beside, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second,
+        );
+    }
+    results.add_median("scheduled", rows::DUE_ALONE, "jobs/s", &alone);
+    results.add_median("scheduled", rows::DUE_BESIDE, "jobs/s", &behind);
+    Ok(())
+}

@@ -1,0 +1,151 @@
+//! The drain as a user first meets it: a fresh database, jobs enqueued, and
+//! the clock started when the worker is constructed, so that connecting
+//! the pool, the store's start-up checks and the LISTEN connection count;
+//! no vacuum and no settling, for this queue and graphile_worker alike
+//! (16 handlers, a local queue of 64 each), alternating, medians.
+
+use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use queue_core::CancellationToken;
+use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+use queue_worker::Worker;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use super::cluster::enqueue_all;
+use super::drain::{drain_options, Counted};
+use super::peers::Peers;
+use super::report::{rows, Results};
+use super::Sizes;
+use crate::pg::Postgres;
+
+const DATABASE: &str = "queue_bench_cold";
+
+/// The URL of `database` on the server `url` names.
+fn database_url(url: &str, database: &str) -> Result<String> {
+    let (base, rest) = url
+        .rsplit_once('/')
+        .context("the server's URL has no database name")?;
+    let query = rest.split_once('?').map(|(_, q)| format!("?{q}"));
+    Ok(format!("{base}/{database}{}", query.unwrap_or_default()))
+}
+
+/// One cold drain of `n` jobs: jobs per second from the worker's
+/// construction to the last completion.
+pub(super) async fn drain(admin: &PgPool, url: &str, n: usize) -> Result<f64> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
+        .execute(admin)
+        .await?;
+    sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+        .execute(admin)
+        .await?;
+    let url = database_url(url, DATABASE)?;
+    // The application's side: the table made and the jobs enqueued, on a
+    // connection of its own (which also counts what is left at the end).
+    let app = PgPoolOptions::new()
+        .max_connections(2)
+        .connect(&url)
+        .await?;
+    let table = JobTable::default();
+    table.migrate(&app).await?;
+    let first_id = enqueue_all(&app, &table, n, "noop").await?;
+
+    let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
+    let total = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let handlers = 16;
+    let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(handlers as u32 + 10)
+        .connect(&url)
+        .await?;
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await?;
+    let worker = Worker::new(
+        store,
+        Counted {
+            first_id,
+            runs: runs.clone(),
+            total: total.clone(),
+            open_transaction: false,
+        },
+        drain_options(handlers),
+    )?;
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    while total.load(Ordering::Relaxed) < n {
+        ensure!(
+            !running.is_finished(),
+            "the worker stopped during the drain"
+        );
+        ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "the cold drain took over 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let pending = format!(
+        "SELECT count(*) FROM {} WHERE id >= {first_id} AND state <> 'completed'",
+        table.name().quoted()
+    );
+    while sqlx::query_scalar::<_, i64>(&pending)
+        .fetch_one(&app)
+        .await?
+        > 0
+    {
+        ensure!(
+            started.elapsed() < Duration::from_secs(600),
+            "completions did not land within 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let elapsed = started.elapsed();
+    shutdown.cancel();
+    running.await??;
+    let twice = runs
+        .iter()
+        .filter(|r| r.load(Ordering::Relaxed) != 1)
+        .count();
+    ensure!(
+        twice == 0,
+        "EXACTLY-ONCE VIOLATED: {twice} jobs ran other than once"
+    );
+    pool.close().await;
+    app.close().await;
+    Ok(n as f64 / elapsed.as_secs_f64())
+}
+
+/// For each size, this queue's cold drain and graphile_worker's, one after
+/// the other for `sizes.rounds` rounds, medians.
+pub(super) async fn head_to_head(
+    peers: &Peers,
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    for &jobs in sizes.cold_jobs {
+        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        for round in 1..=sizes.rounds {
+            println!("cold, {jobs} jobs: round {round} of {}", sizes.rounds);
+            ours.push(drain(pool, &pg.url, jobs).await?);
+            let rows = peers
+                .run(pg, jobs, 0, Some("graphile_worker"), true)
+                .await?;
+            let peer = rows
+                .iter()
+                .find(|r| r.scenario == "cold drain, 16 handlers")
+                .context("graphile_worker printed no cold drain figure")?;
+            theirs.push(peer.value);
+        }
+        results.add_median("cold", &rows::cold_ours(jobs), "jobs/s", &ours);
+        results.add_median("cold", &rows::cold_peer(jobs), "jobs/s", &theirs);
+    }
+    Ok(())
+}

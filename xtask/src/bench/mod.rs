@@ -1,0 +1,433 @@
+//! `cargo xtask bench [--quick] [--peers] [--only S,..]`: measures the queue,
+//! a physical ceiling (pgbench) and, with `--peers`, other Rust job queues,
+//! in one run on the same Postgres, and prints the figures and their ratios.
+//! The full run also writes them into `docs/benchmarks.md`. Figures are
+//! printed, never asserted, except correctness: every drain verifies that
+//! each job ran exactly once and fails loudly otherwise.
+//!
+//! One module per idea: the cluster and its ceiling ([`cluster`]), each
+//! scenario ([`drain`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
+//! [`claims`], [`peers`], [`cold`]), and the report ([`report`]).
+
+mod alternating;
+mod claims;
+mod cluster;
+mod cold;
+#[path = "../../../bench/cpu.rs"]
+mod cpu;
+mod drain;
+mod enqueue;
+mod http_enqueue;
+mod memory;
+mod peers;
+#[path = "../../../bench/quiet.rs"]
+mod quiet;
+mod report;
+mod wake;
+
+use anyhow::{Context, Result};
+use sqlx::postgres::PgPoolOptions;
+
+use crate::pg::{ClusterOptions, Postgres};
+use claims::{claim_latency, Ahead};
+use cluster::{fresh_table, machine, pgbench, thousands, warm_up};
+use drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL, TRANSACTIONAL_RIDING};
+pub use memory::memory_worker;
+use report::{rows, Results};
+
+/// How big each scenario is.
+pub(crate) struct Sizes {
+    drain_jobs: usize,
+    pgbench_seconds: u32,
+    wake_jobs: usize,
+    memory_jobs: usize,
+    growth_rows: [u64; 3],
+    /// Jobs waiting for their time (scheduled ahead, or failed and waiting
+    /// to retry) beside the claims and drains of the scheduled scenario.
+    waiting_rows: u64,
+    /// Old finished jobs in the table of the retention scenario's drains.
+    retention_rows: u64,
+    /// Jobs scheduled ahead in the wake scenario's due-time measurement.
+    due_jobs: usize,
+    single_enqueues: usize,
+    /// Jobs per round of the HTTP enqueue scenario, each way.
+    http_enqueues: usize,
+    /// The sizes of the cold head-to-head.
+    cold_jobs: &'static [usize],
+    /// Rounds of the alternating scenarios (ceiling with drains, the
+    /// head-to-heads with graphile_worker).
+    rounds: usize,
+}
+
+const FULL: Sizes = Sizes {
+    drain_jobs: 100_000,
+    pgbench_seconds: 10,
+    wake_jobs: 500,
+    memory_jobs: 10_000,
+    growth_rows: [0, 1_000_000, 10_000_000],
+    waiting_rows: 1_000_000,
+    retention_rows: 1_000_000,
+    due_jobs: 20,
+    single_enqueues: 5_000,
+    http_enqueues: 16_000,
+    cold_jobs: &[20_000, 100_000],
+    rounds: 5,
+};
+
+const QUICK: Sizes = Sizes {
+    drain_jobs: 2_000,
+    pgbench_seconds: 2,
+    wake_jobs: 40,
+    memory_jobs: 200,
+    growth_rows: [0, 10_000, 50_000],
+    waiting_rows: 20_000,
+    retention_rows: 20_000,
+    due_jobs: 3,
+    single_enqueues: 500,
+    http_enqueues: 800,
+    cold_jobs: &[2_000],
+    rounds: 1,
+};
+
+/// The scenarios `--only` can pick, in the order they run. `peers` and
+/// `cold` need the peer queues, so a run without `--only` has them only
+/// with `--peers`.
+const SCENARIOS: [&str; 13] = [
+    "ceiling",
+    "drain-lease",
+    "drain-transactional",
+    "retention",
+    "alternating",
+    "enqueue",
+    "wake",
+    "memory",
+    "growth",
+    "scheduled",
+    "drain-scheduled",
+    "peers",
+    "cold",
+];
+
+/// `cargo xtask bench`'s flags.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// Tiny sizes, so that CI checks the program still works (the figures
+    /// are not comparable, and the document is not written).
+    #[arg(long)]
+    quick: bool,
+    /// Also measure graphile_worker, sqlxmq and apalis (built from
+    /// bench/peers), with the head-to-heads against graphile_worker.
+    #[arg(long)]
+    peers: bool,
+    /// Only these scenarios (a prefix picks every one that starts with it),
+    /// without writing the document: ceiling, drain-lease,
+    /// drain-transactional, retention, alternating, enqueue, wake, memory,
+    /// growth, scheduled, drain-scheduled, peers, cold.
+    #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
+    only: Option<Vec<String>>,
+}
+
+fn scenario_prefix(name: &str) -> Result<String, String> {
+    let name = name.trim();
+    if !name.is_empty() && SCENARIOS.iter().any(|s| s.starts_with(name)) {
+        Ok(name.to_owned())
+    } else {
+        Err(format!(
+            "no scenario starts with {name:?}; the scenarios: {}",
+            SCENARIOS.join(", ")
+        ))
+    }
+}
+
+impl Args {
+    fn runs(&self, scenario: &str) -> bool {
+        match &self.only {
+            Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
+            None => !matches!(scenario, "peers" | "cold") || self.peers,
+        }
+    }
+}
+
+pub async fn run(args: Args) -> Result<()> {
+    let sizes = if args.quick { &QUICK } else { &FULL };
+    let pg = Postgres::start(ClusterOptions { durable: true }).await?;
+    let pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(100)
+        .connect(&pg.url)
+        .await
+        .context("connecting to Postgres")?;
+    let machine = machine(&pool, &pg).await?;
+    println!("{machine}");
+    warm_up(&pool, sizes).await?;
+    let mut results = Results::default();
+
+    if args.runs("ceiling") {
+        let ceiling = pgbench(&pg, sizes.pgbench_seconds).await?;
+        let note = format!("{} s", sizes.pgbench_seconds);
+        results.add("ceiling", rows::CEILING, ceiling, "tps", note);
+    }
+
+    for (setup, handlers, scenario, what) in [
+        (LEASE, 16, "drain-lease", rows::LEASE_16),
+        (LEASE, 64, "drain-lease", "lease, 64 handlers"),
+        (LEASE_DELETING, 16, "drain-lease", rows::LEASE_DELETING_16),
+        (
+            TRANSACTIONAL,
+            16,
+            "drain-transactional",
+            rows::TRANSACTIONAL_16,
+        ),
+        (
+            TRANSACTIONAL,
+            64,
+            "drain-transactional",
+            "transactional, 64 handlers",
+        ),
+        (
+            TRANSACTIONAL_RIDING,
+            64,
+            "drain-transactional",
+            "transactional, 64 handlers, lock rides (1 ms)",
+        ),
+    ] {
+        if !args.runs(scenario) {
+            continue;
+        }
+        let drained = drain(&pool, setup, handlers, sizes.drain_jobs).await?;
+        let cpu = drained.cpu.map(|c| format!("; {c}")).unwrap_or_default();
+        results.add(
+            "drain",
+            what,
+            drained.jobs_per_second,
+            "jobs/s",
+            format!(
+                "{} jobs, exactly once; {:.0} WAL bytes/job, {:.2} commits/job{cpu}",
+                sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
+            ),
+        );
+    }
+
+    if args.runs("retention") {
+        retention(&pool, sizes, &mut results).await?;
+    }
+
+    if args.runs("alternating") {
+        alternating::ceiling_and_drains(&pg, &pool, sizes, &mut results).await?;
+    }
+
+    if args.runs("enqueue") {
+        enqueue(&pg, &pool, sizes, &mut results).await?;
+    }
+
+    if args.runs("wake") {
+        let wake = wake::wake_latency(&pool, sizes.wake_jobs).await?;
+        let note = format!("{} jobs at ~50/s, idle workers", sizes.wake_jobs);
+        results.add("wake", rows::WAKE_P50, wake.p50, "ms", note);
+        results.add("wake", rows::WAKE_P99, wake.p99, "ms", "");
+        results.add(
+            "wake",
+            "enqueue commit to handler start, max",
+            wake.max,
+            "ms",
+            "",
+        );
+        let due = wake::due_latency(&pool, sizes.due_jobs).await?;
+        let note = format!(
+            "{} jobs due 100 ms apart, idle workers, no NOTIFY when due",
+            sizes.due_jobs
+        );
+        results.add("wake", rows::DUE_P50, due.p50, "ms", note);
+        results.add("wake", rows::DUE_MAX, due.max, "ms", "");
+    }
+
+    if args.runs("memory") {
+        let memory = memory::memory(&pg, &pool, sizes.memory_jobs).await?;
+        results.add(
+            "memory",
+            format!("peak RSS, {} in-flight jobs (lease)", sizes.memory_jobs),
+            memory.peak_mb,
+            "MB",
+            format!("idle worker {:.1} MB", memory.idle_mb),
+        );
+        results.add(
+            "memory",
+            rows::MEMORY_PER_JOB,
+            (memory.peak_mb - memory.idle_mb) * 1024.0 / sizes.memory_jobs as f64,
+            "KB",
+            "",
+        );
+    }
+
+    if args.runs("growth") {
+        for rows in sizes.growth_rows {
+            let p50 = claim_latency(&pool, Ahead::Finished(rows)).await?;
+            let what = format!("claim p50 with {} finished rows", thousands(rows));
+            results.add("growth", what, p50, "ms", "");
+        }
+    }
+
+    if args.runs("scheduled") {
+        let waiting = thousands(sizes.waiting_rows);
+        for (ahead, what, note) in [
+            (Ahead::Scheduled(0), rows::CLAIM_NONE_WAITING, String::new()),
+            (
+                Ahead::Scheduled(sizes.waiting_rows),
+                rows::CLAIM_SCHEDULED,
+                format!("{waiting} jobs, before the due ones in key order"),
+            ),
+            (
+                Ahead::Retrying(sizes.waiting_rows),
+                rows::CLAIM_RETRYING,
+                format!("{waiting} jobs, before the due ones in key order"),
+            ),
+        ] {
+            let p50 = claim_latency(&pool, ahead).await?;
+            results.add("scheduled", what, p50, "ms", note);
+        }
+    }
+
+    if args.runs("drain-scheduled") {
+        alternating::beside_scheduled(&pool, sizes, &mut results).await?;
+    }
+
+    let mut built = None;
+    if args.runs("peers") {
+        built = Some(peers::run_peers(&pg, &pool, sizes, &mut results).await?);
+    }
+    if args.runs("cold") {
+        let peers = match built {
+            Some(peers) => peers,
+            None => peers::Peers::build().await?,
+        };
+        cold::head_to_head(&peers, &pg, &pool, sizes, &mut results).await?;
+    }
+
+    let cold_sizes = if args.runs("cold") {
+        sizes.cold_jobs
+    } else {
+        &[]
+    };
+    let report = report::report(&machine, &results, args.quick, cold_sizes);
+    println!("\n{report}");
+    if !args.quick && args.only.is_none() {
+        report::write_doc(&report)?;
+    }
+    pool.close().await;
+    drop(pg);
+    Ok(())
+}
+
+/// A 16-handler lease drain beside old finished jobs, without and with a
+/// pruner removing them meanwhile.
+async fn retention(pool: &sqlx::PgPool, sizes: &Sizes, results: &mut Results) -> Result<()> {
+    let old = sizes.retention_rows;
+    let mut rates = Vec::new();
+    for (pruning, what) in [
+        (false, "lease, 16 handlers, old finished jobs kept"),
+        (
+            true,
+            "lease, 16 handlers, old finished jobs pruned meanwhile",
+        ),
+    ] {
+        let setup = StoreSetup {
+            old_finished: old,
+            pruning,
+            ..LEASE
+        };
+        let drained = drain(pool, setup, 16, sizes.drain_jobs).await?;
+        rates.push(drained.jobs_per_second);
+        let pruned = drained
+            .pruned
+            .map(|(n, secs)| format!("; the pruner removed {} in {secs:.1} s", thousands(n)))
+            .unwrap_or_default();
+        results.add(
+            "retention",
+            what,
+            drained.jobs_per_second,
+            "jobs/s",
+            format!(
+                "{} jobs beside {} completed 40 days ago{pruned}",
+                sizes.drain_jobs,
+                thousands(old)
+            ),
+        );
+    }
+    results.add(
+        "retention",
+        "drain while pruning / drain without",
+        rates[1] / rates[0],
+        "x",
+        "same table shape, same run",
+    );
+    Ok(())
+}
+
+/// Plain and unique enqueues, single and batched, and single enqueues over
+/// HTTP against the same on 16 connections.
+async fn enqueue(
+    pg: &Postgres,
+    pool: &sqlx::PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let rates = enqueue::enqueue(pool, sizes.single_enqueues, sizes.drain_jobs).await?;
+    results.add(
+        "enqueue",
+        "single inserts (one transaction each)",
+        rates.single,
+        "jobs/s",
+        format!("{} jobs", sizes.single_enqueues),
+    );
+    results.add(
+        "enqueue",
+        rows::ENQUEUE_BATCH,
+        rates.batch,
+        "jobs/s",
+        format!("{} jobs", sizes.drain_jobs),
+    );
+    results.add(
+        "enqueue",
+        "unique jobs, single inserts",
+        rates.unique_single,
+        "jobs/s",
+        format!(
+            "{} jobs, each key new; {:.2}x plain single inserts",
+            sizes.single_enqueues,
+            rates.unique_single / rates.single
+        ),
+    );
+    results.add(
+        "enqueue",
+        rows::ENQUEUE_UNIQUE_BATCH,
+        rates.unique_batch,
+        "jobs/s",
+        format!(
+            "{} jobs, each key new; {:.2}x plain batches",
+            sizes.drain_jobs,
+            rates.unique_batch / rates.batch
+        ),
+    );
+    let table = fresh_table(pool, "http_enqueue").await?;
+    let rounds = sizes.rounds.min(3);
+    let over_http =
+        http_enqueue::measure(&pg.url, pool, &table, sizes.http_enqueues, rounds).await?;
+    results.add(
+        "enqueue",
+        rows::ENQUEUE_DIRECT_16,
+        over_http.direct,
+        "jobs/s",
+        format!("{} jobs a round, median of {rounds}", sizes.http_enqueues),
+    );
+    results.add(
+        "enqueue",
+        rows::ENQUEUE_HTTP,
+        over_http.http,
+        "jobs/s",
+        format!(
+            "{:.2}x the 16 connections' rate; single-job POSTs",
+            over_http.http / over_http.direct
+        ),
+    );
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The peer job queues (graphile_worker, sqlxmq, apalis), built from
+//! `bench/peers` and run on the same server: their drains and wake-ups, and
+//! the head-to-head with graphile_worker, the fastest of them.
+
+use std::path::PathBuf;
+use std::process::Stdio;
+
+use anyhow::{ensure, Context, Result};
+use sqlx::PgPool;
+
+use super::drain::{drain, LEASE, LEASE_DELETING};
+use super::report::{rows, Results};
+use super::Sizes;
+use crate::pg::Postgres;
+
+/// The peer benchmarks' package, built (their own target directory inside
+/// the workspace's, reused across runs).
+pub(super) struct Peers {
+    cargo: String,
+    manifest: PathBuf,
+    target: PathBuf,
+}
+
+/// One figure a peer run printed.
+pub(super) struct PeerRow {
+    pub peer: String,
+    pub scenario: String,
+    pub value: f64,
+    pub unit: &'static str,
+    pub note: String,
+}
+
+impl Peers {
+    pub(super) async fn build() -> Result<Peers> {
+        let root = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+        let peers = Peers {
+            cargo: std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()),
+            manifest: root.join("../bench/peers/Cargo.toml"),
+            target: root.join("../target/peers"),
+        };
+        println!("peers: building {}", peers.manifest.display());
+        // Offline: with DATABASE_URL set, sqlx's macros in the peers would
+        // check their queries against our database instead of the data
+        // they ship.
+        let build = tokio::process::Command::new(&peers.cargo)
+            .args(["build", "--release", "--quiet", "--manifest-path"])
+            .arg(&peers.manifest)
+            .env("CARGO_TARGET_DIR", &peers.target)
+            .env_remove("DATABASE_URL")
+            .env("SQLX_OFFLINE", "true")
+            .status()
+            .await?;
+        ensure!(build.success(), "building the peer benchmarks failed");
+        Ok(peers)
+    }
+
+    /// Runs the peers (`only`: one of them) on `pg`; `wake_jobs` 0 skips
+    /// the wake scenario; `cold`: the cold drain alone.
+    pub(super) async fn run(
+        &self,
+        pg: &Postgres,
+        jobs: usize,
+        wake_jobs: usize,
+        only: Option<&str>,
+        cold: bool,
+    ) -> Result<Vec<PeerRow>> {
+        let mut args = vec![
+            "--jobs".to_owned(),
+            jobs.to_string(),
+            "--wake-jobs".to_owned(),
+            wake_jobs.to_string(),
+        ];
+        if let Some(peer) = only {
+            args.extend(["--only".to_owned(), peer.to_owned()]);
+        }
+        if cold {
+            args.push("--cold".to_owned());
+        }
+        let out = tokio::process::Command::new(self.target.join("release/queue-bench-peers"))
+            .args(&args)
+            .env("DATABASE_URL", &pg.url)
+            .stderr(Stdio::inherit())
+            .output()
+            .await?;
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        ensure!(
+            out.status.success(),
+            "the peer benchmarks failed:\n{stdout}"
+        );
+        // Lines: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
+        let mut rows = Vec::new();
+        for line in stdout.lines() {
+            let fields: Vec<&str> = line.split('\t').collect();
+            if let [peer, scenario, value, unit, note] = fields[..] {
+                rows.push(PeerRow {
+                    peer: peer.to_owned(),
+                    scenario: scenario.to_owned(),
+                    value: value
+                        .parse()
+                        .with_context(|| format!("bad figure in {line:?}"))?,
+                    unit: match unit {
+                        "jobs/s" => "jobs/s",
+                        "ms" => "ms",
+                        _ => "",
+                    },
+                    note: note.to_owned(),
+                });
+            }
+        }
+        Ok(rows)
+    }
+}
+
+/// Runs the peer benchmarks (a separate cargo package) and adds their rows,
+/// then the head-to-head with the fastest of them; returns the built
+/// peers for more scenarios.
+pub(super) async fn run_peers(
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<Peers> {
+    let peers = Peers::build().await?;
+    for row in peers
+        .run(pg, sizes.drain_jobs, sizes.wake_jobs, None, false)
+        .await?
+    {
+        results.add(
+            "peer",
+            format!("{}: {}", row.peer, row.scenario),
+            row.value,
+            row.unit,
+            row.note,
+        );
+    }
+    head_to_head(&peers, pg, pool, sizes, results).await?;
+    Ok(peers)
+}
+
+/// The lease drain (16 handlers) and graphile_worker's, alternating for a
+/// few rounds (one in a quick run): the machine's speed drifts by a fifth within minutes, and
+/// alternating makes the drift hit both alike. Medians.
+async fn head_to_head(
+    peers: &Peers,
+    pg: &Postgres,
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let (mut ours, mut ours_deleting, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    let rounds = sizes.rounds;
+    for round in 1..=rounds {
+        println!("head-to-head: round {round} of {rounds}");
+        let rows = peers
+            .run(pg, sizes.drain_jobs, 0, Some("graphile_worker"), false)
+            .await?;
+        let peer = rows
+            .iter()
+            .find(|r| r.scenario == "drain, 16 handlers")
+            .context("graphile_worker printed no drain figure")?;
+        theirs.push(peer.value);
+        for (setup, figures) in [(LEASE, &mut ours), (LEASE_DELETING, &mut ours_deleting)] {
+            let drained = drain(pool, setup, 16, sizes.drain_jobs).await?;
+            figures.push(drained.jobs_per_second);
+        }
+    }
+    results.add_median("versus", rows::VERSUS_OURS, "jobs/s", &ours);
+    results.add_median("versus", rows::VERSUS_DELETING, "jobs/s", &ours_deleting);
+    results.add_median("versus", rows::VERSUS_PEER, "jobs/s", &theirs);
+    Ok(())
+}

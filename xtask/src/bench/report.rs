@@ -1,0 +1,469 @@
+//! The figures of a run and how they are shown: the results as each
+//! scenario adds them, the headline table (the answer first), every row,
+//! the ratios against their targets, and the section of
+//! `docs/benchmarks.md` a full run rewrites.
+
+use std::fmt::Write as _;
+
+use anyhow::{Context, Result};
+
+/// One line of the results table.
+pub(super) struct Row {
+    section: &'static str,
+    what: String,
+    value: f64,
+    unit: &'static str,
+    note: String,
+}
+
+/// Every figure of a run, in the order measured.
+#[derive(Default)]
+pub(super) struct Results {
+    rows: Vec<Row>,
+}
+
+impl Results {
+    /// Adds a figure (and prints it, so a long run shows progress).
+    pub(super) fn add(
+        &mut self,
+        section: &'static str,
+        what: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        note: impl Into<String>,
+    ) {
+        let row = Row {
+            section,
+            what: what.into(),
+            value,
+            unit,
+            note: note.into(),
+        };
+        println!(
+            "  {:<11} {:<48} {:>12} {:<6} {}",
+            row.section,
+            row.what,
+            figure(row.value),
+            row.unit,
+            row.note
+        );
+        self.rows.push(row);
+    }
+
+    /// A row with the median of rounds' figures, listing them all.
+    pub(super) fn add_median(
+        &mut self,
+        section: &'static str,
+        what: &str,
+        unit: &'static str,
+        values: &[f64],
+    ) {
+        self.add(
+            section,
+            what,
+            median(values),
+            unit,
+            format!("median of {}: {}", values.len(), list(values)),
+        );
+    }
+
+    pub(super) fn get(&self, what: &str) -> Option<f64> {
+        self.rows.iter().find(|r| r.what == what).map(|r| r.value)
+    }
+
+    /// The first and the last figure of a section.
+    fn first_and_last(&self, section: &str) -> Option<(f64, f64)> {
+        let first = self.rows.iter().find(|r| r.section == section)?;
+        let last = self.rows.iter().rfind(|r| r.section == section)?;
+        Some((first.value, last.value))
+    }
+
+    fn ratio(&self, a: &str, b: &str) -> Option<f64> {
+        Some(self.get(a)? / self.get(b)?)
+    }
+}
+
+/// A figure with two decimals below 10 (latencies of a fraction of a
+/// millisecond), one above.
+fn figure(value: f64) -> String {
+    if value.abs() < 10.0 {
+        format!("{value:.2}")
+    } else {
+        format!("{value:.1}")
+    }
+}
+
+/// Figures as a comma-separated list.
+fn list(values: &[f64]) -> String {
+    values
+        .iter()
+        .map(|x| format!("{x:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+pub(super) fn median(values: &[f64]) -> f64 {
+    let mut sorted = values.to_vec();
+    sorted.sort_by(f64::total_cmp);
+    sorted.get(sorted.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// A ratio the report states, with the rows it divides and its target.
+struct Ratio {
+    name: &'static str,
+    value: Option<f64>,
+    /// `(at least, at most)`.
+    target: (Option<f64>, Option<f64>),
+}
+
+impl Ratio {
+    fn target_text(&self) -> String {
+        match self.target {
+            (Some(min), None) => format!("≥ {min}×"),
+            (None, Some(max)) => format!("≤ {max}×"),
+            _ => String::new(),
+        }
+    }
+
+    fn verdict(&self) -> &'static str {
+        match (self.value, self.target) {
+            (Some(v), (Some(min), _)) if v < min => "missed",
+            (Some(v), (_, Some(max))) if v > max => "missed",
+            (Some(_), (None, None)) | (None, _) => "",
+            _ => "met",
+        }
+    }
+}
+
+/// The names of the rows the ratios and the headline read.
+pub(super) mod rows {
+    pub const CEILING: &str = "pgbench single-row UPDATE, 8 clients";
+    pub const LEASE_16: &str = "lease, 16 handlers";
+    pub const TRANSACTIONAL_16: &str = "transactional, 16 handlers";
+    /// The lease drain with `CompletedJobs::Delete`: what graphile_worker
+    /// does with a completed job.
+    pub const LEASE_DELETING_16: &str = "lease, 16 handlers, completed jobs deleted";
+    pub const ALTERNATING_CEILING: &str = "pgbench ceiling, alternating with the drains";
+    pub const ALTERNATING_LEASE: &str = "lease drain, 16 handlers, alternating with the ceiling";
+    pub const ALTERNATING_TRANSACTIONAL: &str =
+        "transactional drain, 16 handlers, alternating with the ceiling";
+    pub const DUE_ALONE: &str = "lease drain, 16 handlers, alone (alternating)";
+    pub const DUE_BESIDE: &str =
+        "lease drain, 16 handlers, beside jobs scheduled a day ahead (alternating)";
+    pub const CLAIM_NONE_WAITING: &str = "claim p50, no job waiting for its time";
+    pub const CLAIM_SCHEDULED: &str = "claim p50 beside jobs scheduled a day ahead";
+    pub const CLAIM_RETRYING: &str = "claim p50 beside failed jobs waiting an hour to retry";
+    pub const WAKE_P50: &str = "enqueue commit to handler start, p50";
+    pub const WAKE_P99: &str = "enqueue commit to handler start, p99";
+    pub const DUE_P50: &str = "scheduled 2 s ahead: due time to handler start, p50";
+    pub const DUE_MAX: &str = "scheduled 2 s ahead: due time to handler start, max";
+    pub const MEMORY_PER_JOB: &str = "RSS per in-flight job";
+    pub const ENQUEUE_BATCH: &str = "batch inserts (5,000 per statement)";
+    pub const ENQUEUE_UNIQUE_BATCH: &str = "unique jobs, batches of 5,000";
+    pub const ENQUEUE_DIRECT_16: &str = "single inserts, 16 connections";
+    pub const ENQUEUE_HTTP: &str = "over HTTP (queue serve), 16 keep-alive clients";
+    pub const VERSUS_OURS: &str = "lease drain, 16 handlers, alternating with graphile_worker";
+    pub const VERSUS_DELETING: &str =
+        "lease drain, 16 handlers, completed jobs deleted, alternating with graphile_worker";
+    pub const VERSUS_PEER: &str = "graphile_worker drain, 16 handlers, alternating";
+    pub const PEER_WAKE_P50: &str = "graphile_worker: wake p50";
+    pub const PEER_WAKE_P99: &str = "graphile_worker: wake p99";
+
+    /// The cold drain of `jobs` jobs, ours.
+    pub fn cold_ours(jobs: usize) -> String {
+        format!("cold lease drain, 16 handlers, {jobs} jobs")
+    }
+
+    /// The cold drain of `jobs` jobs, graphile_worker's.
+    pub fn cold_peer(jobs: usize) -> String {
+        format!("graphile_worker cold drain, 16 handlers, {jobs} jobs")
+    }
+}
+
+fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
+    use rows::*;
+    let r = |name, value, target| Ratio {
+        name,
+        value,
+        target,
+    };
+    let mut out = vec![
+        r(
+            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+            results.ratio(ALTERNATING_LEASE, ALTERNATING_CEILING),
+            (Some(2.0), None),
+        ),
+        r(
+            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+            results.ratio(ALTERNATING_TRANSACTIONAL, ALTERNATING_CEILING),
+            (Some(0.5), None),
+        ),
+        r(
+            "lease drain (16) ÷ pgbench ceiling, single runs",
+            results.ratio(LEASE_16, CEILING),
+            (None, None),
+        ),
+        r(
+            "transactional drain (16) ÷ pgbench ceiling, single runs",
+            results.ratio(TRANSACTIONAL_16, CEILING),
+            (None, None),
+        ),
+        r(
+            "claim p50, largest table of finished jobs ÷ empty table",
+            results
+                .first_and_last("growth")
+                .map(|(first, last)| last / first),
+            (None, Some(1.2)),
+        ),
+        r(
+            "claim p50 beside jobs scheduled ahead ÷ none waiting",
+            results.ratio(CLAIM_SCHEDULED, CLAIM_NONE_WAITING),
+            (None, Some(1.2)),
+        ),
+        r(
+            "claim p50 beside failed jobs waiting to retry ÷ none waiting",
+            results.ratio(CLAIM_RETRYING, CLAIM_NONE_WAITING),
+            (None, Some(1.2)),
+        ),
+        r(
+            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)",
+            results.ratio(DUE_BESIDE, DUE_ALONE),
+            (Some(0.8), None),
+        ),
+        r(
+            "enqueue over HTTP ÷ single inserts on 16 connections",
+            results.ratio(ENQUEUE_HTTP, ENQUEUE_DIRECT_16),
+            (Some(0.8), None),
+        ),
+        r(
+            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)",
+            results.ratio(VERSUS_OURS, VERSUS_PEER),
+            (Some(2.0), None),
+        ),
+        r(
+            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)",
+            results.ratio(VERSUS_DELETING, VERSUS_PEER),
+            (None, None),
+        ),
+    ];
+    for &jobs in cold_sizes {
+        let name: &'static str = match jobs {
+            20_000 => "cold lease drain ÷ graphile_worker cold drain, 20,000 jobs (medians)",
+            100_000 => "cold lease drain ÷ graphile_worker cold drain, 100,000 jobs (medians)",
+            _ => "cold lease drain ÷ graphile_worker cold drain (medians)",
+        };
+        out.push(r(
+            name,
+            results.ratio(&cold_ours(jobs), &cold_peer(jobs)),
+            (Some(2.0), None),
+        ));
+    }
+    for peer in ["graphile_worker", "sqlxmq", "apalis"] {
+        let name: &'static str = match peer {
+            "graphile_worker" => "lease drain (16) ÷ graphile_worker drain (16), single runs",
+            "sqlxmq" => "lease drain (16) ÷ sqlxmq drain (16), single runs",
+            _ => "lease drain (16) ÷ apalis drain (16), single runs",
+        };
+        out.push(r(
+            name,
+            results.ratio(LEASE_16, &format!("{peer}: drain, 16 handlers")),
+            (None, None),
+        ));
+    }
+    out
+}
+
+/// Which build and day a run measured.
+pub(super) fn provenance() -> String {
+    let commit = std::process::Command::new("git")
+        .args(["rev-parse", "--short", "HEAD"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_owned())
+        .unwrap_or_else(|| "unknown".into());
+    let dirty = std::process::Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()
+        .is_some_and(|o| !o.stdout.is_empty());
+    format!(
+        "{}, commit {commit}{}",
+        chrono::Utc::now().format("%Y-%m-%d"),
+        if dirty {
+            " with uncommitted changes"
+        } else {
+            ""
+        }
+    )
+}
+
+/// The headline: the figures a reader comes for, each against what it is
+/// compared with in the same run.
+fn headline(results: &Results, cold_sizes: &[usize]) -> String {
+    use rows::*;
+    let mut out =
+        String::from("| measure | this queue | compared with | ratio |\n|---|---:|---|---:|\n");
+    let mut line = |what: &str, ours: Option<f64>, unit: &str, other: Option<(&str, f64)>| {
+        let Some(ours) = ours else { return };
+        let (against, ratio) = match other {
+            Some((name, theirs)) => (
+                format!("{name}: {} {unit}", figure(theirs)),
+                format!("{:.2}×", ours / theirs),
+            ),
+            None => (String::new(), String::new()),
+        };
+        let _ = writeln!(
+            out,
+            "| {what} | {} {unit} | {against} | {ratio} |",
+            figure(ours)
+        );
+    };
+    line(
+        "lease drain, 16 handlers (alternating medians)",
+        results.get(ALTERNATING_LEASE),
+        "jobs/s",
+        results
+            .get(ALTERNATING_CEILING)
+            .map(|c| ("pgbench ceiling (tps)", c)),
+    );
+    line(
+        "transactional drain, 16 handlers (alternating medians)",
+        results.get(ALTERNATING_TRANSACTIONAL),
+        "jobs/s",
+        results
+            .get(ALTERNATING_CEILING)
+            .map(|c| ("pgbench ceiling (tps)", c)),
+    );
+    line(
+        "lease drain, 16 handlers, prepared (alternating medians)",
+        results.get(VERSUS_OURS),
+        "jobs/s",
+        results.get(VERSUS_PEER).map(|p| ("graphile_worker", p)),
+    );
+    for &jobs in cold_sizes {
+        line(
+            &format!("cold lease drain of {jobs} jobs (medians)"),
+            results.get(&cold_ours(jobs)),
+            "jobs/s",
+            results
+                .get(&cold_peer(jobs))
+                .map(|p| ("graphile_worker cold", p)),
+        );
+    }
+    for (what, ours, theirs) in [
+        ("wake-up, enqueue to start, p50", WAKE_P50, PEER_WAKE_P50),
+        ("wake-up, enqueue to start, p99", WAKE_P99, PEER_WAKE_P99),
+    ] {
+        line(
+            what,
+            results.get(ours),
+            "ms",
+            results.get(theirs).map(|p| ("graphile_worker", p)),
+        );
+    }
+    line(
+        "a job scheduled 2 s ahead: due time to start, p50",
+        results.get(DUE_P50),
+        "ms",
+        None,
+    );
+    line(
+        "claim p50 beside jobs scheduled ahead",
+        results.get(CLAIM_SCHEDULED),
+        "ms",
+        results.get(CLAIM_NONE_WAITING).map(|n| ("none waiting", n)),
+    );
+    line(
+        "claim p50 beside failed jobs waiting to retry",
+        results.get(CLAIM_RETRYING),
+        "ms",
+        results.get(CLAIM_NONE_WAITING).map(|n| ("none waiting", n)),
+    );
+    line(
+        "drain of due jobs beside jobs scheduled ahead",
+        results.get(DUE_BESIDE),
+        "jobs/s",
+        results.get(DUE_ALONE).map(|a| ("alone", a)),
+    );
+    line(
+        "batch enqueue, unique keys",
+        results.get(ENQUEUE_UNIQUE_BATCH),
+        "jobs/s",
+        results.get(ENQUEUE_BATCH).map(|b| ("plain", b)),
+    );
+    line(
+        "memory per in-flight job",
+        results.get(MEMORY_PER_JOB),
+        "KB",
+        None,
+    );
+    out
+}
+
+/// The whole report: headline, every row, ratios.
+pub(super) fn report(
+    machine: &str,
+    results: &Results,
+    quick: bool,
+    cold_sizes: &[usize],
+) -> String {
+    let mut out = String::new();
+    let _ = writeln!(out, "Measured {}.\n\n{machine}", provenance());
+    if quick {
+        let _ = writeln!(out, "(quick run: tiny sizes, figures are not comparable)");
+    }
+    let _ = writeln!(out, "\n{}", headline(results, cold_sizes));
+    let _ = writeln!(out, "| ratio | value | target | |\n|---|---:|---|---|");
+    for ratio in ratios(results, cold_sizes) {
+        if let Some(v) = ratio.value {
+            let _ = writeln!(
+                out,
+                "| {} | {v:.2}× | {} | {} |",
+                ratio.name,
+                ratio.target_text(),
+                ratio.verdict()
+            );
+        }
+    }
+    let _ = writeln!(
+        out,
+        "\nEvery figure:\n\n| section | measurement | value | unit | notes |\n|---|---|---:|---|---|"
+    );
+    for r in &results.rows {
+        let _ = writeln!(
+            out,
+            "| {} | {} | {} | {} | {} |",
+            r.section,
+            r.what,
+            figure(r.value),
+            r.unit,
+            r.note
+        );
+    }
+    out
+}
+
+const BEGIN: &str = "<!-- figures: written by cargo xtask bench; edit the text around them -->";
+const END: &str = "<!-- end of figures -->";
+
+/// Puts `report` between the markers of `docs/benchmarks.md`, keeping the
+/// text around them.
+pub(super) fn write_doc(report: &str) -> Result<()> {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+    let doc =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    let (before, rest) = doc.split_once(BEGIN).with_context(|| {
+        format!(
+            "{} has no line {BEGIN:?} to put the figures after",
+            path.display()
+        )
+    })?;
+    let (_, after) = rest
+        .split_once(END)
+        .with_context(|| format!("{} has no line {END:?} after the figures", path.display()))?;
+    std::fs::write(&path, format!("{before}{BEGIN}\n\n{report}\n{END}{after}"))
+        .with_context(|| format!("writing {}", path.display()))?;
+    println!("written to {}", path.display());
+    Ok(())
+}
