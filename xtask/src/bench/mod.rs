@@ -150,6 +150,7 @@ impl Args {
 
 pub async fn run(args: Args) -> Result<()> {
     let sizes = if args.quick { &QUICK } else { &FULL };
+    let provenance = report::provenance();
     let pg = Postgres::start(ClusterOptions { durable: true }).await?;
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
@@ -308,7 +309,7 @@ pub async fn run(args: Args) -> Result<()> {
     } else {
         &[]
     };
-    let report = report::report(&machine, &results, args.quick, cold_sizes);
+    let report = report::report(&provenance, &machine, &results, args.quick, cold_sizes);
     println!("\n{report}");
     if !args.quick && args.only.is_none() {
         report::write_doc(&report)?;

@@ -401,15 +401,17 @@ fn headline(results: &Results, cold_sizes: &[usize]) -> String {
     out
 }
 
-/// The whole report: headline, every row, ratios.
+/// The whole report: headline, every row, ratios; `provenance` says which
+/// build and day (taken when the run started).
 pub(super) fn report(
+    provenance: &str,
     machine: &str,
     results: &Results,
     quick: bool,
     cold_sizes: &[usize],
 ) -> String {
     let mut out = String::new();
-    let _ = writeln!(out, "Measured {}.\n\n{machine}", provenance());
+    let _ = writeln!(out, "Measured {provenance}.\n\n{machine}");
     if quick {
         let _ = writeln!(out, "(quick run: tiny sizes, figures are not comparable)");
     }
