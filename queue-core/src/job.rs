@@ -25,8 +25,11 @@ pub enum JobState {
     Processing,
     /// Handled successfully. Terminal.
     Completed,
-    /// The last attempt failed with a retryable error; claimable again once
-    /// `process_after` has passed. Left like `Queued`.
+    /// The last attempt failed with a retryable error and the job waits to
+    /// be retried: claimable again once `process_after` has passed. Entered
+    /// by [`Transition::Retry`](crate::Transition::Retry), which the worker
+    /// reports as [`Outcome::Retried`](crate::Outcome::Retried) (metric label
+    /// `retried`). Left like `Queued`.
     Errored,
     /// Failed for good: a poison error, retries or resets exhausted, or an
     /// undecodable record. Terminal.

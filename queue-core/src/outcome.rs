@@ -98,13 +98,14 @@ pub enum Outcome {
 }
 
 impl Outcome {
-    /// The `outcome` label of `queue_jobs_processed_total`.
+    /// The `outcome` label of `queue_jobs_processed_total`: the variant's
+    /// name in lower case.
     pub fn label(&self) -> &'static str {
         match self {
-            Outcome::Completed => "ok",
-            Outcome::Retried { .. } => "retry",
+            Outcome::Completed => "completed",
+            Outcome::Retried { .. } => "retried",
             Outcome::Failed { .. } => "failed",
-            Outcome::Poisoned { .. } => "poison",
+            Outcome::Poisoned { .. } => "poisoned",
             Outcome::Canceled { .. } => "canceled",
             Outcome::Released => "released",
             Outcome::Interrupted { .. } => "interrupted",
@@ -116,7 +117,7 @@ impl Outcome {
     pub fn transition(&self) -> Option<Transition> {
         Some(match self {
             Outcome::Completed => Transition::Complete,
-            Outcome::Retried { retry_at, message } => Transition::Error {
+            Outcome::Retried { retry_at, message } => Transition::Retry {
                 message: message.clone(),
                 retry_at: *retry_at,
             },
@@ -279,14 +280,14 @@ mod tests {
             ..Default::default()
         };
         let out = fail.decide(AttemptEnd::Panicked("boom".into()), 1, now(), 0.5);
-        assert_eq!(out.label(), "poison");
+        assert_eq!(out.label(), "poisoned");
     }
 
     #[test]
     fn timeouts_are_retryable_and_undecodable_records_fail_at_once() {
         let policy = OutcomePolicy::default();
         let out = policy.decide(AttemptEnd::TimedOut(Duration::from_secs(2)), 1, now(), 0.5);
-        assert_eq!(out.label(), "retry");
+        assert_eq!(out.label(), "retried");
         let out = policy.decide(
             AttemptEnd::Undecodable(DecodeError {
                 id: "9".into(),

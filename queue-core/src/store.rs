@@ -56,8 +56,9 @@ pub enum Transition {
     /// The handler succeeded: completed.
     Complete,
     /// A retryable failure: errored, claimable again from `retry_at`;
-    /// `num_failures` is incremented.
-    Error {
+    /// `num_failures` is incremented. The worker reports it as
+    /// [`Outcome::Retried`](crate::Outcome::Retried).
+    Retry {
         /// Stored in `failure_message`.
         message: String,
         /// Stored in `process_after`.
@@ -86,7 +87,7 @@ impl Transition {
     pub fn target(&self) -> JobState {
         match self {
             Transition::Complete => JobState::Completed,
-            Transition::Error { .. } => JobState::Errored,
+            Transition::Retry { .. } => JobState::Errored,
             Transition::Fail { .. } => JobState::Failed,
             Transition::Cancel { .. } => JobState::Canceled,
             Transition::Release => JobState::Queued,

@@ -410,7 +410,7 @@ impl Store for MemoryStore {
         let target = transition.target();
         match transition {
             Transition::Complete => job.finished_at = Some(now),
-            Transition::Error { message, retry_at } => {
+            Transition::Retry { message, retry_at } => {
                 job.num_failures += 1;
                 job.failure_message = Some(message);
                 job.process_after = Some(retry_at);

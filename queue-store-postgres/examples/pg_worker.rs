@@ -18,7 +18,7 @@ use std::time::Duration;
 use anyhow::{Context, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{
     Resetter, ResetterOptions, Schedule, Scheduler, SchedulerOptions, Worker, WorkerOptions,
 };
@@ -33,8 +33,8 @@ struct Args {
     /// The table.
     #[arg(long, default_value = "queue_jobs")]
     table: String,
-    /// The execution mode.
-    #[arg(long, value_enum, default_value_t = Mode::Lease)]
+    /// The execution mode (transactional, the store's default, or lease).
+    #[arg(long, value_enum, default_value_t = Mode::Transactional)]
     mode: Mode,
     /// Handlers running at once.
     #[arg(long, default_value_t = 16)]
@@ -81,7 +81,7 @@ impl Handler<PgStore<Job>> for Record {
     async fn handle(
         &self,
         ctx: &JobContext,
-        store: &mut PgJobStore,
+        store: &mut PgJobTransaction,
         job: &Job,
     ) -> Result<(), JobError> {
         let insert = format!("INSERT INTO {} (job_id, pid) VALUES ($1, $2)", self.runs);
@@ -178,7 +178,11 @@ async fn main() -> Result<()> {
     if let Some(scheduling) = scheduling {
         scheduling.await??;
     }
-    println!("report ok={} total={}", report.count("ok"), report.total());
+    println!(
+        "report ok={} total={}",
+        report.count("completed"),
+        report.total()
+    );
     Ok(())
 }
 

@@ -49,7 +49,7 @@ impl<K: PgKey> FinishRow<K> {
         let succeeded = matches!(transition, Transition::Complete);
         let (finished_at, message, process_after, failed) = match transition {
             Transition::Complete => (Some(now), None, None, 0),
-            Transition::Error { message, retry_at } => {
+            Transition::Retry { message, retry_at } => {
                 (Some(now), Some(message), Some(retry_at), 1)
             }
             Transition::Fail { message } => (Some(now), Some(message), None, 1),

@@ -14,7 +14,7 @@ mod diesel_enqueue;
 mod enqueue;
 mod error;
 mod ident;
-mod job_store;
+mod job_transaction;
 mod key_type;
 mod listen;
 mod migrate;
@@ -37,7 +37,7 @@ pub use crate::config::{
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
-pub use crate::job_store::PgJobStore;
+pub use crate::job_transaction::PgJobTransaction;
 pub use crate::key_type::PgKeyType;
 pub use crate::migrate::Migration;
 pub use crate::options::{

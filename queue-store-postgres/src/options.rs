@@ -192,7 +192,7 @@ impl fmt::Display for Column {
 #[non_exhaustive]
 pub enum ExecutionMode {
     /// The spec's mode: the claim is visible at once (processing), and the
-    /// handler gets the job's transaction ([`PgJobStore::transaction`](crate::PgJobStore::transaction)),
+    /// handler gets the job's transaction ([`PgJobTransaction::transaction`](crate::PgJobTransaction::transaction)),
     /// which holds a `FOR KEY SHARE` lock on the job's row (proving the
     /// worker alive to the resetter) and commits the handler's writes
     /// together with the completion, or rolls them back if the attempt

@@ -191,7 +191,7 @@ impl Stash {
     /// Returns a connection to the pool out of any transaction, pinged
     /// first like a stale one (one whose backend died is closed quietly):
     /// for a connection whose last statement failed, or whose attempt was
-    /// given up without a word (a job store dropped with its transaction
+    /// given up without a word (a job handle dropped with its transaction
     /// open).
     pub(crate) fn return_checked(&self, lent: Lent) {
         retire(vec![Idle {

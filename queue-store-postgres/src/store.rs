@@ -24,7 +24,7 @@ use crate::completer::{complete_batches, Completion, FinishRow};
 use crate::conditions::{PgCondition, PgConditions};
 use crate::cursor::{ClaimCursor, Position};
 use crate::error::store_error;
-use crate::job_store::{JobClaim, PgJobStore, PreparedStatements};
+use crate::job_transaction::{JobClaim, PgJobTransaction, PreparedStatements};
 use crate::listen;
 use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{
@@ -288,7 +288,7 @@ where
         now: DateTime<Utc>,
     ) -> Result<FinishRow<R::Id>, StoreError> {
         let transition = match self.adapt(transition) {
-            Transition::Error { message, retry_at } => Transition::Error {
+            Transition::Retry { message, retry_at } => Transition::Retry {
                 message,
                 retry_at: self.inner.admin.to_db(retry_at),
             },
@@ -321,7 +321,7 @@ where
     /// Without a failure counter retries cannot be bounded, so they are off.
     fn adapt(&self, transition: Transition) -> Transition {
         match transition {
-            Transition::Error { message, .. } if !self.has(Column::NumFailures) => {
+            Transition::Retry { message, .. } if !self.has(Column::NumFailures) => {
                 Transition::Fail {
                     message: format!(
                         "{message} (not retried: the table has no num_failures column)"
@@ -441,7 +441,7 @@ where
     type Id = R::Id;
     type Record = R;
     type Conditions = PgConditions;
-    type JobStore = PgJobStore<R::Id>;
+    type JobStore = PgJobTransaction<R::Id>;
 
     async fn claim(
         &self,
@@ -657,7 +657,7 @@ where
                 Claimed {
                     lease,
                     record,
-                    job_store: PgJobStore::claimed(self.inner.pool.clone(), claim),
+                    job_store: PgJobTransaction::claimed(self.inner.pool.clone(), claim),
                 }
             })
             .collect();
@@ -667,7 +667,7 @@ where
 
     async fn finish(
         &self,
-        job_store: PgJobStore<R::Id>,
+        job_store: PgJobTransaction<R::Id>,
         lease: &Lease<R::Id>,
         transition: Transition,
         now: DateTime<Utc>,
@@ -691,7 +691,7 @@ where
         self.record_batched(row).await
     }
 
-    async fn attempt_cut_off(&self, job_store: &mut PgJobStore<R::Id>) -> Option<String> {
+    async fn attempt_cut_off(&self, job_store: &mut PgJobTransaction<R::Id>) -> Option<String> {
         job_store.cut_off().await
     }
 
@@ -707,7 +707,7 @@ where
         self.has(Column::NumFailures)
     }
 
-    fn finish_ends_transaction(&self, job_store: &PgJobStore<R::Id>) -> bool {
+    fn finish_ends_transaction(&self, job_store: &PgJobTransaction<R::Id>) -> bool {
         job_store.in_transaction()
     }
 

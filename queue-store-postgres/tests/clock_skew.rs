@@ -13,7 +13,7 @@ use std::time::Duration;
 use async_trait::async_trait;
 use chrono::{DateTime, TimeDelta, Utc};
 use queue_core::{CancellationToken, Clock, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{PgJobStore, PgStore};
+use queue_store_postgres::{PgJobTransaction, PgStore};
 use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
 use support::{count_in, fresh_table, pool};
 
@@ -31,7 +31,12 @@ struct Slow(Arc<AtomicUsize>);
 
 #[async_trait]
 impl Handler<PgStore<Job>> for Slow {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_secs(3)).await;
         Ok(())

@@ -149,7 +149,7 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: 
         ),
         (
             take("errors"),
-            Transition::Error {
+            Transition::Retry {
                 message: "later".into(),
                 retry_at,
             },

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use chrono::Utc;
 use queue_core::{ClaimParams, Delivery, Job, NewJob, ResetParams, Store, Transition};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use sqlx::PgPool;
 use support::{fresh_table, pool};
 use tokio::io::{AsyncBufReadExt, BufReader};
@@ -350,7 +350,7 @@ async fn completion_racing_the_resetter_never_ends_both_ways() {
             delivery: Delivery::AtLeastOnce,
             now,
         };
-        let job_store = PgJobStore::outside_transaction(pool.clone());
+        let job_store = PgJobTransaction::outside_transaction(pool.clone());
         let (finished, reset) = tokio::join!(
             store.finish(job_store, &lease, Transition::Complete, now),
             store.reset_stalled(params)

@@ -13,7 +13,7 @@ use queue_core::{
     Admin, CancellationToken, ClaimParams, Handler, JobContext, JobError, JobRecord, JobState,
     ResetParams, Store, Targets,
 };
-use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore, PgStoreOptions};
+use queue_store_postgres::{Column, ExecutionMode, PgJobTransaction, PgStore, PgStoreOptions};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::PgPool;
 use support::{awkward_schema, pool};
@@ -95,7 +95,7 @@ impl Handler<PgStore<Task>> for ByBody {
     async fn handle(
         &self,
         ctx: &JobContext,
-        _: &mut PgJobStore<Uuid>,
+        _: &mut PgJobTransaction<Uuid>,
         task: &Task,
     ) -> Result<(), JobError> {
         match task.body["do"].as_str() {
@@ -196,9 +196,9 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
         let report = running.await.unwrap().unwrap();
         assert_eq!(
             (
-                report.count("ok"),
-                report.count("retry"),
-                report.count("poison"),
+                report.count("completed"),
+                report.count("retried"),
+                report.count("poisoned"),
                 report.count("canceled")
             ),
             (2, 1, 1, 1),

@@ -13,7 +13,7 @@ use queue_core::{
     BoxError, CancellationToken, ClaimParams, Dequeue, DequeueContext, Handler, Job, JobContext,
     JobError, NewJob, Store, StoreError,
 };
-use queue_store_postgres::{PgCondition, PgConditions, PgJobStore, PgStore};
+use queue_store_postgres::{PgCondition, PgConditions, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use support::{count_in, fresh_table, pool};
 
@@ -82,7 +82,12 @@ impl Handler<PgStore<Job>> for Hook {
         })
     }
 
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         self.ran.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }

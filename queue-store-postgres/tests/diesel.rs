@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::PgPool;
 use support::{count_in, fresh_table, pool};
@@ -19,7 +19,12 @@ struct Counts(Arc<AtomicUsize>);
 
 #[async_trait]
 impl Handler<PgStore<Job>> for Counts {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         self.0.fetch_add(1, Ordering::SeqCst);
         Ok(())
     }

@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{CancellationToken, Handler, JobContext, JobError, JobRecord};
-use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore, PgStoreOptions};
+use queue_store_postgres::{Column, ExecutionMode, PgJobTransaction, PgStore, PgStoreOptions};
 use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
 use support::{awkward_schema, pool};
 
@@ -69,7 +69,7 @@ impl Handler<PgStore<ExampleJob>> for Indexer {
     async fn handle(
         &self,
         ctx: &JobContext,
-        store: &mut PgJobStore<i32>,
+        store: &mut PgJobTransaction<i32>,
         job: &ExampleJob,
     ) -> Result<(), JobError> {
         // The view shows the row as claimed.
@@ -197,7 +197,7 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     shutdown.cancel();
-    assert_eq!(working.await.unwrap().unwrap().count("ok"), 4);
+    assert_eq!(working.await.unwrap().unwrap().count("completed"), 4);
     resetting.await.unwrap().unwrap();
 
     // One handler ran them in (repository_id, id) order, with the names from the view.

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use queue_core::{
     Admin, CancellationToken, Handler, JobContext, JobError, JobRecord, JobState, NewJob,
 };
-use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore, PgStoreOptions};
+use queue_store_postgres::{Column, ExecutionMode, PgJobTransaction, PgStore, PgStoreOptions};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::PgPool;
 use support::{awkward_schema, pool};
@@ -107,7 +107,7 @@ impl Handler<PgStore<SchedJob>> for ByArgs {
     async fn handle(
         &self,
         ctx: &JobContext,
-        _: &mut PgJobStore<Uuid>,
+        _: &mut PgJobTransaction<Uuid>,
         job: &SchedJob,
     ) -> Result<(), JobError> {
         if job.status != "running" || i64::from(job.attempts) != i64::from(ctx.attempt()) - 1 {
@@ -183,9 +183,9 @@ async fn a_scheduler_table_with_enum_status_smallint_counters_and_jsonb_failures
         let report = running.await.expect("joined").expect("the worker ran");
         assert_eq!(
             (
-                report.count("ok"),
-                report.count("retry"),
-                report.count("poison")
+                report.count("completed"),
+                report.count("retried"),
+                report.count("poisoned")
             ),
             (2, 1, 1),
             "{mode:?}: every record decoded (status as a string), one retry, one failure"

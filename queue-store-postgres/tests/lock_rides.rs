@@ -231,7 +231,7 @@ impl queue_core::Handler<PgStore<Job>> for WriteThenMaybeFail {
     async fn handle(
         &self,
         _: &queue_core::JobContext,
-        store: &mut queue_store_postgres::PgJobStore,
+        store: &mut queue_store_postgres::PgJobTransaction,
         job: &Job,
     ) -> Result<(), queue_core::JobError> {
         let conn = store

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob, Store};
-use queue_store_postgres::{Column, ExecutionMode, PgJobStore, PgStore};
+use queue_store_postgres::{Column, ExecutionMode, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use support::{count_in, fresh_table, pool};
 
@@ -16,7 +16,12 @@ struct Flaky;
 
 #[async_trait]
 impl Handler<PgStore<Job>> for Flaky {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         Err(JobError::retry("upstream 503"))
     }
 }
@@ -58,7 +63,7 @@ async fn a_retry_the_store_cannot_count_is_reported_as_the_failure_it_is() {
     stop.cancel();
     let report = running.await.expect("the worker task").expect("the worker");
     assert_eq!(
-        (report.count("retry"), report.count("failed")),
+        (report.count("retried"), report.count("failed")),
         (0, 1),
         "the report counts what happened: a failure"
     );

@@ -13,7 +13,7 @@ use chrono::Utc;
 use queue_core::{
     Admin, CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob, Targets,
 };
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions, WorkerReport};
 use sqlx::PgPool;
 use support::{count_in, fresh_table, fresh_table_named, pool, side_table};
@@ -86,7 +86,12 @@ struct Noop;
 
 #[async_trait]
 impl Handler<PgStore<Job>> for Noop {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         Ok(())
     }
 }
@@ -109,7 +114,7 @@ async fn drains_all_jobs(mode: ExecutionMode, test: &str) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let report = stop(running).await;
-    assert_eq!(report.count("ok"), 500, "each job ran once");
+    assert_eq!(report.count("completed"), 500, "each job ran once");
     assert_eq!(count_in(&pool, &table, "completed").await, 500);
 }
 
@@ -138,7 +143,7 @@ impl Handler<PgStore<Job>> for SideEffect {
     async fn handle(
         &self,
         _: &JobContext,
-        store: &mut PgJobStore,
+        store: &mut PgJobTransaction,
         job: &Job,
     ) -> Result<(), JobError> {
         let conn = store.transaction().await.map_err(JobError::poison)?;
@@ -223,7 +228,12 @@ struct UntilCancelled;
 
 #[async_trait]
 impl Handler<PgStore<Job>> for UntilCancelled {
-    async fn handle(&self, ctx: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         ctx.cancelled().await;
         Err(JobError::cancel("stopped on request"))
     }
@@ -392,7 +402,7 @@ async fn worker_works_through_arc_store() {
     )
     .await;
     shutdown.cancel();
-    assert_eq!(task.await.unwrap().unwrap().count("ok"), 1);
+    assert_eq!(task.await.unwrap().unwrap().count("completed"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

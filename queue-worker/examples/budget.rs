@@ -61,7 +61,7 @@ async fn main() -> anyhow::Result<()> {
     let report = worker.await??;
     println!(
         "completed {} jobs; peak load {} of a budget of 10",
-        report.count("ok"),
+        report.count("completed"),
         render.peak.load(Ordering::SeqCst)
     );
     Ok(())

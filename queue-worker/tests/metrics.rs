@@ -83,7 +83,7 @@ async fn processed_and_pruned_jobs_are_counted() {
         counter(
             &snapshot,
             JOBS_PROCESSED,
-            &[("kind", "email"), ("outcome", "ok")]
+            &[("kind", "email"), ("outcome", "completed")]
         ),
         Some(2)
     );
@@ -91,7 +91,7 @@ async fn processed_and_pruned_jobs_are_counted() {
         counter(
             &snapshot,
             JOBS_PROCESSED,
-            &[("kind", "resize"), ("outcome", "poison")]
+            &[("kind", "resize"), ("outcome", "poisoned")]
         ),
         Some(1)
     );

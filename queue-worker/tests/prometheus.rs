@@ -60,7 +60,7 @@ async fn one_line_serves_the_workers_metrics() {
     }
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     assert!(
-        answer.contains("queue_jobs_processed_total{kind=\"k\",outcome=\"ok\"} 5"),
+        answer.contains("queue_jobs_processed_total{kind=\"k\",outcome=\"completed\"} 5"),
         "{answer}"
     );
     assert!(answer.contains("queue_job_duration_seconds"), "{answer}");

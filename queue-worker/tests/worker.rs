@@ -187,9 +187,9 @@ async fn outcomes_map_to_states() {
     assert_eq!(logs, ["one", "two"], "ctx.log appends to the execution log");
     assert_eq!(
         (
-            report.count("ok"),
-            report.count("retry"),
-            report.count("poison")
+            report.count("completed"),
+            report.count("retried"),
+            report.count("poisoned")
         ),
         (2, 2, 1)
     );
@@ -212,7 +212,7 @@ async fn retries_run_until_exhausted_then_fail() {
     let j = store.get(id).unwrap();
     assert_eq!(j.num_failures, 3, "one attempt plus two retries");
     assert!(j.failure_message.unwrap().contains("no retries left"));
-    assert_eq!((report.count("retry"), report.count("failed")), (2, 1));
+    assert_eq!((report.count("retried"), report.count("failed")), (2, 1));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -385,7 +385,7 @@ async fn no_more_than_num_handlers_jobs_run_at_once() {
         max: AtomicUsize::new(0),
     });
     let report = complete_ok_jobs(30, counting.clone(), fast_options().handlers(3)).await;
-    assert_eq!(report.count("ok"), 30);
+    assert_eq!(report.count("completed"), 30);
     assert_eq!(
         counting.max.load(Ordering::SeqCst),
         3,
@@ -550,7 +550,10 @@ async fn graceful_shutdown_finishes_quick_jobs_and_hands_back_slow_ones() {
         (0, 0),
         "handing back counts nothing against the job"
     );
-    assert_eq!((report.count("ok"), report.count("released")), (1, 1));
+    assert_eq!(
+        (report.count("completed"), report.count("released")),
+        (1, 1)
+    );
 }
 
 #[tokio::test]
@@ -611,7 +614,10 @@ async fn prefetched_jobs_wait_for_a_handler_and_go_back_at_shutdown() {
         3,
         "the waiting ones went back: {states:?}"
     );
-    assert_eq!((report.count("ok"), report.count("released")), (1, 3));
+    assert_eq!(
+        (report.count("completed"), report.count("released")),
+        (1, 3)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -671,7 +677,7 @@ async fn a_shutdown_fails_a_started_at_most_once_job_instead_of_handing_it_back(
         once.failure_message.as_deref(),
         Some(queue_worker::AT_MOST_ONCE_SHUTDOWN_MESSAGE)
     );
-    assert_eq!((report.count("released"), report.count("poison")), (1, 1));
+    assert_eq!((report.count("released"), report.count("poisoned")), (1, 1));
 }
 
 /// Fails every attempt, as a handler whose database calls broke would.
@@ -775,7 +781,7 @@ async fn an_outcome_the_store_failed_to_record_is_written_again_at_once() {
         ],
         "written again after each failure, not left to the resetter"
     );
-    assert_eq!(report.count("ok"), 1);
+    assert_eq!(report.count("completed"), 1);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -805,7 +811,10 @@ async fn a_completion_whose_transaction_was_lost_hands_the_job_back_to_run_again
     );
     let record = memory.get(id).expect("the job");
     assert_eq!(record.num_failures, 0, "the store's fault is not the job's");
-    assert_eq!((report.count("interrupted"), report.count("ok")), (1, 1));
+    assert_eq!(
+        (report.count("interrupted"), report.count("completed")),
+        (1, 1)
+    );
 }
 
 /// Fails its first attempt with the store's own "unavailable" error (as a
@@ -833,7 +842,10 @@ async fn a_handler_error_from_an_unreachable_store_is_not_charged_to_the_job() {
     wait_for_state(&store, id, JobState::Completed).await;
     let report = running.stop().await;
     assert_eq!(store.get(id).expect("the job").num_failures, 0);
-    assert_eq!((report.count("interrupted"), report.count("ok")), (1, 1));
+    assert_eq!(
+        (report.count("interrupted"), report.count("completed")),
+        (1, 1)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

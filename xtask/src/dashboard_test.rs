@@ -17,7 +17,7 @@ use anyhow::{bail, ensure, Context, Result};
 use async_trait::async_trait;
 use chrono::{TimeDelta, Utc};
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Router, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -39,7 +39,7 @@ impl Handler<Store> for Shop {
     async fn handle(
         &self,
         ctx: &JobContext,
-        _: &mut PgJobStore,
+        _: &mut PgJobTransaction,
         job: &Job,
     ) -> Result<(), JobError> {
         let _logged = ctx

@@ -11,7 +11,7 @@ use async_trait::async_trait;
 use queue_core::{
     CancellationToken, Handler, Job, JobContext, JobError, NewJob, OutcomePolicy, RetryPolicy,
 };
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Resetter, ResetterOptions, Router, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 
@@ -24,7 +24,12 @@ struct Thumbnail;
 
 #[async_trait]
 impl Handler<Store> for Thumbnail {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        job: &Job,
+    ) -> Result<(), JobError> {
         let micros: u64 = job.payload_as()?;
         tokio::time::sleep(Duration::from_micros(micros)).await;
         Ok(())
@@ -36,7 +41,12 @@ struct FlakyUpload;
 
 #[async_trait]
 impl Handler<Store> for FlakyUpload {
-    async fn handle(&self, ctx: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         if ctx.attempt() == 1 {
             return Err(JobError::retry_after(
                 "upload endpoint busy",
@@ -52,7 +62,12 @@ struct Validate;
 
 #[async_trait]
 impl Handler<Store> for Validate {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        job: &Job,
+    ) -> Result<(), JobError> {
         Err(JobError::poison(format!("invalid address {}", job.payload)))
     }
 }
@@ -62,7 +77,12 @@ struct Noop;
 
 #[async_trait]
 impl Handler<Store> for Noop {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         Ok(())
     }
 }
@@ -76,8 +96,8 @@ pub struct Args {
     /// Handlers running at once.
     #[arg(long, default_value_t = 16)]
     handlers: usize,
-    /// The execution mode.
-    #[arg(long, value_enum, default_value_t = Mode::Lease)]
+    /// The execution mode (transactional, the store's default, or lease).
+    #[arg(long, value_enum, default_value_t = Mode::Transactional)]
     mode: Mode,
     /// Jobs that do nothing (measures the queue itself) instead of the
     /// demo's mix of kinds.
@@ -241,10 +261,10 @@ pub async fn run(args: Args) -> Result<()> {
     );
     println!(
         "  attempts: ok {}, retry {}, failed {}, poison {}",
-        report.count("ok"),
-        report.count("retry"),
+        report.count("completed"),
+        report.count("retried"),
         report.count("failed"),
-        report.count("poison")
+        report.count("poisoned")
     );
     let expected_failed = if args.noop {
         0

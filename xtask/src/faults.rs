@@ -33,7 +33,7 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, ensure, Context, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Resetter, ResetterOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 
@@ -87,7 +87,7 @@ impl Handler<PgStore<Job>> for Ledger {
     async fn handle(
         &self,
         _: &JobContext,
-        store: &mut PgJobStore,
+        store: &mut PgJobTransaction,
         job: &Job,
     ) -> Result<(), JobError> {
         let insert = format!("INSERT INTO {} (job_id) VALUES ($1)", self.table);

@@ -437,7 +437,7 @@ pub async fn errored_job_is_retried_after_its_time<H: Harness>(h: &H) {
     let (_, result) = finish::<H>(
         &store,
         claimed,
-        Transition::Error {
+        Transition::Retry {
             message: "flaky upstream".into(),
             retry_at,
         },
@@ -758,7 +758,7 @@ pub async fn expired_jobs_are_skipped_then_failed<H: Harness>(h: &H) {
         )
         .await;
     let first = claim::<H>(&store, 1, t).await.pop().expect("the job");
-    let retry = Transition::Error {
+    let retry = Transition::Retry {
         message: "busy".into(),
         retry_at: at(t, 20),
     };
@@ -863,7 +863,7 @@ pub async fn stale_lease_cannot_write<H: Harness>(h: &H) {
         .finish(
             h.detached_job_store(&store).await,
             &old,
-            Transition::Error {
+            Transition::Retry {
                 message: "stale".into(),
                 retry_at: at(t, 100),
             },
@@ -979,7 +979,7 @@ pub async fn finish_again_is_guarded_like_finish<H: Harness>(h: &H) {
         .expect("queued again");
     let lease = claimed.lease.clone();
     h.crash(claimed.job_store).await;
-    let error = Transition::Error {
+    let error = Transition::Retry {
         message: "written again".into(),
         retry_at: at(t, 60),
     };
@@ -1320,7 +1320,7 @@ pub async fn admin_retry_requeues_failed_errored_and_canceled_jobs<H: Harness>(h
     end::<H>(
         &store,
         errored,
-        Transition::Error {
+        Transition::Retry {
             message: "flaky".into(),
             retry_at: at(t, 3600),
         },

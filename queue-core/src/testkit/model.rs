@@ -200,7 +200,7 @@ impl Model {
         }
         match transition {
             Transition::Complete | Transition::Release => {}
-            Transition::Error { message, retry_at } => {
+            Transition::Retry { message, retry_at } => {
                 job.num_failures += 1;
                 job.failure_message = Some(message.clone());
                 job.process_after = Some(*retry_at);

@@ -15,7 +15,7 @@ use queue_core::testkit::conformance::Harness;
 use queue_core::testkit::database_url;
 use queue_core::{ClaimParams, Claimed, Job, JobRecord, Store};
 use queue_store_postgres::{
-    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobStore, PgKey, PgStore,
+    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobTransaction, PgKey, PgStore,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -176,11 +176,11 @@ impl Harness for PgHarness {
         vec![PgCondition::new("\"jobs\".\"kind\" = {}").bind(kind)]
     }
 
-    async fn detached_job_store(&self, store: &PgStore<Job>) -> PgJobStore {
-        PgJobStore::outside_transaction(store.pool().clone())
+    async fn detached_job_store(&self, store: &PgStore<Job>) -> PgJobTransaction {
+        PgJobTransaction::outside_transaction(store.pool().clone())
     }
 
-    async fn crash(&self, job_store: PgJobStore) {
+    async fn crash(&self, job_store: PgJobTransaction) {
         job_store.abandon().await;
     }
 }

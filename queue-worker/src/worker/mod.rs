@@ -333,7 +333,7 @@ impl<S: Store> LogSink for StoreLogSink<S> {
 /// }
 /// shutdown.cancel();
 /// let report = running.await.unwrap().unwrap();
-/// assert_eq!(report.count("ok"), 1);
+/// assert_eq!(report.count("completed"), 1);
 /// # }
 /// ```
 pub struct Worker<S: Store, H> {

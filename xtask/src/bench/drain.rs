@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, Retention};
-use queue_store_postgres::{CompletedJobs, ExecutionMode, PgJobStore, PgStore};
+use queue_store_postgres::{CompletedJobs, ExecutionMode, PgJobTransaction, PgStore};
 use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -32,7 +32,7 @@ impl Handler<PgStore<Job>> for Counted {
     async fn handle(
         &self,
         _: &JobContext,
-        store: &mut PgJobStore,
+        store: &mut PgJobTransaction,
         job: &Job,
     ) -> Result<(), JobError> {
         if self.open_transaction {

@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Context, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -79,7 +79,12 @@ pub(super) struct SleepForever;
 
 #[async_trait]
 impl Handler<PgStore<Job>> for SleepForever {
-    async fn handle(&self, ctx: &JobContext, _: &mut PgJobStore, _: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
         ctx.cancelled().await;
         Err(JobError::cancel("stopped"))
     }

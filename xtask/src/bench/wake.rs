@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobStore, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::PgPool;
 
@@ -38,7 +38,12 @@ pub(super) struct Stamp {
 
 #[async_trait]
 impl Handler<PgStore<Job>> for Stamp {
-    async fn handle(&self, _: &JobContext, _: &mut PgJobStore, job: &Job) -> Result<(), JobError> {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        job: &Job,
+    ) -> Result<(), JobError> {
         let now = Instant::now();
         self.started
             .lock()

@@ -1,5 +1,5 @@
-//! [`PgJobStore`]: the store as a handler sees it, and the job's transaction
-//! in transactional mode.
+//! [`PgJobTransaction`]: a running job's handle on the database: its own
+//! transaction in transactional mode, the pool in lease mode.
 //!
 //! A job's transaction takes two round trips: `BEGIN; EXECUTE lock(..)`
 //! when the handler first asks for it, and `EXECUTE complete(..); COMMIT AND
@@ -14,7 +14,7 @@
 //! A stashed connection whose backend died while it waited is replaced
 //! before the job's transaction opens, and an attempt cut off by a failed
 //! connection is told apart from a handler's failure
-//! ([`PgJobStore::cut_off`]).
+//! ([`PgJobTransaction::cut_off`]).
 //!
 //! With lock rides on (off by default), a job's lock may instead ride on
 //! another job's commit, saving its round trip (see [`crate::ride`]).
@@ -38,22 +38,23 @@ use crate::sql::prepared::NOT_HELD;
 use crate::sql::{literal, Param, Statements};
 use crate::stash::{Lent, Stash};
 
-/// The store as a handler sees it for one job.
+/// A running job's handle on the database: what a handler gets as the
+/// store's `JobStore` (a handle to the job's transaction, not a store).
 ///
-/// In transactional mode, [`PgJobStore::transaction`] opens the job's
+/// In transactional mode, [`PgJobTransaction::transaction`] opens the job's
 /// transaction on first use: `BEGIN`, then a `FOR KEY SHARE` lock on the
 /// job's row (checked to still be this claim's). The handler's writes on it
 /// commit together with the job's completion, or roll back if the attempt
 /// fails or the job moved on. A handler that never asks for it costs no
 /// transaction at all. In lease mode there is no job transaction; write
-/// through [`PgJobStore::pool`].
+/// through [`PgJobTransaction::pool`].
 #[derive(Debug)]
-pub struct PgJobStore<K = i64> {
+pub struct PgJobTransaction<K = i64> {
     pool: PgPool,
     /// The job's transaction, once opened.
     tx: Option<OpenTransaction>,
     /// What opening the transaction needs; `None` in lease mode and for
-    /// job stores outside any claim.
+    /// handles outside any claim.
     claim: Option<JobClaim<K>>,
     /// Why the transaction could not be opened, when its connection failed.
     cut_off: Option<String>,
@@ -71,7 +72,7 @@ struct OpenTransaction {
     _open: Option<OpenGuard>,
 }
 
-/// The claim a job store's transaction locks.
+/// The claim a job's transaction locks.
 #[derive(Debug)]
 pub(crate) struct JobClaim<K> {
     pub sql: Arc<Statements>,
@@ -111,9 +112,9 @@ impl PreparedStatements {
     }
 }
 
-impl<K> Drop for PgJobStore<K> {
+impl<K> Drop for PgJobTransaction<K> {
     fn drop(&mut self) {
-        // A job store dropped with its transaction open (an abandoned
+        // A handle dropped with its transaction open (an abandoned
         // attempt): the rollback goes out when the pool next pings the
         // connection, which is at once.
         if let Some(mut tx) = self.tx.take() {
@@ -387,10 +388,10 @@ fn not_held<K: PgKey>(lease: &Lease<K>) -> StoreError {
     }
 }
 
-impl<K: PgKey> PgJobStore<K> {
-    /// A job store for a claimed job; `claim` is `None` in lease mode.
+impl<K: PgKey> PgJobTransaction<K> {
+    /// The handle of a claimed job; `claim` is `None` in lease mode.
     pub(crate) fn claimed(pool: PgPool, claim: Option<JobClaim<K>>) -> Self {
-        PgJobStore {
+        PgJobTransaction {
             pool,
             tx: None,
             claim,
@@ -405,7 +406,7 @@ impl<K: PgKey> PgJobStore<K> {
 
     /// The job's transaction (transactional mode), opened and row-locked on
     /// first use. Fails if the job was reset, reclaimed or deleted before
-    /// the lock, or in lease mode (which has none: use [`PgJobStore::pool`]).
+    /// the lock, or in lease mode (which has none: use [`PgJobTransaction::pool`]).
     pub async fn transaction(&mut self) -> Result<&mut PgConnection, StoreError> {
         if self.tx.is_none() {
             let Some(claim) = &self.claim else {
@@ -674,14 +675,14 @@ async fn commit_bound<K: PgKey>(
     Ok(WriteResult::Applied)
 }
 
-impl<K> PgJobStore<K> {
+impl<K> PgJobTransaction<K> {
     /// The store's pool (outside the job's transaction).
     pub fn pool(&self) -> &PgPool {
         &self.pool
     }
 
     /// Gives up the job now: rolls its transaction back at once, as the
-    /// server would for a worker that died. (Dropping a job store also rolls
+    /// server would for a worker that died. (Dropping the handle also rolls
     /// back, but only once its connection is next used.)
     pub async fn abandon(mut self) {
         let (Some(tx), Some(claim)) = (self.tx.take(), &self.claim) else {
@@ -692,10 +693,10 @@ impl<K> PgJobStore<K> {
         }
     }
 
-    /// A job store bound to no claim, writing through `pool`: what a late
+    /// A handle bound to no claim, writing through `pool`: what a late
     /// writer outside any claim would use (tests of stale writes).
     pub fn outside_transaction(pool: PgPool) -> Self {
-        PgJobStore {
+        PgJobTransaction {
             pool,
             tx: None,
             claim: None,
