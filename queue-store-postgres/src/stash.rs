@@ -16,7 +16,7 @@
 //! The stash also remembers which connections hold the job transaction's
 //! prepared statements ([`Lent::prepared`]), so a job on one of them sends
 //! no `PREPARE`, and a job on any other prepares them without provoking an
-//! error on the server (see [`crate::job_store`]).
+//! error on the server (see [`crate::job_transaction`]).
 //!
 //! A connection whose backend died while it waited here (killed, server
 //! restarted) would make sqlx warn when it pings it back into the pool; the

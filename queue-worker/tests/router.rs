@@ -75,10 +75,10 @@ async fn jobs_reach_the_handler_of_their_kind() {
         [
             "email pre 1",
             "email handle 1",
-            "email post 1 ok",
+            "email post 1 completed",
             "resize pre 2",
             "resize handle 2",
-            "resize post 2 ok",
+            "resize post 2 completed",
         ]
     );
     assert_eq!(

@@ -139,7 +139,7 @@ async fn hooks_run_in_the_specified_order() {
             "pre_dequeue",
             "pre_handle 1",
             "handle 1",
-            "post_handle 1 ok Some(Completed)"
+            "post_handle 1 completed Some(Completed)"
         ],
         "hooks run PreDequeue, PreHandle, Handle, PostHandle"
     );
