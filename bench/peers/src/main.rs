@@ -215,6 +215,40 @@ mod graphile {
         Ok(Arc::new(worker))
     }
 
+    /// Enqueues `jobs` no-op jobs in batches of 5,000.
+    async fn enqueue(w: &graphile_worker::Worker, jobs: usize) -> Result<()> {
+        let utils = w.create_utils();
+        let spec = JobSpec::default();
+        let all: Vec<(Noop, &JobSpec)> = (0..jobs).map(|i| (Noop { i }, &spec)).collect();
+        for chunk in all.chunks(5000) {
+            utils.add_jobs::<Noop>(chunk).await?;
+        }
+        Ok(())
+    }
+
+    /// Runs `w` until the `jobs` of scenario `s` ran and completed, then
+    /// stops it; returns how long since `started` the last completion
+    /// landed (the shutdown not counted).
+    async fn drain(
+        w: Arc<graphile_worker::Worker>,
+        s: &Scenario,
+        pool: &sqlx::PgPool,
+        jobs: usize,
+        started: Instant,
+    ) -> Result<Duration> {
+        let running = tokio::spawn({
+            let w = w.clone();
+            async move { w.run().await }
+        });
+        wait_for_handlers(s, jobs, Duration::from_secs(600)).await?;
+        wait_for_completions(pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
+        let elapsed = started.elapsed();
+        w.request_shutdown();
+        let _ = running.await?;
+        check_exactly_once("graphile_worker", s)?;
+        Ok(elapsed)
+    }
+
     /// The drain as a user first meets it: the jobs enqueued into the fresh
     /// database by a worker of their own, then the clock started before the
     /// worker that drains them is built (its pool, its schema check), with
@@ -224,28 +258,11 @@ mod graphile {
             .max_connections(2)
             .connect(url)
             .await?;
-        {
-            let enqueuer = worker(url).await?;
-            let utils = enqueuer.create_utils();
-            let spec = JobSpec::default();
-            let all: Vec<(Noop, &JobSpec)> = (0..jobs).map(|i| (Noop { i }, &spec)).collect();
-            for chunk in all.chunks(5000) {
-                utils.add_jobs::<Noop>(chunk).await?;
-            }
-        }
+        enqueue(&*worker(url).await?, jobs).await?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
         let w = worker(url).await?;
-        let running = tokio::spawn({
-            let w = w.clone();
-            async move { w.run().await }
-        });
-        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
-        wait_for_completions(&pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
-        let elapsed = started.elapsed();
-        w.request_shutdown();
-        let _ = running.await?;
-        check_exactly_once("graphile_worker", &s)?;
+        let elapsed = drain(w, &s, &pool, jobs, started).await?;
         report(
             "graphile_worker",
             "cold drain, 16 handlers",
@@ -263,27 +280,13 @@ mod graphile {
             .await?;
         // Drain.
         let w = worker(url).await?;
-        let utils = w.create_utils();
-        let spec = JobSpec::default();
-        let all: Vec<(Noop, &JobSpec)> = (0..jobs).map(|i| (Noop { i }, &spec)).collect();
-        for chunk in all.chunks(5000) {
-            utils.add_jobs::<Noop>(chunk).await?;
-        }
+        enqueue(&w, jobs).await?;
         settle(&pool).await?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
         let cpu0 = CpuSample::now();
-        let running = tokio::spawn({
-            let w = w.clone();
-            async move { w.run().await }
-        });
-        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
-        wait_for_completions(&pool, "SELECT count(*) FROM graphile_worker._private_jobs").await?;
-        let elapsed = started.elapsed();
+        let elapsed = drain(w, &s, &pool, jobs, started).await?;
         let cpu = cpu_note(cpu0, jobs);
-        w.request_shutdown();
-        let _ = running.await?;
-        check_exactly_once("graphile_worker", &s)?;
         report(
             "graphile_worker",
             "drain, 16 handlers",

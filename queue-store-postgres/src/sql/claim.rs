@@ -459,6 +459,13 @@ mod tests {
          \"jobs\".\"max_attempts\"::int8 AS \"__queue_max_attempts\", \
          (\"jobs\".\"at_most_once\") IS TRUE AS \"__queue_at_most_once\"";
 
+    /// The inputs of a claim on the default table, in order.
+    const CLAIM_PARAMS: [Param; 3] = [
+        Param::Now,
+        Param::State(JobState::Processing),
+        Param::Worker,
+    ];
+
     #[test]
     fn default_claim_quotes_names_binds_values_and_spells_out_states_and_limit() {
         let options = PgStoreOptions::new("jobs").unwrap();
@@ -483,14 +490,7 @@ mod tests {
                  ORDER BY c.\"__queue_merge_priority\" DESC, c.\"id\" LIMIT 32){UPDATE}"
             )
         );
-        assert_eq!(
-            claim.params,
-            [
-                Param::Now,
-                Param::State(JobState::Processing),
-                Param::Worker
-            ]
-        );
+        assert_eq!(claim.params, CLAIM_PARAMS);
     }
 
     #[test]
@@ -508,14 +508,7 @@ mod tests {
                  ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED){UPDATE}"
             )
         );
-        assert_eq!(
-            claim.params,
-            [
-                Param::Now,
-                Param::State(JobState::Processing),
-                Param::Worker
-            ]
-        );
+        assert_eq!(claim.params, CLAIM_PARAMS);
     }
 
     #[test]

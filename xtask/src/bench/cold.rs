@@ -6,7 +6,7 @@
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use anyhow::{ensure, Context, Result};
 use queue_core::CancellationToken;
@@ -16,7 +16,7 @@ use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
 use super::cluster::enqueue_all;
-use super::drain::{drain_options, Counted};
+use super::drain::{drain_options, wait_until_drained, Counted};
 use super::peers::Peers;
 use super::report::{rows, Results};
 use super::Sizes;
@@ -79,32 +79,7 @@ pub(super) async fn drain(admin: &PgPool, url: &str, n: usize) -> Result<f64> {
     )?;
     let shutdown = CancellationToken::new();
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    while total.load(Ordering::Relaxed) < n {
-        ensure!(
-            !running.is_finished(),
-            "the worker stopped during the drain"
-        );
-        ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "the cold drain took over 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let pending = format!(
-        "SELECT count(*) FROM {} WHERE id >= {first_id} AND state <> 'completed'",
-        table.name().quoted()
-    );
-    while sqlx::query_scalar::<_, i64>(&pending)
-        .fetch_one(&app)
-        .await?
-        > 0
-    {
-        ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "completions did not land within 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until_drained(&app, &table, first_id, &total, n, &running, started).await?;
     let elapsed = started.elapsed();
     shutdown.cancel();
     running.await??;
@@ -135,14 +110,7 @@ pub(super) async fn head_to_head(
         for round in 1..=sizes.rounds {
             println!("cold, {jobs} jobs: round {round} of {}", sizes.rounds);
             ours.push(drain(pool, &pg.url, jobs).await?);
-            let rows = peers
-                .run(pg, jobs, 0, Some("graphile_worker"), true)
-                .await?;
-            let peer = rows
-                .iter()
-                .find(|r| r.scenario == "cold drain, 16 handlers")
-                .context("graphile_worker printed no cold drain figure")?;
-            theirs.push(peer.value);
+            theirs.push(peers.graphile_drain(pg, jobs, true).await?);
         }
         results.add_median("cold", &rows::cold_ours(jobs), "jobs/s", &ours);
         results.add_median("cold", &rows::cold_peer(jobs), "jobs/s", &theirs);

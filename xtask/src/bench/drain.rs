@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use anyhow::{ensure, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, Retention};
-use queue_store_postgres::{CompletedJobs, ExecutionMode, PgJobTransaction, PgStore};
+use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -216,37 +216,7 @@ pub(super) async fn drain(
     let started = Instant::now();
     let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    // Watch the handlers in memory (polling the table would load the server
-    // being measured), then wait for the last completions to land.
-    while total.load(Ordering::Relaxed) < n {
-        ensure!(
-            !running.is_finished(),
-            "the worker stopped during the drain"
-        );
-        ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "the drain took over 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    // Every drained row completed (or deleted, if completed jobs are): the
-    // rows from the first drained key on, read through the primary key (the
-    // rows before it, old or scheduled, stay as they are).
-    let pending_sql = format!(
-        "SELECT count(*) FROM {} WHERE id >= {first_id} AND state <> 'completed'",
-        table.name().quoted()
-    );
-    loop {
-        let pending: i64 = sqlx::query_scalar(&pending_sql).fetch_one(pool).await?;
-        if pending == 0 {
-            break;
-        }
-        ensure!(
-            started.elapsed() < Duration::from_secs(600),
-            "completions did not land within 10 minutes"
-        );
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    wait_until_drained(pool, &table, first_id, &total, n, &running, started).await?;
     let elapsed = started.elapsed();
     let cpu = CpuSample::per_job_since(cpu0, n);
     shutdown.cancel();
@@ -276,4 +246,45 @@ pub(super) async fn drain(
         cpu,
         pruned,
     })
+}
+
+/// Waits until `n` jobs have run (watched in memory: polling the table would
+/// load the server being measured) and then until every drained row, from
+/// `first_id` on, is completed (or deleted, if completed jobs are), read by
+/// key range (the rows before it, old or scheduled, stay as they are). At
+/// most 10 minutes from `started`; fails if the worker stops meanwhile.
+pub(super) async fn wait_until_drained<T>(
+    pool: &PgPool,
+    table: &JobTable,
+    first_id: i64,
+    total: &AtomicUsize,
+    n: usize,
+    running: &tokio::task::JoinHandle<T>,
+    started: Instant,
+) -> Result<()> {
+    let limit = Duration::from_secs(600);
+    while total.load(Ordering::Relaxed) < n {
+        ensure!(
+            !running.is_finished(),
+            "the worker stopped during the drain"
+        );
+        ensure!(started.elapsed() < limit, "the drain took over 10 minutes");
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let pending_sql = format!(
+        "SELECT count(*) FROM {} WHERE id >= {first_id} AND state <> 'completed'",
+        table.name().quoted()
+    );
+    while sqlx::query_scalar::<_, i64>(&pending_sql)
+        .fetch_one(pool)
+        .await?
+        > 0
+    {
+        ensure!(
+            started.elapsed() < limit,
+            "completions did not land within 10 minutes"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
 }

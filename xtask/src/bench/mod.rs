@@ -89,10 +89,10 @@ const QUICK: Sizes = Sizes {
     rounds: 1,
 };
 
-/// The scenarios `--only` can pick, in the order they run. `peers` and
-/// `cold` need the peer queues, so a run without `--only` has them only
-/// with `--peers`.
-const SCENARIOS: [&str; 13] = [
+/// The scenarios `--only` can pick, in the order they run. `peers`,
+/// `versus` and `cold` need the peer queues, so a run without `--only` has
+/// them only with `--peers`.
+const SCENARIOS: [&str; 14] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -105,6 +105,7 @@ const SCENARIOS: [&str; 13] = [
     "scheduled",
     "drain-scheduled",
     "peers",
+    "versus",
     "cold",
 ];
 
@@ -122,7 +123,7 @@ pub struct Args {
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
     /// drain-transactional, retention, alternating, enqueue, wake, memory,
-    /// growth, scheduled, drain-scheduled, peers, cold.
+    /// growth, scheduled, drain-scheduled, peers, versus, cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
 }
@@ -143,7 +144,7 @@ impl Args {
     fn runs(&self, scenario: &str) -> bool {
         match &self.only {
             Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
-            None => !matches!(scenario, "peers" | "cold") || self.peers,
+            None => !matches!(scenario, "peers" | "versus" | "cold") || self.peers,
         }
     }
 }
@@ -294,14 +295,20 @@ pub async fn run(args: Args) -> Result<()> {
 
     let mut built = None;
     if args.runs("peers") {
-        built = Some(peers::run_peers(&pg, &pool, sizes, &mut results).await?);
+        built = Some(peers::run_peers(&pg, sizes, &mut results).await?);
     }
-    if args.runs("cold") {
-        let peers = match built {
+    for scenario in ["versus", "cold"] {
+        if !args.runs(scenario) {
+            continue;
+        }
+        let peers = match &built {
             Some(peers) => peers,
-            None => peers::Peers::build().await?,
+            None => built.insert(peers::Peers::build().await?),
         };
-        cold::head_to_head(&peers, &pg, &pool, sizes, &mut results).await?;
+        match scenario {
+            "versus" => peers::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
+            _ => cold::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
+        }
     }
 
     let cold_sizes = if args.runs("cold") {

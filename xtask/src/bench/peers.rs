@@ -111,12 +111,32 @@ impl Peers {
     }
 }
 
-/// Runs the peer benchmarks (a separate cargo package) and adds their rows,
-/// then the head-to-head with the fastest of them; returns the built
-/// peers for more scenarios.
+impl Peers {
+    /// graphile_worker's drain of `jobs` jobs at 16 handlers, prepared like
+    /// the project's or `cold`; jobs per second.
+    pub(super) async fn graphile_drain(
+        &self,
+        pg: &Postgres,
+        jobs: usize,
+        cold: bool,
+    ) -> Result<f64> {
+        let scenario = if cold {
+            "cold drain, 16 handlers"
+        } else {
+            "drain, 16 handlers"
+        };
+        let rows = self.run(pg, jobs, 0, Some("graphile_worker"), cold).await?;
+        rows.iter()
+            .find(|r| r.scenario == scenario)
+            .map(|r| r.value)
+            .with_context(|| format!("graphile_worker printed no {scenario} figure"))
+    }
+}
+
+/// Runs the peer benchmarks (a separate cargo package) and adds their rows;
+/// returns the built peers for the head-to-heads.
 pub(super) async fn run_peers(
     pg: &Postgres,
-    pool: &PgPool,
     sizes: &Sizes,
     results: &mut Results,
 ) -> Result<Peers> {
@@ -133,14 +153,13 @@ pub(super) async fn run_peers(
             row.note,
         );
     }
-    head_to_head(&peers, pg, pool, sizes, results).await?;
     Ok(peers)
 }
 
 /// The lease drain (16 handlers) and graphile_worker's, alternating for a
 /// few rounds (one in a quick run): the machine's speed drifts by a fifth within minutes, and
 /// alternating makes the drift hit both alike. Medians.
-async fn head_to_head(
+pub(super) async fn head_to_head(
     peers: &Peers,
     pg: &Postgres,
     pool: &PgPool,
@@ -151,14 +170,7 @@ async fn head_to_head(
     let rounds = sizes.rounds;
     for round in 1..=rounds {
         println!("head-to-head: round {round} of {rounds}");
-        let rows = peers
-            .run(pg, sizes.drain_jobs, 0, Some("graphile_worker"), false)
-            .await?;
-        let peer = rows
-            .iter()
-            .find(|r| r.scenario == "drain, 16 handlers")
-            .context("graphile_worker printed no drain figure")?;
-        theirs.push(peer.value);
+        theirs.push(peers.graphile_drain(pg, sizes.drain_jobs, false).await?);
         for (setup, figures) in [(LEASE, &mut ours), (LEASE_DELETING, &mut ours_deleting)] {
             let drained = drain(pool, setup, 16, sizes.drain_jobs).await?;
             figures.push(drained.jobs_per_second);
