@@ -159,10 +159,21 @@ fn report_wake(peer: &str, n: usize, (p50, p99, max): (f64, f64, f64)) {
 /// What the project's own drain does between enqueueing and timing, done
 /// for every peer alike: `VACUUM ANALYZE` the peer's (fresh) database, so
 /// that no autovacuum of the just-inserted jobs runs during the timed drain
-/// and the planner knows the table, then let the statistics settle.
+/// and the planner knows the table, `CHECKPOINT` so that none falls in it,
+/// then let the statistics settle.
 async fn settle(pool: &sqlx::PgPool) -> Result<()> {
     sqlx::query("VACUUM ANALYZE").execute(pool).await?;
+    sqlx::query("CHECKPOINT").execute(pool).await?;
     tokio::time::sleep(Duration::from_millis(1100)).await;
+    Ok(())
+}
+
+/// Drops a peer's database once its run is over, so that no autovacuum of
+/// its rows runs during the next queue's drain.
+async fn drop_database(admin: &sqlx::PgPool, name: &str) -> Result<()> {
+    sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+        .execute(admin)
+        .await?;
     Ok(())
 }
 
@@ -576,23 +587,27 @@ async fn main() -> Result<()> {
     if cold {
         let db = fresh_database(&admin, &url, "peer_graphile_cold").await?;
         eprintln!("peers: graphile_worker, cold");
-        return graphile::cold(&db, jobs).await;
+        graphile::cold(&db, jobs).await?;
+        return drop_database(&admin, "peer_graphile_cold").await;
     }
     let wanted = |peer: &str| only.as_deref().is_none_or(|o| o == peer);
     if wanted("graphile_worker") {
         let db = fresh_database(&admin, &url, "peer_graphile").await?;
         eprintln!("peers: graphile_worker");
         graphile::run(&db, jobs, wake_jobs).await?;
+        drop_database(&admin, "peer_graphile").await?;
     }
     if wanted("sqlxmq") {
         let db = fresh_database(&admin, &url, "peer_sqlxmq").await?;
         eprintln!("peers: sqlxmq");
         mq::run(&db, jobs, wake_jobs).await?;
+        drop_database(&admin, "peer_sqlxmq").await?;
     }
     if wanted("apalis") {
         let db = fresh_database(&admin, &url, "peer_apalis").await?;
         eprintln!("peers: apalis");
         apalis_pg::run(&db, jobs, wake_jobs).await?;
+        drop_database(&admin, "peer_apalis").await?;
     }
     Ok(())
 }

@@ -154,9 +154,12 @@ pub(super) async fn drain(
         .await?;
     }
     let first_id = enqueue_all(pool, &table, n, "noop").await?;
+    // No autovacuum of the new rows and no checkpoint during the timed
+    // drain (the peers are prepared the same way).
     sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
         .execute(pool)
         .await?;
+    sqlx::query("CHECKPOINT").execute(pool).await?;
     let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
     let total = Arc::new(AtomicUsize::new(0));
     let store_pool = PgPoolOptions::new()
@@ -239,6 +242,11 @@ pub(super) async fn drain(
         None => None,
     };
     store_pool.close().await;
+    // Gone before the next scenario, so that no autovacuum of its rows runs
+    // during it (a graphile_worker drain right after, say).
+    sqlx::query(&format!("DROP TABLE {}", table.name().quoted()))
+        .execute(pool)
+        .await?;
     Ok(Drained {
         jobs_per_second: n as f64 / elapsed.as_secs_f64(),
         wal_bytes_per_job: (wal1 - wal0) as f64 / n as f64,

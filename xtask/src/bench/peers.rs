@@ -156,9 +156,13 @@ pub(super) async fn run_peers(
     Ok(peers)
 }
 
-/// The lease drain (16 handlers) and graphile_worker's, alternating for a
-/// few rounds (one in a quick run): the machine's speed drifts by a fifth within minutes, and
-/// alternating makes the drift hit both alike. Medians.
+/// The lease drain (16 handlers, keeping and deleting completed jobs) and
+/// graphile_worker's, one after the other for a few rounds (one in a quick
+/// run): the machine's speed drifts by a fifth within minutes, and
+/// alternating makes the drift hit all three alike. Each round starts with
+/// the next of the three, so that none always follows the same one (the
+/// drain that followed graphile_worker's in every round measured about a
+/// tenth slower than the same drain elsewhere in the run). Medians.
 pub(super) async fn head_to_head(
     peers: &Peers,
     pg: &Postgres,
@@ -166,16 +170,29 @@ pub(super) async fn head_to_head(
     sizes: &Sizes,
     results: &mut Results,
 ) -> Result<()> {
-    let (mut ours, mut ours_deleting, mut theirs) = (Vec::new(), Vec::new(), Vec::new());
+    let mut figures: [Vec<f64>; 3] = Default::default();
     let rounds = sizes.rounds;
     for round in 1..=rounds {
         println!("head-to-head: round {round} of {rounds}");
-        theirs.push(peers.graphile_drain(pg, sizes.drain_jobs, false).await?);
-        for (setup, figures) in [(LEASE, &mut ours), (LEASE_DELETING, &mut ours_deleting)] {
-            let drained = drain(pool, setup, 16, sizes.drain_jobs).await?;
-            figures.push(drained.jobs_per_second);
+        for turn in 0..3 {
+            let which = (round + turn) % 3;
+            let figure = match which {
+                0 => peers.graphile_drain(pg, sizes.drain_jobs, false).await?,
+                1 => {
+                    drain(pool, LEASE, 16, sizes.drain_jobs)
+                        .await?
+                        .jobs_per_second
+                }
+                _ => {
+                    drain(pool, LEASE_DELETING, 16, sizes.drain_jobs)
+                        .await?
+                        .jobs_per_second
+                }
+            };
+            figures[which].push(figure);
         }
     }
+    let [theirs, ours, ours_deleting] = figures;
     results.add_median("versus", rows::VERSUS_OURS, "jobs/s", &ours);
     results.add_median("versus", rows::VERSUS_DELETING, "jobs/s", &ours_deleting);
     results.add_median("versus", rows::VERSUS_PEER, "jobs/s", &theirs);
