@@ -241,9 +241,9 @@ canceled = "dropped"
         let pool = t.pool.clone();
         let s = s.clone();
         async move {
-            sqlx::query_scalar::<_, String>(&format!(
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
                 "SELECT status::text FROM {s}.tasks WHERE task_no = $1"
-            ))
+            )))
             .bind(id.trim().parse::<i32>().expect("an int4 key"))
             .fetch_one(&pool)
             .await

@@ -117,9 +117,9 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
     // The worker drains what was fed, and only the old jobs were purged.
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let waiting: i64 = sqlx::query_scalar(&format!(
+        let waiting: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {table} WHERE state IN ('queued', 'processing')"
-        ))
+        )))
         .fetch_one(&t.pool)
         .await
         .expect("count");
@@ -131,10 +131,12 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
     }
     stop.cancel();
     let drained = worker.await.expect("the worker task").expect("the worker");
-    let old: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {table} WHERE kind = 'old'"))
-        .fetch_one(&t.pool)
-        .await
-        .expect("count");
+    let old: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {table} WHERE kind = 'old'"
+    )))
+    .fetch_one(&t.pool)
+    .await
+    .expect("count");
 
     waits.sort();
     let max = waits.last().copied().unwrap_or_default();

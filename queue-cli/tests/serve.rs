@@ -439,9 +439,9 @@ async fn the_api_on_a_mapped_foreign_table() {
     let status_of = |id: String| {
         let (pool, s) = (t.pool.clone(), s.clone());
         async move {
-            sqlx::query_scalar::<_, String>(&format!(
+            sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(format!(
                 "SELECT status::text FROM {s}.tasks WHERE task_no = $1"
-            ))
+            )))
             .bind(id.parse::<i32>().expect("an int4 key"))
             .fetch_one(&pool)
             .await
@@ -702,14 +702,15 @@ async fn an_enqueue_carries_the_jobs_own_options() {
         .as_str()
         .and_then(|s| s.parse().ok())
         .expect("a key");
-    let row: (Option<i32>, Option<chrono::DateTime<chrono::Utc>>, bool) = sqlx::query_as(&format!(
-        "SELECT max_attempts, expires_at, at_most_once FROM {}.queue_jobs WHERE id = $1",
-        t.s
-    ))
-    .bind(id)
-    .fetch_one(&t.pool)
-    .await
-    .expect("the row");
+    let row: (Option<i32>, Option<chrono::DateTime<chrono::Utc>>, bool) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT max_attempts, expires_at, at_most_once FROM {}.queue_jobs WHERE id = $1",
+            t.s
+        )))
+        .bind(id)
+        .fetch_one(&t.pool)
+        .await
+        .expect("the row");
     assert_eq!(
         (row.0, row.1.map(|at| at.to_rfc3339()), row.2),
         (Some(2), Some("2099-01-01T00:00:00+00:00".to_owned()), true)
@@ -744,10 +745,10 @@ async fn queue_serve_enqueues_the_configs_schedules() {
         .expect("kill");
     assert!(stopped.success());
     child.wait().await.expect("it stops");
-    let jobs: Vec<(String, serde_json::Value)> = sqlx::query_as(&format!(
+    let jobs: Vec<(String, serde_json::Value)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT unique_key, payload FROM {}.queue_jobs WHERE kind = 'tick' ORDER BY id",
         t.s
-    ))
+    )))
     .fetch_all(&t.pool)
     .await
     .expect("the jobs");

@@ -89,13 +89,13 @@ impl Handler<PgStore<Job>> for Record {
         if self.transactional {
             // Written in the job's transaction: visible only if the job completes.
             let conn = store.transaction().await.map_err(JobError::retry)?;
-            sqlx::query(&insert)
+            sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
                 .bind(job.id)
                 .bind(pid)
                 .execute(conn)
                 .await?;
         } else {
-            sqlx::query(&insert)
+            sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
                 .bind(job.id)
                 .bind(pid)
                 .execute(store.pool())
@@ -123,9 +123,9 @@ async fn main() -> Result<()> {
         .context("connecting to DATABASE_URL")?;
     let table = JobTable::new(&args.schema, &args.table)?;
     let runs = format!("{}.\"runs\"", table.name().schema.quoted());
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE IF NOT EXISTS {runs} (job_id bigint NOT NULL, pid integer NOT NULL)"
-    ))
+    )))
     .execute(&pool)
     .await?;
     let store =
@@ -197,7 +197,9 @@ async fn wait_until_drained(
         table.name().quoted()
     );
     while !shutdown.is_cancelled() {
-        let left: i64 = sqlx::query_scalar(&sql).fetch_one(pool).await?;
+        let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+            .fetch_one(pool)
+            .await?;
         if left == 0 {
             break;
         }

@@ -609,7 +609,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
     }
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
-        let rows = sqlx::query(&self.inner.sql.counts.text)
+        let rows = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.inner.sql.counts.text)))
             .fetch_all(&self.inner.pool)
             .await
             .map_err(|e| store_error("counting jobs", e))?;

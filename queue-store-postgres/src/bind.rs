@@ -1,5 +1,7 @@
 //! Binding values to the store's statements.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use queue_core::{JobState, Lease, StoreError};
 use sqlx::postgres::PgArguments;
@@ -82,7 +84,7 @@ pub(crate) fn query<'q, K: PgKey>(
     statement: &'q Statement,
     mut value: impl FnMut(Param) -> Option<Value<K>>,
 ) -> Result<Query<'q, Postgres, PgArguments>, StoreError> {
-    let mut q = sqlx::query(&statement.text);
+    let mut q = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&statement.text)));
     for param in &statement.params {
         let v = value(*param).ok_or_else(|| StoreError::Backend {
             context: format!("internal error: no value for statement parameter {param:?}"),

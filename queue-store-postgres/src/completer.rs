@@ -17,7 +17,7 @@ use crate::error::store_error;
 use crate::options::StateValues;
 use crate::record::PgKey;
 use crate::sql::{Param, Statement, Statements};
-use crate::stash::Stash;
+use crate::stash::{Settled, Stash};
 
 /// The most attempts one batched completion statement finishes.
 const MAX_COMPLETION_BATCH: usize = 1000;
@@ -216,28 +216,13 @@ async fn write_outcomes<K: PgKey>(
     states: &StateValues,
     rows: &[FinishRow<K>],
 ) -> Result<HashSet<K>, StoreError> {
-    let mut lent = stash
-        .take()
-        .await
-        .map_err(|e| store_error("recording job outcomes", e))?;
-    let mut tries = 0;
+    let mut on = stash.lend("recording job outcomes").await?;
     loop {
-        tries += 1;
-        match run_finish(sql, states, &mut lent.conn, rows).await {
-            Ok(applied) => {
-                stash.put(lent);
-                return Ok(applied);
-            }
-            Err(error) => {
-                if !stash.put_after(lent, &error) || tries > 1 {
-                    return Err(error);
-                }
-                lent = stash
-                    .take_new()
-                    .await
-                    .map_err(|e| store_error("recording job outcomes", e))?;
-            }
-        }
+        let done = run_finish(sql, states, on.conn(), rows).await;
+        on = match on.settle(done).await {
+            Settled::Done(done) => return done,
+            Settled::Again(on) => on,
+        };
     }
 }
 

@@ -1,5 +1,7 @@
 //! [`JobTable`]: the default jobs table — migrate it, enqueue into it.
 
+use std::sync::Arc;
+
 use chrono::{DateTime, Utc};
 use queue_core::{Enqueued, JobLimits, NewJob, StoreError, UniqueScope};
 use sqlx::{PgPool, Row};
@@ -85,9 +87,9 @@ fn has_options(job: &NewJob) -> bool {
 #[derive(Debug, Clone)]
 pub struct JobTable {
     table: QualifiedName,
-    insert_one: String,
-    insert_many: String,
-    insert_with_options: String,
+    insert_one: Arc<str>,
+    insert_many: Arc<str>,
+    insert_with_options: Arc<str>,
 }
 
 impl Default for JobTable {
@@ -116,9 +118,9 @@ impl JobTable {
 
     fn from_name(table: QualifiedName) -> Self {
         JobTable {
-            insert_one: default_table::insert_one(&table),
-            insert_many: default_table::insert_many(&table),
-            insert_with_options: default_table::insert_with_options(&table),
+            insert_one: default_table::insert_one(&table).into(),
+            insert_many: default_table::insert_many(&table).into(),
+            insert_with_options: default_table::insert_with_options(&table).into(),
             table,
         }
     }
@@ -155,11 +157,11 @@ impl JobTable {
             self.table.schema.clone(),
             crate::ident::Ident::new(self.archive_name())?,
         );
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS)",
             archive.quoted(),
             self.table.quoted()
-        ))
+        )))
         .execute(pool)
         .await
         .map_err(|e| crate::error::store_error("creating the archive table", e))?;
@@ -199,7 +201,7 @@ impl JobTable {
                 source: "the insert returned no row".into(),
             });
         }
-        sqlx::query_scalar(&self.insert_one)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.insert_one)))
             .bind(&job.kind)
             .bind(&job.payload)
             .bind(job.priority)
@@ -224,7 +226,7 @@ impl JobTable {
         let payloads: Vec<&serde_json::Value> = jobs.iter().map(|j| &j.payload).collect();
         let priorities: Vec<i32> = jobs.iter().map(|j| j.priority).collect();
         let afters: Vec<Option<DateTime<Utc>>> = jobs.iter().map(|j| j.process_after).collect();
-        sqlx::query_scalar(&self.insert_many)
+        sqlx::query_scalar(sqlx::AssertSqlSafe(Arc::clone(&self.insert_many)))
             .bind(kinds)
             .bind(payloads)
             .bind(priorities)
@@ -256,7 +258,7 @@ impl JobTable {
             return Ok(Vec::new());
         }
         let args = FunctionArgs::new(jobs);
-        let rows = sqlx::query(&self.insert_with_options)
+        let rows = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.insert_with_options)))
             .bind(args.kinds)
             .bind(args.payloads)
             .bind(args.priorities)

@@ -26,7 +26,8 @@ use chrono::{DateTime, SecondsFormat, Utc};
 use futures_util::StreamExt;
 use queue_core::{Lease, StoreError, WriteResult};
 use sqlx::postgres::PgTransactionManager;
-use sqlx::{Executor, PgConnection, PgPool, TransactionManager};
+use sqlx::{Executor, PgConnection, PgPool, SqlSafeStr};
+use sqlx_core::transaction::TransactionManager;
 
 use crate::bind::{lease_value, query};
 use crate::completer::{run_finish, FinishRow};
@@ -222,10 +223,13 @@ async fn begin_prepared<K: PgKey>(
     } else {
         format!("BEGIN; {lock}")
     };
-    let error = match PgTransactionManager::begin(conn, Some(text.into())).await {
-        Ok(()) => return Ok(Locked::Held),
-        Err(error) => error,
-    };
+    let error =
+        match PgTransactionManager::begin(conn, Some(sqlx::AssertSqlSafe(text).into_sql_str()))
+            .await
+        {
+            Ok(()) => return Ok(Locked::Held),
+            Err(error) => error,
+        };
     let locked = if is_not_held(&error) {
         Locked::NotHeld
     } else if is_unprepared(&error) {
@@ -293,7 +297,7 @@ async fn lock_chained<K: PgKey>(
     claim: &JobClaim<K>,
 ) -> Result<Locked, StoreError> {
     let lock = execute_lock(claim)?;
-    let error = match conn.execute(sqlx::raw_sql(&lock)).await {
+    let error = match conn.execute(sqlx::raw_sql(sqlx::AssertSqlSafe(lock))).await {
         Ok(_) => return Ok(Locked::Held),
         Err(error) => error,
     };
@@ -549,7 +553,9 @@ async fn commit_prepared<K: PgKey>(
     let Some(ride) = ride else {
         return match lent
             .conn
-            .execute(sqlx::raw_sql(&format!("{complete}; COMMIT AND CHAIN")))
+            .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+                "{complete}; COMMIT AND CHAIN"
+            ))))
             .await
         {
             Ok(_) => {
@@ -572,7 +578,7 @@ async fn commit_prepared<K: PgKey>(
     let mut completed = 0;
     let mut failure = None;
     {
-        let mut results = conn.fetch_many(sqlx::raw_sql(&text));
+        let mut results = conn.fetch_many(sqlx::raw_sql(sqlx::AssertSqlSafe(text)));
         while let Some(result) = results.next().await {
             match result {
                 Ok(sqlx::Either::Left(_)) => completed += 1,

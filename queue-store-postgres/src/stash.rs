@@ -2,7 +2,8 @@
 //!
 //! sqlx pings every connection it takes back into the pool, a round trip
 //! each time. The store's hot paths (claims, batched completions, job
-//! transactions) hand their connections back here instead and take them
+//! transactions, the read of the next due time whenever the claim loop
+//! pauses) hand their connections back here instead and take them
 //! again while they are fresh; a sweeper returns those left unused for a
 //! second to the pool, so an idle store holds none for long.
 //!
@@ -29,7 +30,8 @@ use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
 use sqlx::postgres::PgTransactionManager;
-use sqlx::{Connection, PgPool, Postgres, TransactionManager};
+use sqlx::{Connection, PgConnection, PgPool, Postgres};
+use sqlx_core::transaction::TransactionManager;
 
 use queue_core::StoreError;
 
@@ -166,6 +168,20 @@ impl Stash {
         }
     }
 
+    /// A stashed connection (or a live one from the pool) for a statement
+    /// the store runs often, to be handed back through [`Stashed::settle`]:
+    /// no pool round trip, and a connection that failed is closed and the
+    /// statement runs once more on a live one.
+    pub(crate) async fn lend(&self, context: &'static str) -> Result<Stashed<'_>, StoreError> {
+        let lent = self.take().await.map_err(|e| store_error(context, e))?;
+        Ok(Stashed {
+            stash: self,
+            lent,
+            context,
+            tries: 1,
+        })
+    }
+
     /// Hands back a connection that finished its statements cleanly: no
     /// transaction open, or only the empty one a `COMMIT AND CHAIN` opened.
     pub(crate) fn put(&self, lent: Lent) {
@@ -235,6 +251,59 @@ impl Stash {
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// A connection lent by [`Stash::lend`].
+pub(crate) struct Stashed<'s> {
+    stash: &'s Stash,
+    lent: Lent,
+    context: &'static str,
+    tries: u8,
+}
+
+/// What a statement on a [`Stashed`] connection came to.
+pub(crate) enum Settled<'s, T> {
+    /// Its result; the connection is back in the stash (or closed).
+    Done(Result<T, StoreError>),
+    /// The connection had died: run the statement again on this one.
+    Again(Stashed<'s>),
+}
+
+impl<'s> Stashed<'s> {
+    /// The connection to run the statement on.
+    pub(crate) fn conn(&mut self) -> &mut PgConnection {
+        &mut self.lent.conn
+    }
+
+    /// Hands the connection back after the statement came to `done`.
+    pub(crate) async fn settle<T>(self, done: Result<T, StoreError>) -> Settled<'s, T> {
+        let Stashed {
+            stash,
+            lent,
+            context,
+            tries,
+        } = self;
+        let error = match done {
+            Ok(done) => {
+                stash.put(lent);
+                return Settled::Done(Ok(done));
+            }
+            Err(error) => error,
+        };
+        // Only a first connection that died earns a second try.
+        if !stash.put_after(lent, &error) || tries > 1 {
+            return Settled::Done(Err(error));
+        }
+        match stash.take_new().await {
+            Ok(lent) => Settled::Again(Stashed {
+                stash,
+                lent,
+                context,
+                tries: tries + 1,
+            }),
+            Err(e) => Settled::Done(Err(store_error(context, e))),
+        }
     }
 }
 

@@ -13,7 +13,7 @@
 //! describe the table. `ANALYZE` samples at most 30,000 rows and takes no
 //! lock that claims, completions or enqueues wait for.
 
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use queue_core::StoreError;
@@ -22,6 +22,7 @@ use sqlx::PgPool;
 use crate::error::store_error;
 use crate::options::{Column, PgStoreOptions};
 use crate::sql::catalog;
+use crate::stash::OnLiveConnection;
 
 /// A claim slower than this asks for fresh statistics.
 pub(crate) const SLOW_CLAIM: Duration = Duration::from_millis(20);
@@ -32,7 +33,7 @@ const AT_MOST_EVERY: Duration = Duration::from_secs(60);
 #[derive(Debug)]
 pub(crate) struct Statistics {
     pool: PgPool,
-    analyze: String,
+    analyze: Arc<str>,
     last: Mutex<Option<Instant>>,
 }
 
@@ -49,14 +50,15 @@ impl Statistics {
             .map(|c| c.as_str().to_owned())
             .unwrap_or_else(|| "state".into());
         let table = &options.table;
-        let (has_statistics, has_rows): (bool, bool) =
-            sqlx::query_as(&catalog::statistics_present(table))
-                .bind(table.schema.as_str())
-                .bind(table.name.as_str())
-                .bind(&state)
-                .fetch_one(pool)
-                .await
-                .map_err(|e| store_error("reading the table's statistics", e))?;
+        let (has_statistics, has_rows): (bool, bool) = sqlx::query_as(sqlx::AssertSqlSafe(
+            catalog::statistics_present(table).to_owned(),
+        ))
+        .bind(table.schema.as_str())
+        .bind(table.name.as_str())
+        .bind(&state)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the table's statistics", e))?;
         // The columns a claim's plan reads (the default order's, and the
         // conditions every claim has); a custom order's columns are the
         // user's to keep analyzed.
@@ -73,7 +75,7 @@ impl Statistics {
         .collect();
         let statistics = Statistics {
             pool: pool.clone(),
-            analyze: catalog::analyze(table, &columns),
+            analyze: catalog::analyze(table, &columns).into(),
             last: Mutex::new(None),
         };
         if !has_statistics && has_rows {
@@ -82,10 +84,7 @@ impl Statistics {
                 "the table has jobs but no statistics yet: analyzing it, so that claims read the claim index in order"
             );
             statistics.mark();
-            sqlx::query(&statistics.analyze)
-                .execute(pool)
-                .await
-                .map_err(|e| store_error("analyzing the table", e))?;
+            analyze(pool, &statistics.analyze).await?;
         }
         Ok(statistics)
     }
@@ -96,10 +95,10 @@ impl Statistics {
         if elapsed < SLOW_CLAIM || !self.mark() {
             return;
         }
-        let (pool, analyze) = (self.pool.clone(), self.analyze.clone());
+        let (pool, analyze_table) = (self.pool.clone(), Arc::clone(&self.analyze));
         tokio::spawn(async move {
             tracing::debug!(?elapsed, "a slow claim: analyzing the table");
-            if let Err(error) = sqlx::query(&analyze).execute(&pool).await {
+            if let Err(error) = analyze(&pool, &analyze_table).await {
                 tracing::debug!(%error, "analyzing the table after a slow claim failed");
             }
         });
@@ -115,5 +114,25 @@ impl Statistics {
         }
         *last = Some(now);
         true
+    }
+}
+
+/// Runs `ANALYZE` on a live connection: under faults that kill backends,
+/// a dead idle connection is closed quietly and the statement runs on
+/// another, rather than failing and going back to the pool dead (where
+/// sqlx's own ping warns about it).
+async fn analyze(pool: &PgPool, statement: &Arc<str>) -> Result<(), StoreError> {
+    let context = "analyzing the table";
+    let mut tries = OnLiveConnection::new(pool, context);
+    loop {
+        let mut conn = tries.connection().await?;
+        let done = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(statement)))
+            .execute(&mut *conn)
+            .await
+            .map(drop)
+            .map_err(|e| store_error(context, e));
+        if let Some(done) = tries.settle(conn, done) {
+            return done;
+        }
     }
 }

@@ -35,7 +35,7 @@ use crate::sql::{
     catalog, Param, Statement, Statements, AT_MOST_ONCE_COLUMN, CURSOR_PRIORITY_COLUMN,
     MAX_ATTEMPTS_COLUMN,
 };
-use crate::stash::{OnLiveConnection, Stash};
+use crate::stash::{OnLiveConnection, Settled, Stash};
 use crate::statistics::Statistics;
 
 struct Inner<R: JobRecord> {
@@ -811,21 +811,26 @@ where
         };
         let context = "reading when the next scheduled job comes due";
         let after = self.inner.admin.to_db(after);
-        let mut tries = OnLiveConnection::new(&self.inner.pool, context);
+        // Read whenever the claim loop pauses: on the stash's connections,
+        // like claims, not the pool's (one round trip less per pause).
+        let mut on = self.inner.stash.lend(context).await?;
         let due: Option<DateTime<Utc>> = loop {
-            let mut conn = tries.connection().await?;
             let next = query::<R::Id>(statement, |p| match p {
                 Param::Now => Some(Value::Time(after)),
                 _ => None,
-            })?;
-            let done = next
-                .fetch_one(&mut *conn)
-                .await
-                .and_then(|row| row.try_get::<Option<DateTime<Utc>>, _>(0))
-                .map_err(|e| store_error(context, e));
-            if let Some(done) = tries.settle(conn, done) {
-                break done?;
-            }
+            });
+            let done = match next {
+                Ok(next) => next
+                    .fetch_one(on.conn())
+                    .await
+                    .and_then(|row| row.try_get::<Option<DateTime<Utc>>, _>(0))
+                    .map_err(|e| store_error(context, e)),
+                Err(error) => Err(error),
+            };
+            on = match on.settle(done).await {
+                Settled::Done(done) => break done?,
+                Settled::Again(on) => on,
+            };
         };
         // Back on this process's clock.
         Ok(due.map(|at| self.inner.admin.to_local(at)))

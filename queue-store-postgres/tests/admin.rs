@@ -18,7 +18,7 @@ use uuid::Uuid;
 
 async fn create(pool: &PgPool, schema: &str) -> String {
     let s = format!("\"{}\"", schema.replace('"', "\"\""));
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA {s};
          CREATE TYPE {s}.\"Task Status\" AS ENUM ('pending', 'running', 'done', 'failed', 'archived');
          CREATE TABLE {s}.tasks (
@@ -29,7 +29,7 @@ async fn create(pool: &PgPool, schema: &str) -> String {
            ended timestamptz, run_after timestamptz, failures integer NOT NULL DEFAULT 0,
            alive_at timestamptz, host text, stop boolean NOT NULL DEFAULT false,
            body jsonb NOT NULL DEFAULT '{{}}')"
-    ))
+    )))
     .execute(pool)
     .await
     .expect("the foreign table");
@@ -76,9 +76,9 @@ fn options(schema: &str) -> PgStoreOptions {
 }
 
 async fn set_status(pool: &PgPool, s: &str, id: Uuid, status: &str, error: Option<&str>) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {s}.tasks SET status = $2::text::{s}.\"Task Status\", error = $3, ended = now() - interval '2 hours' WHERE task_id = $1"
-    ))
+    )))
     .bind(id)
     .bind(status)
     .bind(error)
@@ -307,10 +307,12 @@ async fn what_a_table_lacks_is_a_clear_error_not_a_silent_loss() {
     };
     let schema = awkward_schema();
     let s = create(&pool, &schema).await;
-    sqlx::query(&format!("ALTER TABLE {s}.tasks DROP COLUMN job_type"))
-        .execute(&pool)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {s}.tasks DROP COLUMN job_type"
+    )))
+    .execute(&pool)
+    .await
+    .unwrap();
     let named = PgAdmin::<Uuid>::new(pool.clone(), options(&schema)).await;
     let err = named.expect_err("a kind column mapped by name must exist");
     assert!(

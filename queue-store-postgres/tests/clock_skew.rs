@@ -113,16 +113,18 @@ async fn clocks_a_minute_off_reset_no_healthy_job() {
     working.await.expect("joined").expect("the worker ran");
     resetting.await.expect("joined").expect("the resetter ran");
     assert_eq!(ran.load(Ordering::SeqCst), 1, "the healthy job ran once");
-    let resets: i32 =
-        sqlx::query_scalar(&format!("SELECT num_resets FROM {}", table.name().quoted()))
-            .fetch_one(&pool)
-            .await
-            .expect("read");
+    let resets: i32 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT num_resets FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("read");
     assert_eq!(resets, 0, "no reset of a healthy job");
-    let heartbeat_lag: f64 = sqlx::query_scalar(&format!(
+    let heartbeat_lag: f64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT extract(epoch FROM finished_at - started_at)::float8 FROM {}",
         table.name().quoted()
-    ))
+    )))
     .fetch_one(&pool)
     .await
     .expect("read");

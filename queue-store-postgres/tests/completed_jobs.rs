@@ -52,10 +52,10 @@ async fn finish(
 type Row = (String, bool, Option<String>, i32);
 
 async fn rows(pool: &PgPool, table: &JobTable) -> BTreeMap<String, Row> {
-    sqlx::query_as::<_, (String, String, bool, Option<String>, i32)>(&format!(
+    sqlx::query_as::<_, (String, String, bool, Option<String>, i32)>(sqlx::AssertSqlSafe(format!(
         "SELECT kind, state, finished_at IS NOT NULL, failure_message, num_failures FROM {}",
         table.name().quoted()
-    ))
+    )))
     .fetch_all(pool)
     .await
     .expect("the table's rows")
@@ -100,10 +100,10 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: 
 
     // The stale one: another claim has taken the row over since.
     let stale = take("stale");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET claim_token = claim_token + 1 WHERE kind LIKE 'stale%'",
         table.name().quoted()
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("take the row over");
@@ -121,10 +121,10 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: 
             .transaction()
             .await
             .expect("the job's transaction");
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {} SET payload = '{{\"written\": true}}' WHERE kind = 'fails'",
             table.name().quoted()
-        ))
+        )))
         .execute(conn)
         .await
         .expect("a write in the job's transaction");
@@ -196,10 +196,10 @@ async fn check_mode(test: &str, mode: ExecutionMode, prepared: bool, completed: 
         "{completed:?}: succeeded rows are completed or gone, the others as their ends say"
     );
     if mode == ExecutionMode::Transactional {
-        let written: bool = sqlx::query_scalar(&format!(
+        let written: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT payload ? 'written' FROM {} WHERE kind = 'fails'",
             table.name().quoted()
-        ))
+        )))
         .fetch_one(&pool)
         .await
         .expect("the side write");

@@ -96,7 +96,10 @@ async fn spawn_worker(
 }
 
 async fn scalar(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.expect(sql)
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .expect(sql)
 }
 
 fn runs_of(table: &JobTable) -> String {
@@ -358,20 +361,23 @@ async fn completion_racing_the_resetter_never_ends_both_ways() {
         let completed = finished.unwrap().is_applied();
         let was_reset = !reset.unwrap().reset.is_empty();
         assert!(completed != was_reset, "round {round}: exactly one of completion and reset wins (completed {completed}, reset {was_reset})");
-        let state: String = sqlx::query_scalar(&format!("SELECT state FROM {t}"))
-            .fetch_one(&pool)
-            .await
-            .unwrap();
+        let state: String =
+            sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT state FROM {t}")))
+                .fetch_one(&pool)
+                .await
+                .unwrap();
         assert_eq!(
             state,
             if completed { "completed" } else { "queued" },
             "round {round}"
         );
         if completed {
-            sqlx::query(&format!("UPDATE {t} SET state = 'queued'"))
-                .execute(&pool)
-                .await
-                .unwrap();
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "UPDATE {t} SET state = 'queued'"
+            )))
+            .execute(&pool)
+            .await
+            .unwrap();
         }
     }
 }
@@ -406,7 +412,7 @@ async fn sigkill_of_at_most_once_jobs_fails_them(mode: &str, test: &str) {
     let failed = format!(
         "SELECT count(*) FROM {t} WHERE at_most_once AND state = 'failed' AND failure_message = $1"
     );
-    let failed: i64 = sqlx::query_scalar(&failed)
+    let failed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(failed.to_owned()))
         .bind(queue_core::resetter::AT_MOST_ONCE_MESSAGE)
         .fetch_one(&pool)
         .await

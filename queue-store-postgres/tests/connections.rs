@@ -44,10 +44,12 @@ async fn transactional_job(
 }
 
 async fn notes(pool: &PgPool, side: &str) -> Vec<String> {
-    sqlx::query_scalar(&format!("SELECT note FROM {side} ORDER BY note"))
-        .fetch_all(pool)
-        .await
-        .unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT note FROM {side} ORDER BY note"
+    )))
+    .fetch_all(pool)
+    .await
+    .unwrap()
 }
 
 /// Whether session `pid` is idle inside a transaction.
@@ -71,10 +73,12 @@ async fn a_job_store_dropped_mid_transaction_rolls_back_and_frees_its_connection
     };
     let (_store, side, mut job) = transactional_job(&pool).await;
     let conn = job.job_store.transaction().await.unwrap();
-    sqlx::query(&format!("INSERT INTO {side} VALUES ('dropped')"))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {side} VALUES ('dropped')"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *conn)
         .await
@@ -107,24 +111,30 @@ async fn a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint() {
     };
     let (store, side, mut job) = transactional_job(&pool).await;
     let conn = job.job_store.transaction().await.unwrap();
-    sqlx::query(&format!("INSERT INTO {side} VALUES ('kept')"))
-        .execute(&mut *conn)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {side} VALUES ('kept')"
+    )))
+    .execute(&mut *conn)
+    .await
+    .unwrap();
     {
         let mut nested = conn.begin().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {side} VALUES ('undone')"))
-            .execute(&mut *nested)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {side} VALUES ('undone')"
+        )))
+        .execute(&mut *nested)
+        .await
+        .unwrap();
         nested.rollback().await.unwrap();
     }
     {
         let mut nested = conn.begin().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {side} VALUES ('nested')"))
-            .execute(&mut *nested)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {side} VALUES ('nested')"
+        )))
+        .execute(&mut *nested)
+        .await
+        .unwrap();
         nested.commit().await.unwrap();
     }
     assert!(

@@ -37,7 +37,7 @@ impl JobRecord for Task {
 
 async fn create(pool: &PgPool, schema: &str) {
     let s = format!("\"{}\"", schema.replace('"', "\"\""));
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA {s};
          CREATE TYPE {s}.task_status AS ENUM ('pending', 'running', 'completed', 'failed');
          CREATE TABLE {s}.tasks (
@@ -47,7 +47,7 @@ async fn create(pool: &PgPool, schema: &str) {
            run_after timestamptz, resets integer NOT NULL DEFAULT 0, failures integer NOT NULL DEFAULT 0,
            alive_at timestamptz, log jsonb[], host text, stop boolean NOT NULL DEFAULT false,
            lease bigint NOT NULL DEFAULT 0, body jsonb NOT NULL)"
-    ))
+    )))
     .execute(pool)
     .await
     .expect("custom table");
@@ -114,9 +114,9 @@ impl Handler<PgStore<Task>> for ByBody {
 
 async fn status(pool: &PgPool, schema: &str, id: Uuid) -> (String, i32, Option<String>) {
     let s = format!("\"{}\"", schema.replace('"', "\"\""));
-    sqlx::query_as(&format!(
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT status::text, failures, error FROM {s}.tasks WHERE task_id = $1"
-    ))
+    )))
     .bind(id)
     .fetch_one(pool)
     .await
@@ -125,9 +125,9 @@ async fn status(pool: &PgPool, schema: &str, id: Uuid) -> (String, i32, Option<S
 
 async fn insert(pool: &PgPool, schema: &str, body: serde_json::Value) -> Uuid {
     let s = format!("\"{}\"", schema.replace('"', "\"\""));
-    sqlx::query_scalar(&format!(
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {s}.tasks (body) VALUES ($1) RETURNING task_id"
-    ))
+    )))
     .bind(body)
     .fetch_one(pool)
     .await

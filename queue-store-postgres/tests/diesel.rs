@@ -109,10 +109,13 @@ async fn a_sync_diesel_transaction_enqueues_on_commit_only() {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     shutdown.cancel();
-    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name().quoted()))
-        .fetch_one(&pool)
-        .await
-        .expect("counted");
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("counted");
     assert_eq!(total, 1, "the rolled-back job left nothing");
 }
 
@@ -163,9 +166,12 @@ async fn an_async_diesel_transaction_enqueues_on_commit_only() {
         "the committed job woke the idle worker"
     );
     shutdown.cancel();
-    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name().quoted()))
-        .fetch_one(&pool)
-        .await
-        .expect("counted");
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("counted");
     assert_eq!(total, 1, "the rolled-back job left nothing");
 }

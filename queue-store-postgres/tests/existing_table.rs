@@ -90,10 +90,10 @@ impl Handler<PgStore<ExampleJob>> for Indexer {
             .await?;
         assert!(logged.is_applied());
         let conn = store.transaction().await.map_err(JobError::poison)?;
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (job_id, repository) VALUES ($1, $2)",
             self.processed
-        ))
+        )))
         .bind(job.id)
         .bind(&job.repository_name)
         .execute(conn)
@@ -110,7 +110,7 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
     let schema = awkward_schema();
     let s = format!("\"{}\"", schema.replace('"', "\"\""));
     // Step 1 of the tutorial: the jobs table, a repo table and the view.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA {s};
          SET search_path TO {s};
          CREATE TABLE repo (id integer PRIMARY KEY, name text NOT NULL);
@@ -136,7 +136,7 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
          INSERT INTO repo VALUES (1, 'github.com/a/one'), (2, 'github.com/b/two');
          INSERT INTO example_jobs (repository_id) VALUES (2), (1), (2), (1);
          RESET search_path;"
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("tutorial schema");
@@ -184,7 +184,7 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
 
     let deadline = Instant::now() + Duration::from_secs(30);
     let completed_sql = format!("SELECT count(*) FROM {s}.example_jobs WHERE state = 'completed'");
-    while sqlx::query_scalar::<_, i64>(&completed_sql)
+    while sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(completed_sql.to_owned()))
         .fetch_one(&pool)
         .await
         .unwrap()
@@ -201,9 +201,9 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
     resetting.await.unwrap().unwrap();
 
     // One handler ran them in (repository_id, id) order, with the names from the view.
-    let rows: Vec<(i32, String)> = sqlx::query_as(&format!(
+    let rows: Vec<(i32, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT job_id, repository FROM {processed} ORDER BY ctid"
-    ))
+    )))
     .fetch_all(&pool)
     .await
     .unwrap();
@@ -216,9 +216,9 @@ async fn the_dbworker_tutorial_runs_on_its_own_table() {
             (3, "github.com/b/two".to_owned()),
         ]
     );
-    let logs: Vec<Option<i32>> = sqlx::query_scalar(&format!(
+    let logs: Vec<Option<i32>> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT array_length(execution_logs, 1) FROM {s}.example_jobs ORDER BY id"
-    ))
+    )))
     .fetch_all(&pool)
     .await
     .unwrap();

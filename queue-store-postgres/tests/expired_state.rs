@@ -19,11 +19,11 @@ async fn an_expired_job_ends_in_the_tables_own_expired_value() {
     let t = table.name().quoted();
     // The default table allows only the standard values; this one also
     // has `expired`.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE {t} DROP CONSTRAINT \"{}_state_check\"; \
          ALTER TABLE {t} ADD CHECK (state IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled', 'expired'))",
         table.name().name.as_str()
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("the table's own states");
@@ -44,9 +44,9 @@ async fn an_expired_job_ends_in_the_tables_own_expired_value() {
         .unwrap();
     let expired = store.expire(now, 10).await.expect("the sweep");
     assert_eq!(expired, [late]);
-    let (state, message): (String, Option<String>) = sqlx::query_as(&format!(
+    let (state, message): (String, Option<String>) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT state, failure_message FROM {t} WHERE id = $1"
-    ))
+    )))
     .bind(late)
     .fetch_one(&pool)
     .await
@@ -94,12 +94,12 @@ async fn an_expired_value_that_cannot_be_told_apart_or_stored_is_refused() {
     // A table like the default one whose state is an enum without the label.
     let t = table.name().quoted();
     let schema = table.name().schema.quoted();
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TYPE {schema}.status AS ENUM ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled'); \
          CREATE TABLE {schema}.enum_jobs (LIKE {t} INCLUDING DEFAULTS); \
          ALTER TABLE {schema}.enum_jobs ALTER COLUMN state DROP DEFAULT; \
          ALTER TABLE {schema}.enum_jobs ALTER COLUMN state TYPE {schema}.status USING state::{schema}.status"
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("an enum state column");

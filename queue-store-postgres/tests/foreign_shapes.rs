@@ -44,7 +44,7 @@ fn quoted(schema: &str) -> String {
 
 async fn create(pool: &PgPool, schema: &str) {
     let s = quoted(schema);
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA {s};
          CREATE TYPE {s}.job_status AS ENUM ('scheduled', 'running', 'done', 'retrying', 'dead', 'cancelled');
          CREATE TABLE {s}.jobs (
@@ -58,7 +58,7 @@ async fn create(pool: &PgPool, schema: &str) {
            created_at timestamptz NOT NULL DEFAULT now(), started_at timestamptz,
            finished_at timestamptz, run_at timestamptz, heartbeat_at timestamptz,
            args jsonb NOT NULL DEFAULT '{{}}')"
-    ))
+    )))
     .execute(pool)
     .await
     .expect("the scheduler's table");
@@ -129,10 +129,10 @@ impl Handler<PgStore<SchedJob>> for ByArgs {
 }
 
 async fn row(pool: &PgPool, schema: &str, id: Uuid) -> (String, i16, Option<serde_json::Value>) {
-    sqlx::query_as(&format!(
+    sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT status::text, attempts, failure_info FROM {}.jobs WHERE id = $1",
         quoted(schema)
-    ))
+    )))
     .bind(id)
     .fetch_one(pool)
     .await

@@ -35,7 +35,7 @@ async fn hostile_table(pool: &PgPool, schema: &str) -> (String, PgStoreOptions) 
         id = q(id),
         state = q(state),
     );
-    sqlx::raw_sql(&sql)
+    sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
         .execute(pool)
         .await
         .expect("create hostile table");
@@ -80,11 +80,11 @@ async fn hostile_names_stay_names() {
     let store = PgStore::with_decoder(pool.clone(), options, decode)
         .await
         .expect("a valid, if hostile, table");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {}.{} (kind) VALUES ('k')",
         q(&schema),
         q(&table)
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -115,10 +115,13 @@ async fn hostile_names_stay_names() {
         })
         .await
         .is_ok());
-    let victims: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}.victims", q(&schema)))
-        .fetch_one(&pool)
-        .await
-        .expect("the victims table still exists");
+    let victims: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}.victims",
+        q(&schema)
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the victims table still exists");
     assert_eq!(victims, 0);
 }
 
@@ -164,10 +167,10 @@ async fn misconfigurations_are_refused_with_the_object_named() {
         "{missing_column}"
     );
 
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE {} ADD COLUMN wrong_type integer",
         table.name().quoted()
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -197,11 +200,11 @@ async fn misconfigurations_are_refused_with_the_object_named() {
         "{wrong_key}"
     );
 
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE VIEW {}.\"no key\" AS SELECT kind FROM {}",
         q(&schema),
         table.name().quoted()
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -211,12 +214,12 @@ async fn misconfigurations_are_refused_with_the_object_named() {
         "{keyless_view}"
     );
 
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE TYPE {s}.status AS ENUM ('pending', 'running', 'done', 'failed');
          CREATE TABLE {s}.enum_jobs (id bigserial PRIMARY KEY, status {s}.status NOT NULL DEFAULT 'pending',
             started_at timestamptz, last_heartbeat_at timestamptz)",
         s = q(&schema)
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -296,10 +299,13 @@ async fn enqueue_accepts_any_executor_including_a_transaction() {
         .await
         .unwrap();
     tx.rollback().await.unwrap();
-    let count: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name().quoted()))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let count: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         (ids.len(), count),
         (2, 0),

@@ -50,23 +50,25 @@ fn quoted(schema: &str) -> String {
 async fn keyed_table(pool: &PgPool, keys: &[&str]) -> String {
     let schema = awkward_schema();
     let s = quoted(&schema);
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "CREATE SCHEMA {s};
          CREATE TABLE {s}.victims (x int);
          CREATE TABLE {s}.side (note text);
          CREATE TABLE {s}.keyed (id text PRIMARY KEY, state text NOT NULL DEFAULT 'queued',
             started_at timestamptz, finished_at timestamptz, last_heartbeat_at timestamptz,
             claim_token bigint NOT NULL DEFAULT 0)"
-    ))
+    )))
     .execute(pool)
     .await
     .expect("keyed tables");
     for key in keys {
-        sqlx::query(&format!("INSERT INTO {s}.keyed (id) VALUES ($1)"))
-            .bind(key)
-            .execute(pool)
-            .await
-            .expect("a keyed job");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {s}.keyed (id) VALUES ($1)"
+        )))
+        .bind(key)
+        .execute(pool)
+        .await
+        .expect("a keyed job");
     }
     schema
 }
@@ -99,16 +101,22 @@ async fn note_and_complete(
     mut job: Claimed<PgStore<Keyed>>,
 ) -> WriteResult {
     let conn = job.job_store.transaction().await.expect("the job's lock");
-    sqlx::query(&format!("INSERT INTO {}.side VALUES ($1)", quoted(schema)))
-        .bind(&job.lease.id)
-        .execute(&mut *conn)
-        .await
-        .expect("the handler's write");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {}.side VALUES ($1)",
+        quoted(schema)
+    )))
+    .bind(&job.lease.id)
+    .execute(&mut *conn)
+    .await
+    .expect("the handler's write");
     complete(store, job).await
 }
 
 async fn column(pool: &PgPool, sql: &str) -> Vec<String> {
-    sqlx::query_scalar(sql).fetch_all(pool).await.unwrap()
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_all(pool)
+        .await
+        .unwrap()
 }
 
 /// Runs every hostile key through claim, lock, write and completion.
@@ -215,7 +223,7 @@ async fn a_connection_that_lost_the_statements_prepares_them_again() {
         .iter()
         .find(|n| n.starts_with("queue_lock_"))
         .expect("the lock");
-    sqlx::raw_sql(&format!("DEALLOCATE {lock}"))
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!("DEALLOCATE {lock}")))
         .execute(&mut *conn)
         .await
         .unwrap();
@@ -243,15 +251,17 @@ async fn a_completion_that_finds_the_row_moved_on_rolls_the_handlers_writes_back
         let store = keyed_store(&pool, &schema, prepared).await;
         let mut job = claim_now(&store, 1).await.pop().expect("one job");
         let conn = job.job_store.transaction().await.unwrap();
-        sqlx::query(&format!("INSERT INTO {s}.side VALUES ('lost')"))
-            .execute(&mut *conn)
-            .await
-            .unwrap();
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {s}.side VALUES ('lost')"
+        )))
+        .execute(&mut *conn)
+        .await
+        .unwrap();
         // Inside the job's own transaction (the only writer the lock lets
         // through): the claim token moves on.
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {s}.keyed SET claim_token = claim_token + 1"
-        ))
+        )))
         .execute(&mut *conn)
         .await
         .unwrap();

@@ -103,10 +103,10 @@ impl Riding {
     /// Queues the job again behind the worker's back, as the resetter
     /// would: its claim no longer holds it.
     async fn move_on(&self, id: i64) {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {} SET state = 'queued' WHERE id = $1",
             self.table.name()
-        ))
+        )))
         .bind(id)
         .execute(&self.pool)
         .await
@@ -114,10 +114,10 @@ impl Riding {
     }
 
     async fn state(&self, id: i64) -> String {
-        sqlx::query_scalar(&format!(
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT state FROM {} WHERE id = $1",
             self.table.name()
-        ))
+        )))
         .bind(id)
         .fetch_one(&self.pool)
         .await
@@ -127,10 +127,10 @@ impl Riding {
     /// Whether another transaction can lock the job's row at once.
     async fn unlocked(&self, id: i64) -> bool {
         let mut tx = self.pool.begin().await.expect("a transaction");
-        let locked = sqlx::query(&format!(
+        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
             "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT",
             self.table.name()
-        ))
+        )))
         .bind(id)
         .fetch_optional(&mut *tx)
         .await;
@@ -238,10 +238,13 @@ impl queue_core::Handler<PgStore<Job>> for WriteThenMaybeFail {
             .transaction()
             .await
             .map_err(queue_core::JobError::poison)?;
-        sqlx::query(&format!("INSERT INTO {} (job_id) VALUES ($1)", self.side))
-            .bind(job.id)
-            .execute(conn)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {} (job_id) VALUES ($1)",
+            self.side
+        )))
+        .bind(job.id)
+        .execute(conn)
+        .await?;
         if job.payload.as_i64().is_some_and(|n| n % 10 == 0) {
             return Err(queue_core::JobError::poison("failing after the write"));
         }
@@ -290,11 +293,12 @@ async fn a_worker_whose_locks_ride_commits_each_jobs_writes_once_with_its_comple
     running.await.expect("worker task").expect("worker ran");
     assert_eq!(count("completed").await, 900);
     assert_eq!(count("failed").await, 100);
-    let written: Vec<i64> =
-        sqlx::query_scalar(&format!("SELECT job_id FROM {side} ORDER BY job_id"))
-            .fetch_all(&pool)
-            .await
-            .expect("the writes");
+    let written: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT job_id FROM {side} ORDER BY job_id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("the writes");
     // Job n's payload is n, its key ids[n - 1].
     let succeeded: Vec<i64> = (1..=1000)
         .filter(|n| n % 10 != 0)

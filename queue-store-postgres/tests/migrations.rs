@@ -100,11 +100,13 @@ async fn an_up_to_date_table_migrates_without_waiting_for_job_transactions() {
     // A job's transaction holds its row (and so the table) while a worker
     // process restarts and migrates.
     let mut job_tx = pool.begin().await.expect("a job transaction");
-    sqlx::query(&format!("SELECT 1 FROM {name} WHERE id = $1 FOR KEY SHARE"))
-        .bind(id)
-        .execute(&mut *job_tx)
-        .await
-        .expect("the job's lock");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {name} WHERE id = $1 FOR KEY SHARE"
+    )))
+    .bind(id)
+    .execute(&mut *job_tx)
+    .await
+    .expect("the job's lock");
     let again = tokio::time::timeout(Duration::from_secs(5), jobs.migrate(&pool))
         .await
         .expect("migrating an up-to-date table does not wait for the job's transaction")
@@ -125,10 +127,13 @@ async fn a_dropped_table_is_created_again() {
     };
     let jobs = table();
     jobs.migrate(&pool).await.expect("migration");
-    sqlx::query(&format!("DROP TABLE {}", jobs.name().quoted()))
-        .execute(&pool)
-        .await
-        .expect("drop the jobs table, not its versions");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {}",
+        jobs.name().quoted()
+    )))
+    .execute(&pool)
+    .await
+    .expect("drop the jobs table, not its versions");
     assert!(
         jobs.migrations(&pool)
             .await
@@ -164,7 +169,7 @@ async fn a_table_from_before_versions_is_recorded_at_version_1() {
             .expect("valid")
             .quoted()
     );
-    sqlx::query(&format!("DROP TABLE {versions}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {versions}")))
         .execute(&pool)
         .await
         .expect("drop the version table");
@@ -173,10 +178,10 @@ async fn a_table_from_before_versions_is_recorded_at_version_1() {
         .await
         .expect("migration of an older table");
     assert_eq!(applied.first().map(|m| m.version), Some(1));
-    let payload: serde_json::Value = sqlx::query_scalar(&format!(
+    let payload: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT payload FROM {} WHERE id = $1",
         jobs.name().quoted()
-    ))
+    )))
     .bind(id)
     .fetch_one(&pool)
     .await

@@ -26,10 +26,10 @@ async fn decode_job_finds_each_column_wherever_the_select_puts_it() {
         .await
         .expect("enqueue");
     let t = table.name().quoted();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {t} SET failure_message = 'once', worker_hostname = 'host-1', \
          execution_logs = ARRAY['{{\"key\": \"fetch\", \"at\": \"2026-11-22T00:00:00Z\", \"message\": \"hi\"}}'::json] WHERE id = $1"
-    ))
+    )))
     .bind(id)
     .execute(&pool)
     .await
@@ -37,7 +37,7 @@ async fn decode_job_finds_each_column_wherever_the_select_puts_it() {
     let decode = |sql: String| {
         let pool = pool.clone();
         async move {
-            let row = sqlx::query(&sql)
+            let row = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
                 .bind(id)
                 .fetch_one(&pool)
                 .await
@@ -113,9 +113,9 @@ async fn a_claimed_job_is_the_row_the_claim_left() {
         let mut options = table.store_options().mode(ExecutionMode::Lease);
         match case {
             "renamed column" => {
-                sqlx::query(&format!(
+                sqlx::query(sqlx::AssertSqlSafe(format!(
                     "ALTER TABLE {t} RENAME COLUMN failure_message TO \"last error\""
-                ))
+                )))
                 .execute(&pool)
                 .await
                 .expect("rename");
@@ -142,13 +142,13 @@ async fn a_claimed_job_is_the_row_the_claim_left() {
         } else {
             "failure_message"
         };
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "UPDATE {t} SET state = 'errored', {message} = 'once', num_failures = 1, num_resets = 2, \
              finished_at = now() - interval '1 minute', process_after = now() - interval '1 second', \
              worker_hostname = 'earlier', claim_token = 7, \
              execution_logs = ARRAY['{{\"key\": \"a\", \"at\": \"2026-11-22T00:00:00Z\", \"message\": \"m\"}}'::json] \
              WHERE id = $1"
-        ))
+        )))
         .bind(retried)
         .execute(&pool)
         .await
@@ -173,7 +173,7 @@ async fn a_claimed_job_is_the_row_the_claim_left() {
         };
         for job in claimed {
             let record = job.record.expect("a decoded record");
-            let row = sqlx::query(&whole)
+            let row = sqlx::query(sqlx::AssertSqlSafe(whole.to_owned()))
                 .bind(record.id)
                 .fetch_one(&pool)
                 .await

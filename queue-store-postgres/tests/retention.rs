@@ -41,7 +41,7 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
     let table = jobs.name().quoted();
     // Old jobs in each final state; failed ones are kept (no age), and the
     // completed ones of yesterday are too young.
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} (kind, state, finished_at) \
          SELECT 'old', CASE WHEN n % 10 = 0 THEN 'canceled' ELSE 'completed' END, \
                 now() - interval '40 days' FROM generate_series(1, {FINISHED}) AS n; \
@@ -50,7 +50,7 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
          INSERT INTO {table} (kind, state, finished_at) \
          SELECT 'kept', 'completed', now() - interval '1 day' FROM generate_series(1, 100); \
          ANALYZE {table}"
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("the finished jobs");
@@ -107,7 +107,7 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
     let count = |sql: String| {
         let pool = pool.clone();
         async move {
-            sqlx::query_scalar::<_, i64>(&sql)
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(sql.to_owned()))
                 .fetch_one(&pool)
                 .await
                 .expect("count")
@@ -191,12 +191,12 @@ async fn with_an_archive_purged_jobs_move_there_whole_instead_of_being_deleted()
         jobs.name().schema.quoted(),
         jobs.archive_name()
     );
-    sqlx::raw_sql(&format!(
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {table} (kind, payload, state, failure_message, finished_at) \
          SELECT 'old', jsonb_build_object('n', n), 'failed', 'boom ' || n, now() - interval '40 days' \
          FROM generate_series(1, 5) AS n; \
          INSERT INTO {table} (kind, state, finished_at) VALUES ('young', 'failed', now())"
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();
@@ -217,13 +217,14 @@ async fn with_an_archive_purged_jobs_move_there_whole_instead_of_being_deleted()
         .await
         .expect("a pass");
     assert_eq!(report.total(), 5);
-    let left: Vec<String> = sqlx::query_scalar(&format!("SELECT kind FROM {table}"))
-        .fetch_all(&pool)
-        .await
-        .unwrap();
+    let left: Vec<String> =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT kind FROM {table}")))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
     assert_eq!(left, ["young"]);
-    let moved: Vec<(String, serde_json::Value, String)> = sqlx::query_as(&format!(
-        "SELECT kind, payload, failure_message FROM {archive} ORDER BY id"
+    let moved: Vec<(String, serde_json::Value, String)> = sqlx::query_as(sqlx::AssertSqlSafe(
+        format!("SELECT kind, payload, failure_message FROM {archive} ORDER BY id"),
     ))
     .fetch_all(&pool)
     .await
@@ -240,17 +241,19 @@ async fn with_an_archive_purged_jobs_move_there_whole_instead_of_being_deleted()
     );
 
     // An operator's delete still deletes.
-    let young: i64 = sqlx::query_scalar(&format!("SELECT id FROM {table}"))
+    let young: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT id FROM {table}")))
         .fetch_one(&pool)
         .await
         .unwrap();
     queue_core::Admin::delete(&store, &queue_core::Targets::Ids(vec![young]))
         .await
         .unwrap();
-    let archived: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {archive}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let archived: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {archive}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .unwrap();
     assert_eq!(archived, 5);
 }
 
@@ -274,11 +277,11 @@ async fn a_missing_or_narrower_archive_is_refused_at_start_up_with_the_fix() {
         "{missing}"
     );
     jobs.create_archive(&pool).await.unwrap();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE {}.\"{}\" DROP COLUMN payload",
         jobs.name().schema.quoted(),
         jobs.archive_name()
-    ))
+    )))
     .execute(&pool)
     .await
     .unwrap();

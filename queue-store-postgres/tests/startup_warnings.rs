@@ -63,10 +63,10 @@ async fn a_table_without_a_due_index_is_warned_about_at_start_up() {
         "the default table has its due index: {warned:?}"
     );
     let schema = table.name().schema.quoted();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP INDEX {schema}.\"{}_due_idx\"",
         table.name().name.as_str()
-    ))
+    )))
     .execute(&pool)
     .await
     .expect("the due index dropped");
@@ -96,7 +96,10 @@ async fn a_table_whose_claim_index_holds_scheduled_jobs_is_warned_about_at_start
              WHERE state IN ('queued', 'errored')"
         ),
     ] {
-        sqlx::query(&sql).execute(&pool).await.expect(&sql);
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .expect(&sql);
     }
     let warned = warnings_of_start(&pool, &table).await;
     assert!(

@@ -34,10 +34,10 @@ async fn statistics(
 /// analyzes it.
 async fn table_without_autovacuum(pool: &PgPool) -> JobTable {
     let table = fresh_table(pool).await;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "ALTER TABLE {} SET (autovacuum_enabled = false)",
         table.name().quoted()
-    ))
+    )))
     .execute(pool)
     .await
     .expect("autovacuum off");
@@ -45,10 +45,10 @@ async fn table_without_autovacuum(pool: &PgPool) -> JobTable {
 }
 
 async fn insert_jobs(pool: &PgPool, table: &JobTable, n: i64) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (kind) SELECT 'k' FROM generate_series(1, $1::int8)",
         table.name().quoted()
-    ))
+    )))
     .bind(n)
     .execute(pool)
     .await

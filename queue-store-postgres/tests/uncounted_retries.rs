@@ -67,10 +67,10 @@ async fn a_retry_the_store_cannot_count_is_reported_as_the_failure_it_is() {
         (0, 1),
         "the report counts what happened: a failure"
     );
-    let message: String = sqlx::query_scalar(&format!(
+    let message: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT failure_message FROM {}",
         table.name().quoted()
-    ))
+    )))
     .fetch_one(&pool)
     .await
     .expect("the message");

@@ -68,20 +68,23 @@ async fn sixteen_concurrent_enqueuers_of_one_key_make_one_job() {
             results.iter().all(|r| r[1].inserted),
             "round {round}: every job with a key of its own was added"
         );
-        let rows: i64 = sqlx::query_scalar(&format!(
+        let rows: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "SELECT count(*) FROM {} WHERE unique_key = $1",
             table.name().quoted()
-        ))
+        )))
         .bind(&key)
         .fetch_one(&pool)
         .await
         .expect("counted");
         assert_eq!(rows, 1, "round {round}: one row holds the key");
     }
-    let total: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name().quoted()))
-        .fetch_one(&pool)
-        .await
-        .expect("counted");
+    let total: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("counted");
     assert_eq!(
         total,
         20 * 17,
@@ -155,10 +158,10 @@ async fn a_mixed_batch_reports_each_job_in_order() {
         ids[0] < ids[1] && ids[1] < ids[2],
         "jobs without keys in order: {ids:?}"
     );
-    let payloads: Vec<serde_json::Value> = sqlx::query_scalar(&format!(
+    let payloads: Vec<serde_json::Value> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT payload FROM {} WHERE id = ANY($1) ORDER BY id",
         table.name().quoted()
-    ))
+    )))
     .bind(ids.to_vec())
     .fetch_all(&pool)
     .await

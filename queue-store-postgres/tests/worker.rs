@@ -41,7 +41,7 @@ async fn stop(running: Running) -> WorkerReport {
 
 async fn state_of(pool: &PgPool, table: &JobTable, id: i64) -> Option<JobState> {
     let sql = format!("SELECT * FROM {} WHERE id = $1", table.name().quoted());
-    let row = sqlx::query(&sql)
+    let row = sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
         .bind(id)
         .fetch_optional(pool)
         .await
@@ -147,10 +147,13 @@ impl Handler<PgStore<Job>> for SideEffect {
         job: &Job,
     ) -> Result<(), JobError> {
         let conn = store.transaction().await.map_err(JobError::poison)?;
-        sqlx::query(&format!("INSERT INTO {} (job_id) VALUES ($1)", self.side))
-            .bind(job.id)
-            .execute(conn)
-            .await?;
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {} (job_id) VALUES ($1)",
+            self.side
+        )))
+        .bind(job.id)
+        .execute(conn)
+        .await?;
         match job.payload["then"].as_str() {
             Some("fail") => Err(JobError::poison("failing after the write")),
             Some("panic") => panic!("panicking after the write"),
@@ -211,11 +214,12 @@ async fn a_failed_attempt_leaves_no_visible_change() {
     )
     .await;
     stop(running).await;
-    let written: Vec<i64> =
-        sqlx::query_scalar(&format!("SELECT job_id FROM {side} ORDER BY job_id"))
-            .fetch_all(&pool)
-            .await
-            .unwrap();
+    let written: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT job_id FROM {side} ORDER BY job_id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .unwrap();
     assert_eq!(
         written,
         vec![ok],
@@ -436,11 +440,13 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         .transaction()
         .await
         .expect("the job's transaction opens");
-    sqlx::query(&format!("INSERT INTO {side} VALUES ($1)"))
-        .bind(id)
-        .execute(conn)
-        .await
-        .unwrap();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {side} VALUES ($1)"
+    )))
+    .bind(id)
+    .execute(conn)
+    .await
+    .unwrap();
 
     // However old its heartbeat, a row the job's transaction locks is alive.
     let later = ResetParams {
@@ -464,10 +470,10 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         1,
         "cancel flags go through the key-share lock"
     );
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {} SET claim_token = claim_token + 1 WHERE id = $1",
         table.name().quoted()
-    ))
+    )))
     .bind(id)
     .execute(&pool)
     .await
@@ -481,10 +487,11 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
         queue_core::WriteResult::Stale,
         "the attempt no longer holds the job"
     );
-    let written: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {side}"))
-        .fetch_one(&pool)
-        .await
-        .unwrap();
+    let written: i64 =
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {side}")))
+            .fetch_one(&pool)
+            .await
+            .unwrap();
     assert_eq!(
         written, 0,
         "a stale attempt's writes are rolled back, not committed"
@@ -517,10 +524,10 @@ async fn a_job_scheduled_ahead_starts_when_due_without_a_notification_then() {
         Duration::from_secs(10),
     )
     .await;
-    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(&format!(
+    let started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT started_at FROM {} WHERE id = $1",
         table.name().quoted()
-    ))
+    )))
     .bind(id)
     .fetch_one(&pool)
     .await

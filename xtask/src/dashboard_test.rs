@@ -116,9 +116,11 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .await
         .context("connecting to Postgres")?;
     let schema = format!("dashboard_test_{}", std::process::id());
-    sqlx::query(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await?;
     let table = JobTable::new(&schema, "queue_jobs")?;
     table.migrate(&pool).await?;
     let (finishing, hostile, later) = jobs();
@@ -170,9 +172,11 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .context("running node (install Node.js 20 or later)")?;
     drop(server);
     drop(foreign_server);
-    sqlx::query(&format!("DROP SCHEMA \"{schema}\" CASCADE"))
-        .execute(&pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA \"{schema}\" CASCADE"
+    )))
+    .execute(&pool)
+    .await?;
     if !status.success() {
         bail!("the dashboard failed in the browser (see above)");
     }
@@ -199,12 +203,12 @@ async fn past_hour(pool: &PgPool, table: &JobTable) -> Result<()> {
         })
         .collect();
     let ids = table.enqueue_many(pool, &jobs).await?;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "UPDATE {t} AS j SET state = 'completed', finished_at = now() - make_interval(secs => p.ago), \
          started_at = now() - make_interval(secs => p.ago + 0.2), queued_at = now() - make_interval(secs => p.ago + 1) \
          FROM unnest($1::int8[], $2::int8[]) AS p(id, ago) WHERE j.id = p.id AND j.state = 'queued'",
         t = table.name().quoted()
-    ))
+    )))
     .bind(&ids)
     .bind(&seconds_ago)
     .execute(pool)
@@ -228,7 +232,9 @@ async fn drain(pool: &PgPool, table: &JobTable, count: usize) -> Result<()> {
     );
     let started = Instant::now();
     loop {
-        let finished: i64 = sqlx::query_scalar(&finished_sql).fetch_one(pool).await?;
+        let finished: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(finished_sql.to_owned()))
+            .fetch_one(pool)
+            .await?;
         if finished as usize >= count {
             break;
         }
@@ -260,7 +266,7 @@ async fn foreign_table(pool: &PgPool, schema: &str) -> Result<PathBuf> {
              ('export', 'broken', 'disk full', now(), '{{}}')"
         ),
     ] {
-        sqlx::query(&statement).execute(pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(statement.to_owned())).execute(pool).await?;
     }
     let config = served::target_dir().join("dashboard-test-foreign.toml");
     std::fs::write(

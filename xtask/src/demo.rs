@@ -213,7 +213,7 @@ pub async fn run(args: Args) -> Result<()> {
     };
     let mut last_line = Instant::now();
     loop {
-        let finished = sqlx::query_scalar::<_, i64>(&finished_sql)
+        let finished = sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(finished_sql.to_owned()))
             .fetch_one(&pool)
             .await? as usize;
         if tty {
@@ -236,10 +236,10 @@ pub async fn run(args: Args) -> Result<()> {
     let report = working.await??;
     resetting.await??;
 
-    let states: Vec<(String, i64)> = sqlx::query_as(&format!(
+    let states: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT state, count(*) FROM {} GROUP BY state ORDER BY state",
         table.name().quoted()
-    ))
+    )))
     .fetch_all(&pool)
     .await?;
     println!(

@@ -93,9 +93,12 @@ impl Handler<PgStore<Job>> for Ledger {
         let insert = format!("INSERT INTO {} (job_id) VALUES ($1)", self.table);
         if self.transactional {
             let conn = store.transaction().await.map_err(JobError::retry)?;
-            sqlx::query(&insert).bind(job.id).execute(conn).await?;
+            sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
+                .bind(job.id)
+                .execute(conn)
+                .await?;
         } else {
-            sqlx::query(&insert)
+            sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
                 .bind(job.id)
                 .execute(&self.harness)
                 .await?;
@@ -394,10 +397,10 @@ async fn schedulers(pg: &Postgres) -> Result<ScheduleFigures> {
         process.start_kill().context("SIGKILL")?;
         process.wait().await?;
     }
-    let rows: Vec<(String, i64)> = sqlx::query_as(&format!(
+    let rows: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT unique_key, count(*) FROM {} WHERE kind = 'tick' GROUP BY unique_key",
         table.name().quoted()
-    ))
+    )))
     .fetch_all(&pool)
     .await?;
     let twice = rows.iter().map(|(_, n)| n - 1).sum();
@@ -438,9 +441,9 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
     let table = JobTable::new("faults", "jobs")?;
     table.migrate(&pool).await?;
     let ledger = "\"faults\".\"ledger\"".to_owned();
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "CREATE TABLE {ledger} (job_id bigint NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())"
-    ))
+    )))
         .execute(&pool)
         .await?;
     let store: PgStore<Job> =
@@ -515,9 +518,10 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
                 fault_window.1 = chrono::Utc::now();
             }
         }
-        if let Ok(count) = sqlx::query_scalar::<_, i64>(&completed_sql)
-            .fetch_one(&harness)
-            .await
+        if let Ok(count) =
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(completed_sql.to_owned()))
+                .fetch_one(&harness)
+                .await
         {
             last = count;
         }
@@ -575,12 +579,12 @@ async fn drain_under(pg: &Postgres, mode: ExecutionMode, fault: ServerFault) -> 
             when.saturating_sub(back)
                 .saturating_sub(Duration::from_secs(1))
         });
-    let completed: i64 = sqlx::query_scalar(&completed_sql)
+    let completed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(completed_sql.to_owned()))
         .fetch_one(&harness)
         .await?;
-    let duplicates: i64 = sqlx::query_scalar(&format!(
+    let duplicates: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM (SELECT job_id FROM {ledger} GROUP BY job_id HAVING count(*) > 1) AS twice"
-    ))
+    )))
     .fetch_one(&harness)
     .await?;
     // Nothing is enqueued while the server is down: no claim waits to see.
@@ -691,11 +695,15 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
         doomed.wait().await?;
     }
     let killing = started.elapsed();
-    let completed_then: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+    let completed_then: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(completed_sql.to_owned()))
+        .fetch_one(&pool)
+        .await?;
     producer.await?;
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
-        let completed: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+        let completed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(completed_sql.to_owned()))
+            .fetch_one(&pool)
+            .await?;
         if completed as usize >= enqueued.load(Ordering::SeqCst) {
             break;
         }
@@ -707,7 +715,9 @@ async fn worker_kills(pg: &Postgres, mode: ExecutionMode) -> Result<Figures> {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     drop(steady);
-    let completed: i64 = sqlx::query_scalar(&completed_sql).fetch_one(&pool).await?;
+    let completed: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(completed_sql.to_owned()))
+        .fetch_one(&pool)
+        .await?;
     let duplicates: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM (SELECT job_id FROM \"faults\".\"runs\" GROUP BY job_id HAVING count(*) > 1) AS twice",
     )
@@ -734,14 +744,14 @@ async fn claim_waits(
     table: &JobTable,
     window: (chrono::DateTime<chrono::Utc>, chrono::DateTime<chrono::Utc>),
 ) -> Result<(Option<f64>, Option<f64>)> {
-    Ok(sqlx::query_as(&format!(
+    Ok(sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT percentile_cont(0.99) WITHIN GROUP (ORDER BY wait), max(wait) FROM (\
          SELECT extract(epoch FROM min(l.at) - j.queued_at)::float8 AS wait \
          FROM {ledger} AS l JOIN {jobs} AS j ON j.id = l.job_id \
          WHERE j.queued_at BETWEEN $1 AND $2 AND j.num_failures = 0 AND j.num_resets = 0 \
          GROUP BY j.id, j.queued_at) AS waits",
         jobs = table.name().quoted()
-    ))
+    )))
     .bind(window.0)
     .bind(window.1)
     .fetch_one(harness)
@@ -767,10 +777,10 @@ async fn harness_pool(url: &str) -> Result<sqlx::PgPool> {
 
 /// Jobs charged a failure, and a reset.
 async fn charged(pool: &sqlx::PgPool, table: &JobTable) -> Result<Charged> {
-    let (failures, resets): (i64, i64) = sqlx::query_as(&format!(
+    let (failures, resets): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FILTER (WHERE num_failures > 0), count(*) FILTER (WHERE num_resets > 0) FROM {}",
         table.name().quoted()
-    ))
+    )))
     .fetch_one(pool)
     .await?;
     Ok(Charged { failures, resets })
@@ -778,10 +788,10 @@ async fn charged(pool: &sqlx::PgPool, table: &JobTable) -> Result<Charged> {
 
 /// Jobs that ended failed.
 async fn count_failed(pool: &sqlx::PgPool, table: &JobTable) -> Result<i64> {
-    Ok(sqlx::query_scalar(&format!(
+    Ok(sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "SELECT count(*) FROM {} WHERE state = 'failed'",
         table.name().quoted()
-    ))
+    )))
     .fetch_one(pool)
     .await?)
 }

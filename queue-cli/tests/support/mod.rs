@@ -38,10 +38,12 @@ impl Setup {
         let s = format!("\"{}\"", schema.replace('"', "\"\""));
         // A schema of the same name left by an earlier run whose process
         // had the same id: its rows must not leak into this test.
-        sqlx::query(&format!("DROP SCHEMA IF EXISTS {s} CASCADE"))
-            .execute(&pool)
-            .await
-            .unwrap_or_else(|e| panic!("{test}: dropping a stale schema: {e}"));
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP SCHEMA IF EXISTS {s} CASCADE"
+        )))
+        .execute(&pool)
+        .await
+        .unwrap_or_else(|e| panic!("{test}: dropping a stale schema: {e}"));
         Some(Setup {
             url,
             pool,
@@ -74,7 +76,7 @@ impl Setup {
 
     /// Runs SQL (several statements) in the test database.
     pub async fn sql(&self, sql: &str) {
-        sqlx::raw_sql(sql)
+        sqlx::raw_sql(sqlx::AssertSqlSafe(sql.to_owned()))
             .execute(&self.pool)
             .await
             .unwrap_or_else(|e| panic!("{sql}: {e}"));

@@ -202,7 +202,8 @@ impl AdminStatements {
             text: format!(
                 "SELECT CAST({state} AS text) AS \"state\", {kind} AS \"kind\", count(*) AS \"count\" \
                  FROM {table} AS {a} GROUP BY 1, 2"
-            ),
+            )
+            .into(),
             params: Vec::new(),
         };
 

@@ -79,7 +79,7 @@ impl ClaimStatements {
             spliced.push(')');
         }
         Statement {
-            text: self.from_start.render(&spliced, "", limit),
+            text: self.from_start.render(&spliced, "", limit).into(),
             params: self.from_start.params.clone(),
         }
     }
@@ -89,7 +89,7 @@ impl ClaimStatements {
     pub(super) fn claim_after_cursor(&self, limit: usize) -> Option<Statement> {
         let (template, condition, params) = self.at_cursor.as_ref()?;
         Some(Statement {
-            text: template.render("", condition, limit),
+            text: template.render("", condition, limit).into(),
             params: params.clone(),
         })
     }
@@ -471,7 +471,7 @@ mod tests {
         let options = PgStoreOptions::new("jobs").unwrap();
         let claim = Statements::new(&options, &test_shape(), &[]).claim(&[], 32);
         assert_eq!(
-            claim.text,
+            *claim.text,
             format!(
                 "WITH ready AS (SELECT \"jobs\".\"id\", \"jobs\".\"priority\" AS \"__queue_merge_priority\" \
                  FROM \"public\".\"jobs\" AS \"jobs\" \
@@ -498,7 +498,7 @@ mod tests {
         let options = PgStoreOptions::new("jobs").unwrap();
         let claim = Statements::new(&options, &one_scan_shape(), &[]).claim(&[], 32);
         assert_eq!(
-            claim.text,
+            *claim.text,
             format!(
                 "WITH candidates AS (SELECT \"jobs\".\"id\" FROM \"public\".\"jobs\" AS \"jobs\" \
                  WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
@@ -558,7 +558,7 @@ mod tests {
         let from_start = s.claim(&[], 32);
         let after = s.claim_after_cursor(32).expect("a cursor by default");
         assert_eq!(
-            after.text,
+            *after.text,
             from_start.text.replacen(
                 " ORDER BY",
                 " AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" > $5 ORDER BY",

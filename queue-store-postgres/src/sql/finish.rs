@@ -216,7 +216,7 @@ mod tests {
         let keep = Statements::new(&PgStoreOptions::new("jobs").unwrap(), &test_shape(), &[]);
         let (many, one) = &keep.finish_succeeded;
         assert_eq!(
-            many.text,
+            &*many.text,
             "UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($4 AS text), \
              \"finished_at\" = COALESCE(u.finished_at, \"jobs\".\"finished_at\") \
              FROM unnest((SELECT CAST($1 AS bigint[])), (SELECT CAST($2 AS int8[])), (SELECT CAST($3 AS timestamptz[]))) \

@@ -16,6 +16,7 @@ mod plans;
 pub(crate) mod prepared;
 
 use std::collections::BTreeMap;
+use std::sync::Arc;
 
 use queue_core::JobState;
 
@@ -89,7 +90,8 @@ pub(crate) enum Param {
 /// A statement and the inputs its `$n` placeholders stand for, in order.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Statement {
-    pub text: String,
+    /// Shared, so that each execution hands sqlx the text without a copy.
+    pub text: Arc<str>,
     pub params: Vec<Param>,
 }
 
@@ -120,7 +122,7 @@ impl Builder {
 
     fn build(self) -> Statement {
         Statement {
-            text: self.text,
+            text: self.text.into(),
             params: self.params,
         }
     }

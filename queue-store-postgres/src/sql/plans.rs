@@ -29,10 +29,10 @@ async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, Tab
     let schema = format!("{prefix}_{}", std::process::id());
     let table = JobTable::new(&schema, "jobs").expect("valid names");
     table.migrate(pool).await.expect("the default table");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "INSERT INTO {} (kind) SELECT 'k' FROM generate_series(1, {jobs})",
         table.name().quoted()
-    ))
+    )))
     .execute(pool)
     .await
     .expect("jobs");
@@ -45,10 +45,10 @@ async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, Tab
 /// Drops the schema of a [`scratch_table`] (when its test passed; the
 /// cluster under `test-pg` is thrown away anyway).
 async fn drop_scratch(pool: &PgPool, table: &JobTable) {
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA {} CASCADE",
         table.name().schema.quoted()
-    ))
+    )))
     .execute(pool)
     .await
     .expect("dropping the test schema");
@@ -92,22 +92,25 @@ fn arguments(statement: &Statement, kind: PlanKind) -> String {
 
 /// The plan Postgres runs `statement` with, as `EXPLAIN` prints it.
 async fn plan(connection: &mut PgConnection, statement: &Statement, kind: PlanKind) -> String {
-    sqlx::query(&format!("PREPARE batch AS {}", statement.text))
-        .execute(&mut *connection)
-        .await
-        .unwrap_or_else(|e| panic!("preparing {}: {e}", statement.text));
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE batch AS {}",
+        statement.text
+    )))
+    .execute(&mut *connection)
+    .await
+    .unwrap_or_else(|e| panic!("preparing {}: {e}", statement.text));
     let mode = match kind {
         PlanKind::Generic => "force_generic_plan",
         PlanKind::Custom(_) => "force_custom_plan",
     };
-    sqlx::query(&format!("SET plan_cache_mode = {mode}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!("SET plan_cache_mode = {mode}")))
         .execute(&mut *connection)
         .await
         .expect("choosing the plan");
-    let lines: Vec<String> = sqlx::query_scalar(&format!(
+    let lines: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
         "EXPLAIN (COSTS OFF) EXECUTE batch({})",
         arguments(statement, kind)
-    ))
+    )))
     .fetch_all(&mut *connection)
     .await
     .unwrap_or_else(|e| panic!("explaining {}: {e}", statement.text));
@@ -132,10 +135,12 @@ async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
     let (table, shape) = scratch_table(&pool, "queue_plans", 100_000).await;
     let t = table.name().quoted();
     // Statistics are taken where this test says, never by autovacuum.
-    sqlx::query(&format!("ALTER TABLE {t} SET (autovacuum_enabled = false)"))
-        .execute(&pool)
-        .await
-        .expect("autovacuum off");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {t} SET (autovacuum_enabled = false)"
+    )))
+    .execute(&pool)
+    .await
+    .expect("autovacuum off");
     let mut connection = pool.acquire().await.expect("a connection");
     // A fifth of the jobs in flight, with statistics taken then (where a
     // second condition on the keys made the generic plan quadratic) or
@@ -155,7 +160,10 @@ async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
             format!("ANALYZE {t}"),
             set_in_flight(in_flight),
         ] {
-            sqlx::query(&sql).execute(&pool).await.expect(&sql);
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+                .execute(&pool)
+                .await
+                .expect(&sql);
         }
         for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
             let options = table.store_options().completed_jobs(completed_jobs);
@@ -236,7 +244,10 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
         format!("UPDATE {t} SET state = 'completed' WHERE id <= 10000"),
         format!("ANALYZE {t}"),
     ] {
-        sqlx::query(&sql).execute(&pool).await.expect(&sql);
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .expect(&sql);
     }
     let statements = Statements::new(&table.store_options(), &shape, &[]);
     let from_start = statements.claim(&[], 48);
@@ -253,17 +264,20 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     // What each claim's scan reads, the cursor after the last completed job.
     let mut blocks = Vec::new();
     for (statement, cursor) in [(&from_start, ""), (&at_cursor, ", 0, 10000")] {
-        sqlx::query(&format!("PREPARE claim AS {}", statement.text))
-            .execute(&mut *connection)
-            .await
-            .expect("preparing the claim");
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "PREPARE claim AS {}",
+            statement.text
+        )))
+        .execute(&mut *connection)
+        .await
+        .expect("preparing the claim");
         sqlx::query("BEGIN")
             .execute(&mut *connection)
             .await
             .expect("begin");
-        let explained: serde_json::Value = sqlx::query_scalar(&format!(
+        let explained: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(now(), 'processing', 'w'{cursor})"
-        ))
+        )))
         .fetch_one(&mut *connection)
         .await
         .expect("explaining the claim");
@@ -301,10 +315,13 @@ fn candidates_blocks(plan: &serde_json::Value) -> Option<u64> {
 /// What choosing the jobs of a claim of 48 reads, in blocks, by `EXPLAIN
 /// (ANALYZE, BUFFERS)` in a transaction rolled back after.
 async fn claim_blocks(connection: &mut PgConnection, claim: &Statement) -> u64 {
-    sqlx::query(&format!("PREPARE claim AS {}", claim.text))
-        .execute(&mut *connection)
-        .await
-        .expect("preparing the claim");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "PREPARE claim AS {}",
+        claim.text
+    )))
+    .execute(&mut *connection)
+    .await
+    .expect("preparing the claim");
     sqlx::query("BEGIN")
         .execute(&mut *connection)
         .await
@@ -352,9 +369,9 @@ async fn a_claim_passes_over_jobs_waiting_for_their_time_without_reading_them() 
         ),
     ] {
         if !sql.is_empty() {
-            sqlx::query(&sql).execute(&pool).await.expect(&sql);
+            sqlx::query(sqlx::AssertSqlSafe(sql.to_owned())).execute(&pool).await.expect(&sql);
             let analyze = format!("VACUUM ANALYZE {t}");
-            sqlx::query(&analyze).execute(&pool).await.expect(&analyze);
+            sqlx::query(sqlx::AssertSqlSafe(analyze.to_owned())).execute(&pool).await.expect(&analyze);
         }
         read.push(claim_blocks(&mut connection, &claim).await);
     }

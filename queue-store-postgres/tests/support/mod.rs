@@ -60,7 +60,7 @@ pub async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
         "SELECT count(*) FROM {} WHERE state = $1",
         table.name().quoted()
     );
-    sqlx::query_scalar(&sql)
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
         .bind(state)
         .fetch_one(pool)
         .await
@@ -117,10 +117,10 @@ pub async fn fresh_table(pool: &PgPool) -> JobTable {
 /// same id) is dropped first, so its rows cannot leak into this test.
 pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
     let table = JobTable::new(&awkward_schema(), name).expect("valid names");
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS {} CASCADE",
         table.name().schema.quoted()
-    ))
+    )))
     .execute(pool)
     .await
     .expect("dropping a stale schema");
@@ -132,10 +132,12 @@ pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
 /// schema; returns its quoted, qualified name.
 pub async fn side_table(pool: &PgPool, table: &JobTable, name: &str, columns: &str) -> String {
     let side = format!("{}.\"{name}\"", table.name().schema.quoted());
-    sqlx::query(&format!("CREATE TABLE {side} ({columns})"))
-        .execute(pool)
-        .await
-        .expect("creating the side table");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE {side} ({columns})"
+    )))
+    .execute(pool)
+    .await
+    .expect("creating the side table");
     side
 }
 

@@ -55,12 +55,18 @@ pub(super) async fn claim_latency(pool: &PgPool, ahead: Ahead) -> Result<f64> {
         ),
     };
     if rows > 0 {
-        sqlx::query(&insert).bind(rows as i64).execute(pool).await?;
+        sqlx::query(sqlx::AssertSqlSafe(insert.to_owned()))
+            .bind(rows as i64)
+            .execute(pool)
+            .await?;
     }
     enqueue_all(pool, &table, 500, "noop").await?;
-    sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
-        .execute(pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE {}",
+        table.name().quoted()
+    )))
+    .execute(pool)
+    .await?;
     // No autovacuum or checkpoint of the rows just written during the
     // claims (the first measurement of a run came out twice the later ones
     // without this).

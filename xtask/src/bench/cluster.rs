@@ -27,7 +27,7 @@ pub(super) fn thousands(n: u64) -> String {
     let s = n.to_string();
     let mut out = String::new();
     for (i, c) in s.chars().enumerate() {
-        if i > 0 && (s.len() - i) % 3 == 0 {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
             out.push(',');
         }
         out.push(c);
@@ -64,7 +64,7 @@ pub(super) async fn machine(pool: &PgPool, pg: &Postgres) -> Result<String> {
         "max_connections",
         "wal_level",
     ] {
-        let value: String = sqlx::query_scalar(&format!("SHOW {name}"))
+        let value: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SHOW {name}")))
             .fetch_one(pool)
             .await?;
         settings.push(format!("{name}={value}"));
@@ -122,10 +122,10 @@ pub(super) async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
 
 pub(super) async fn fresh_table(pool: &PgPool, name: &str) -> Result<JobTable> {
     let table = JobTable::new("queue_bench", name)?;
-    sqlx::query(&format!(
+    sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {} CASCADE",
         table.name().quoted()
-    ))
+    )))
     .execute(pool)
     .await?;
     table.migrate(pool).await?;

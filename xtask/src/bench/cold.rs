@@ -36,10 +36,12 @@ fn database_url(url: &str, database: &str) -> Result<String> {
 /// One cold drain of `n` jobs: jobs per second from the worker's
 /// construction to the last completion.
 pub(super) async fn drain(admin: &PgPool, url: &str, n: usize) -> Result<f64> {
-    sqlx::query(&format!("DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"))
-        .execute(admin)
-        .await?;
-    sqlx::query(&format!("CREATE DATABASE {DATABASE}"))
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DATABASE}")))
         .execute(admin)
         .await?;
     let url = database_url(url, DATABASE)?;

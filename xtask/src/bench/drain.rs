@@ -136,29 +136,32 @@ pub(super) async fn drain(
     } = setup;
     let table = fresh_table(pool, "drain").await?;
     if old_finished > 0 {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (kind, state, finished_at) SELECT 'old', 'completed', \
              now() - interval '40 days' FROM generate_series(1, {old_finished})",
             table.name().quoted()
-        ))
+        )))
         .execute(pool)
         .await?;
     }
     if scheduled_ahead > 0 {
-        sqlx::query(&format!(
+        sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (kind, process_after) SELECT 'later', now() + interval '1 day' \
              FROM generate_series(1, {scheduled_ahead})",
             table.name().quoted()
-        ))
+        )))
         .execute(pool)
         .await?;
     }
     let first_id = enqueue_all(pool, &table, n, "noop").await?;
     // No autovacuum of the new rows and no checkpoint during the timed
     // drain (the peers are prepared the same way).
-    sqlx::query(&format!("VACUUM ANALYZE {}", table.name().quoted()))
-        .execute(pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "VACUUM ANALYZE {}",
+        table.name().quoted()
+    )))
+    .execute(pool)
+    .await?;
     sqlx::query("CHECKPOINT").execute(pool).await?;
     let runs: Arc<Vec<AtomicU32>> = Arc::new((0..n).map(|_| AtomicU32::new(0)).collect());
     let total = Arc::new(AtomicUsize::new(0));
@@ -244,9 +247,12 @@ pub(super) async fn drain(
     store_pool.close().await;
     // Gone before the next scenario, so that no autovacuum of its rows runs
     // during it (a graphile_worker drain right after, say).
-    sqlx::query(&format!("DROP TABLE {}", table.name().quoted()))
-        .execute(pool)
-        .await?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {}",
+        table.name().quoted()
+    )))
+    .execute(pool)
+    .await?;
     Ok(Drained {
         jobs_per_second: n as f64 / elapsed.as_secs_f64(),
         wal_bytes_per_job: (wal1 - wal0) as f64 / n as f64,
@@ -283,7 +289,7 @@ pub(super) async fn wait_until_drained<T>(
         "SELECT count(*) FROM {} WHERE id >= {first_id} AND state <> 'completed'",
         table.name().quoted()
     );
-    while sqlx::query_scalar::<_, i64>(&pending_sql)
+    while sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(pending_sql.to_owned()))
         .fetch_one(pool)
         .await?
         > 0

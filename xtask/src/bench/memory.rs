@@ -56,7 +56,7 @@ pub(super) async fn memory(pg: &Postgres, pool: &PgPool, n: usize) -> Result<Mem
         table.name().quoted()
     );
     let deadline = Instant::now() + Duration::from_secs(120);
-    while (sqlx::query_scalar::<_, i64>(&processing)
+    while (sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(processing.to_owned()))
         .fetch_one(pool)
         .await? as usize)
         < n
