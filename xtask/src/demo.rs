@@ -260,7 +260,7 @@ pub async fn run(args: Args) -> Result<()> {
             .join(", ")
     );
     println!(
-        "  attempts: ok {}, retry {}, failed {}, poison {}",
+        "  attempts: completed {}, retried {}, failed {}, poisoned {}",
         report.count("completed"),
         report.count("retried"),
         report.count("failed"),
