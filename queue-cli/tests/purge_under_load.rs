@@ -10,27 +10,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
+use queue_core::testkit::Succeeds;
+use queue_core::{CancellationToken, NewJob};
+use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use support::Setup;
 
 const FINISHED: i64 = 200_000;
-
-struct Noop;
-
-#[async_trait]
-impl Handler<PgStore<Job>> for Noop {
-    async fn handle(
-        &self,
-        _: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
@@ -56,8 +42,12 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
     .await
     .expect("a store");
     let stop = CancellationToken::new();
-    let worker =
-        Worker::new(store.clone(), Noop, WorkerOptions::default().handlers(16)).expect("a worker");
+    let worker = Worker::new(
+        store.clone(),
+        Succeeds,
+        WorkerOptions::default().handlers(16),
+    )
+    .expect("a worker");
     let worker = tokio::spawn(worker.run(stop.clone()));
 
     // A steady stream of new jobs for the worker while the purge runs.

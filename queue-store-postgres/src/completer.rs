@@ -17,7 +17,7 @@ use crate::error::store_error;
 use crate::options::StateValues;
 use crate::record::PgKey;
 use crate::sql::{Param, Statement, Statements};
-use crate::stash::{Settled, Stash};
+use crate::stash::Stash;
 
 /// The most attempts one batched completion statement finishes.
 const MAX_COMPLETION_BATCH: usize = 1000;
@@ -218,11 +218,13 @@ async fn write_outcomes<K: PgKey>(
 ) -> Result<HashSet<K>, StoreError> {
     let mut on = stash.lend("recording job outcomes").await?;
     loop {
-        let done = run_finish(sql, states, on.conn(), rows).await;
-        on = match on.settle(done).await {
-            Settled::Done(done) => return done,
-            Settled::Again(on) => on,
-        };
+        match run_finish(sql, states, on.conn(), rows).await {
+            Ok(applied) => {
+                on.put_back();
+                return Ok(applied);
+            }
+            Err(error) => on = on.replace_after(error).await?,
+        }
     }
 }
 

@@ -48,12 +48,10 @@ async fn applied(
     if !exists(conn, &default_table::version_table(table)).await? || !exists(conn, table).await? {
         return Ok(Vec::new());
     }
-    let rows = sqlx::query(sqlx::AssertSqlSafe(
-        default_table::applied_versions(table).to_owned(),
-    ))
-    .fetch_all(&mut *conn)
-    .await
-    .map_err(|e| store_error("reading the migration versions", e))?;
+    let rows = sqlx::query(sqlx::AssertSqlSafe(default_table::applied_versions(table)))
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))?;
     rows.iter()
         .map(|row| {
             let version: i32 = row.try_get("version")?;
@@ -130,37 +128,33 @@ pub(crate) async fn apply(
         return Ok(Vec::new());
     }
     for statement in default_table::create_version_table(table) {
-        sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
+        sqlx::query(sqlx::AssertSqlSafe(statement))
             .execute(&mut *tx)
             .await
             .map_err(|e| store_error(&format!("creating the version table of {table}"), e))?;
     }
     if done.is_empty() {
         // Versions recorded for a table dropped since describe nothing.
-        sqlx::query(sqlx::AssertSqlSafe(
-            default_table::forget_versions(table).to_owned(),
-        ))
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
+        sqlx::query(sqlx::AssertSqlSafe(default_table::forget_versions(table)))
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
     }
     let mut applied_now = Vec::with_capacity(pending.len());
     for m in pending {
         let context = format!("migrating {table} to version {} ({})", m.version, m.name);
         for statement in &m.statements {
-            sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
+            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
                 .execute(&mut *tx)
                 .await
                 .map_err(|e| store_error(&context, e))?;
         }
-        sqlx::query(sqlx::AssertSqlSafe(
-            default_table::record_version(table).to_owned(),
-        ))
-        .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
-        .bind(m.name)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| store_error(&context, e))?;
+        sqlx::query(sqlx::AssertSqlSafe(default_table::record_version(table)))
+            .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
+            .bind(m.name)
+            .execute(&mut *tx)
+            .await
+            .map_err(|e| store_error(&context, e))?;
         applied_now.push(Migration {
             version: m.version,
             name: m.name.to_owned(),

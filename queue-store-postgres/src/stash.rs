@@ -103,6 +103,16 @@ pub(crate) struct Stash {
     capacity: usize,
 }
 
+impl Drop for Stash {
+    fn drop(&mut self) {
+        // A dropped store's connections go back to the pool pinged, like
+        // stale ones: one whose backend died closes quietly instead of
+        // failing the pool's own ping with a warning.
+        let idle = self.idle.get_mut().unwrap_or_else(PoisonError::into_inner);
+        retire(std::mem::take(idle));
+    }
+}
+
 impl std::fmt::Debug for Stash {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Stash")
@@ -169,16 +179,15 @@ impl Stash {
     }
 
     /// A stashed connection (or a live one from the pool) for a statement
-    /// the store runs often, to be handed back through [`Stashed::settle`]:
-    /// no pool round trip, and a connection that failed is closed and the
-    /// statement runs once more on a live one.
+    /// the store runs often: handed back with [`Stashed::put_back`], or,
+    /// after a failure, [`Stashed::replace_after`].
     pub(crate) async fn lend(&self, context: &'static str) -> Result<Stashed<'_>, StoreError> {
         let lent = self.take().await.map_err(|e| store_error(context, e))?;
         Ok(Stashed {
             stash: self,
             lent,
             context,
-            tries: 1,
+            replaced: false,
         })
     }
 
@@ -259,15 +268,8 @@ pub(crate) struct Stashed<'s> {
     stash: &'s Stash,
     lent: Lent,
     context: &'static str,
-    tries: u8,
-}
-
-/// What a statement on a [`Stashed`] connection came to.
-pub(crate) enum Settled<'s, T> {
-    /// Its result; the connection is back in the stash (or closed).
-    Done(Result<T, StoreError>),
-    /// The connection had died: run the statement again on this one.
-    Again(Stashed<'s>),
+    /// Whether this connection already replaced one that had died.
+    replaced: bool,
 }
 
 impl<'s> Stashed<'s> {
@@ -276,34 +278,35 @@ impl<'s> Stashed<'s> {
         &mut self.lent.conn
     }
 
-    /// Hands the connection back after the statement came to `done`.
-    pub(crate) async fn settle<T>(self, done: Result<T, StoreError>) -> Settled<'s, T> {
+    /// Hands the connection back: its statements finished cleanly.
+    pub(crate) fn put_back(self) {
+        self.stash.put(self.lent);
+    }
+
+    /// Hands the connection back after its statement failed with `error`
+    /// (closed if the connection itself failed). A first connection that
+    /// died (its backend killed while it waited) is replaced by a live one,
+    /// to run the statement on again; otherwise `error` stands.
+    pub(crate) async fn replace_after(self, error: StoreError) -> Result<Stashed<'s>, StoreError> {
         let Stashed {
             stash,
             lent,
             context,
-            tries,
+            replaced,
         } = self;
-        let error = match done {
-            Ok(done) => {
-                stash.put(lent);
-                return Settled::Done(Ok(done));
-            }
-            Err(error) => error,
-        };
-        // Only a first connection that died earns a second try.
-        if !stash.put_after(lent, &error) || tries > 1 {
-            return Settled::Done(Err(error));
+        if !stash.put_after(lent, &error) || replaced {
+            return Err(error);
         }
-        match stash.take_new().await {
-            Ok(lent) => Settled::Again(Stashed {
-                stash,
-                lent,
-                context,
-                tries: tries + 1,
-            }),
-            Err(e) => Settled::Done(Err(store_error(context, e))),
-        }
+        let lent = stash
+            .take_new()
+            .await
+            .map_err(|e| store_error(context, e))?;
+        Ok(Stashed {
+            stash,
+            lent,
+            context,
+            replaced: true,
+        })
     }
 }
 

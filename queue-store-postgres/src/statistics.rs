@@ -50,15 +50,14 @@ impl Statistics {
             .map(|c| c.as_str().to_owned())
             .unwrap_or_else(|| "state".into());
         let table = &options.table;
-        let (has_statistics, has_rows): (bool, bool) = sqlx::query_as(sqlx::AssertSqlSafe(
-            catalog::statistics_present(table).to_owned(),
-        ))
-        .bind(table.schema.as_str())
-        .bind(table.name.as_str())
-        .bind(&state)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| store_error("reading the table's statistics", e))?;
+        let (has_statistics, has_rows): (bool, bool) =
+            sqlx::query_as(sqlx::AssertSqlSafe(catalog::statistics_present(table)))
+                .bind(table.schema.as_str())
+                .bind(table.name.as_str())
+                .bind(&state)
+                .fetch_one(pool)
+                .await
+                .map_err(|e| store_error("reading the table's statistics", e))?;
         // The columns a claim's plan reads (the default order's, and the
         // conditions every claim has); a custom order's columns are the
         // user's to keep analyzed.

@@ -35,7 +35,7 @@ use crate::sql::{
     catalog, Param, Statement, Statements, AT_MOST_ONCE_COLUMN, CURSOR_PRIORITY_COLUMN,
     MAX_ATTEMPTS_COLUMN,
 };
-use crate::stash::{OnLiveConnection, Settled, Stash};
+use crate::stash::{OnLiveConnection, Stash};
 use crate::statistics::Statistics;
 
 struct Inner<R: JobRecord> {
@@ -461,41 +461,28 @@ where
         // they pass over may be claimable for the others.
         let cursor = self.inner.cursor.as_ref().filter(|_| conditions.is_empty());
         let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
-        let stash = &self.inner.stash;
-        let mut lent = stash
-            .take()
-            .await
-            .map_err(|e| store_error("claiming jobs", e))?;
-        let mut tries = 0;
+        let mut on = self.inner.stash.lend("claiming jobs").await?;
         let started = std::time::Instant::now();
         let claimed = loop {
-            tries += 1;
             let mut rows = self
-                .claim_rows(&mut lent.conn, &params, conditions, after.as_ref())
+                .claim_rows(on.conn(), &params, conditions, after.as_ref())
                 .await;
             if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
                 // Nothing after the cursor: the backlog is over, and jobs
                 // that became claimable before it must not wait for the
                 // worker's next poll.
-                rows = self
-                    .claim_rows(&mut lent.conn, &params, conditions, None)
-                    .await;
+                rows = self.claim_rows(on.conn(), &params, conditions, None).await;
             }
             match rows {
-                Ok(rows) => break Ok((lent, rows)),
-                Err(error) => {
-                    if !stash.put_after(lent, &error) || tries > 1 {
-                        break Err(error);
-                    }
-                    // A stashed or pooled connection whose backend died
-                    // while it waited: claim again on a new one (a claim
-                    // that committed unseen leaves its jobs to the
-                    // resetter, as a crash would).
-                    lent = match stash.take_new().await {
-                        Ok(lent) => lent,
-                        Err(error) => break Err(store_error("claiming jobs", error)),
-                    };
-                }
+                Ok(rows) => break Ok((on, rows)),
+                // A stashed or pooled connection whose backend died while
+                // it waited: claim again on a new one (a claim that
+                // committed unseen leaves its jobs to the resetter, as a
+                // crash would).
+                Err(error) => match on.replace_after(error).await {
+                    Ok(live) => on = live,
+                    Err(error) => break Err(error),
+                },
             }
         };
         if claimed.as_ref().is_ok_and(|(_, rows)| !rows.is_empty()) {
@@ -509,7 +496,7 @@ where
                 Err(_) => cursor.ended(None, false),
             }
         }
-        let (mut conn, rows) = match claimed {
+        let (mut on, rows) = match claimed {
             // With the table checked at start-up, a claim that fails for
             // good with conditions fails for its conditions.
             Err(error) if !conditions.is_empty() && !error.is_retryable() => {
@@ -521,7 +508,7 @@ where
             claimed => claimed?,
         };
         if rows.is_empty() {
-            stash.put(conn);
+            on.put_back();
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
@@ -556,7 +543,7 @@ where
             && leases.iter().any(|l| l.limits.at_most_once)
         {
             sqlx::query("SELECT pg_catalog.txid_current()")
-                .execute(&mut *conn.conn)
+                .execute(on.conn())
                 .await
                 .map_err(|e| store_error("making an at-most-once claim durable", e))?;
         }
@@ -587,7 +574,7 @@ where
         // checkout): through the view, or with enum columns as text.
         let records: Vec<Result<R, DecodeError>> = match (&sql.select_view, as_text) {
             (Some(view), _) => {
-                let by_id = Self::records_by_key(&mut conn.conn, view, ids()).await?;
+                let by_id = Self::records_by_key(on.conn(), view, ids()).await?;
                 let missing = format!(
                     "the row is not visible through the view {}",
                     self.inner
@@ -600,7 +587,7 @@ where
                 keyed(by_id, &missing)
             }
             (None, Some(text)) => keyed(
-                Self::records_by_key(&mut conn.conn, text, ids()).await?,
+                Self::records_by_key(on.conn(), text, ids()).await?,
                 "the row vanished after its claim",
             ),
             (None, None) => {
@@ -623,7 +610,7 @@ where
                     // cast to text, and from now on always so.
                     Some(text) if mismatched => {
                         let again = keyed(
-                            Self::records_by_key(&mut conn.conn, text, ids()).await?,
+                            Self::records_by_key(on.conn(), text, ids()).await?,
                             "the row vanished after its claim",
                         );
                         if failed(&again) < failed(&records) {
@@ -661,7 +648,7 @@ where
                 }
             })
             .collect();
-        self.inner.stash.put(conn);
+        on.put_back();
         Ok(claimed)
     }
 
@@ -818,19 +805,18 @@ where
             let next = query::<R::Id>(statement, |p| match p {
                 Param::Now => Some(Value::Time(after)),
                 _ => None,
-            });
-            let done = match next {
-                Ok(next) => next
-                    .fetch_one(on.conn())
-                    .await
-                    .and_then(|row| row.try_get::<Option<DateTime<Utc>>, _>(0))
-                    .map_err(|e| store_error(context, e)),
-                Err(error) => Err(error),
-            };
-            on = match on.settle(done).await {
-                Settled::Done(done) => break done?,
-                Settled::Again(on) => on,
-            };
+            })?;
+            match next
+                .fetch_one(on.conn())
+                .await
+                .and_then(|row| row.try_get(0))
+            {
+                Ok(due) => {
+                    on.put_back();
+                    break due;
+                }
+                Err(error) => on = on.replace_after(store_error(context, error)).await?,
+            }
         };
         // Back on this process's clock.
         Ok(due.map(|at| self.inner.admin.to_local(at)))

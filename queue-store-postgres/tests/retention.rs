@@ -9,27 +9,13 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use async_trait::async_trait;
-use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob, Retention};
-use queue_store_postgres::{ExecutionMode, PgJobTransaction, PgStore};
+use queue_core::testkit::Succeeds;
+use queue_core::{CancellationToken, Job, NewJob, Retention};
+use queue_store_postgres::{ExecutionMode, PgStore};
 use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use support::{fresh_table, pool};
 
 const FINISHED: i64 = 1_000_000;
-
-struct Noop;
-
-#[async_trait]
-impl Handler<PgStore<Job>> for Noop {
-    async fn handle(
-        &self,
-        _: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
@@ -62,8 +48,12 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
     .await
     .expect("a store");
     let stop = CancellationToken::new();
-    let worker =
-        Worker::new(store.clone(), Noop, WorkerOptions::default().handlers(16)).expect("a worker");
+    let worker = Worker::new(
+        store.clone(),
+        Succeeds,
+        WorkerOptions::default().handlers(16),
+    )
+    .expect("a worker");
     let worker = tokio::spawn(worker.run(stop.clone()));
 
     // A steady stream of new jobs for the worker while the pruner runs.

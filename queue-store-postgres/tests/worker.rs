@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use chrono::Utc;
+use queue_core::testkit::{Succeeds, UntilCancelled};
 use queue_core::{
     Admin, CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob, Targets,
 };
@@ -82,20 +83,6 @@ fn options(handlers: usize) -> WorkerOptions {
     }
 }
 
-struct Noop;
-
-#[async_trait]
-impl Handler<PgStore<Job>> for Noop {
-    async fn handle(
-        &self,
-        _: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        Ok(())
-    }
-}
-
 async fn drains_all_jobs(mode: ExecutionMode, test: &str) {
     let Some(pool) = pool(test).await else { return };
     let table = fresh_table(&pool).await;
@@ -104,7 +91,7 @@ async fn drains_all_jobs(mode: ExecutionMode, test: &str) {
         .collect();
     table.enqueue_many(&pool, &jobs).await.expect("enqueue");
     let store = support::store(&pool, &table, mode).await;
-    let running = start(&store, Noop, options(8));
+    let running = start(&store, Succeeds, options(8));
     let deadline = Instant::now() + Duration::from_secs(60);
     while count_in(&pool, &table, "completed").await < 500 {
         assert!(
@@ -227,22 +214,6 @@ async fn a_failed_attempt_leaves_no_visible_change() {
     );
 }
 
-/// Waits until cancelled.
-struct UntilCancelled;
-
-#[async_trait]
-impl Handler<PgStore<Job>> for UntilCancelled {
-    async fn handle(
-        &self,
-        ctx: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        ctx.cancelled().await;
-        Err(JobError::cancel("stopped on request"))
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancelling_a_running_job_stops_it_in_both_modes() {
     let Some(pool) = pool("cancelling_a_running_job_stops_it_in_both_modes").await else {
@@ -293,7 +264,7 @@ async fn notify_wakes_idle_workers_only_after_commit() {
     let table = fresh_table(&pool).await;
     let store = support::store(&pool, &table, ExecutionMode::Lease).await;
     // The poll interval is 30 s: only a notification can wake the worker in time.
-    let running = start(&store, Noop, options(2));
+    let running = start(&store, Succeeds, options(2));
     tokio::time::sleep(Duration::from_millis(300)).await;
     let mut tx = pool.begin().await.unwrap();
     let id = table
@@ -332,7 +303,7 @@ async fn the_listener_reconnects_after_its_connection_is_killed() {
     let table = fresh_table_named(&pool, &format!("reconnect_{}", std::process::id())).await;
     let channel = table.store_options().notify_channel();
     let store = support::store(&pool, &table, ExecutionMode::Lease).await;
-    let running = start(&store, Noop, options(2));
+    let running = start(&store, Succeeds, options(2));
     let listeners = || async {
         sqlx::query_scalar::<_, i32>(
             "SELECT pid FROM pg_stat_activity WHERE query LIKE 'LISTEN%' AND position($1 in query) > 0 AND pid <> pg_backend_pid()",
@@ -395,7 +366,7 @@ async fn worker_works_through_arc_store() {
             .unwrap(),
     );
     let shutdown = CancellationToken::new();
-    let worker = Worker::new(store, Noop, options(1)).unwrap();
+    let worker = Worker::<PgStore<Job>, _>::new(store, Succeeds, options(1)).unwrap();
     let task = tokio::spawn(worker.run(shutdown.clone()));
     wait_for(
         &pool,
@@ -506,7 +477,7 @@ async fn a_job_scheduled_ahead_starts_when_due_without_a_notification_then() {
     let table = fresh_table(&pool).await;
     let store = support::store(&pool, &table, ExecutionMode::Lease).await;
     // Polls every 30 s: only the due time can wake it in time.
-    let running = start(&store, Noop, options(2));
+    let running = start(&store, Succeeds, options(2));
     tokio::time::sleep(Duration::from_millis(200)).await;
     let due = chrono::Utc::now() + chrono::TimeDelta::seconds(1);
     let id = table

@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use async_trait::async_trait;
+use queue_core::testkit::Succeeds;
 use queue_core::{
     CancellationToken, Handler, Job, JobContext, JobError, NewJob, OutcomePolicy, RetryPolicy,
 };
@@ -69,21 +70,6 @@ impl Handler<Store> for Validate {
         job: &Job,
     ) -> Result<(), JobError> {
         Err(JobError::poison(format!("invalid address {}", job.payload)))
-    }
-}
-
-/// Does nothing: measures the queue itself.
-struct Noop;
-
-#[async_trait]
-impl Handler<Store> for Noop {
-    async fn handle(
-        &self,
-        _: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        Ok(())
     }
 }
 
@@ -176,7 +162,7 @@ pub async fn run(args: Args) -> Result<()> {
         .route("thumbnail", Thumbnail)
         .route("upload", FlakyUpload)
         .route("validate", Validate)
-        .route("noop", Noop);
+        .route("noop", Succeeds);
     let options = WorkerOptions {
         outcome_policy: OutcomePolicy {
             retry: RetryPolicy::fixed(3, Duration::ZERO),

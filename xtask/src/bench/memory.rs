@@ -5,9 +5,9 @@ use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use anyhow::{ensure, Context, Result};
-use async_trait::async_trait;
-use queue_core::{CancellationToken, Handler, Job, JobContext, JobError};
-use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
+use queue_core::testkit::UntilCancelled;
+use queue_core::CancellationToken;
+use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use queue_worker::{Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -74,22 +74,6 @@ pub(super) async fn memory(pg: &Postgres, pool: &PgPool, n: usize) -> Result<Mem
     Ok(Memory { idle_mb, peak_mb })
 }
 
-/// Sleeps until cancelled.
-pub(super) struct SleepForever;
-
-#[async_trait]
-impl Handler<PgStore<Job>> for SleepForever {
-    async fn handle(
-        &self,
-        ctx: &JobContext,
-        _: &mut PgJobTransaction,
-        _: &Job,
-    ) -> Result<(), JobError> {
-        ctx.cancelled().await;
-        Err(JobError::cancel("stopped"))
-    }
-}
-
 /// The process `memory` measures: a lease-mode worker with `n` handlers.
 pub async fn memory_worker(n: usize) -> Result<()> {
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL")?;
@@ -106,7 +90,7 @@ pub async fn memory_worker(n: usize) -> Result<()> {
         claim_batch: Some(500),
         ..WorkerOptions::default().handlers(n)
     };
-    let worker = Worker::new(store, SleepForever, options)?;
+    let worker = Worker::new(store, UntilCancelled, options)?;
     println!("ready");
     worker.run(CancellationToken::new()).await?;
     Ok(())
