@@ -95,7 +95,12 @@ pub fn run(url: &str, seconds: u32) -> Result<()> {
     let server = served::start(&queue, url, &config, &[("QUEUE_ADMIN_TOKENS", TOKEN)])?;
     let base = server.base.clone();
     eprintln!("fuzz-api: schemathesis against {base} for {seconds}s");
+    // schemathesis writes its cache (.schemathesis/) where it runs: in
+    // target/, never in the work tree.
+    let workdir = target.join("schemathesis-run");
+    std::fs::create_dir_all(&workdir)?;
     let status = Command::new(&schemathesis)
+        .current_dir(&workdir)
         .arg("run")
         .arg(format!("{base}/openapi.json"))
         .args(["-H", &format!("Authorization: Bearer {TOKEN}")])
