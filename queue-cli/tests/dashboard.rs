@@ -187,10 +187,7 @@ async fn without_tokens_only_loopback_host_names_are_answered() {
     );
     let guarded = app(
         MemoryStore::new(),
-        Tokens {
-            admin: vec!["secret".into()],
-            read: Vec::new(),
-        },
+        Tokens::new(&["secret-0123456789"], &[]).expect("a valid token"),
     );
     let (status, _, _) = send(
         &guarded,
@@ -198,7 +195,7 @@ async fn without_tokens_only_loopback_host_names_are_answered() {
         "/api/stats",
         &[
             ("host", "queue.internal.example"),
-            ("authorization", "Bearer secret"),
+            ("authorization", "Bearer secret-0123456789"),
         ],
     )
     .await;
@@ -207,6 +204,46 @@ async fn without_tokens_only_loopback_host_names_are_answered() {
         StatusCode::OK,
         "with tokens any host name is served"
     );
+}
+
+/// An empty token can be neither configured nor presented: every header a
+/// client might send for one is refused.
+#[tokio::test]
+async fn no_header_variant_of_an_empty_token_gets_in() {
+    assert!(
+        Tokens::new(&[""], &[]).is_err(),
+        "an empty token is refused"
+    );
+    let guarded = app(
+        MemoryStore::new(),
+        Tokens::new(&["secret-0123456789"], &[]).expect("a valid token"),
+    );
+    for value in [
+        "Bearer",
+        "Bearer ",
+        "Bearer  ",
+        "Bearer \t",
+        "bearer ",
+        " Bearer ",
+        "",
+    ] {
+        let (status, _, _) = send(
+            &guarded,
+            Method::GET,
+            "/api/stats",
+            &[("authorization", value)],
+        )
+        .await;
+        assert_eq!(status, StatusCode::UNAUTHORIZED, "{value:?}");
+    }
+    let (status, _, _) = send(
+        &guarded,
+        Method::GET,
+        "/api/stats",
+        &[("authorization", "bearer secret-0123456789")],
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "the scheme's case does not matter");
 }
 
 #[tokio::test]

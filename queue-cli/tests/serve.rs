@@ -341,10 +341,7 @@ async fn tokens_decide_who_reads_and_who_writes() {
     let app = app_over(
         admin,
         PgKeyType::Int8,
-        Tokens {
-            admin: vec!["admin-secret".into()],
-            read: vec!["read-secret".into()],
-        },
+        Tokens::new(&["admin-secret-0123"], &["read-secret-01234"]).expect("valid tokens"),
     );
     let job = Some(("application/json", r#"{"kind": "k"}"#));
     let (status, body) = call(&app, Method::GET, "/api/jobs", None, None).await;
@@ -363,26 +360,51 @@ async fn tokens_decide_who_reads_and_who_writes() {
         StatusCode::UNAUTHORIZED
     );
     assert_eq!(
-        call(&app, Method::GET, "/api/jobs", Some("read-secret"), None)
-            .await
-            .0,
+        call(
+            &app,
+            Method::GET,
+            "/api/jobs",
+            Some("read-secret-01234"),
+            None
+        )
+        .await
+        .0,
         StatusCode::OK
     );
-    let (status, body) = call(&app, Method::POST, "/api/jobs", Some("read-secret"), job).await;
+    let (status, body) = call(
+        &app,
+        Method::POST,
+        "/api/jobs",
+        Some("read-secret-01234"),
+        job,
+    )
+    .await;
     assert_eq!(
         (status, &body["error"]["code"]),
         (StatusCode::FORBIDDEN, &json!("forbidden"))
     );
     assert_eq!(
-        call(&app, Method::POST, "/api/jobs", Some("admin-secret"), job)
-            .await
-            .0,
+        call(
+            &app,
+            Method::POST,
+            "/api/jobs",
+            Some("admin-secret-0123"),
+            job
+        )
+        .await
+        .0,
         StatusCode::CREATED
     );
     assert_eq!(
-        call(&app, Method::GET, "/api/stats", Some("admin-secret"), None)
-            .await
-            .0,
+        call(
+            &app,
+            Method::GET,
+            "/api/stats",
+            Some("admin-secret-0123"),
+            None
+        )
+        .await
+        .0,
         StatusCode::OK
     );
     assert_eq!(
@@ -612,6 +634,35 @@ async fn the_binary_serves_and_refuses_to_serve_openly() {
         err.contains("refusing to serve on 0.0.0.0:0 without a token"),
         "{err}"
     );
+    // A token no client could present, or one short enough to guess, is
+    // refused at start-up: it would otherwise lift the loopback-only rule.
+    for (tokens, refusal) in [
+        (r#"[""]"#, "serve.admin_tokens[0] in the config is empty"),
+        (
+            r#"["  "]"#,
+            "serve.admin_tokens[0] in the config is only whitespace",
+        ),
+        (
+            r#"["s3cret"]"#,
+            "is 6 characters long; a token needs at least 16",
+        ),
+    ] {
+        let bad = t.config(&format!("[serve]\nadmin_tokens = {tokens}\n"));
+        let err = support::fails(
+            t.queue(&bad, &["serve", "--listen", "0.0.0.0:0"])
+                .env_remove("QUEUE_ADMIN_TOKENS")
+                .env_remove("QUEUE_READ_TOKENS")
+                .timeout(Duration::from_secs(20)),
+        );
+        assert!(err.contains(refusal), "{tokens}: {err}");
+    }
+    let err = support::fails(
+        t.queue(&config, &["serve", "--listen", "0.0.0.0:0"])
+            .env("QUEUE_ADMIN_TOKENS", "0123456789abcdef,")
+            .timeout(Duration::from_secs(20)),
+    );
+    assert!(err.contains("QUEUE_ADMIN_TOKENS entry 2 is empty"), "{err}");
+    let config = t.config("");
 
     // Serve on a free loopback port, ask over HTTP, stop with SIGTERM.
     let (mut child, first) = serve_binary(&t, &config).await;

@@ -1,9 +1,15 @@
 //! Bearer tokens: read-only ones for GET, admin ones for everything. With
 //! no token configured every request passes (the server then listens on a
 //! loopback address only).
+//!
+//! A token is checked when it is configured: one that no client could
+//! present (empty, blank, with spaces around it or characters a header
+//! cannot carry) or one short enough to guess is refused at start-up,
+//! naming where it came from, instead of silently counting as configured.
 
 use std::sync::Arc;
 
+use anyhow::{bail, Result};
 use axum::extract::{Request, State};
 use axum::http::{header, Method, StatusCode};
 use axum::middleware::Next;
@@ -11,23 +17,85 @@ use axum::response::{IntoResponse, Response};
 
 use super::api::ApiError;
 
-/// The configured tokens.
-#[derive(Debug, Clone, Default)]
-pub struct Tokens {
-    /// May read and write.
-    pub admin: Vec<String>,
-    /// May only read.
-    pub read: Vec<String>,
+/// The shortest token accepted unless [`ShortTokens::AllowForTests`].
+pub const MIN_TOKEN_LEN: usize = 16;
+
+/// Whether tokens under [`MIN_TOKEN_LEN`] characters are accepted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum ShortTokens {
+    /// Refused at start-up (the default).
+    #[default]
+    Refuse,
+    /// Accepted: for tests only (`queue serve --allow-short-tokens`).
+    AllowForTests,
 }
 
 /// What a token may do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-enum Access {
+pub enum Access {
+    /// Reads only (GET and HEAD).
     Read,
+    /// Reads and writes.
     Admin,
 }
 
+/// A token as configured, and where: the error refusing it names `from`.
+#[derive(Debug, Clone)]
+pub struct ConfiguredToken {
+    /// What it may do.
+    pub access: Access,
+    /// Where it was configured, such as `serve.admin_tokens[0]`.
+    pub from: String,
+    /// The token.
+    pub token: String,
+}
+
+/// The configured tokens, each one a client can present.
+#[derive(Debug, Clone, Default)]
+pub struct Tokens {
+    admin: Vec<String>,
+    read: Vec<String>,
+}
+
 impl Tokens {
+    /// Admin and read-only tokens, checked as [`Tokens::configured`] does
+    /// (short ones refused); each is named by its place in its list.
+    pub fn new(admin: &[&str], read: &[&str]) -> Result<Tokens> {
+        let entries = |access: Access, list: &[&str], name: &str| {
+            list.iter()
+                .enumerate()
+                .map(|(i, token)| ConfiguredToken {
+                    access,
+                    from: format!("{name} token {}", i + 1),
+                    token: (*token).to_owned(),
+                })
+                .collect::<Vec<_>>()
+        };
+        let mut all = entries(Access::Admin, admin, "admin");
+        all.extend(entries(Access::Read, read, "read"));
+        Tokens::configured(all, ShortTokens::Refuse)
+    }
+
+    /// The tokens `entries` configure; refused, naming the first bad one
+    /// and why, if any is empty, blank, has spaces around it, holds a
+    /// character other than visible ASCII (an Authorization header could
+    /// never carry it), or is shorter than [`MIN_TOKEN_LEN`] (unless
+    /// `short` allows that, for tests).
+    pub fn configured(
+        entries: impl IntoIterator<Item = ConfiguredToken>,
+        short: ShortTokens,
+    ) -> Result<Tokens> {
+        let mut tokens = Tokens::default();
+        for entry in entries {
+            check(&entry, short)?;
+            match entry.access {
+                Access::Admin => tokens.admin.push(entry.token),
+                Access::Read => tokens.read.push(entry.token),
+            }
+        }
+        Ok(tokens)
+    }
+
     /// Whether any token is configured.
     pub fn any(&self) -> bool {
         !self.admin.is_empty() || !self.read.is_empty()
@@ -52,6 +120,34 @@ impl Tokens {
     }
 }
 
+/// Refuses a token no client could present, or one too short.
+fn check(entry: &ConfiguredToken, short: ShortTokens) -> Result<()> {
+    let (from, token) = (&entry.from, &entry.token);
+    if token.is_empty() {
+        bail!(
+            "{from} is empty; no client can present an empty token: remove it or give a real one"
+        );
+    }
+    if token.trim().is_empty() {
+        bail!("{from} is only whitespace; no client can present it: remove it or give a real one");
+    }
+    if token.trim() != token {
+        bail!("{from} has whitespace around it, which an Authorization header cannot carry: remove the whitespace");
+    }
+    if let Some(c) = token.chars().find(|c| !c.is_ascii_graphic()) {
+        bail!(
+            "{from} holds {c:?}; an Authorization header carries visible ASCII only (letters, digits, punctuation)"
+        );
+    }
+    let length = token.chars().count();
+    if length < MIN_TOKEN_LEN && short == ShortTokens::Refuse {
+        bail!(
+            "{from} is {length} characters long; a token needs at least {MIN_TOKEN_LEN} (such as the output of `openssl rand -hex 16`), or run with --allow-short-tokens in tests"
+        );
+    }
+    Ok(())
+}
+
 /// Compares in time independent of where the strings differ.
 fn same(a: &str, b: &str) -> bool {
     let (a, b) = (a.as_bytes(), b.as_bytes());
@@ -60,6 +156,15 @@ fn same(a: &str, b: &str) -> bool {
         diff |= a.get(i).copied().unwrap_or(0) ^ b.get(i).copied().unwrap_or(0);
     }
     diff == 0
+}
+
+/// The token of an `Authorization: Bearer <token>` value (the scheme in
+/// any case); `None` for another scheme or a blank token, which no
+/// configured token can equal.
+fn bearer(value: &str) -> Option<&str> {
+    let (scheme, token) = value.trim().split_once(' ')?;
+    let token = token.trim();
+    (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
 /// Lets a request through if its token may do what it asks: reads (GET,
@@ -81,8 +186,7 @@ pub async fn authorize(
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(str::trim);
+        .and_then(bearer);
     match presented.and_then(|t| tokens.access(t)) {
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
@@ -106,15 +210,68 @@ mod tests {
 
     #[test]
     fn tokens_grant_what_they_are_for() {
-        let tokens = Tokens {
-            admin: vec!["a-secret".into()],
-            read: vec!["r-secret".into()],
-        };
-        assert_eq!(tokens.access("a-secret"), Some(Access::Admin));
-        assert_eq!(tokens.access("r-secret"), Some(Access::Read));
-        assert_eq!(tokens.access("a-secre"), None);
-        assert_eq!(tokens.access("a-secret2"), None);
+        let tokens = Tokens::new(&["admin-secret-0123"], &["read-secret-01234"]).expect("valid");
+        assert_eq!(tokens.access("admin-secret-0123"), Some(Access::Admin));
+        assert_eq!(tokens.access("read-secret-01234"), Some(Access::Read));
+        assert_eq!(tokens.access("admin-secret-012"), None);
+        assert_eq!(tokens.access("admin-secret-01234"), None);
         assert_eq!(tokens.access(""), None);
         assert!(!Tokens::default().any());
+    }
+
+    #[test]
+    fn tokens_no_client_could_present_or_that_are_short_are_refused() {
+        let refused = |token: &str| Tokens::new(&[token], &[]).unwrap_err().to_string();
+        assert!(
+            refused("").contains("admin token 1 is empty"),
+            "{}",
+            refused("")
+        );
+        assert!(refused("   \t").contains("only whitespace"));
+        assert!(refused(" 0123456789abcdef").contains("whitespace around it"));
+        assert!(refused("0123456789abcdef\n").contains("whitespace around it"));
+        assert!(refused("0123456789 abcdef").contains("holds ' '"));
+        assert!(refused("0123456789abcdéf").contains("visible ASCII"));
+        assert!(refused("s3cret").contains("is 6 characters long; a token needs at least 16"));
+        let read = Tokens::new(&["0123456789abcdef"], &[""])
+            .unwrap_err()
+            .to_string();
+        assert!(read.contains("read token 1 is empty"), "{read}");
+        // Short tokens pass when a flag says they are for tests; blank
+        // ones never do.
+        let short = |token: &str| {
+            Tokens::configured(
+                [ConfiguredToken {
+                    access: Access::Admin,
+                    from: "serve.admin_tokens[0]".into(),
+                    token: token.into(),
+                }],
+                ShortTokens::AllowForTests,
+            )
+        };
+        assert!(short("s3cret").is_ok());
+        let empty = short("").unwrap_err().to_string();
+        assert!(empty.contains("serve.admin_tokens[0] is empty"), "{empty}");
+        assert!(short(" ").is_err());
+    }
+
+    #[test]
+    fn a_blank_bearer_token_is_never_presented() {
+        // The header values a client might send for an empty token: none
+        // yields a token to compare.
+        for value in [
+            "Bearer",
+            "Bearer ",
+            "Bearer  ",
+            "Bearer \t",
+            "bearer ",
+            " Bearer   ",
+            "",
+        ] {
+            assert_eq!(bearer(value), None, "{value:?}");
+        }
+        assert_eq!(bearer("Bearer abc"), Some("abc"));
+        assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Basic abc"), None);
     }
 }

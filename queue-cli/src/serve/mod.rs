@@ -27,7 +27,7 @@ use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
 use sqlx::PgPool;
 
 pub use self::api::Api;
-pub use self::auth::Tokens;
+pub use self::auth::{Access, ConfiguredToken, ShortTokens, Tokens, MIN_TOKEN_LEN};
 pub use self::erased::{Erased, TextAdmin};
 pub use self::openapi::document as openapi_document;
 use crate::Context;
@@ -46,6 +46,9 @@ pub struct ServeArgs {
     /// The largest request body accepted, in bytes (default 1 MiB).
     #[arg(long, value_name = "BYTES")]
     pub max_body_bytes: Option<usize>,
+    /// Accept tokens shorter than 16 characters: for tests only.
+    #[arg(long)]
+    pub allow_short_tokens: bool,
 }
 
 /// The whole application: the dashboard at `/`, the API under `/api`,
@@ -96,22 +99,43 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .layer(from_fn_with_state(tokens, cross_site::guard))
 }
 
-/// The tokens from the environment and the config file.
-fn tokens(context: &Context) -> Tokens {
-    let from_env = |name: &str| -> Vec<String> {
-        std::env::var(name)
-            .unwrap_or_default()
-            .split(',')
-            .map(str::trim)
-            .filter(|t| !t.is_empty())
-            .map(str::to_owned)
-            .collect()
-    };
-    let serve = &context.config.serve;
-    Tokens {
-        admin: [from_env("QUEUE_ADMIN_TOKENS"), serve.admin_tokens.clone()].concat(),
-        read: [from_env("QUEUE_READ_TOKENS"), serve.read_tokens.clone()].concat(),
+/// The tokens from the environment and the config file, each checked
+/// ([`Tokens::configured`]); the error names the one refused and where it
+/// came from.
+fn tokens(context: &Context, short: ShortTokens) -> Result<Tokens> {
+    let mut entries = Vec::new();
+    for (access, variable) in [
+        (Access::Admin, "QUEUE_ADMIN_TOKENS"),
+        (Access::Read, "QUEUE_READ_TOKENS"),
+    ] {
+        // Unset or empty: none. Otherwise every comma-separated entry
+        // must be a token (spaces around one are trimmed).
+        let value = std::env::var(variable).unwrap_or_default();
+        if value.trim().is_empty() {
+            continue;
+        }
+        for (i, token) in value.split(',').enumerate() {
+            entries.push(ConfiguredToken {
+                access,
+                from: format!("{variable} entry {}", i + 1),
+                token: token.trim().to_owned(),
+            });
+        }
     }
+    let serve = &context.config.serve;
+    for (access, list, name) in [
+        (Access::Admin, &serve.admin_tokens, "admin_tokens"),
+        (Access::Read, &serve.read_tokens, "read_tokens"),
+    ] {
+        for (i, token) in list.iter().enumerate() {
+            entries.push(ConfiguredToken {
+                access,
+                from: format!("serve.{name}[{i}] in the config"),
+                token: token.clone(),
+            });
+        }
+    }
+    Tokens::configured(entries, short)
 }
 
 /// Serves until SIGINT or SIGTERM; the first line on `out` says where.
@@ -131,7 +155,12 @@ pub(crate) async fn run(
         })?,
         (None, None) => SocketAddr::from(([127, 0, 0, 1], 8080)),
     };
-    let tokens = tokens(context);
+    let short = if args.allow_short_tokens {
+        ShortTokens::AllowForTests
+    } else {
+        ShortTokens::Refuse
+    };
+    let tokens = tokens(context, short)?;
     if !listen.ip().is_loopback() && !tokens.any() {
         bail!(
             "refusing to serve on {listen} without a token: set QUEUE_ADMIN_TOKENS (and QUEUE_READ_TOKENS) or serve.admin_tokens in the config, or listen on 127.0.0.1"
