@@ -593,6 +593,92 @@ async fn the_database_going_away_is_a_503_and_then_recovers() {
     );
 }
 
+/// A failure's body carries a stable code, the server's own words and the
+/// request's id (also in `x-request-id`), never Postgres' text: a value
+/// the table refuses is a 400 naming the rule, a table gone from under
+/// the server a 500.
+#[tokio::test]
+async fn error_bodies_carry_a_code_and_a_request_id_not_the_databases_text() {
+    let Some(t) = Setup::new("error_bodies_carry_a_code_and_a_request_id").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+    t.sql(&format!(
+        "ALTER TABLE {}.queue_jobs ADD CONSTRAINT no_bad_kind CHECK (kind <> 'bad')",
+        queue_store_postgres::Ident::new(&t.schema)
+            .expect("a name")
+            .quoted()
+    ))
+    .await;
+    let send = |request: Request<Body>| {
+        let app = app.clone();
+        async move {
+            let response = app.oneshot(request).await.expect("a response");
+            let status = response.status();
+            let id = response
+                .headers()
+                .get("x-request-id")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned);
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20)
+                .await
+                .expect("the body");
+            let text = String::from_utf8_lossy(&bytes).into_owned();
+            (status, id, text)
+        }
+    };
+    let enqueue = |kind: &str| {
+        Request::builder()
+            .method(Method::POST)
+            .uri("/api/jobs")
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Body::from(format!(r#"{{"kind": "{kind}"}}"#)))
+            .expect("a request")
+    };
+    let (status, id, text) = send(enqueue("bad")).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{text}");
+    let body: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(body["error"]["code"], "bad_request");
+    let message = body["error"]["message"].as_str().expect("a message");
+    assert!(
+        message.contains("\"no_bad_kind\""),
+        "names the rule: {message}"
+    );
+    assert!(message.contains("SQLSTATE 23514"), "{message}");
+    assert!(
+        !text.contains("violates") && !text.contains("queue_jobs"),
+        "Postgres' sentence stays in the log: {text}"
+    );
+    assert_eq!(body["error"]["request_id"].as_str(), id.as_deref());
+
+    t.sql(&format!(
+        "DROP TABLE {}.queue_jobs CASCADE",
+        queue_store_postgres::Ident::new(&t.schema)
+            .expect("a name")
+            .quoted()
+    ))
+    .await;
+    let (status, id, text) = send(enqueue("good")).await;
+    assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR, "{text}");
+    let body: Value = serde_json::from_str(&text).expect("JSON");
+    assert_eq!(body["error"]["code"], "misconfigured");
+    assert!(
+        !text.contains("does not exist") && !text.contains("queue_jobs"),
+        "{text}"
+    );
+    let id = id.expect("every response has a request id");
+    assert_eq!(body["error"]["request_id"], json!(id));
+    assert!(text.contains(&format!("under request {id}")), "{text}");
+    let (_, id_ok, _) = send(
+        Request::builder()
+            .uri("/healthz")
+            .body(Body::empty())
+            .expect("a request"),
+    )
+    .await;
+    assert!(id_ok.is_some_and(|i| i != id), "each request its own id");
+}
+
 /// `queue serve` on a free loopback port with `config`, and the first line
 /// it prints (where it listens).
 async fn serve_binary(t: &Setup, config: &std::path::Path) -> (tokio::process::Child, String) {

@@ -511,7 +511,7 @@ impl PurgeParams {
     /// refused if a state is not a final one.
     pub fn filter(&self) -> Result<Option<JobFilter>, StoreError> {
         if let Some(state) = self.states.iter().find(|s| !s.is_terminal()) {
-            return Err(StoreError::Config(format!(
+            return Err(StoreError::Refused(format!(
                 "only finished jobs can be purged, not {state} ones; choose among completed, failed and canceled"
             )));
         }

@@ -29,6 +29,13 @@ pub enum StoreError {
     /// message names the object and what was expected.
     #[error("the job store is misconfigured: {0}")]
     Config(String),
+    /// The call asked for something the store refuses, and changed
+    /// nothing: bad input (a state that cannot be purged, an interval
+    /// under a second, a time out of range), or something the table has no
+    /// column for (a kind, a unique key, a filter). The message says which,
+    /// in the store's own words.
+    #[error("refused: {0}")]
+    Refused(String),
     /// The extra conditions a PreDequeue hook gave a claim were refused (a
     /// placeholder without a bound value, or SQL the database rejects).
     /// That claim fails; the worker says so and keeps running, since the

@@ -336,7 +336,7 @@ impl<K: PgKey> PgAdmin<K> {
         let table = &self.inner.options.table;
         if !self.has(Column::Kind) {
             if let Some(job) = jobs.iter().find(|j| !j.kind.is_empty()) {
-                return Err(StoreError::Config(format!(
+                return Err(StoreError::Refused(format!(
                     "table {table} has no kind column, so the kind {:?} would be lost; enqueue with an empty kind, or map the column (Column::Kind)",
                     job.kind
                 )));
@@ -347,7 +347,7 @@ impl<K: PgKey> PgAdmin<K> {
                 v.is_null() || v.as_object().is_some_and(serde_json::Map::is_empty)
             };
             if jobs.iter().any(|j| !empty(&j.payload)) {
-                return Err(StoreError::Config(format!(
+                return Err(StoreError::Refused(format!(
                     "table {table} has no payload column, so the payload would be lost; map the column (Column::Payload)"
                 )));
             }
@@ -370,7 +370,7 @@ impl<K: PgKey> PgAdmin<K> {
             ),
         ] {
             if asked && !self.has(column) {
-                return Err(StoreError::Config(format!(
+                return Err(StoreError::Refused(format!(
                     "table {table} has no {what} column, so the job's {what} would be ignored; map one (Column::{column:?}), or enqueue without it"
                 )));
             }
@@ -381,7 +381,7 @@ impl<K: PgKey> PgAdmin<K> {
                 .is_some_and(|u| u.scope == UniqueScope::Forever)
         };
         if !self.has(Column::UniqueForever) && jobs.iter().any(forever) {
-            return Err(StoreError::Config(format!(
+            return Err(StoreError::Refused(format!(
                 "table {table} has no unique_forever column, so a key cannot be kept for as long as its job exists; map one (Column::UniqueForever), or make the table's unique index cover finished jobs and enqueue with UniqueScope::Active"
             )));
         }
@@ -394,7 +394,7 @@ impl<K: PgKey> PgAdmin<K> {
     /// free; after a few rounds the call gives up with a retryable error.
     async fn enqueue_unique(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<K>>, StoreError> {
         let Some(statement) = &self.inner.sql.enqueue_unique else {
-            return Err(StoreError::Config(format!(
+            return Err(StoreError::Refused(format!(
                 "table {} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key",
                 self.inner.options.table
             )));
@@ -672,7 +672,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         };
         let seconds = params.bucket.num_seconds();
         if seconds < 1 {
-            return Err(StoreError::Config(format!(
+            return Err(StoreError::Refused(format!(
                 "a timeline's interval must be at least a second, not {} ms",
                 params.bucket.num_milliseconds()
             )));

@@ -8,8 +8,7 @@ use std::time::Duration;
 use axum::extract::rejection::{JsonRejection, QueryRejection};
 use axum::extract::{FromRequest, FromRequestParts, Path, Request, State};
 use axum::http::request::Parts;
-use axum::http::{header, HeaderValue, StatusCode};
-use axum::response::{IntoResponse, Response};
+use axum::http::StatusCode;
 use axum::Json;
 use chrono::{DateTime, Utc};
 use queue_core::{
@@ -20,6 +19,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
 use super::erased::{KeyOr, TextAdmin};
+pub use super::error::{ApiError, ErrorBody, ErrorDetail};
 use super::timeline::DepthHistory;
 use crate::args::states_named_in;
 
@@ -65,121 +65,6 @@ impl Api {
             .await?;
         self.depth.record(&stats);
         Ok(stats)
-    }
-}
-
-/// An error as the API reports it: a status, a stable code and a message.
-#[derive(Debug)]
-pub struct ApiError {
-    status: StatusCode,
-    code: &'static str,
-    message: String,
-}
-
-/// The body of every error response.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorBody {
-    /// What went wrong.
-    pub error: ErrorDetail,
-}
-
-/// An error's code and message.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct ErrorDetail {
-    /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
-    /// `not_found`, `conflict`, `payload_too_large`,
-    /// `unsupported_media_type`, `database_unavailable`, `internal`.
-    pub code: String,
-    /// For people.
-    pub message: String,
-}
-
-impl ApiError {
-    /// An error with this status, code and message.
-    pub fn new(status: StatusCode, code: &'static str, message: impl Into<String>) -> Self {
-        ApiError {
-            status,
-            code,
-            message: message.into(),
-        }
-    }
-
-    /// 400.
-    pub fn bad_request(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::BAD_REQUEST, "bad_request", message)
-    }
-
-    /// 404.
-    pub fn not_found(message: impl Into<String>) -> Self {
-        ApiError::new(StatusCode::NOT_FOUND, "not_found", message)
-    }
-}
-
-impl IntoResponse for ApiError {
-    fn into_response(self) -> Response {
-        let body = ErrorBody {
-            error: ErrorDetail {
-                code: self.code.to_owned(),
-                message: self.message,
-            },
-        };
-        let mut response = (self.status, Json(body)).into_response();
-        if self.status == StatusCode::UNAUTHORIZED {
-            response
-                .headers_mut()
-                .insert(header::WWW_AUTHENTICATE, HeaderValue::from_static("Bearer"));
-        }
-        if self.status == StatusCode::SERVICE_UNAVAILABLE {
-            response
-                .headers_mut()
-                .insert(header::RETRY_AFTER, HeaderValue::from_static("5"));
-        }
-        response
-    }
-}
-
-impl From<StoreError> for ApiError {
-    fn from(error: StoreError) -> Self {
-        match &error {
-            StoreError::Unavailable { .. } | StoreError::Conflict { .. } => ApiError::new(
-                StatusCode::SERVICE_UNAVAILABLE,
-                "database_unavailable",
-                error.to_string(),
-            ),
-            StoreError::Config(message) => ApiError::bad_request(message.clone()),
-            StoreError::Backend { source, .. } => {
-                // A value the table refuses (a constraint, an enum label, a
-                // length) is the request's fault, and Postgres says which.
-                let database = source
-                    .downcast_ref::<sqlx::Error>()
-                    .and_then(|e| e.as_database_error());
-                match database {
-                    Some(db)
-                        if db
-                            .code()
-                            .is_some_and(|c| c.starts_with("22") || c.starts_with("23")) =>
-                    {
-                        ApiError::bad_request(format!(
-                            "the table refused the values: {}",
-                            db.message()
-                        ))
-                    }
-                    _ => {
-                        tracing::error!(error = %error, source = %source, "store failure");
-                        ApiError::new(
-                            StatusCode::INTERNAL_SERVER_ERROR,
-                            "internal",
-                            format!("{error}: {source}"),
-                        )
-                    }
-                }
-            }
-            _ => ApiError::new(
-                StatusCode::INTERNAL_SERVER_ERROR,
-                "internal",
-                error.to_string(),
-            ),
-        }
     }
 }
 

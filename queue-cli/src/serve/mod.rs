@@ -7,6 +7,7 @@ mod auth;
 mod cross_site;
 mod dashboard;
 mod erased;
+mod error;
 mod metrics;
 mod openapi;
 mod timeline;
@@ -18,7 +19,7 @@ use std::sync::Arc;
 use anyhow::{bail, Context as _, Result};
 use axum::extract::DefaultBodyLimit;
 use axum::http::{header, StatusCode};
-use axum::middleware::from_fn_with_state;
+use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
@@ -97,6 +98,8 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         })
         .layer(DefaultBodyLimit::max(max_body))
         .layer(from_fn_with_state(tokens, cross_site::guard))
+        // Outermost: every response, refusals included, has its id.
+        .layer(from_fn(error::with_request_id))
 }
 
 /// The tokens from the environment and the config file, each checked

@@ -1604,7 +1604,7 @@ pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H)
     };
     let refused = Admin::purge(&store, &params(vec![JobState::Completed, JobState::Queued])).await;
     assert!(
-        matches!(&refused, Err(crate::StoreError::Config(m)) if m.contains("queued")),
+        matches!(&refused, Err(crate::StoreError::Refused(m)) if m.contains("queued")),
         "unfinished states cannot be purged: {refused:?}"
     );
     let mut batches = Vec::new();

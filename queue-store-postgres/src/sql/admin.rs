@@ -401,7 +401,7 @@ impl AdminStatements {
         let names = &self.names;
         let column = |c: Column, field: &str| {
             names.at(c).ok_or_else(|| {
-                StoreError::Config(format!(
+                StoreError::Refused(format!(
                     "cannot filter by {field}: table {} has no {c} column",
                     self.table
                 ))
