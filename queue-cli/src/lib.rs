@@ -7,7 +7,7 @@
 
 mod args;
 mod commands;
-mod output;
+pub mod output;
 mod schedules;
 pub mod serve;
 

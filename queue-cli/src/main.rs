@@ -47,7 +47,8 @@ fn main() -> ExitCode {
                 }
                 reason.push_str(&text);
             }
-            eprintln!("queue: {reason}");
+            // Errors can quote job data (a key, a state): printable.
+            eprintln!("queue: {}", queue_cli::output::printable_line(&reason));
             ExitCode::FAILURE
         }
     }

@@ -34,9 +34,10 @@ impl Table {
         self
     }
 
-    /// Adds a row.
+    /// Adds a row; each cell is made [`printable_line`].
     pub fn row(&mut self, cells: Vec<String>) {
-        self.rows.push(cells);
+        self.rows
+            .push(cells.iter().map(|c| printable_line(c)).collect());
     }
 
     /// Prints the table; nothing but the header if it has no rows.
@@ -102,11 +103,45 @@ pub fn jobs(n: impl Into<u64>) -> String {
     }
 }
 
+/// `text` with every character that could drive a terminal written as an
+/// escape (`\u{1b}`): C0 and C1 controls but newlines and tabs, DEL, and
+/// the bidirectional overrides that reorder what a line shows. Job data
+/// (kinds, keys, payloads, failures, logs) goes through this before it is
+/// printed, so that an ANSI sequence in a payload reaches the operator as
+/// text, not as a command to their terminal.
+pub fn printable(text: &str) -> String {
+    escaped(text, |c| c == '\n' || c == '\t')
+}
+
+/// [`printable`], on one line: newlines and tabs are escaped too.
+pub fn printable_line(text: &str) -> String {
+    escaped(text, |_| false)
+}
+
+fn escaped(text: &str, keep: impl Fn(char) -> bool) -> String {
+    let unsafe_char = |c: char| {
+        (c.is_control() && !keep(c))
+            || matches!(c, '\u{200e}' | '\u{200f}' | '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}')
+    };
+    if !text.chars().any(unsafe_char) {
+        return text.to_owned();
+    }
+    let mut out = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        if unsafe_char(c) {
+            out.push_str(&c.escape_unicode().to_string());
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
 /// `text` on one line, cut to `max` characters with an ellipsis.
 pub fn cut(text: &str, max: usize) -> String {
-    let one_line: String = text
+    let one_line: String = printable(text)
         .chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| if c == '\n' || c == '\t' { ' ' } else { c })
         .collect();
     if one_line.chars().count() <= max {
         one_line
@@ -143,6 +178,23 @@ pub fn progress(total: u64, what: &str, for_person: bool) -> ProgressBar {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn control_characters_are_printed_as_escapes() {
+        assert_eq!(printable("plain text, ünïcode"), "plain text, ünïcode");
+        assert_eq!(printable("\u{1b}[31mred"), "\\u{1b}[31mred");
+        assert_eq!(printable("a\nb\tc"), "a\nb\tc", "newlines and tabs stay");
+        assert_eq!(printable_line("a\nb"), "a\\u{a}b");
+        assert_eq!(printable("\u{9b}2J \u{7f}"), "\\u{9b}2J \\u{7f}");
+        assert_eq!(printable("\u{202e}gnp.exe"), "\\u{202e}gnp.exe");
+        assert_eq!(cut("a\u{7}b\nc", 20), "a\\u{7}b c");
+        let mut table = Table::new(vec!["KIND"]);
+        table.row(vec!["\u{1b}]0;title\u{7}".into()]);
+        let mut out = Vec::new();
+        table.print(&mut out).unwrap();
+        let out = String::from_utf8(out).unwrap();
+        assert!(!out.contains('\u{1b}'), "{out:?}");
+    }
 
     #[test]
     fn tables_align_columns_and_numbers() {

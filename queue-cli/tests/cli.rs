@@ -337,6 +337,57 @@ canceled = "dropped"
     assert_eq!(stats["counts"].as_array().map(Vec::len), Some(1), "{stats}");
 }
 
+/// Job data that carries terminal escape sequences (in a kind, a payload, a
+/// failure, a log entry) reaches the operator as visible escapes, never as
+/// bytes their terminal would act on.
+#[tokio::test]
+async fn job_data_never_reaches_the_terminal_raw() {
+    let Some(t) = Setup::new("job_data_never_reaches_the_terminal_raw").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    ok(&mut q(&["migrate"]));
+    // ESC ] 0 ; ... BEL sets the window title; CSI (U+009B) starts a C1
+    // sequence; U+202E reverses the rest of the line.
+    let kind = "\u{1b}[31mred\u{1b}[0m";
+    let payload = r#"{"note": "\u001b]0;pwned\u0007 \u009b2J \u202egnp.exe"}"#;
+    let id = ok(&mut q(&["enqueue", kind, payload])).trim().to_owned();
+    t.sql(&format!(
+        "UPDATE {}.queue_jobs SET state = 'failed', finished_at = now(), \
+         failure_message = E'boom \\x1b[2J\\x07', \
+         execution_logs = ARRAY[json_build_object('at', 'now', 'key', 'k', 'message', E'log \\x1b[1m')] \
+         WHERE id = {id}",
+        queue_store_postgres::Ident::new(&t.schema).expect("a name").quoted()
+    ))
+    .await;
+    let raw = |text: &str| {
+        text.chars()
+            .find(|c| (c.is_control() && *c != '\n') || *c == '\u{202e}')
+    };
+    for args in [
+        &["show", id.as_str()][..],
+        &["list"],
+        &["list", "--state", "failed"],
+        &["stats"],
+    ] {
+        let out = ok(&mut q(args));
+        assert_eq!(
+            raw(&out),
+            None,
+            "queue {args:?} printed a raw control: {out:?}"
+        );
+        assert!(
+            out.contains("\\u{1b}"),
+            "queue {args:?} shows the escape: {out}"
+        );
+    }
+    let shown = ok(&mut q(&["show", id.as_str()]));
+    assert!(shown.contains("\\u{202e}gnp.exe"), "{shown}");
+    assert!(shown.contains("boom \\u{1b}[2J\\u{7}"), "{shown}");
+    assert!(shown.contains("log \\u{1b}[1m"), "{shown}");
+}
+
 #[tokio::test]
 async fn failures_are_one_clear_line() {
     let Some(t) = Setup::new("failures_are_one_clear_line").await else {

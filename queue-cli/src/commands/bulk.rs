@@ -8,7 +8,7 @@ use chrono::Utc;
 use queue_core::{ActionReport, Admin, JobFilter, JobState, RetryParams, Targets};
 
 use crate::args::FilterArgs;
-use crate::output::{self, jobs, progress};
+use crate::output::{self, jobs, printable_line, progress};
 
 /// `n running jobs`, or `1 running job`.
 fn running(n: u64) -> String {
@@ -157,7 +157,7 @@ where
         [one] => bail!("{}", one.reason(action.done())),
         many => {
             for skipped in many {
-                eprintln!("{}", skipped.reason(action.done()));
+                eprintln!("{}", printable_line(&skipped.reason(action.done())));
             }
             bail!(
                 "{} of {} were not {}",

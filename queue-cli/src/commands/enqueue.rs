@@ -7,7 +7,7 @@ use chrono::{DateTime, Utc};
 use queue_core::{Admin, Enqueued, NewJob, UniqueScope};
 
 use crate::args::future;
-use crate::output::{self, progress};
+use crate::output::{self, printable_line, progress};
 use crate::{CliAdmin, Context};
 
 /// Jobs per enqueue statement when reading many.
@@ -110,10 +110,11 @@ where
         );
     }
     for e in &done {
+        let id = printable_line(&e.id.to_string());
         if e.inserted {
-            writeln!(out, "{}", e.id)?;
+            writeln!(out, "{id}")?;
         } else {
-            writeln!(out, "{} (already there: it holds the unique key)", e.id)?;
+            writeln!(out, "{id} (already there: it holds the unique key)")?;
         }
     }
     Ok(())

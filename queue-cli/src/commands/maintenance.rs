@@ -10,7 +10,7 @@ use queue_core::{prune, Admin, Delivery, JobFilter, JobState, ResetParams, Reten
 
 use crate::args::{age, states_named};
 use crate::commands::read::stalled_max_age;
-use crate::output::{self, jobs, progress};
+use crate::output::{self, jobs, printable_line, progress};
 use crate::{CliAdmin, Context};
 
 /// `queue reset-stalled`.
@@ -84,10 +84,10 @@ where
         report.failed.len()
     )?;
     for id in &report.reset {
-        writeln!(out, "  reset  {id}")?;
+        writeln!(out, "  reset  {}", printable_line(&id.to_string()))?;
     }
     for id in &report.failed {
-        writeln!(out, "  failed {id}")?;
+        writeln!(out, "  failed {}", printable_line(&id.to_string()))?;
     }
     Ok(())
 }

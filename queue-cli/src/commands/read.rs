@@ -8,7 +8,7 @@ use chrono::Utc;
 use queue_core::{Admin, JobState, JobView, ListOrder, ListParams, StatsParams};
 
 use crate::args::FilterArgs;
-use crate::output::{self, cut, relative, span, Table};
+use crate::output::{self, cut, printable, printable_line, relative, span, Table};
 use crate::{keys, CliAdmin, Context};
 
 /// `queue stats`.
@@ -160,7 +160,11 @@ where
     }
     table.print(out)?;
     match &page.next {
-        Some(next) => writeln!(out, "\nmore: queue list --after {next} …")?,
+        Some(next) => writeln!(
+            out,
+            "\nmore: queue list --after {} …",
+            printable_line(&next.to_string())
+        )?,
         None if page.jobs.is_empty() => writeln!(out, "\nno jobs match")?,
         None => {}
     }
@@ -225,12 +229,18 @@ fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> 
             job.failure_message.clone().unwrap_or_else(|| "-".into()),
         ),
     ];
+    // Job data is written printable: an escape sequence in it reaches the
+    // terminal as text.
     for (name, value) in fields {
-        writeln!(out, "{:<17} {value}", format!("{name}:"))?;
+        writeln!(out, "{:<17} {}", format!("{name}:"), printable(&value))?;
     }
     writeln!(out, "payload:")?;
     match &job.payload {
-        Some(payload) => writeln!(out, "{}", serde_json::to_string_pretty(payload)?)?,
+        Some(payload) => writeln!(
+            out,
+            "{}",
+            printable(&serde_json::to_string_pretty(payload)?)
+        )?,
         None => writeln!(out, "  (the table has no payload column)")?,
     }
     writeln!(out, "execution log:")?;
@@ -240,10 +250,11 @@ fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> 
     for entry in &job.execution_logs {
         let at = entry.get("at").and_then(|v| v.as_str()).unwrap_or("");
         let key = entry.get("key").and_then(|v| v.as_str()).unwrap_or("");
-        match entry.get("message").and_then(|v| v.as_str()) {
-            Some(message) => writeln!(out, "  {at} {key}: {message}")?,
-            None => writeln!(out, "  {entry}")?,
-        }
+        let line = match entry.get("message").and_then(|v| v.as_str()) {
+            Some(message) => format!("{at} {key}: {message}"),
+            None => entry.to_string(),
+        };
+        writeln!(out, "  {}", printable(&line))?;
     }
     Ok(())
 }
