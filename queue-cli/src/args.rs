@@ -116,17 +116,49 @@ fn time(text: &str, sign: i32) -> Result<DateTime<Utc>> {
     if let Ok(at) = DateTime::parse_from_rfc3339(text) {
         return Ok(at.with_timezone(&Utc));
     }
-    let span = age(text).map_err(|_| {
-        anyhow!("{text:?} is neither an RFC 3339 time (2026-11-24T10:00:00Z) nor a duration (90s, 2h, 30d)")
-    })?;
-    Ok(Utc::now() + span * sign)
+    let span = match humantime::parse_duration(text) {
+        Ok(_) => age(text)?,
+        Err(_) => bail!(
+            "{text:?} is neither an RFC 3339 time (2026-11-24T10:00:00Z) nor a duration (90s, 2h, 30d)"
+        ),
+    };
+    let now = Utc::now();
+    let at = if sign < 0 {
+        now.checked_sub_signed(span)
+    } else {
+        now.checked_add_signed(span)
+    };
+    at.ok_or_else(|| anyhow!("{text:?} from now is out of range"))
 }
 
-/// A duration such as `30d` or `1h 30m`.
+/// The longest age or delay accepted: 1000 years. Now plus or minus it
+/// stays well within the times chrono and Postgres both hold (a longer one,
+/// such as 300000y, would overflow them).
+const LONGEST_YEARS: u64 = 1000;
+
+/// A duration such as `30d` or `1h 30m`, at most 1000 years.
 pub fn age(text: &str) -> Result<TimeDelta> {
+    let duration = age_std(text)?;
+    TimeDelta::from_std(duration).map_err(|_| anyhow!("{text:?} is too long a duration"))
+}
+
+/// [`age`] as a `std::time::Duration`.
+pub fn age_std(text: &str) -> Result<std::time::Duration> {
     let duration = humantime::parse_duration(text)
         .map_err(|e| anyhow!("{text:?} is not a duration such as 90s, 2h or 30d: {e}"))?;
-    TimeDelta::from_std(duration).map_err(|_| anyhow!("{text:?} is too long a duration"))
+    within_range(duration).map_err(|e| anyhow!("{text:?}: {e}"))
+}
+
+/// `duration`, refused past [`LONGEST_YEARS`].
+pub fn within_range(duration: std::time::Duration) -> Result<std::time::Duration> {
+    const YEAR_SECS: u64 = 31_557_600; // 365.25 days
+    if duration.as_secs() > LONGEST_YEARS * YEAR_SECS {
+        bail!(
+            "{} is out of range: ages and delays go up to {LONGEST_YEARS} years",
+            humantime::format_duration(duration)
+        );
+    }
+    Ok(duration)
 }
 
 #[cfg(test)]

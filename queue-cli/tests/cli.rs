@@ -388,6 +388,49 @@ async fn job_data_never_reaches_the_terminal_raw() {
     assert!(shown.contains("log \\u{1b}[1m"), "{shown}");
 }
 
+/// A retry by filter goes on past a batch that came back short because two
+/// of its jobs share a unique key: every job that can be retried is.
+#[tokio::test]
+async fn a_bulk_retry_goes_past_jobs_sharing_a_key() {
+    let Some(t) = Setup::new("a_bulk_retry_goes_past_jobs_sharing_a_key").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    ok(&mut q(&["migrate"]));
+    for _ in 0..2 {
+        let id = ok(&mut q(&["enqueue", "k", "{}", "--unique-key", "n"]));
+        t.sql(&format!(
+            "UPDATE {}.queue_jobs SET state = 'failed', finished_at = now() WHERE id = {}",
+            queue_store_postgres::Ident::new(&t.schema)
+                .expect("a name")
+                .quoted(),
+            id.trim()
+        ))
+        .await;
+    }
+    for _ in 0..3 {
+        ok(&mut q(&["enqueue", "k", "{}"]));
+    }
+    t.sql(&format!(
+        "UPDATE {}.queue_jobs SET state = 'failed', finished_at = now() WHERE unique_key IS NULL",
+        queue_store_postgres::Ident::new(&t.schema)
+            .expect("a name")
+            .quoted()
+    ))
+    .await;
+    let done = ok(&mut q(&[
+        "--yes", "retry", "--state", "failed", "--batch", "2",
+    ]));
+    assert_eq!(
+        done.trim(),
+        "retried 4 jobs",
+        "one of the two keyed jobs, and the three others"
+    );
+    let left = json(&mut q(&["list", "--state", "failed", "--json"]));
+    assert_eq!(left["jobs"].as_array().map(Vec::len), Some(1), "{left}");
+}
+
 #[tokio::test]
 async fn failures_are_one_clear_line() {
     let Some(t) = Setup::new("failures_are_one_clear_line").await else {
@@ -420,6 +463,42 @@ async fn failures_are_one_clear_line() {
     );
     let err = fails(t.queue(&config, &["stats"]).env_remove("DATABASE_URL"));
     assert!(err.contains("no database"), "{err}");
+
+    // Ages beyond what a time can hold are refused, not a panic.
+    ok(&mut t.queue(&config, &["migrate"]));
+    for args in [
+        &["list", "--queued-after", "300000y"][..],
+        &["purge", "--older-than", "300000y", "--yes"],
+        &["stats", "--stalled-max-age", "300000y"],
+        &["reset-stalled", "--stalled-max-age", "300000y"],
+        &["enqueue", "k", "--run-at", "300000y"],
+    ] {
+        let output = t.queue(&config, args).output().expect("it runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && !stderr.contains("panicked"),
+            "{args:?}: {stderr}"
+        );
+        assert!(stderr.contains("out of range"), "{args:?}: {stderr}");
+    }
+    let far = t.config("[resetter]\nstalled_max_age = \"300000y\"\n");
+    let err = fails(&mut t.queue(&far, &["stats"]));
+    assert!(
+        err.contains("the stalled age") && err.contains("out of range"),
+        "{err}"
+    );
+
+    // A purge takes finished jobs only: a state that is not one is refused
+    // before anything is counted or asked.
+    let config = t.config("");
+    let err = fails(&mut t.queue(
+        &config,
+        &["purge", "--older-than", "1h", "--state", "errored"],
+    ));
+    assert!(
+        err.contains("--state errored: only finished jobs can be purged"),
+        "{err}"
+    );
 }
 
 #[tokio::test]

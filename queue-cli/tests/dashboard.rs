@@ -206,6 +206,30 @@ async fn without_tokens_only_loopback_host_names_are_answered() {
     );
 }
 
+/// `/healthz` says ok while the background tasks run, and 503 naming the
+/// one that stopped (a scheduler that died, the depth sampler).
+#[tokio::test]
+async fn healthz_names_a_background_task_that_stopped() {
+    let api = Api::new(
+        Erased::shared(MemoryStore::new()),
+        PgKeyType::Int8,
+        Duration::from_secs(60),
+    );
+    let health = api.health.clone();
+    let app = router(api, Tokens::default(), 4096);
+    let sampler = tokio::spawn(std::future::pending::<()>());
+    health.watch("depth sampler", sampler.abort_handle());
+    let (status, _, body) = send(&app, Method::GET, "/healthz", &[]).await;
+    assert_eq!((status, body.as_str()), (StatusCode::OK, "ok"));
+    let scheduler = tokio::spawn(async {});
+    health.watch("scheduler", scheduler.abort_handle());
+    scheduler.await.expect("it ended");
+    let (status, _, body) = send(&app, Method::GET, "/healthz", &[]).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert!(body.contains("the scheduler stopped"), "{body}");
+    sampler.abort();
+}
+
 /// An empty token can be neither configured nor presented: every header a
 /// client might send for one is refused.
 #[tokio::test]

@@ -897,3 +897,37 @@ async fn queue_serve_enqueues_the_configs_schedules() {
         "{jobs:?}"
     );
 }
+
+/// A schedule the table cannot hold (no unique_forever column to keep an
+/// occurrence's key for as long as its job exists) is refused when `queue
+/// serve` starts, naming the schedule, instead of stopping the scheduler
+/// at its first occurrence while `/healthz` says ok.
+#[tokio::test]
+async fn queue_serve_refuses_a_schedule_the_table_cannot_hold() {
+    let Some(t) = Setup::new("queue_serve_refuses_a_schedule_the_table_cannot_hold").await else {
+        return;
+    };
+    // The default table's shape, less its unique_forever column.
+    let default = t.config("");
+    support::ok(&mut t.queue(&default, &["migrate"]));
+    t.sql(&format!(
+        "CREATE TABLE {s}.tasks (LIKE {s}.queue_jobs INCLUDING DEFAULTS); \
+         ALTER TABLE {s}.tasks DROP COLUMN unique_forever; \
+         CREATE UNIQUE INDEX ON {s}.tasks (unique_key) WHERE state IN ('queued', 'processing', 'errored')",
+        s = t.s
+    ))
+    .await;
+    let config = t.config(
+        "table = \"tasks\"\n[columns]\nunique_forever = false\n\
+         [[schedules]]\nname = \"nightly\"\ncron = \"0 3 * * *\"\nkind = \"report\"\n",
+    );
+    let err = support::fails(
+        t.queue(&config, &["serve", "--listen", "127.0.0.1:0"])
+            .timeout(Duration::from_secs(20)),
+    );
+    assert!(
+        err.contains("schedule \"nightly\" cannot enqueue its jobs here")
+            && err.contains("no unique_forever column"),
+        "{err}"
+    );
+}

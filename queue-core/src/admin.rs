@@ -431,34 +431,90 @@ impl<Id> Targets<Id> {
     }
 }
 
+/// Why a write left a job alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum SkipReason {
+    /// There is no job with the key.
+    Missing,
+    /// The job is in a state the write does not move it out of.
+    State,
+    /// Another transaction held the job's row when the write came (its
+    /// attempt's own transaction, a heartbeat, a completion): the write
+    /// never waits for one. Trying again later may succeed.
+    Locked,
+    /// Another job holds the job's unique key: retried, this one would be
+    /// a second job with the key.
+    KeyHeld,
+}
+
 /// A job a write left alone, and why.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Skipped<Id> {
     /// The key.
     pub id: Id,
     /// `None`: there is no such job. Otherwise the state it is in, as
-    /// stored, which the write may not move it out of (for a processing
-    /// job that a delete skipped: it is locked by its attempt's
-    /// transaction).
+    /// stored.
     pub stored_state: Option<String>,
     /// The standard state of `stored_state`, if it is one.
     pub state: Option<JobState>,
+    /// Why it was left alone.
+    pub reason: SkipReason,
+}
+
+impl<Id> Skipped<Id> {
+    /// A key no job has.
+    pub fn missing(id: Id) -> Self {
+        Skipped {
+            id,
+            stored_state: None,
+            state: None,
+            reason: SkipReason::Missing,
+        }
+    }
+
+    /// A job stored as `stored_state` (standard `state`), left alone for
+    /// `reason`.
+    pub fn new(id: Id, stored_state: String, state: Option<JobState>, reason: SkipReason) -> Self {
+        Skipped {
+            id,
+            stored_state: Some(stored_state),
+            state,
+            reason,
+        }
+    }
+
+    /// The same skip of the job under another form of its key.
+    pub fn map_id<T>(self, f: impl FnOnce(Id) -> T) -> Skipped<T> {
+        Skipped {
+            id: f(self.id),
+            stored_state: self.stored_state,
+            state: self.state,
+            reason: self.reason,
+        }
+    }
 }
 
 impl<Id: std::fmt::Display> Skipped<Id> {
-    /// Why the job was left alone, in a sentence that names it.
-    pub fn reason(&self, action: &str) -> String {
-        match &self.stored_state {
-            None => format!("job {} was not {action}: there is no such job", self.id),
-            Some(stored) => {
-                let held = if self.state == Some(JobState::Processing) && action == "deleted" {
-                    ", held by its worker's transaction; try again once the attempt ends"
-                } else {
-                    ""
-                };
-                format!("job {} was not {action}: it is {stored}{held}", self.id)
+    /// Why the job was left alone, in a sentence that names it; `action`
+    /// is the write's past participle (`retried`).
+    pub fn explain(&self, action: &str) -> String {
+        let stored = self.stored_state.as_deref().unwrap_or("gone");
+        let why = match self.reason {
+            SkipReason::Missing => "there is no such job".to_owned(),
+            SkipReason::State => format!("it is {stored}"),
+            SkipReason::Locked if self.state == Some(JobState::Processing) => format!(
+                "it is {stored}, held by its worker's transaction; try again once the attempt ends"
+            ),
+            SkipReason::Locked => format!(
+                "it is {stored}, and another transaction held it for a moment (a heartbeat or a completion); try again"
+            ),
+            SkipReason::KeyHeld => {
+                format!("it is {stored}, and another job holds its unique key")
             }
-        }
+        };
+        format!("job {} was not {action}: {why}", self.id)
     }
 }
 
@@ -549,6 +605,17 @@ pub trait Admin: Send + Sync + 'static {
     /// pull waiting and scheduled jobs forward).
     fn retryable_states(&self) -> Vec<JobState> {
         distinct_retryable_states(|s| self.stored_state(s))
+    }
+
+    /// Whether [`Admin::enqueue`] would take `jobs`, judged without
+    /// writing anything: refused ([`StoreError::Refused`]) if the store
+    /// has nowhere to keep something they carry (a kind, a payload, a
+    /// unique key or its scope, a limit). A scheduler checks its
+    /// schedules' jobs with it at start-up, instead of failing at the
+    /// first occurrence. By default every job is taken.
+    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+        let _ = jobs;
+        Ok(())
     }
 
     /// The job with key `id`, or `None` if there is none.
@@ -728,27 +795,36 @@ mod tests {
     }
 
     #[test]
-    fn a_skip_says_what_the_job_is() {
-        let missing = Skipped::<i64> {
-            id: 7,
-            stored_state: None,
-            state: None,
-        };
+    fn a_skip_says_what_the_job_is_and_why() {
+        let missing = Skipped::<i64>::missing(7);
         assert_eq!(
-            missing.reason("retried"),
+            missing.explain("retried"),
             "job 7 was not retried: there is no such job"
         );
-        let running = Skipped {
-            id: 8,
-            stored_state: Some("running".into()),
-            state: Some(JobState::Processing),
-        };
+        let running = Skipped::new(
+            8,
+            "running".into(),
+            Some(JobState::Processing),
+            SkipReason::State,
+        );
         assert_eq!(
-            running.reason("retried"),
+            running.explain("retried"),
             "job 8 was not retried: it is running"
         );
-        assert!(running
-            .reason("deleted")
+        let held = Skipped {
+            reason: SkipReason::Locked,
+            ..running
+        };
+        assert!(held
+            .explain("deleted")
             .contains("held by its worker's transaction"));
+        let failed = |reason| Skipped::new(9, "failed".into(), Some(JobState::Failed), reason);
+        assert_eq!(
+            failed(SkipReason::KeyHeld).explain("retried"),
+            "job 9 was not retried: it is failed, and another job holds its unique key"
+        );
+        assert!(failed(SkipReason::Locked)
+            .explain("retried")
+            .contains("another transaction held it for a moment"));
     }
 }

@@ -7,21 +7,24 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView,
-    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
-    StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
+    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, SkipReason,
+    Skipped, StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
     CANCELED_BEFORE_RUN_MESSAGE, RETRYABLE_STATES,
 };
 
-use crate::store::{eligible, MemoryStore, State};
+use crate::store::{eligible, Extras, MemoryStore, State};
 
-/// How a write treats one job: whether it applies, and what it does.
-type Write<'a> = &'a dyn Fn(&mut Job) -> Applied;
+/// How a write treats one job (and its enqueue options, if it has any):
+/// whether it applies, and what it does.
+type Write<'a> = &'a dyn Fn(&mut Job, Option<&mut Extras>) -> Applied;
 
 /// What a write did to one job.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Applied {
     /// The job is not in a state the write moves it out of.
     No,
+    /// Another job holds the job's unique key.
+    KeyHeld,
     /// Its state changed.
     Changed,
     /// A running job was asked to stop.
@@ -50,21 +53,18 @@ impl MemoryStore {
         };
         let mut woke = false;
         for id in ids {
-            let Some(job) = state.jobs.get_mut(&id) else {
-                report.skipped.push(Skipped {
-                    id,
-                    stored_state: None,
-                    state: None,
-                });
+            let State { jobs, extras, .. } = &mut *state;
+            let Some(job) = jobs.get_mut(&id) else {
+                report.skipped.push(Skipped::missing(id));
                 continue;
             };
             let claim_key = (Reverse(job.priority), id);
-            match write(job) {
-                Applied::No => report.skipped.push(Skipped {
-                    id,
-                    stored_state: Some(job.state.as_str().to_owned()),
-                    state: Some(job.state),
-                }),
+            let skipped = |job: &Job, reason| {
+                Skipped::new(id, job.state.as_str().to_owned(), Some(job.state), reason)
+            };
+            match write(job, extras.get_mut(&id)) {
+                Applied::No => report.skipped.push(skipped(job, SkipReason::State)),
+                Applied::KeyHeld => report.skipped.push(skipped(job, SkipReason::KeyHeld)),
                 Applied::StopRequested => report.stop_requested += 1,
                 Applied::Changed => {
                     report.changed += 1;
@@ -93,9 +93,21 @@ fn matching<'s>(state: &'s State, filter: &'s JobFilter) -> impl Iterator<Item =
         .filter(move |job| filter.matches(&JobView::from((*job).clone())))
 }
 
-fn retry(job: &mut Job, params: RetryParams, now: DateTime<Utc>) -> Applied {
+fn retry(
+    job: &mut Job,
+    extras: Option<&mut Extras>,
+    params: RetryParams,
+    now: DateTime<Utc>,
+) -> Applied {
     if !RETRYABLE_STATES.contains(&job.state) {
         return Applied::No;
+    }
+    // An expiry that has passed would fail the job again at the next
+    // sweep: a retry clears it. One still ahead stays.
+    if let Some(extras) = extras {
+        if extras.expires_at.is_some_and(|at| at <= now) {
+            extras.expires_at = None;
+        }
     }
     job.state = JobState::Queued;
     job.process_after = Some(now);
@@ -277,11 +289,11 @@ impl Admin for MemoryStore {
         Ok(self.write_jobs(
             targets,
             |job| RETRYABLE_STATES.contains(&job.state) && takes_key(job),
-            &|job| {
+            &|job, extras| {
                 if RETRYABLE_STATES.contains(&job.state) && !takes_key(job) {
-                    return Applied::No;
+                    return Applied::KeyHeld;
                 }
-                retry(job, params, now)
+                retry(job, extras, params, now)
             },
         ))
     }
@@ -298,7 +310,7 @@ impl Admin for MemoryStore {
             JobState::Processing => !job.cancel,
             _ => false,
         };
-        Ok(self.write_jobs(targets, waiting_or_unflagged, &|job| cancel(job, now)))
+        Ok(self.write_jobs(targets, waiting_or_unflagged, &|job, _| cancel(job, now)))
     }
 
     async fn delete(&self, targets: &Targets<i64>) -> Result<ActionReport<i64>, StoreError> {
@@ -318,11 +330,7 @@ impl Admin for MemoryStore {
                     state.extras.remove(&id);
                     report.changed += 1;
                 }
-                None => report.skipped.push(Skipped {
-                    id,
-                    stored_state: None,
-                    state: None,
-                }),
+                None => report.skipped.push(Skipped::missing(id)),
             }
         }
         Ok(report)

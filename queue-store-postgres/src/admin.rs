@@ -11,7 +11,7 @@ use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
     ActionReport, Admin, Delivery, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
     ListOrder, ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
-    Skipped, StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
+    SkipReason, Skipped, StateCount, StatsParams, StoreError, Targets, TimelineParams, UniqueScope,
     CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
 use sqlx::postgres::PgRow;
@@ -173,11 +173,12 @@ impl<K: PgKey> PgAdmin<K> {
     }
 
     /// The standard state a stored value stands for: the first state
-    /// mapped to it (errored sharing queued's value reads as queued).
+    /// mapped to it (errored sharing queued's value reads as queued); the
+    /// expired jobs' own value, if the table has one, reads as failed.
     pub fn state_of(&self, stored: &str) -> Option<JobState> {
         JobState::ALL
             .into_iter()
-            .find(|s| self.inner.options.states.get(*s) == stored)
+            .find(|s| self.inner.options.stored_values(*s).contains(&stored))
     }
 
     fn view(&self, row: &PgRow) -> Result<JobView<K>, StoreError> {
@@ -222,15 +223,17 @@ impl<K: PgKey> PgAdmin<K> {
                 Value::Texts(
                     states
                         .iter()
-                        .map(|s| Some(self.inner.options.states.get(*s).to_owned()))
+                        .flat_map(|s| self.inner.options.stored_values(*s))
+                        .map(|v| Some(v.to_owned()))
                         .collect(),
                 )
             }),
             Param::FilterKinds => filter.kinds.as_deref().map(texts),
-            Param::QueuedFrom => filter.queued_from.map(Value::Time),
-            Param::QueuedBefore => filter.queued_before.map(Value::Time),
-            Param::FinishedFrom => filter.finished_from.map(Value::Time),
-            Param::FinishedBefore => filter.finished_before.map(Value::Time),
+            // Times of the callers' clock, on the database's.
+            Param::QueuedFrom => filter.queued_from.map(|at| Value::Time(self.to_db(at))),
+            Param::QueuedBefore => filter.queued_before.map(|at| Value::Time(self.to_db(at))),
+            Param::FinishedFrom => filter.finished_from.map(|at| Value::Time(self.to_db(at))),
+            Param::FinishedBefore => filter.finished_before.map(|at| Value::Time(self.to_db(at))),
             Param::FailureText => filter.failure_contains.clone().map(Value::Text),
             _ => None,
         }
@@ -240,6 +243,24 @@ impl<K: PgKey> PgAdmin<K> {
     /// caps a [`Targets::Matching`] call.
     async fn write(
         &self,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<K>, StoreError> {
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(write_context(write), e))?;
+        self.write_on(&mut conn, write, targets, limit, now).await
+    }
+
+    /// [`PgAdmin::write`] on `conn`.
+    async fn write_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
         write: AdminWrite,
         targets: &Targets<K>,
         limit: usize,
@@ -258,12 +279,7 @@ impl<K: PgKey> PgAdmin<K> {
             Targets::Ids(ids) => Some(ids.clone()),
             Targets::Matching { .. } => None,
         };
-        let context = match write {
-            AdminWrite::Retry(_) => "retrying jobs",
-            AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
-            AdminWrite::Delete => "deleting jobs",
-            AdminWrite::Archive => "moving purged jobs to the archive",
-        };
+        let context = write_context(write);
         let rows = query(&statement, |p| match p {
             Param::Ids => ids.take().map(Value::Keys),
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
@@ -272,7 +288,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
             other => filter.and_then(|f| self.filter_value(f, other)),
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
         rows.iter()
@@ -280,12 +296,14 @@ impl<K: PgKey> PgAdmin<K> {
             .collect()
     }
 
-    /// The keys of `targets` none of `changed` holds, each with its state
-    /// (none for a missing job).
+    /// The keys of `targets` none of `changed` holds, each with why: no
+    /// such job, a state none of `writes` moves a job out of, a row
+    /// another transaction held, or a unique key another job holds.
     async fn skipped(
         &self,
         targets: &Targets<K>,
         changed: &[K],
+        writes: &[AdminWrite],
     ) -> Result<Vec<Skipped<K>>, StoreError> {
         let Targets::Ids(ids) = targets else {
             return Ok(Vec::new());
@@ -299,6 +317,7 @@ impl<K: PgKey> PgAdmin<K> {
         if left.is_empty() {
             return Ok(Vec::new());
         }
+        let context = "reading why jobs were left alone";
         let mut keys = Some(left.clone());
         let rows = query(&self.inner.sql.states_of, |p| match p {
             Param::Ids => keys.take().map(Value::Keys),
@@ -306,33 +325,52 @@ impl<K: PgKey> PgAdmin<K> {
         })?
         .fetch_all(&self.inner.pool)
         .await
-        .map_err(|e| store_error("reading the states of jobs", e))?;
-        let mut states = std::collections::HashMap::with_capacity(rows.len());
+        .map_err(|e| store_error(context, e))?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
         for row in &rows {
-            let id: K = row
-                .try_get("id")
-                .map_err(|e| store_error("reading the states of jobs", e))?;
-            let stored: String = row
-                .try_get("state")
-                .map_err(|e| store_error("reading the states of jobs", e))?;
-            states.insert(id, stored);
+            let read = |e| store_error(context, e);
+            let id: K = row.try_get("id").map_err(read)?;
+            let stored: String = row.try_get("state").map_err(read)?;
+            let free: bool = row.try_get("free").map_err(read)?;
+            let key_held: bool = row.try_get("key_held").map_err(read)?;
+            found.insert(id, (stored, free, key_held));
         }
+        // The states the writes move jobs out of; none named: any.
+        let mut movable = Vec::new();
+        for write in writes {
+            let states = self.inner.sql.states_moved_by(*write);
+            if states.is_empty() {
+                movable = JobState::ALL.to_vec();
+                break;
+            }
+            movable.extend(states);
+        }
+        let retry = writes.iter().any(|w| matches!(w, AdminWrite::Retry(_)));
         Ok(left
             .into_iter()
             .map(|id| {
-                let stored_state = states.remove(&id);
-                Skipped {
-                    state: stored_state.as_deref().and_then(|s| self.state_of(s)),
-                    stored_state,
-                    id,
-                }
+                let Some((stored, free, key_held)) = found.remove(&id) else {
+                    return Skipped::missing(id);
+                };
+                let state = self.state_of(&stored);
+                let reason = if !state.is_some_and(|s| movable.contains(&s)) {
+                    SkipReason::State
+                } else if !free {
+                    SkipReason::Locked
+                } else if retry && key_held {
+                    SkipReason::KeyHeld
+                } else {
+                    // Moved on between the write and this read.
+                    SkipReason::State
+                };
+                Skipped::new(id, stored, state, reason)
             })
             .collect())
     }
 
-    /// Refuses jobs whose kind or payload the table has no column for:
-    /// they would be lost.
-    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+    /// Refuses jobs carrying what the table has no column for (a kind, a
+    /// payload, a limit, a unique key or its scope): it would be lost.
+    fn refuse_unstorable(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
         let table = &self.inner.options.table;
         if !self.has(Column::Kind) {
             if let Some(job) = jobs.iter().find(|j| !j.kind.is_empty()) {
@@ -374,6 +412,11 @@ impl<K: PgKey> PgAdmin<K> {
                     "table {table} has no {what} column, so the job's {what} would be ignored; map one (Column::{column:?}), or enqueue without it"
                 )));
             }
+        }
+        if self.inner.sql.enqueue_unique.is_none() && jobs.iter().any(|j| j.unique.is_some()) {
+            return Err(StoreError::Refused(format!(
+                "table {table} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key"
+            )));
         }
         let forever = |j: &NewJob| {
             j.unique
@@ -514,6 +557,20 @@ impl<K: PgKey> PgAdmin<K> {
     }
 }
 
+/// Statements a retry runs before it gives up on enqueues that keep
+/// taking the keys of the jobs it retries.
+const RETRY_ROUNDS: u32 = 5;
+
+/// What `write` is doing, for its errors.
+fn write_context(write: AdminWrite) -> &'static str {
+    match write {
+        AdminWrite::Retry(_) => "retrying jobs",
+        AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
+        AdminWrite::Delete => "deleting jobs",
+        AdminWrite::Archive => "moving purged jobs to the archive",
+    }
+}
+
 fn limit_of<K>(targets: &Targets<K>) -> usize {
     match targets {
         Targets::Ids(ids) => ids.len(),
@@ -554,6 +611,10 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     fn stored_state(&self, state: JobState) -> String {
         self.inner.options.states.get(state).to_owned()
+    }
+
+    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+        self.refuse_unstorable(jobs)
     }
 
     async fn get(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
@@ -677,9 +738,12 @@ impl<K: PgKey> Admin for PgAdmin<K> {
                 params.bucket.num_milliseconds()
             )));
         }
+        // Finish times are written on the database's clock: the window is
+        // translated onto it, as every other admin read's times are.
+        self.inner.offset.refresh(&self.inner.pool).await?;
         let rows = query::<K>(statement, |p| match p {
-            Param::FinishedFrom => Some(Value::Time(params.since)),
-            Param::FinishedBefore => Some(Value::Time(params.until())),
+            Param::FinishedFrom => Some(Value::Time(self.to_db(params.since))),
+            Param::FinishedBefore => Some(Value::Time(self.to_db(params.until()))),
             Param::BucketSeconds => Some(Value::Int(seconds)),
             _ => None,
         })?
@@ -706,7 +770,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        self.check_enqueue(jobs)?;
+        self.refuse_unstorable(jobs)?;
         if jobs.iter().any(|j| j.unique.is_some()) {
             return self.enqueue_unique(jobs).await;
         }
@@ -745,45 +809,45 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         now: DateTime<Utc>,
     ) -> Result<ActionReport<K>, StoreError> {
         let write = AdminWrite::Retry(params.reset_attempts);
-        let changed = match self.write(write, targets, limit_of(targets), now).await {
-            // Two jobs of the batch share a unique key: the second would
-            // make a second holder. One job at a time, each statement sees
-            // the key the one before took.
-            Err(error) if is_unique_violation(&error) => {
-                // The failed statement's backend may still be releasing its
-                // row locks as the error arrives, and the statements below
-                // skip locked rows: give it a moment.
-                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-                let mut changed = Vec::new();
-                match targets {
-                    Targets::Ids(ids) => {
-                        for id in ids {
-                            let one = Targets::Ids(vec![id.clone()]);
-                            changed.extend(self.write(write, &one, 1, now).await?);
-                        }
-                    }
-                    Targets::Matching { filter, limit } => {
-                        for _ in 0..*limit {
-                            let one = Targets::Matching {
-                                filter: filter.clone(),
-                                limit: 1,
-                            };
-                            let done = self.write(write, &one, 1, now).await?;
-                            if done.is_empty() {
-                                break;
-                            }
-                            changed.extend(done);
-                        }
-                    }
+        let context = write_context(write);
+        // The statement queues at most one job per unique key and none
+        // whose key another job holds, so it meets a unique violation only
+        // when a concurrent enqueue took a key after its snapshot. Then it
+        // runs again on the same connection: the failed statement's locks
+        // are gone by the time the connection answers, and the new
+        // snapshot sees the key's new holder and leaves that job alone.
+        // Each statement is all or nothing: nothing is retried twice, and
+        // a failure reports no partial work.
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(context, e))?;
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            match self
+                .write_on(&mut conn, write, targets, limit_of(targets), now)
+                .await
+            {
+                Err(error) if is_unique_violation(&error) && tries < RETRY_ROUNDS => continue,
+                Err(error) if is_unique_violation(&error) => {
+                    return Err(StoreError::Conflict {
+                        context: format!(
+                            "{context}: {RETRY_ROUNDS} statements in a row met enqueues taking the same unique keys; nothing was retried, try again"
+                        ),
+                        source: Box::new(error),
+                    })
                 }
-                changed
+                other => break other?,
             }
-            other => other?,
         };
+        drop(conn);
         Ok(ActionReport {
             changed: changed.len() as u64,
             stop_requested: 0,
-            skipped: self.skipped(targets, &changed).await?,
+            skipped: self.skipped(targets, &changed, &[write]).await?,
         })
     }
 
@@ -809,7 +873,13 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         Ok(ActionReport {
             changed: canceled.len() as u64,
             stop_requested: flagged.len() as u64,
-            skipped: self.skipped(targets, &changed).await?,
+            skipped: self
+                .skipped(
+                    targets,
+                    &changed,
+                    &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
+                )
+                .await?,
         })
     }
 
@@ -840,7 +910,9 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         Ok(ActionReport {
             changed: deleted.len() as u64,
             stop_requested: 0,
-            skipped: self.skipped(targets, &deleted).await?,
+            skipped: self
+                .skipped(targets, &deleted, &[AdminWrite::Delete])
+                .await?,
         })
     }
 

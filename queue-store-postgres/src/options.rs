@@ -495,6 +495,18 @@ impl PgStoreOptions {
         self
     }
 
+    /// Every value a job in `state` may be stored as: the state's own, and
+    /// for failed also the expired jobs' value of their own, if any (an
+    /// expired job is a failed one; operators list, count, retry and purge
+    /// it with them).
+    pub(crate) fn stored_values(&self, state: JobState) -> Vec<&str> {
+        let mut values = vec![self.states.get(state)];
+        if let (JobState::Failed, Some(expired)) = (state, &self.expired_value) {
+            values.push(expired);
+        }
+        values
+    }
+
     /// The value expired jobs end in: [`PgStoreOptions::expired_state_value`],
     /// else failed's.
     pub fn expired_value(&self) -> &str {

@@ -1,7 +1,7 @@
 //! A table with a state value of its own for expired jobs (rickover's
 //! `expired`): a job not started by its `expires_at` ends in that value,
 //! with the expiry message, instead of failed's; the admin shows it as
-//! stored. A value that collides with a state's, or that the state enum
+//! stored, and as a failed job. A value that collides with a state's, or that the state enum
 //! lacks, is refused.
 
 mod support;
@@ -58,8 +58,8 @@ async fn an_expired_job_ends_in_the_tables_own_expired_value() {
     let view = store.get(&late).await.unwrap().expect("the job");
     assert_eq!(
         (view.state, view.stored_state.as_str()),
-        (None, "expired"),
-        "shown as stored: no standard state"
+        (Some(queue_core::JobState::Failed), "expired"),
+        "shown as stored, and read as a failed job"
     );
     let stats = store
         .stats(StatsParams {

@@ -9,9 +9,16 @@
 //! occurrence (the store keeps the first), so there is no leader to lose: a
 //! process that dies takes nothing with it, and the others go on.
 //!
-//! While a scheduler runs, it enqueues every occurrence as it comes due.
-//! What it does at start-up with the occurrences that fell while none ran
-//! is each schedule's [`CatchUp`]: skip them, or run the latest of them once.
+//! While a scheduler ticks on time, it enqueues each occurrence as it comes
+//! due. What it does with occurrences it missed is each schedule's
+//! [`CatchUp`] (skip them, or run the latest of them once): those that fell
+//! before it started, and those of every gap after. A gap is a tick that
+//! finds more than one occurrence of a schedule due, the earliest of them
+//! late by more than [`SchedulerOptions::gap_after`] (10 s by default): the
+//! scheduler was kept from ticking (the database was away and each enqueue
+//! failed, or the process stalled). A 1 s schedule after an hour's outage is
+//! then one enqueue or none, never 3,600; a tick a few seconds late still
+//! enqueues each occurrence it passed.
 //!
 //! Cron expressions are croner's (five fields, or six with seconds first;
 //! `@daily` and friends), evaluated in the time zone given: any
@@ -28,15 +35,17 @@ use queue_core::{Admin, CancellationToken, Clock, NewJob, StoreError, SystemCloc
 
 use crate::error::WorkerError;
 
-/// What a schedule does about occurrences that fell while no scheduler ran.
+/// What a schedule does about occurrences it missed: those that fell
+/// before its scheduler started, or during a gap (see the module docs).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub enum CatchUp {
-    /// Skips them: the first job is the first occurrence after start-up.
+    /// Skips them: the next job is the first occurrence after start-up or
+    /// after the gap.
     #[default]
     Skip,
-    /// Runs once for all of them: the latest occurrence before start-up is
-    /// enqueued at once (unless a job holds it already, having run on time).
+    /// Runs once for all of them: the latest occurrence missed is enqueued
+    /// at once (unless a job holds it already, having run on time).
     Once,
 }
 
@@ -225,12 +234,17 @@ pub struct SchedulerOptions {
     /// (it sleeps until the next occurrence when that is sooner). Default
     /// 1 s.
     pub max_sleep: Duration,
+    /// How late the earliest of several due occurrences must be for a tick
+    /// to treat them as missed in a gap, and apply each schedule's
+    /// [`CatchUp`] to them, instead of enqueueing each. Default 10 s.
+    pub gap_after: Duration,
 }
 
 impl std::fmt::Debug for SchedulerOptions {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SchedulerOptions")
             .field("max_sleep", &self.max_sleep)
+            .field("gap_after", &self.gap_after)
             .finish_non_exhaustive()
     }
 }
@@ -240,6 +254,7 @@ impl Default for SchedulerOptions {
         SchedulerOptions {
             clock: Arc::new(SystemClock),
             max_sleep: Duration::from_secs(1),
+            gap_after: Duration::from_secs(10),
         }
     }
 }
@@ -257,8 +272,11 @@ pub struct Scheduler<A: Admin> {
 }
 
 impl<A: Admin> Scheduler<A> {
-    /// A scheduler over `admin`; refused if two schedules share a name or
-    /// an option is out of range.
+    /// A scheduler over `admin`; refused if two schedules share a name, an
+    /// option is out of range, or the store could not take a schedule's
+    /// jobs (a table without a unique key column, or without a way to keep
+    /// a key for as long as its job exists: [`Admin::check_enqueue`]), which
+    /// would otherwise stop the scheduler at its first occurrence.
     pub fn new(
         admin: impl Into<Arc<A>>,
         schedules: Vec<Schedule>,
@@ -272,6 +290,22 @@ impl<A: Admin> Scheduler<A> {
                 )));
             }
         }
+        let admin = admin.into();
+        for schedule in &schedules {
+            // Any occurrence's job is the same but for its time.
+            let example = schedule.job.clone().unique(
+                schedule.occurrence_key(DateTime::<Utc>::UNIX_EPOCH),
+                UniqueScope::Forever,
+            );
+            admin
+                .check_enqueue(std::slice::from_ref(&example))
+                .map_err(|e| {
+                    WorkerError::InvalidOptions(format!(
+                        "schedule {:?} cannot enqueue its jobs here: {e}",
+                        schedule.name
+                    ))
+                })?;
+        }
         if options.max_sleep.is_zero() {
             return Err(WorkerError::InvalidOptions(
                 "scheduler max_sleep must be longer than zero".into(),
@@ -279,7 +313,7 @@ impl<A: Admin> Scheduler<A> {
         }
         let due = vec![None; schedules.len()];
         Ok(Scheduler {
-            admin: admin.into(),
+            admin,
             schedules,
             due,
             started: false,
@@ -287,10 +321,11 @@ impl<A: Admin> Scheduler<A> {
         })
     }
 
-    /// Enqueues every occurrence due at `now` that this scheduler has not
-    /// enqueued yet, in time order per schedule. The first call decides,
-    /// per schedule's [`CatchUp`], what happens to occurrences before it.
-    /// An enqueue that fails leaves its occurrence due for the next tick.
+    /// Enqueues the occurrence due at `now` that this scheduler has not
+    /// enqueued yet, per schedule. The first call decides, per schedule's
+    /// [`CatchUp`], what happens to occurrences before it; a later call that
+    /// finds more than one occurrence due (a gap) decides the same way. An
+    /// enqueue that fails leaves its occurrence due for the next tick.
     pub async fn tick(&mut self, now: DateTime<Utc>) -> Result<Vec<Occurrence>, StoreError> {
         if !self.started {
             for (schedule, due) in self.schedules.iter().zip(&mut self.due) {
@@ -302,7 +337,28 @@ impl<A: Admin> Scheduler<A> {
             self.started = true;
         }
         let mut handled = Vec::new();
+        let gap_after =
+            chrono::TimeDelta::from_std(self.options.gap_after).unwrap_or(chrono::TimeDelta::MAX);
         for (schedule, due) in self.schedules.iter().zip(&mut self.due) {
+            // A gap: the occurrence due is not the latest one by now, and
+            // it is late by more than a stalled tick would be.
+            let gap = due.is_some_and(|at| {
+                at <= now
+                    && now - at > gap_after
+                    && schedule.next_after(at).is_some_and(|next| next <= now)
+            });
+            if let (true, Some(missed_from)) = (gap, *due) {
+                *due = match schedule.catch_up {
+                    CatchUp::Skip => schedule.next_after(now),
+                    CatchUp::Once => (schedule.latest_by)(now),
+                };
+                tracing::info!(
+                    schedule = %schedule.name,
+                    %missed_from,
+                    catch_up = ?schedule.catch_up,
+                    "occurrences were missed (the scheduler could not tick); catching up per the schedule"
+                );
+            }
             while let Some(at) = due.filter(|at| *at <= now) {
                 let job = schedule
                     .job

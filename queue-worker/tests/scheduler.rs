@@ -62,9 +62,11 @@ async fn every_occurrence_becomes_one_job_however_many_schedulers_run_it() {
         "nothing due yet"
     );
     assert!(second.tick(start).await.unwrap().is_empty());
+    // A tick three seconds late (within the gap allowance) enqueues each
+    // occurrence it passed.
     clock.advance(Duration::from_secs(3));
-    let now = clock.now();
-    let handled = first.tick(now).await.unwrap();
+    let handled = first.tick(clock.now()).await.unwrap();
+    let again = second.tick(clock.now()).await.unwrap();
     assert_eq!(
         handled
             .iter()
@@ -77,13 +79,15 @@ async fn every_occurrence_becomes_one_job_however_many_schedulers_run_it() {
         ],
         "on the second, in order"
     );
-    let again = second.tick(now).await.unwrap();
     assert_eq!(again.len(), 3);
     assert!(
         again.iter().all(|o| !o.inserted),
         "the store kept the first's jobs"
     );
-    assert!(first.tick(now).await.unwrap().is_empty(), "nothing twice");
+    assert!(
+        first.tick(clock.now()).await.unwrap().is_empty(),
+        "nothing twice"
+    );
     assert_eq!(
         keys(&store).await,
         [
@@ -193,6 +197,65 @@ async fn after_downtime_a_schedule_skips_what_it_missed_or_runs_it_once() {
     assert_eq!(skipping.tick(clock.now()).await.unwrap().len(), 1);
     assert_eq!(once.tick(clock.now()).await.unwrap().len(), 1);
     assert_eq!(keys(&store).await.len(), 3);
+}
+
+/// A gap while running (an hour without a tick, as when every enqueue
+/// failed through a database outage) is caught up like a start-up: a 1 s
+/// schedule skips the 3,600 occurrences it missed, or runs the latest once.
+#[tokio::test]
+async fn after_a_gap_while_running_a_schedule_catches_up_per_its_policy() {
+    let start = utc("2026-11-24T10:00:00.500Z");
+    let clock = ManualClock::new(start);
+    let store = MemoryStore::with_clock(Arc::new(clock.clone()));
+    let every = |name: &str, catch_up| {
+        Schedule::every(name, Duration::from_secs(1), job())
+            .unwrap()
+            .catch_up(catch_up)
+    };
+    let mut scheduler = scheduler(
+        &store,
+        &clock,
+        vec![every("skip", CatchUp::Skip), every("once", CatchUp::Once)],
+    );
+    assert_eq!(
+        scheduler.tick(clock.now()).await.unwrap().len(),
+        1,
+        "at start-up, once runs the occurrence it just missed"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        scheduler.tick(clock.now()).await.unwrap().len(),
+        2,
+        "on time: one occurrence each"
+    );
+    // An hour with no tick.
+    clock.advance(Duration::from_secs(3600));
+    let after = scheduler.tick(clock.now()).await.unwrap();
+    assert_eq!(
+        after
+            .iter()
+            .map(|o| (o.schedule.as_str(), o.at))
+            .collect::<Vec<_>>(),
+        [("once", utc("2026-11-24T11:00:01Z"))],
+        "skip enqueues none of the 3,600 missed occurrences, once the latest"
+    );
+    // Both go on from there, one occurrence a second.
+    clock.advance(Duration::from_secs(1));
+    let next = scheduler.tick(clock.now()).await.unwrap();
+    assert_eq!(
+        next.iter()
+            .map(|o| (o.schedule.as_str(), o.at))
+            .collect::<Vec<_>>(),
+        [
+            ("skip", utc("2026-11-24T11:00:02Z")),
+            ("once", utc("2026-11-24T11:00:02Z"))
+        ]
+    );
+    assert_eq!(
+        keys(&store).await.len(),
+        6,
+        "1 at start-up, 2 on time, 1 catching up, 2 after"
+    );
 }
 
 #[test]

@@ -154,10 +154,10 @@ where
     }
     match report.skipped.as_slice() {
         [] => Ok(()),
-        [one] => bail!("{}", one.reason(action.done())),
+        [one] => bail!("{}", one.explain(action.done())),
         many => {
             for skipped in many {
-                eprintln!("{}", printable_line(&skipped.reason(action.done())));
+                eprintln!("{}", printable_line(&skipped.explain(action.done())));
             }
             bail!(
                 "{} of {} were not {}",
@@ -220,7 +220,10 @@ async fn by_filter<A: Admin>(
         report.changed += done.changed;
         report.stop_requested += done.stop_requested;
         bar.inc(moved);
-        if moved < limit as u64 {
+        // Only an empty batch ends it: a retry's batch can come back short
+        // while more jobs match (of two jobs with one unique key it queues
+        // one, and the next batch passes over the other, now held).
+        if moved == 0 {
             break;
         }
     }

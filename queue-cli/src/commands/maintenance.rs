@@ -18,7 +18,7 @@ use crate::{CliAdmin, Context};
 pub struct ResetArgs {
     /// Processing jobs silent for longer than this are stalled (default:
     /// the config's resetter.stalled_max_age, else 60s).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std)]
     pub stalled_max_age: Option<Duration>,
     /// Resets a job may have before it fails instead (default: the
     /// config's resetter.max_resets, else 3).
@@ -57,7 +57,7 @@ where
     let defaults = queue_worker::ResetterOptions::default();
     let resetter = &context.config.resetter;
     let now = Utc::now();
-    let max_age = TimeDelta::from_std(stalled_max_age(context, args.stalled_max_age))?;
+    let max_age = TimeDelta::from_std(stalled_max_age(context, args.stalled_max_age)?)?;
     let delivery = if args.at_most_once {
         Delivery::AtMostOnce
     } else {
@@ -103,7 +103,16 @@ pub async fn purge<A: Admin>(
     }
     let mut states = Vec::new();
     for name in &args.states {
-        states.extend(states_named(admin, name)?);
+        // Refused before anything is counted: a purge takes finished jobs
+        // only, and would otherwise count, ask, then delete none.
+        for state in states_named(admin, name)? {
+            if !state.is_terminal() {
+                bail!(
+                    "--state {name}: only finished jobs can be purged, and {state} jobs have not finished; choose among completed, failed and canceled"
+                );
+            }
+            states.push(state);
+        }
     }
     if states.is_empty() {
         states = vec![JobState::Completed, JobState::Failed, JobState::Canceled];

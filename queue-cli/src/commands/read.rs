@@ -16,7 +16,7 @@ use crate::{keys, CliAdmin, Context};
 pub struct StatsArgs {
     /// Processing jobs silent for longer than this count as stalled
     /// (default: the config's resetter.stalled_max_age, else 60s).
-    #[arg(long, value_name = "DURATION", value_parser = humantime::parse_duration)]
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std)]
     pub stalled_max_age: Option<Duration>,
 }
 
@@ -53,9 +53,13 @@ pub fn state_label(stored: &str, state: Option<JobState>) -> String {
     }
 }
 
-pub(crate) fn stalled_max_age(context: &Context, flag: Option<Duration>) -> Duration {
-    flag.or(context.config.resetter.stalled_max_age)
-        .unwrap_or_else(|| queue_worker::ResetterOptions::default().stalled_max_age)
+/// The stalled age: the flag, else the config's, else the resetter's
+/// default; refused if out of range (a config's `300000y`).
+pub(crate) fn stalled_max_age(context: &Context, flag: Option<Duration>) -> Result<Duration> {
+    let age = flag
+        .or(context.config.resetter.stalled_max_age)
+        .unwrap_or_else(|| queue_worker::ResetterOptions::default().stalled_max_age);
+    crate::args::within_range(age).map_err(|e| anyhow!("the stalled age: {e}"))
 }
 
 pub async fn stats<A: Admin>(
@@ -65,11 +69,12 @@ pub async fn stats<A: Admin>(
     out: &mut impl Write,
 ) -> Result<()> {
     let now = Utc::now();
-    let max_age = chrono::TimeDelta::from_std(stalled_max_age(context, args.stalled_max_age))?;
+    let max_age = stalled_max_age(context, args.stalled_max_age)?;
+    let stalled_before = now - chrono::TimeDelta::from_std(max_age)?;
     let stats = admin
         .stats(StatsParams {
             now,
-            stalled_before: now - max_age,
+            stalled_before,
         })
         .await?;
     if context.json {
@@ -108,7 +113,7 @@ pub async fn stats<A: Admin>(
         out,
         "\n{total} jobs; {waiting}; {} stalled (silent for over {})",
         stats.stalled,
-        humantime::format_duration(stalled_max_age(context, args.stalled_max_age))
+        humantime::format_duration(max_age)
     )?;
     Ok(())
 }

@@ -13,7 +13,7 @@ use axum::Json;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, JobFilter, JobState, JobView, ListOrder, ListParams, NewJob, RetryParams,
-    StatsParams, StoreError, Targets, UniqueScope,
+    SkipReason, StatsParams, StoreError, Targets, UniqueScope,
 };
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
@@ -34,6 +34,8 @@ pub struct Api {
     pub stalled_max_age: Duration,
     /// The depth samples the timeline draws.
     pub depth: Arc<DepthHistory>,
+    /// The background tasks `/healthz` watches.
+    pub health: Arc<super::health::Health>,
 }
 
 impl Api {
@@ -48,6 +50,7 @@ impl Api {
             key,
             stalled_max_age,
             depth: Arc::default(),
+            health: Arc::default(),
         }
     }
 
@@ -380,13 +383,14 @@ impl Api {
     }
 }
 
-/// One job's write: 404 if there is no such job, 409 if it is in a state
-/// the write leaves alone.
+/// One job's write: 404 if there is no such job, 409 if the write left it
+/// alone, with the reason (its state, a row held for a moment, a unique
+/// key another job holds).
 fn one(report: ActionReport<String>, action: &str) -> Result<Json<ActionResult>, ApiError> {
     if let Some(skipped) = report.skipped.first() {
-        return Err(match skipped.stored_state {
-            None => ApiError::not_found(format!("there is no job {}", skipped.id)),
-            Some(_) => ApiError::new(StatusCode::CONFLICT, "conflict", skipped.reason(action)),
+        return Err(match skipped.reason {
+            SkipReason::Missing => ApiError::not_found(format!("there is no job {}", skipped.id)),
+            _ => ApiError::new(StatusCode::CONFLICT, "conflict", skipped.explain(action)),
         });
     }
     Ok(Json(ActionResult {

@@ -85,17 +85,9 @@ fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> Acti
     let mut skipped: Vec<Skipped<String>> = report
         .skipped
         .into_iter()
-        .map(|s| Skipped {
-            id: s.id.to_string(),
-            stored_state: s.stored_state,
-            state: s.state,
-        })
+        .map(|s| s.map_id(|id| id.to_string()))
         .collect();
-    skipped.extend(not_keys.into_iter().map(|id| Skipped {
-        id,
-        stored_state: None,
-        state: None,
-    }));
+    skipped.extend(not_keys.into_iter().map(Skipped::missing));
     ActionReport {
         changed: report.changed,
         stop_requested: report.stop_requested,

@@ -8,6 +8,7 @@ mod cross_site;
 mod dashboard;
 mod erased;
 mod error;
+mod health;
 mod metrics;
 mod openapi;
 mod timeline;
@@ -30,6 +31,7 @@ use sqlx::PgPool;
 pub use self::api::Api;
 pub use self::auth::{Access, ConfiguredToken, ShortTokens, Tokens, MIN_TOKEN_LEN};
 pub use self::erased::{Erased, TextAdmin};
+pub use self::health::Health;
 pub use self::openapi::document as openapi_document;
 use crate::Context;
 
@@ -77,7 +79,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/jobs/{id}/cancel", post(api::cancel_job))
         .route("/api/stats", get(api::stats))
         .route("/api/timeline", get(timeline::timeline))
-        .with_state(api)
+        .with_state(api.clone())
         .merge(
             Router::new()
                 .route("/metrics", get(metrics::metrics))
@@ -90,7 +92,11 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
             "/openapi.json",
             get(|| async move { ([(header::CONTENT_TYPE, "application/json")], document) }),
         )
-        .route("/healthz", get(|| async { "ok" }))
+        .merge(
+            Router::new()
+                .route("/healthz", get(health::healthz))
+                .with_state(api),
+        )
         .merge(protected)
         .fallback(|| async {
             api::ApiError::new(StatusCode::NOT_FOUND, "not_found", "no such endpoint")
@@ -198,9 +204,13 @@ pub(crate) async fn run(
     let api = Api::new(
         admin,
         key,
-        crate::commands::read::stalled_max_age(context, None),
+        crate::commands::read::stalled_max_age(context, None)?,
     );
     let sampler = tokio::spawn(sample_depth(api.clone()));
+    api.health.watch("depth sampler", sampler.abort_handle());
+    if let Some(scheduling) = &scheduling {
+        api.health.watch("scheduler", scheduling.abort_handle());
+    }
     let max_body = args
         .max_body_bytes
         .or(serve.max_body_bytes)

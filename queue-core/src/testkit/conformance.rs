@@ -1898,6 +1898,11 @@ pub async fn admin_retry_passes_over_jobs_whose_key_is_held<H: Harness>(h: &H) {
     .expect("retry failed");
     assert_eq!(by_key.changed, 0, "job k's key is held by a newer job");
     assert_eq!(by_key.skipped.len(), 1);
+    assert_eq!(
+        by_key.skipped[0].reason,
+        crate::SkipReason::KeyHeld,
+        "the skip says the key is held, not that the job is failed"
+    );
     let bulk = Admin::retry(
         &store,
         &Targets::Matching {
@@ -1924,6 +1929,106 @@ pub async fn admin_retry_passes_over_jobs_whose_key_is_held<H: Harness>(h: &H) {
         JobState::Failed
     );
     assert_eq!(snapshot(h, &store, &holder).await.state, JobState::Queued);
+
+    // Two failed jobs with one key, retried by key in one call: the first
+    // takes the key, the second is skipped because the first holds it.
+    let store = h.store().await;
+    let mut twins = Vec::new();
+    for _ in 0..2 {
+        let id = h.enqueue(&store, keyed("n")).await;
+        let c = claim::<H>(&store, 1, t).await.pop().expect("the job");
+        end::<H>(&store, c, fail("x"), t).await;
+        twins.push(id);
+    }
+    let both = Admin::retry(
+        &store,
+        &Targets::Ids(twins.clone()),
+        RetryParams::default(),
+        t,
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(both.changed, 1, "one job per key");
+    assert_eq!(
+        both.skipped
+            .iter()
+            .map(|s| (s.id.clone(), s.reason))
+            .collect::<Vec<_>>(),
+        vec![(twins[1].clone(), crate::SkipReason::KeyHeld)],
+        "the second twin, because the first holds the key"
+    );
+    assert_eq!(snapshot(h, &store, &twins[0]).await.state, JobState::Queued);
+}
+
+/// A retried job that had expired runs: the retry clears the expiry that
+/// had passed (the next sweep would fail it again), and keeps one still
+/// ahead.
+pub async fn admin_retry_makes_an_expired_job_runnable<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let expired = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("late")).expires_at(at(t, -1)),
+        )
+        .await;
+    assert_eq!(
+        store.expire(t, 10).await.expect("the sweep"),
+        vec![expired.clone()]
+    );
+    assert_eq!(snapshot(h, &store, &expired).await.state, JobState::Failed);
+    let retried = Admin::retry(
+        &store,
+        &Targets::id(expired.clone()),
+        RetryParams::default(),
+        t,
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(retried.changed, 1);
+    let view = Admin::get(&store, &expired)
+        .await
+        .expect("get failed")
+        .expect("the job");
+    assert_eq!(view.expires_at, None, "the passed expiry is cleared");
+    assert!(
+        store
+            .expire(at(t, 1), 10)
+            .await
+            .expect("the sweep")
+            .is_empty(),
+        "the next sweep leaves the retried job alone"
+    );
+    let claimed = ids::<H>(&claim::<H>(&store, 10, at(t, 1)).await);
+    assert_eq!(claimed, vec![expired], "the retried job runs");
+
+    // A job canceled before its expiry keeps it when retried.
+    let ahead = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("ahead")).expires_at(at(t, 3600)),
+        )
+        .await;
+    Admin::cancel(&store, &Targets::id(ahead.clone()), t)
+        .await
+        .expect("cancel failed");
+    Admin::retry(
+        &store,
+        &Targets::id(ahead.clone()),
+        RetryParams::default(),
+        t,
+    )
+    .await
+    .expect("retry failed");
+    let view = Admin::get(&store, &ahead)
+        .await
+        .expect("get failed")
+        .expect("the job");
+    assert_eq!(
+        view.expires_at,
+        Some(at(t, 3600)),
+        "an expiry still ahead stays"
+    );
 }
 
 /// `reset` resets stalled jobs once, as the resetter does.
@@ -1990,6 +2095,7 @@ macro_rules! conformance_tests {
             admin_enqueue_adds_claimable_jobs,
             admin_unique_keys_hold_while_in_scope,
             admin_retry_passes_over_jobs_whose_key_is_held,
+            admin_retry_makes_an_expired_job_runnable,
             admin_timeline_counts_finished_jobs_per_interval,
             admin_reset_resets_stalled_jobs_once
         );

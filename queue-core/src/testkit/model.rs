@@ -309,8 +309,8 @@ impl Model {
     }
 
     /// An operator retries job `index` at `now`: failed, errored and
-    /// canceled jobs are queued and due from `now`; returns whether it
-    /// applied.
+    /// canceled jobs are queued and due from `now`, an expiry that has
+    /// passed cleared; returns whether it applied.
     pub fn retry(&mut self, index: usize, reset_attempts: bool, now: DateTime<Utc>) -> bool {
         if self.key_held_by_another(index) {
             return false;
@@ -323,6 +323,9 @@ impl Model {
         job.process_after = Some(now);
         job.finished_at = None;
         job.cancel = false;
+        if job.expires_at.is_some_and(|at| at <= now) {
+            job.expires_at = None;
+        }
         if reset_attempts {
             job.num_failures = 0;
             job.num_resets = 0;

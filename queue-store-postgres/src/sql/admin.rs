@@ -59,6 +59,9 @@ pub(crate) struct AdminStatements {
     /// How the failure column stores messages.
     shape: TableShape,
     states: crate::options::StateValues,
+    /// The value expired jobs end in, when not failed's: such jobs are
+    /// failed ones to every admin write.
+    expired_value: Option<String>,
     /// One job by key.
     pub get: Statement,
     /// Jobs per stored state and kind.
@@ -254,7 +257,10 @@ impl AdminStatements {
                 b.p(Param::BucketSeconds),
             );
             let ended = [JobState::Completed, JobState::Failed, JobState::Canceled]
-                .map(value)
+                .into_iter()
+                .flat_map(|s| options.stored_values(s))
+                .map(|v| format!("CAST({} AS {st})", literal(v)))
+                .collect::<Vec<_>>()
                 .join(", ");
             b.push(&format!(
                 "SELECT CAST(floor(extract(epoch FROM ({finished} - {from})) / {seconds}) AS int8) AS \"bucket\", \
@@ -264,10 +270,32 @@ impl AdminStatements {
             b.build()
         });
 
+        // Why the jobs a write left alone were left: each one's state,
+        // whether another transaction holds its row (the write skips
+        // locked rows), and whether another job holds its unique key.
         let mut b = Builder::default();
         let ids = b.p(Param::Ids);
+        let key_held = match (names.at(Column::UniqueKey), names.get(Column::UniqueKey)) {
+            (Some(key), Some(key_name)) => {
+                let active = [JobState::Queued, JobState::Processing, JobState::Errored]
+                    .map(value)
+                    .join(", ");
+                let holds = match names.get(Column::UniqueForever) {
+                    Some(forever) => format!("(h.{forever} OR h.{state_name} IN ({active}))"),
+                    None => format!("h.{state_name} IN ({active})"),
+                };
+                format!(
+                    "({key} IS NOT NULL AND EXISTS (SELECT 1 FROM {table} AS h WHERE h.{key_name} = {key} \
+                     AND h.{id_name} <> {id} AND {holds}))"
+                )
+            }
+            _ => "false".to_owned(),
+        };
         b.push(&format!(
-            "SELECT {id} AS \"id\", CAST({state} AS text) AS \"state\" \
+            "WITH free AS (SELECT {id} AS \"id\" FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[])) \
+             FOR NO KEY UPDATE SKIP LOCKED) \
+             SELECT {id} AS \"id\", CAST({state} AS text) AS \"state\", \
+             {id} IN (SELECT \"id\" FROM free) AS \"free\", {key_held} AS \"key_held\" \
              FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))",
             kt = shape.key_type
         ));
@@ -360,6 +388,7 @@ impl AdminStatements {
             payload_type: shape.payload_type.clone(),
             shape: shape.clone(),
             states: options.states.clone(),
+            expired_value: options.expired_value.clone(),
             get,
             counts,
             waiting,
@@ -388,10 +417,14 @@ impl AdminStatements {
         )
     }
 
-    /// `state IN (..)` of the given states.
+    /// `state IN (..)` of the given states (failed's with the expired
+    /// jobs' own value).
     fn state_in(&self, states: &[JobState]) -> String {
         let names = &self.names;
-        let values: Vec<String> = states.iter().map(|s| self.state_value(*s)).collect();
+        let mut values: Vec<String> = states.iter().map(|s| self.state_value(*s)).collect();
+        if let (true, Some(expired)) = (states.contains(&JobState::Failed), &self.expired_value) {
+            values.push(format!("CAST({} AS {})", literal(expired), self.state_type));
+        }
         format!("{} IN ({})", names.must(Column::State), values.join(", "))
     }
 
@@ -515,10 +548,10 @@ impl AdminStatements {
         Ok(b.build())
     }
 
-    /// The states `write` moves a row out of. A retry leaves alone a
-    /// retryable state stored as a state that is not (errored sharing
-    /// queued's value).
-    fn states_moved_by(&self, write: AdminWrite) -> Vec<JobState> {
+    /// The states `write` moves a row out of (none: any state). A retry
+    /// leaves alone a retryable state stored as a state that is not
+    /// (errored sharing queued's value).
+    pub(crate) fn states_moved_by(&self, write: AdminWrite) -> Vec<JobState> {
         match write {
             AdminWrite::Retry(_) => distinct_retryable_states(|s| self.states.get(s).to_owned()),
             AdminWrite::CancelWaiting => vec![JobState::Queued, JobState::Errored],
@@ -597,10 +630,25 @@ impl AdminStatements {
         } else {
             "FOR NO KEY UPDATE"
         };
-        let rows = format!(
-            "{id} = ANY(ARRAY(SELECT {id} FROM {table} AS {a} WHERE {} {limit} {lock} SKIP LOCKED))",
+        let source = format!(
+            "FROM {table} AS {a} WHERE {} {limit} {lock} SKIP LOCKED",
             conditions.join(" AND ")
         );
+        let rows = match (write, names.at(Column::UniqueKey)) {
+            // At most one job per unique key among the picked: two queued
+            // again at once would both hold it (the unique index refuses
+            // the statement). The lowest key of each wins; the others are
+            // then held by it, and skipped.
+            (AdminWrite::Retry(_), Some(key)) => {
+                let group =
+                    "p.\"k\" IS NULL, COALESCE(CAST(p.\"k\" AS text), CAST(p.\"i\" AS text))";
+                format!(
+                    "{id} = ANY(ARRAY(SELECT DISTINCT ON ({group}) p.\"i\" FROM \
+                     (SELECT {id} AS \"i\", {key} AS \"k\" {source}) AS p ORDER BY {group}, p.\"i\"))"
+                )
+            }
+            _ => format!("{id} = ANY(ARRAY(SELECT {id} {source}))"),
+        };
         // The guard again in the outer statement: the inner select's
         // snapshot may be older than the row it locked.
         let guard = if from.is_empty() {
@@ -634,6 +682,14 @@ impl AdminStatements {
                 )];
                 if let Some(n) = name(Column::ProcessAfter) {
                     sets.push(format!("{n} = {}", b.p(Param::Now)));
+                }
+                // An expiry that has passed would fail the job again at the
+                // next sweep: a retry clears it. One still ahead stays.
+                if let Some(n) = name(Column::ExpiresAt) {
+                    let now = b.p(Param::Now);
+                    sets.push(format!(
+                        "{n} = CASE WHEN {n} <= {now} THEN NULL ELSE {n} END"
+                    ));
                 }
                 for (c, value) in [(Column::FinishedAt, "NULL"), (Column::Cancel, "false")] {
                     if let Some(n) = name(c) {

@@ -1,0 +1,245 @@
+//! What operators' writes and reads do on Postgres beyond the conformance
+//! suite: why a retry left a job alone (a row another transaction held, a
+//! key a concurrent enqueue took), the timeline on the database's clock,
+//! and expired jobs stored under a value of their own.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use queue_core::{
+    Admin, Clock, Job, JobFilter, JobState, NewJob, PurgeParams, RetryParams, SkipReason,
+    StatsParams, Store, Targets, TimelineParams, UniqueScope,
+};
+use queue_store_postgres::{JobTable, PgAdmin, PgStore};
+use sqlx::PgPool;
+use support::{fresh_table, pool};
+
+/// A failed job (with `key`, if given) in `table`; its key.
+async fn failed_job(pool: &PgPool, table: &JobTable, key: Option<&str>) -> i64 {
+    let mut job = NewJob::new("k", serde_json::json!(null));
+    if let Some(key) = key {
+        job = job.unique(key, UniqueScope::Active);
+    }
+    let id = table.enqueue(pool, &job).await.expect("enqueued");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET state = 'failed', finished_at = now() WHERE id = $1",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .execute(pool)
+    .await
+    .expect("failed");
+    id
+}
+
+async fn admin(pool: &PgPool, table: &JobTable) -> PgAdmin<i64> {
+    PgAdmin::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin")
+}
+
+/// A job whose row another transaction holds (a heartbeat, a completion)
+/// is reported as held, not by its state; once the row is free the same
+/// retry goes through.
+#[tokio::test]
+async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
+    let Some(pool) = pool("a_retry_of_a_row_held_elsewhere_says_it_was_held").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let id = failed_job(&pool, &table, None).await;
+    let mut holder = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR NO KEY UPDATE",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .execute(&mut *holder)
+    .await
+    .expect("the row held");
+    let report = admin
+        .retry(&Targets::id(id), RetryParams::default(), Utc::now())
+        .await
+        .expect("a retry");
+    assert_eq!(report.changed, 0);
+    assert_eq!(report.skipped.len(), 1);
+    let skipped = &report.skipped[0];
+    assert_eq!(
+        (skipped.reason, skipped.state),
+        (SkipReason::Locked, Some(JobState::Failed))
+    );
+    assert!(
+        skipped.explain("retried").contains("held it for a moment"),
+        "{}",
+        skipped.explain("retried")
+    );
+    holder.rollback().await.expect("released");
+    let report = admin
+        .retry(&Targets::id(id), RetryParams::default(), Utc::now())
+        .await
+        .expect("a retry");
+    assert_eq!((report.changed, report.skipped.len()), (1, 0));
+}
+
+/// A key a concurrent enqueue takes while the retry runs: the retry's
+/// statement meets the unique index, runs again on its connection, sees
+/// the new holder and skips the job for it, with no error and nothing
+/// changed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
+    let Some(pool) = pool("a_key_taken_by_a_concurrent_enqueue_is_reported_as_held").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let failed = failed_job(&pool, &table, Some("invoice:7")).await;
+    let other = failed_job(&pool, &table, None).await;
+    // An enqueue of the key, not yet committed: the retry's snapshot
+    // cannot see it, and its update waits on the unique index for it.
+    let mut enqueue = pool.begin().await.expect("a transaction");
+    table
+        .enqueue(
+            &mut *enqueue,
+            &NewJob::new("k", serde_json::json!(null)).unique("invoice:7", UniqueScope::Active),
+        )
+        .await
+        .expect("the concurrent enqueue");
+    let retrying = {
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            admin
+                .retry(
+                    &Targets::Ids(vec![failed, other]),
+                    RetryParams::default(),
+                    Utc::now(),
+                )
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!retrying.is_finished(), "the retry waits on the key");
+    enqueue.commit().await.expect("committed");
+    let report = tokio::time::timeout(Duration::from_secs(10), retrying)
+        .await
+        .expect("the retry ends")
+        .expect("joined")
+        .expect("no error: the key's new holder is seen on the next run");
+    assert_eq!(report.changed, 1, "the job without a key");
+    assert_eq!(
+        report
+            .skipped
+            .iter()
+            .map(|s| (s.id, s.reason))
+            .collect::<Vec<_>>(),
+        vec![(failed, SkipReason::KeyHeld)]
+    );
+}
+
+/// The system clock, off by a fixed amount.
+struct Skewed(TimeDelta);
+
+impl Clock for Skewed {
+    fn now(&self) -> DateTime<Utc> {
+        Utc::now() + self.0
+    }
+}
+
+/// An admin whose clock runs an hour behind the database's still counts
+/// the job that finished a moment ago in the last minute of its timeline.
+#[tokio::test]
+async fn the_timeline_is_read_on_the_databases_clock() {
+    let Some(pool) = pool("the_timeline_is_read_on_the_databases_clock").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let behind: Arc<dyn Clock> = Arc::new(Skewed(TimeDelta::hours(-1)));
+    admin.set_clock(behind.clone()).await.expect("measured");
+    failed_job(&pool, &table, None).await;
+    let now = behind.now();
+    let buckets = admin
+        .finished_timeline(&TimelineParams::ending(now, TimeDelta::minutes(1), 60))
+        .await
+        .expect("the timeline")
+        .expect("the table has a finish column");
+    let failed: u64 = buckets.iter().map(|b| b.failed).sum();
+    assert_eq!(failed, 1, "the job finished now, on either clock");
+    assert_eq!(
+        buckets.last().map(|b| b.failed),
+        Some(1),
+        "in the last minute"
+    );
+}
+
+/// A table whose expired jobs end in a value of their own: they are failed
+/// jobs to operators, so stats count them as failed, lists and purges by
+/// failed state find them, and a retry runs them again.
+#[tokio::test]
+async fn expired_jobs_stored_apart_are_listed_retried_and_purged_as_failed() {
+    let Some(pool) = pool("expired_jobs_stored_apart_are_listed_retried_and_purged").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {t} DROP CONSTRAINT \"{}_state_check\"; \
+         ALTER TABLE {t} ADD CHECK (state IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled', 'expired'))",
+        table.name().name.as_str()
+    )))
+    .execute(&pool)
+    .await
+    .expect("the table's own states");
+    let store = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().expired_state_value("expired"),
+    )
+    .await
+    .expect("a store");
+    let now = Utc::now();
+    let late =
+        |n: i64| NewJob::new("k", serde_json::json!(n)).expires_at(now - TimeDelta::seconds(5));
+    let first = table.enqueue(&pool, &late(1)).await.expect("enqueued");
+    let second = table.enqueue(&pool, &late(2)).await.expect("enqueued");
+    assert_eq!(store.expire(now, 10).await.expect("the sweep").len(), 2);
+    let view = store.get(&first).await.unwrap().expect("the job");
+    assert_eq!(
+        (view.state, view.stored_state.as_str()),
+        (Some(JobState::Failed), "expired")
+    );
+    let stats = store
+        .stats(StatsParams {
+            now,
+            stalled_before: now,
+        })
+        .await
+        .expect("stats");
+    assert_eq!(stats.total(JobState::Failed), 2, "{stats:?}");
+    let failed = JobFilter::default().states([JobState::Failed]);
+    assert_eq!(store.count(&failed).await.expect("a count"), 2);
+
+    let retried = store
+        .retry(&Targets::id(first), RetryParams::default(), now)
+        .await
+        .expect("a retry");
+    assert_eq!(retried.changed, 1);
+    assert!(store.expire(now, 10).await.expect("the sweep").is_empty());
+
+    let purged = store
+        .purge(&PurgeParams {
+            finished_before: Utc::now() + TimeDelta::seconds(5),
+            states: vec![JobState::Failed],
+            limit: 10,
+        })
+        .await
+        .expect("a purge");
+    assert_eq!(purged, 1, "the expired job is purged with the failed ones");
+    assert!(store.get(&second).await.unwrap().is_none());
+    assert!(
+        store.get(&first).await.unwrap().is_some(),
+        "the retried one stays"
+    );
+}
