@@ -431,6 +431,78 @@ async fn a_bulk_retry_goes_past_jobs_sharing_a_key() {
     assert_eq!(left["jobs"].as_array().map(Vec::len), Some(1), "{left}");
 }
 
+/// An NDJSON enqueue prints each batch's keys as it commits; a database
+/// error part-way says how many jobs were enqueued and from which line to
+/// resume, and a line that is not JSON does too.
+#[tokio::test]
+async fn an_ndjson_enqueue_says_where_to_resume() {
+    let Some(t) = Setup::new("an_ndjson_enqueue_says_where_to_resume").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    ok(&mut q(&["migrate"]));
+    t.sql(&format!(
+        "ALTER TABLE {}.queue_jobs ADD CONSTRAINT no_bad CHECK (payload->>'bad' IS NULL)",
+        t.s
+    ))
+    .await;
+    let input: String = (1..=2500)
+        .map(|n| {
+            if n == 1500 {
+                "{\"bad\": 1}\n".to_owned()
+            } else {
+                format!("{{\"n\": {n}}}\n")
+            }
+        })
+        .collect();
+    let output = q(&["enqueue", "k", "-"])
+        .write_stdin(input)
+        .output()
+        .expect("it runs");
+    assert!(!output.status.success());
+    let keys = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(
+        keys.lines().count(),
+        1000,
+        "the first batch's keys, printed"
+    );
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("enqueueing the jobs of lines 1001-2000 failed")
+            && stderr.contains("1000 jobs enqueued before it")
+            && stderr.contains("resume from line 1001: tail -n +1001"),
+        "{stderr}"
+    );
+    let counted = json(&mut q(&["stats", "--json"]));
+    assert_eq!(counted["counts"][0]["count"], 1000, "{counted}");
+
+    let err = fails(q(&["enqueue", "k", "-"]).write_stdin("{\"a\": 1}\n\nnot json\n"));
+    assert!(
+        err.contains("line 3 of standard input is not JSON")
+            && err.contains("0 jobs enqueued before it")
+            && err.contains("resume from line 1"),
+        "{err}"
+    );
+
+    // With --json, one object per job as its batch commits, with its line.
+    let lines = ok(q(&["--json", "enqueue", "k", "-"]).write_stdin("{\"a\": 1}\n\n{\"a\": 2}\n"));
+    let objects: Vec<serde_json::Value> = lines
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("a JSON object per line"))
+        .collect();
+    assert_eq!(
+        objects
+            .iter()
+            .map(|o| o["line"].clone())
+            .collect::<Vec<_>>(),
+        [serde_json::json!(1), serde_json::json!(3)]
+    );
+    assert!(objects
+        .iter()
+        .all(|o| o["inserted"] == true && o["id"].is_i64()));
+}
+
 #[tokio::test]
 async fn failures_are_one_clear_line() {
     let Some(t) = Setup::new("failures_are_one_clear_line").await else {

@@ -1,13 +1,14 @@
 //! `enqueue`: adding jobs by hand or from a file.
 
-use std::io::{BufRead, Write};
+use std::io::Write;
 
 use anyhow::{anyhow, Context as _, Result};
 use chrono::{DateTime, Utc};
-use queue_core::{Admin, Enqueued, NewJob, UniqueScope};
+use queue_core::{Enqueued, NewJob, UniqueScope};
+use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 use crate::args::future;
-use crate::output::{self, printable_line, progress};
+use crate::output::{self, jobs, printable_line, progress};
 use crate::{CliAdmin, Context};
 
 /// Jobs per enqueue statement when reading many.
@@ -91,7 +92,10 @@ where
                 "--unique-key gives one key, so it cannot apply to every line of standard input; enqueue those jobs one by one"
             ))
         }
-        Some("-") => from_lines(admin, context, args, std::io::stdin().lock()).await?,
+        Some("-") => {
+            let stdin = tokio::io::BufReader::new(tokio::io::stdin());
+            return from_lines(admin, context, args, stdin, out).await;
+        }
         text => {
             let payload = match text {
                 Some(text) => serde_json::from_str(text)
@@ -110,47 +114,104 @@ where
         );
     }
     for e in &done {
-        let id = printable_line(&e.id.to_string());
-        if e.inserted {
-            writeln!(out, "{id}")?;
-        } else {
-            writeln!(out, "{id} (already there: it holds the unique key)")?;
-        }
+        print_key(out, e)?;
     }
     Ok(())
 }
 
-/// Enqueues one job per line of `input`, in batches; a line that is not
-/// JSON stops the command before anything after it is sent, naming it.
-async fn from_lines<A: Admin>(
+/// One enqueued job's key, marked if it was there already.
+fn print_key<Id: std::fmt::Display>(out: &mut impl Write, e: &Enqueued<Id>) -> Result<()> {
+    let id = printable_line(&e.id.to_string());
+    if e.inserted {
+        writeln!(out, "{id}")?;
+    } else {
+        writeln!(out, "{id} (already there: it holds the unique key)")?;
+    }
+    Ok(())
+}
+
+/// Enqueues one job per line of `input` in batches, read without blocking
+/// the runtime. Each batch's keys are written as soon as it commits (with
+/// `--json`, one object per job: its line, key and whether it was
+/// inserted), so nothing is held until the end. A line that is not JSON,
+/// or a batch the database refuses, stops the command: the error says how
+/// many jobs were enqueued and from which line to resume.
+async fn from_lines<A: CliAdmin>(
     admin: &A,
     context: &Context,
     args: &EnqueueArgs,
-    input: impl BufRead,
-) -> Result<Vec<Enqueued<A::Id>>> {
+    input: impl AsyncBufRead + Unpin,
+    out: &mut impl Write,
+) -> Result<()> {
     let bar = progress(0, "enqueueing", !context.json);
-    let mut ids = Vec::new();
+    let mut lines = input.lines();
     let mut batch = Vec::with_capacity(BATCH);
-    for (n, line) in input.lines().enumerate() {
-        let line = line.context("reading standard input")?;
-        if line.trim().is_empty() {
-            continue;
+    // The line of each job in the batch, and the jobs enqueued so far.
+    let mut batch_lines = Vec::with_capacity(BATCH);
+    let mut enqueued = 0u64;
+    let mut number = 0usize;
+    loop {
+        let line = lines
+            .next_line()
+            .await
+            .with_context(|| stopped_at(number + 1, enqueued, "reading standard input failed"))?;
+        let end = line.is_none();
+        if let Some(line) = line {
+            number += 1;
+            if line.trim().is_empty() {
+                continue;
+            }
+            let payload: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
+                anyhow!(stopped_at(
+                    batch_lines.first().copied().unwrap_or(number),
+                    enqueued,
+                    &format!("line {number} of standard input is not JSON ({e})")
+                ))
+            })?;
+            batch.push(args.job(payload));
+            batch_lines.push(number);
         }
-        let payload: serde_json::Value = serde_json::from_str(&line).map_err(|e| {
-            anyhow!(
-                "line {} of standard input is not JSON ({e}); {} jobs were enqueued before it",
-                n + 1,
-                ids.len()
-            )
-        })?;
-        batch.push(args.job(payload));
-        if batch.len() == BATCH {
-            ids.extend(admin.enqueue(&batch).await?);
-            bar.inc(batch.len() as u64);
+        if batch.len() == BATCH || (end && !batch.is_empty()) {
+            let first = batch_lines.first().copied().unwrap_or(number);
+            let done = admin.enqueue(&batch).await.map_err(|e| {
+                anyhow!(stopped_at(
+                    first,
+                    enqueued,
+                    &format!(
+                        "enqueueing the jobs of lines {first}-{} failed ({e})",
+                        batch_lines.last().copied().unwrap_or(first)
+                    )
+                ))
+            })?;
+            for (e, line) in done.iter().zip(&batch_lines) {
+                if context.json {
+                    serde_json::to_writer(
+                        &mut *out,
+                        &serde_json::json!({ "line": line, "id": &e.id, "inserted": e.inserted }),
+                    )?;
+                    writeln!(out)?;
+                } else {
+                    print_key(out, e)?;
+                }
+            }
+            out.flush()?;
+            enqueued += done.len() as u64;
+            bar.inc(done.len() as u64);
             batch.clear();
+            batch_lines.clear();
+        }
+        if end {
+            break;
         }
     }
-    ids.extend(admin.enqueue(&batch).await?);
     bar.finish_and_clear();
-    Ok(ids)
+    Ok(())
+}
+
+/// Why an NDJSON enqueue stopped, with what was done and where to resume.
+fn stopped_at(resume_from: usize, enqueued: u64, what: &str) -> String {
+    format!(
+        "{what}; {} enqueued before it (their keys are printed above); to go on, fix the input and resume from line {resume_from}: tail -n +{resume_from} FILE | queue enqueue KIND -",
+        jobs(enqueued)
+    )
 }
