@@ -66,7 +66,8 @@ fn schemathesis(target: &Path) -> Result<PathBuf> {
 /// Fuzzes `queue serve` on the database at `url` for `seconds`.
 pub fn run(url: &str, seconds: u32) -> Result<()> {
     let target = served::target_dir();
-    let schemathesis = schemathesis(&target)?;
+    // Absolute: it runs in a directory of its own (below).
+    let schemathesis = std::fs::canonicalize(schemathesis(&target)?)?;
     let queue = served::queue_binary(false)?;
     let schema = format!("fuzz_api_{}", std::process::id());
     let config = target.join("fuzz-api.toml");

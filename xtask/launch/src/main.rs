@@ -71,10 +71,12 @@ fn install(missing: &[&Prerequisite]) -> Result<(), String> {
             .join(", "),
         packages.join(" ")
     );
+    // apt-get's and dpkg's progress goes nowhere; their errors show.
     let quiet = |program: &str, args: &[&str]| -> Result<(), String> {
         let status = Command::new(program)
             .args(args)
             .env("DEBIAN_FRONTEND", "noninteractive")
+            .stdout(std::process::Stdio::null())
             .status()
             .map_err(|e| format!("cannot run {program}: {e}"))?;
         if status.success() {
