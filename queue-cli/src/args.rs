@@ -2,7 +2,9 @@
 
 use anyhow::{anyhow, bail, Result};
 use chrono::{DateTime, TimeDelta, Utc};
-use queue_core::{Admin, JobFilter, JobState};
+use queue_core::{JobFilter, JobState};
+
+use crate::serve::TextAdmin;
 
 /// Which jobs a command looks at; every option given must hold.
 #[derive(Debug, Clone, Default, clap::Args)]
@@ -46,7 +48,7 @@ impl FilterArgs {
     }
 
     /// The filter, with state names read in the store's vocabulary.
-    pub fn to_filter<A: Admin>(&self, admin: &A) -> Result<JobFilter> {
+    pub fn to_filter(&self, admin: &TextAdmin) -> Result<JobFilter> {
         let mut states = Vec::new();
         for name in &self.states {
             for state in states_named(admin, name)? {
@@ -69,7 +71,7 @@ impl FilterArgs {
 
 /// The states `name` stands for: the states the table stores as `name`
 /// (several where values are shared), else the standard state of that name.
-pub fn states_named<A: Admin>(admin: &A, name: &str) -> Result<Vec<JobState>> {
+pub fn states_named(admin: &TextAdmin, name: &str) -> Result<Vec<JobState>> {
     states_named_in(|s| admin.stored_state(s), name)
 }
 
@@ -180,7 +182,7 @@ mod tests {
 
     #[test]
     fn an_unknown_state_lists_the_known_ones() {
-        let store = MemoryStore::new();
+        let store = crate::serve::Erased(MemoryStore::new());
         assert_eq!(states_named(&store, "failed").unwrap(), [JobState::Failed]);
         let err = states_named(&store, "pending").unwrap_err().to_string();
         assert!(err.contains("unknown state \"pending\""), "{err}");

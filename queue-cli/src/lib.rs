@@ -19,7 +19,7 @@ use std::time::Duration;
 use anyhow::{Context as _, Result};
 use clap::{Parser, Subcommand};
 use queue_core::Admin;
-use queue_store_postgres::{PgAdmin, PgConfig, PgKeyType};
+use queue_store_postgres::{PgConfig, PgKeyType};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
@@ -187,44 +187,8 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
     if let Command::Serve(args) = &cli.command {
         return serve::run(&context, pool, options, key, args, out).await;
     }
-    match key {
-        PgKeyType::Int4 => {
-            admin_command(
-                &PgAdmin::<i32>::new(pool, options).await?,
-                &context,
-                cli.command,
-                out,
-            )
-            .await
-        }
-        PgKeyType::Int8 => {
-            admin_command(
-                &PgAdmin::<i64>::new(pool, options).await?,
-                &context,
-                cli.command,
-                out,
-            )
-            .await
-        }
-        PgKeyType::Uuid => {
-            admin_command(
-                &PgAdmin::<uuid::Uuid>::new(pool, options).await?,
-                &context,
-                cli.command,
-                out,
-            )
-            .await
-        }
-        PgKeyType::Text => {
-            admin_command(
-                &PgAdmin::<String>::new(pool, options).await?,
-                &context,
-                cli.command,
-                out,
-            )
-            .await
-        }
-    }
+    let admin = serve::open_admin(pool, options, key).await?;
+    admin_command(&*admin, &context, cli.command, out).await
 }
 
 /// Connects with a pool of `size`: a command runs a few statements at a
@@ -255,15 +219,12 @@ async fn connect(url: &str, size: u32) -> Result<PgPool> {
 }
 
 /// Runs a command over the admin contract of any store.
-pub(crate) async fn admin_command<A>(
-    admin: &A,
+pub(crate) async fn admin_command(
+    admin: &serve::TextAdmin,
     context: &Context,
     command: Command,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     match command {
         Command::Stats(args) => read::stats(admin, context, &args, out).await,
         Command::List(args) => read::list(admin, context, &args, out).await,

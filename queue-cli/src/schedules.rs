@@ -5,9 +5,11 @@
 use std::sync::Arc;
 
 use anyhow::{bail, Context as _, Result};
-use queue_core::{Admin, CancellationToken, NewJob};
+use queue_core::{CancellationToken, NewJob};
 use queue_store_postgres::{CatchUpConfig, ScheduleConfig};
 use queue_worker::{CatchUp, Schedule, Scheduler, SchedulerOptions, WorkerError};
+
+use crate::serve::TextAdmin;
 
 /// The schedules `configs` describe; refused with the schedule's name and
 /// the problem (neither or both of `cron` and `every`, a zone or cron
@@ -68,8 +70,8 @@ fn cron_in_zone(name: &str, cron: &str, zone: Option<&str>, job: NewJob) -> Resu
 }
 
 /// Runs `schedules` over `admin` until `shutdown`, logging what stops it.
-pub fn spawn<A: Admin>(
-    admin: A,
+pub fn spawn(
+    admin: Arc<TextAdmin>,
     schedules: Vec<Schedule>,
     shutdown: CancellationToken,
 ) -> Result<Option<tokio::task::JoinHandle<()>>> {
@@ -77,7 +79,7 @@ pub fn spawn<A: Admin>(
         return Ok(None);
     }
     let names: Vec<String> = schedules.iter().map(|s| s.name().to_owned()).collect();
-    let scheduler = Scheduler::<A>::new(Arc::new(admin), schedules, SchedulerOptions::default())?;
+    let scheduler = Scheduler::<TextAdmin>::new(admin, schedules, SchedulerOptions::default())?;
     tracing::info!(?names, "running the config's schedules");
     Ok(Some(tokio::spawn(async move {
         if let Err(error) = scheduler.run(shutdown).await {

@@ -582,10 +582,6 @@ impl PurgeParams {
     }
 }
 
-/// The states [`Admin::retry`] moves jobs out of.
-pub const RETRYABLE_STATES: [JobState; 3] =
-    [JobState::Failed, JobState::Errored, JobState::Canceled];
-
 /// Reading and repairing a queue: what every operator surface needs of a
 /// store. See the [module docs](self).
 #[async_trait]
@@ -698,17 +694,17 @@ pub trait Admin: Send + Sync + 'static {
     }
 }
 
-/// The [`RETRYABLE_STATES`] a store writing each state as `stored` can
-/// tell apart from every state that is not retryable.
+/// The [retryable](JobState::is_retryable) states a store writing each
+/// state as `stored` can tell apart from every state that is not.
 pub fn distinct_retryable_states(stored: impl Fn(JobState) -> String) -> Vec<JobState> {
     let others: Vec<String> = JobState::ALL
         .into_iter()
-        .filter(|s| !RETRYABLE_STATES.contains(s))
+        .filter(|s| !s.is_retryable())
         .map(&stored)
         .collect();
-    RETRYABLE_STATES
+    JobState::ALL
         .into_iter()
-        .filter(|s| !others.contains(&stored(*s)))
+        .filter(|s| s.is_retryable() && !others.contains(&stored(*s)))
         .collect()
 }
 
@@ -785,7 +781,10 @@ mod tests {
     #[test]
     fn errored_stored_as_queued_is_not_retryable() {
         let standard = distinct_retryable_states(|s| s.as_str().to_owned());
-        assert_eq!(standard, RETRYABLE_STATES);
+        assert_eq!(
+            standard,
+            [JobState::Errored, JobState::Failed, JobState::Canceled]
+        );
         let merged = distinct_retryable_states(|s| match s {
             JobState::Errored => "queued".to_owned(),
             JobState::Canceled => "failed".to_owned(),

@@ -49,7 +49,19 @@ impl JobState {
         JobState::Canceled,
     ];
 
-    /// Whether no transition ever leaves this state.
+    /// Whether an operator's retry ([`Admin::retry`](crate::Admin::retry))
+    /// moves a job out of this state: failed, errored and canceled. The one
+    /// definition; [`Admin::retryable_states`](crate::Admin::retryable_states)
+    /// narrows it to the states a store can tell apart.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            JobState::Failed | JobState::Errored | JobState::Canceled
+        )
+    }
+
+    /// Whether no worker or resetter ever moves a job out of this state
+    /// (only an operator's retry does).
     pub fn is_terminal(self) -> bool {
         matches!(
             self,

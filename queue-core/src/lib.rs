@@ -18,7 +18,7 @@ pub mod testkit;
 pub use crate::admin::{
     distinct_retryable_states, ActionReport, Admin, FinishedBucket, JobFilter, JobPage, JobView,
     ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, SkipReason, Skipped, StateCount,
-    StatsParams, Targets, TimelineParams, RETRYABLE_STATES,
+    StatsParams, Targets, TimelineParams,
 };
 pub use crate::args::{decode_args, ArgsHandler, JobArgs, WithPayload};
 pub use crate::clock::{Clock, SystemClock};

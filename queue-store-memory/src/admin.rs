@@ -9,7 +9,7 @@ use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView,
     ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, SkipReason,
     Skipped, StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
-    CANCELED_BEFORE_RUN_MESSAGE, RETRYABLE_STATES,
+    CANCELED_BEFORE_RUN_MESSAGE,
 };
 
 use crate::store::{eligible, Extras, MemoryStore, State};
@@ -99,7 +99,7 @@ fn retry(
     params: RetryParams,
     now: DateTime<Utc>,
 ) -> Applied {
-    if !RETRYABLE_STATES.contains(&job.state) {
+    if !job.state.is_retryable() {
         return Applied::No;
     }
     // An expiry that has passed would fail the job again at the next
@@ -288,9 +288,9 @@ impl Admin for MemoryStore {
         };
         Ok(self.write_jobs(
             targets,
-            |job| RETRYABLE_STATES.contains(&job.state) && takes_key(job),
+            |job| job.state.is_retryable() && takes_key(job),
             &|job, extras| {
-                if RETRYABLE_STATES.contains(&job.state) && !takes_key(job) {
+                if job.state.is_retryable() && !takes_key(job) {
                     return Applied::KeyHeld;
                 }
                 retry(job, extras, params, now)

@@ -262,7 +262,7 @@ impl Default for SchedulerOptions {
 /// Enqueues the occurrences of its [`Schedule`]s as they come due, through
 /// any store's [`Admin::enqueue`]. Run one in every worker process if you
 /// like: each occurrence still becomes one job.
-pub struct Scheduler<A: Admin> {
+pub struct Scheduler<A: Admin + ?Sized> {
     admin: Arc<A>,
     schedules: Vec<Schedule>,
     /// Each schedule's next occurrence to enqueue; set at the first tick.
@@ -271,7 +271,7 @@ pub struct Scheduler<A: Admin> {
     options: SchedulerOptions,
 }
 
-impl<A: Admin> Scheduler<A> {
+impl<A: Admin + ?Sized> Scheduler<A> {
     /// A scheduler over `admin`; refused if two schedules share a name, an
     /// option is out of range, or the store could not take a schedule's
     /// jobs (a table without a unique key column, or without a way to keep

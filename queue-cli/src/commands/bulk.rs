@@ -5,7 +5,7 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 use chrono::Utc;
-use queue_core::{ActionReport, Admin, JobFilter, JobState, RetryParams, Targets};
+use queue_core::{ActionReport, JobFilter, JobState, RetryParams, Targets};
 
 use crate::args::FilterArgs;
 use crate::output::{self, jobs, printable_line, progress};
@@ -14,7 +14,8 @@ use crate::output::{self, jobs, printable_line, progress};
 fn running(n: u64) -> String {
     jobs(n).replacen("job", "running job", 1)
 }
-use crate::{keys, CliAdmin, Context};
+use crate::serve::TextAdmin;
+use crate::{keys, Context};
 
 /// The keys or filter of `cancel` and `delete`.
 #[derive(Debug, Clone, clap::Args)]
@@ -70,7 +71,7 @@ impl Action {
     }
 
     /// The states the write applies to; `None` for any.
-    fn states<A: Admin>(self, admin: &A) -> Option<Vec<JobState>> {
+    fn states(self, admin: &TextAdmin) -> Option<Vec<JobState>> {
         match self {
             Action::Retry(_) => Some(admin.retryable_states()),
             Action::Cancel => Some(vec![
@@ -82,11 +83,11 @@ impl Action {
         }
     }
 
-    async fn apply<A: Admin>(
+    async fn apply(
         self,
-        admin: &A,
-        targets: &Targets<A::Id>,
-    ) -> Result<ActionReport<A::Id>> {
+        admin: &TextAdmin,
+        targets: &Targets<String>,
+    ) -> Result<ActionReport<String>> {
         Ok(match self {
             Action::Retry(params) => admin.retry(targets, params, Utc::now()).await?,
             Action::Cancel => admin.cancel(targets, Utc::now()).await?,
@@ -95,15 +96,12 @@ impl Action {
     }
 }
 
-pub async fn retry<A>(
-    admin: &A,
+pub async fn retry(
+    admin: &TextAdmin,
     context: &Context,
     args: &RetryArgs,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     let params = RetryParams {
         reset_attempts: args.reset_attempts,
     };
@@ -111,16 +109,13 @@ where
 }
 
 /// Applies `action` to the jobs `args` name, or to those its filter matches.
-pub async fn run<A>(
-    admin: &A,
+pub async fn run(
+    admin: &TextAdmin,
     context: &Context,
     args: &BulkArgs,
     action: Action,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     if !args.ids.is_empty() && !args.filter.is_empty() {
         bail!("give job keys or filter options, not both");
     }
@@ -133,14 +128,14 @@ where
             Some(report) => report,
             None => {
                 if context.json {
-                    return output::json(out, &ActionReport::<A::Id>::default());
+                    return output::json(out, &ActionReport::<String>::default());
                 }
                 writeln!(out, "no jobs match; nothing {}", action.done())?;
                 return Ok(());
             }
         }
     } else {
-        let ids = keys::<A::Id>(&args.ids)?;
+        let ids = keys::<String>(&args.ids)?;
         action.apply(admin, &Targets::Ids(ids)).await?
     };
     if context.json {
@@ -171,13 +166,13 @@ where
 
 /// Applies `action` to the jobs matching `filter`, `batch` at a time, after
 /// a confirmation naming how many; `None` if none match.
-async fn by_filter<A: Admin>(
-    admin: &A,
+async fn by_filter(
+    admin: &TextAdmin,
     context: &Context,
     mut filter: JobFilter,
     batch: usize,
     action: Action,
-) -> Result<Option<ActionReport<A::Id>>> {
+) -> Result<Option<ActionReport<String>>> {
     // Count what the write can apply to: the filter's states within the
     // action's.
     let mut counted = filter.clone();
@@ -240,7 +235,7 @@ fn capitalised(verb: &str) -> String {
 }
 
 /// The filter in words, with the store's state names.
-fn describe<A: Admin>(admin: &A, filter: &JobFilter) -> String {
+fn describe(admin: &TextAdmin, filter: &JobFilter) -> String {
     let mut parts = Vec::new();
     if let Some(states) = &filter.states {
         let names: Vec<String> = states.iter().map(|s| admin.stored_state(*s)).collect();

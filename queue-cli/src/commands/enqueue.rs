@@ -9,7 +9,8 @@ use tokio::io::{AsyncBufRead, AsyncBufReadExt};
 
 use crate::args::future;
 use crate::output::{self, jobs, printable_line, progress};
-use crate::{CliAdmin, Context};
+use crate::serve::TextAdmin;
+use crate::Context;
 
 /// Jobs per enqueue statement when reading many.
 const BATCH: usize = 1000;
@@ -77,15 +78,12 @@ impl EnqueueArgs {
     }
 }
 
-pub async fn run<A>(
-    admin: &A,
+pub async fn run(
+    admin: &TextAdmin,
     context: &Context,
     args: &EnqueueArgs,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     let done = match args.payload.as_deref() {
         Some("-") if args.unique_key.is_some() => {
             return Err(anyhow!(
@@ -106,7 +104,7 @@ where
         }
     };
     if context.json {
-        let ids: Vec<&A::Id> = done.iter().map(|e| &e.id).collect();
+        let ids: Vec<&String> = done.iter().map(|e| &e.id).collect();
         let inserted: Vec<bool> = done.iter().map(|e| e.inserted).collect();
         return output::json(
             out,
@@ -136,8 +134,8 @@ fn print_key<Id: std::fmt::Display>(out: &mut impl Write, e: &Enqueued<Id>) -> R
 /// inserted), so nothing is held until the end. A line that is not JSON,
 /// or a batch the database refuses, stops the command: the error says how
 /// many jobs were enqueued and from which line to resume.
-async fn from_lines<A: CliAdmin>(
-    admin: &A,
+async fn from_lines(
+    admin: &TextAdmin,
     context: &Context,
     args: &EnqueueArgs,
     input: impl AsyncBufRead + Unpin,

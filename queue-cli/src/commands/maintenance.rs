@@ -6,12 +6,13 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use chrono::{TimeDelta, Utc};
-use queue_core::{prune, Admin, Delivery, JobFilter, JobState, ResetParams, Retention};
+use queue_core::{prune, Delivery, JobFilter, JobState, ResetParams, Retention};
 
 use crate::args::{age, states_named};
 use crate::commands::read::stalled_max_age;
 use crate::output::{self, jobs, printable_line, progress};
-use crate::{CliAdmin, Context};
+use crate::serve::TextAdmin;
+use crate::Context;
 
 /// `queue reset-stalled`.
 #[derive(Debug, Clone, clap::Args)]
@@ -45,15 +46,12 @@ pub struct PurgeArgs {
     pub batch: usize,
 }
 
-pub async fn reset<A>(
-    admin: &A,
+pub async fn reset(
+    admin: &TextAdmin,
     context: &Context,
     args: &ResetArgs,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     let defaults = queue_worker::ResetterOptions::default();
     let resetter = &context.config.resetter;
     let now = Utc::now();
@@ -92,8 +90,8 @@ where
     Ok(())
 }
 
-pub async fn purge<A: Admin>(
-    admin: &A,
+pub async fn purge(
+    admin: &TextAdmin,
     context: &Context,
     args: &PurgeArgs,
     out: &mut impl Write,

@@ -5,11 +5,12 @@ use std::time::Duration;
 
 use anyhow::{anyhow, Result};
 use chrono::Utc;
-use queue_core::{Admin, JobState, JobView, ListOrder, ListParams, StatsParams};
+use queue_core::{JobState, JobView, ListOrder, ListParams, StatsParams};
 
 use crate::args::FilterArgs;
 use crate::output::{self, cut, printable, printable_line, relative, span, Table};
-use crate::{keys, CliAdmin, Context};
+use crate::serve::TextAdmin;
+use crate::{keys, Context};
 
 /// `queue stats`.
 #[derive(Debug, Clone, clap::Args)]
@@ -62,8 +63,8 @@ pub(crate) fn stalled_max_age(context: &Context, flag: Option<Duration>) -> Resu
     crate::args::within_range(age).map_err(|e| anyhow!("the stalled age: {e}"))
 }
 
-pub async fn stats<A: Admin>(
-    admin: &A,
+pub async fn stats(
+    admin: &TextAdmin,
     context: &Context,
     args: &StatsArgs,
     out: &mut impl Write,
@@ -118,17 +119,14 @@ pub async fn stats<A: Admin>(
     Ok(())
 }
 
-pub async fn list<A>(
-    admin: &A,
+pub async fn list(
+    admin: &TextAdmin,
     context: &Context,
     args: &ListArgs,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
+) -> Result<()> {
     let after = match &args.after {
-        Some(after) => keys::<A::Id>(std::slice::from_ref(after))?.pop(),
+        Some(after) => keys::<String>(std::slice::from_ref(after))?.pop(),
         None => None,
     };
     let params = ListParams {
@@ -176,16 +174,13 @@ where
     Ok(())
 }
 
-pub async fn show<A>(
-    admin: &A,
+pub async fn show(
+    admin: &TextAdmin,
     context: &Context,
     args: &ShowArgs,
     out: &mut impl Write,
-) -> Result<()>
-where
-    A: CliAdmin,
-{
-    let id = keys::<A::Id>(std::slice::from_ref(&args.id))?
+) -> Result<()> {
+    let id = keys::<String>(std::slice::from_ref(&args.id))?
         .pop()
         .ok_or_else(|| anyhow!("no key given"))?;
     let job = admin

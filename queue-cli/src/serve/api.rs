@@ -18,7 +18,7 @@ use queue_core::{
 use serde::{Deserialize, Serialize};
 use utoipa::{IntoParams, ToSchema};
 
-use super::erased::{KeyOr, TextAdmin};
+use super::erased::TextAdmin;
 pub use super::error::{ApiError, ErrorBody, ErrorDetail};
 use super::timeline::DepthHistory;
 use crate::args::states_named_in;
@@ -27,7 +27,7 @@ use crate::args::states_named_in;
 #[derive(Clone)]
 pub struct Api {
     /// The queue.
-    pub admin: Arc<dyn TextAdmin>,
+    pub admin: Arc<TextAdmin>,
     /// The type of its keys, which the OpenAPI document describes.
     pub key: queue_store_postgres::PgKeyType,
     /// Processing jobs silent for longer are counted stalled.
@@ -41,7 +41,7 @@ pub struct Api {
 impl Api {
     /// The API over `admin`, whose keys are of type `key`.
     pub fn new(
-        admin: Arc<dyn TextAdmin>,
+        admin: Arc<TextAdmin>,
         key: queue_store_postgres::PgKeyType,
         stalled_max_age: Duration,
     ) -> Self {
@@ -450,12 +450,7 @@ pub async fn list_jobs(
         limit: limit as usize,
         after: query.after.clone(),
     };
-    let page = api.admin.list(params).await.map_err(|e| match e {
-        KeyOr::BadKey(text) => {
-            ApiError::bad_request(format!("after: {text:?} is not a key of this table"))
-        }
-        KeyOr::Store(e) => e.into(),
-    })?;
+    let page = api.admin.list(&params).await?;
     Ok(Json(JobList {
         jobs: page.jobs.into_iter().map(Job::from).collect(),
         next: page.next,
@@ -562,7 +557,10 @@ pub async fn retry_job(
     let params = RetryParams {
         reset_attempts: query.reset_attempts.unwrap_or(false),
     };
-    let report = api.admin.retry(Targets::id(id), params, Utc::now()).await?;
+    let report = api
+        .admin
+        .retry(&Targets::id(id), params, Utc::now())
+        .await?;
     one(report, "retried")
 }
 
@@ -585,7 +583,7 @@ pub async fn cancel_job(
     State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    let report = api.admin.cancel(Targets::id(id), Utc::now()).await?;
+    let report = api.admin.cancel(&Targets::id(id), Utc::now()).await?;
     one(report, "canceled")
 }
 
@@ -607,7 +605,7 @@ pub async fn delete_job(
     State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    let report = api.admin.delete(Targets::id(id)).await?;
+    let report = api.admin.delete(&Targets::id(id)).await?;
     one(report, "deleted")
 }
 

@@ -1,6 +1,8 @@
-//! The admin contract with its key type erased to text, so that the HTTP
-//! handlers are plain functions (which the OpenAPI generator can describe)
-//! serving a table of any key type.
+//! The admin contract of any store with its keys as text: one type,
+//! [`TextAdmin`], that the CLI's commands and the HTTP API both run over,
+//! whatever the key column's type. [`Erased`] turns an [`Admin`] into one;
+//! [`open`] builds the Postgres admin for a table's key type, the one place
+//! that chooses among them.
 
 use std::str::FromStr;
 use std::sync::Arc;
@@ -8,85 +10,81 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Enqueued, FinishedBucket, JobPage, JobState, JobView, ListParams, NewJob,
-    QueueStats, RetryParams, Skipped, StatsParams, StoreError, Targets, TimelineParams,
+    ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
+    ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
+    StatsParams, StoreError, Targets, TimelineParams,
 };
+use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
+use sqlx::PgPool;
 
 use crate::CliAdmin;
 
-/// [`Admin`] with keys as text.
-#[async_trait]
-pub trait TextAdmin: Send + Sync + 'static {
-    /// See [`Admin::stored_state`].
-    fn stored_state(&self, state: JobState) -> String;
-    /// See [`Admin::get`]; a text that is no key of the table is no job.
-    async fn get(&self, id: &str) -> Result<Option<JobView<String>>, StoreError>;
-    /// See [`Admin::list`]; `after` must be a key of the table.
-    async fn list(&self, params: ListParams<String>) -> Result<JobPage<String>, KeyOr>;
-    /// See [`Admin::stats`].
-    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError>;
-    /// See [`Admin::finished_timeline`].
-    async fn finished_timeline(
-        &self,
-        params: &TimelineParams,
-    ) -> Result<Option<Vec<FinishedBucket>>, StoreError>;
-    /// See [`Admin::enqueue`].
-    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<String>>, StoreError>;
-    /// See [`Admin::retry`]; texts that are no key are reported missing.
-    async fn retry(
-        &self,
-        targets: Targets<String>,
-        params: RetryParams,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<String>, StoreError>;
-    /// See [`Admin::cancel`].
-    async fn cancel(
-        &self,
-        targets: Targets<String>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<String>, StoreError>;
-    /// See [`Admin::delete`].
-    async fn delete(&self, targets: Targets<String>) -> Result<ActionReport<String>, StoreError>;
+/// An admin contract whose keys are text.
+pub type TextAdmin = dyn Admin<Id = String>;
+
+/// The Postgres admin of the table `options` describe, whose key column is
+/// of type `key`, with its keys as text.
+pub async fn open(
+    pool: PgPool,
+    options: PgStoreOptions,
+    key: PgKeyType,
+) -> Result<Arc<TextAdmin>, StoreError> {
+    Ok(match key {
+        PgKeyType::Int4 => Erased::shared(PgAdmin::<i32>::new(pool, options).await?),
+        PgKeyType::Int8 => Erased::shared(PgAdmin::<i64>::new(pool, options).await?),
+        PgKeyType::Uuid => Erased::shared(PgAdmin::<uuid::Uuid>::new(pool, options).await?),
+        PgKeyType::Text => Erased::shared(PgAdmin::<String>::new(pool, options).await?),
+    })
 }
 
-/// A failure of a call that takes a key from the caller.
-#[derive(Debug)]
-pub enum KeyOr {
-    /// The text is not a key of this table.
-    BadKey(String),
-    /// The store failed.
-    Store(StoreError),
-}
-
-impl From<StoreError> for KeyOr {
-    fn from(error: StoreError) -> Self {
-        KeyOr::Store(error)
-    }
-}
-
-/// An [`Admin`] seen through [`TextAdmin`].
+/// An [`Admin`] whose keys are read from and written as text. A text that
+/// is no key of the table names no job: `get` finds none, a write reports
+/// it missing, and a page after it is refused.
 pub struct Erased<A>(pub A);
 
 impl<A> Erased<A>
 where
     A: CliAdmin,
 {
-    /// `self` as a shared [`TextAdmin`].
-    pub fn shared(admin: A) -> Arc<dyn TextAdmin> {
+    /// `admin` as a shared [`TextAdmin`].
+    pub fn shared(admin: A) -> Arc<TextAdmin> {
         Arc::new(Erased(admin))
+    }
+
+    /// The targets with keys parsed; texts that are no key come back apart
+    /// (no job can have them).
+    fn targets(targets: &Targets<String>) -> (Targets<A::Id>, Vec<String>) {
+        match targets {
+            Targets::Ids(texts) => {
+                let mut keys = Vec::with_capacity(texts.len());
+                let mut not_keys = Vec::new();
+                for text in texts {
+                    match A::Id::from_str(text) {
+                        Ok(key) => keys.push(key),
+                        Err(_) => not_keys.push(text.clone()),
+                    }
+                }
+                (Targets::Ids(keys), not_keys)
+            }
+            Targets::Matching { filter, limit } => (
+                Targets::Matching {
+                    filter: filter.clone(),
+                    limit: *limit,
+                },
+                Vec::new(),
+            ),
+        }
     }
 }
 
-fn view<Id: ToString>(job: JobView<Id>) -> JobView<String> {
-    job.map_id(|id| id.to_string())
+fn text<Id: ToString>(id: Id) -> String {
+    id.to_string()
 }
 
+/// `report` with text keys, and the texts that were no key as missing.
 fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> ActionReport<String> {
-    let mut skipped: Vec<Skipped<String>> = report
-        .skipped
-        .into_iter()
-        .map(|s| s.map_id(|id| id.to_string()))
-        .collect();
+    let mut skipped: Vec<Skipped<String>> =
+        report.skipped.into_iter().map(|s| s.map_id(text)).collect();
     skipped.extend(not_keys.into_iter().map(Skipped::missing));
     ActionReport {
         changed: report.changed,
@@ -95,77 +93,60 @@ fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> Acti
     }
 }
 
-impl<A> Erased<A>
-where
-    A: CliAdmin,
-{
-    /// The targets with keys parsed; texts that are no key come back apart
-    /// (no job can have them).
-    fn targets(&self, targets: Targets<String>) -> (Targets<A::Id>, Vec<String>) {
-        match targets {
-            Targets::Ids(texts) => {
-                let mut keys = Vec::with_capacity(texts.len());
-                let mut not_keys = Vec::new();
-                for text in texts {
-                    match A::Id::from_str(&text) {
-                        Ok(key) => keys.push(key),
-                        Err(_) => not_keys.push(text),
-                    }
-                }
-                (Targets::Ids(keys), not_keys)
-            }
-            Targets::Matching { filter, limit } => {
-                (Targets::Matching { filter, limit }, Vec::new())
-            }
-        }
-    }
-}
-
 #[async_trait]
-impl<A> TextAdmin for Erased<A>
+impl<A> Admin for Erased<A>
 where
     A: CliAdmin,
 {
+    type Id = String;
+
     fn stored_state(&self, state: JobState) -> String {
         self.0.stored_state(state)
     }
 
-    async fn get(&self, id: &str) -> Result<Option<JobView<String>>, StoreError> {
+    fn retryable_states(&self) -> Vec<JobState> {
+        self.0.retryable_states()
+    }
+
+    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+        self.0.check_enqueue(jobs)
+    }
+
+    async fn get(&self, id: &String) -> Result<Option<JobView<String>>, StoreError> {
         let Ok(key) = A::Id::from_str(id) else {
             return Ok(None);
         };
-        Ok(self.0.get(&key).await?.map(view))
+        Ok(self.0.get(&key).await?.map(|job| job.map_id(text)))
     }
 
-    async fn list(&self, params: ListParams<String>) -> Result<JobPage<String>, KeyOr> {
+    async fn list(&self, params: &ListParams<String>) -> Result<JobPage<String>, StoreError> {
         let after = match &params.after {
-            Some(text) => Some(A::Id::from_str(text).map_err(|_| KeyOr::BadKey(text.clone()))?),
+            Some(after) => Some(A::Id::from_str(after).map_err(|_| {
+                StoreError::Refused(format!("after: {after:?} is not a key of this table"))
+            })?),
             None => None,
         };
         let page = self
             .0
             .list(&ListParams {
-                filter: params.filter,
+                filter: params.filter.clone(),
                 order: params.order,
                 limit: params.limit,
                 after,
             })
             .await?;
         Ok(JobPage {
-            jobs: page.jobs.into_iter().map(view).collect(),
-            next: page.next.map(|id| id.to_string()),
+            jobs: page.jobs.into_iter().map(|job| job.map_id(text)).collect(),
+            next: page.next.map(text),
         })
+    }
+
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        self.0.count(filter).await
     }
 
     async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         self.0.stats(params).await
-    }
-
-    async fn finished_timeline(
-        &self,
-        params: &TimelineParams,
-    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
-        self.0.finished_timeline(params).await
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<String>>, StoreError> {
@@ -175,33 +156,52 @@ where
             .await?
             .into_iter()
             .map(|e| Enqueued {
-                id: e.id.to_string(),
+                id: text(e.id),
                 inserted: e.inserted,
             })
             .collect())
     }
 
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        self.0.finished_timeline(params).await
+    }
+
     async fn retry(
         &self,
-        targets: Targets<String>,
+        targets: &Targets<String>,
         params: RetryParams,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = self.targets(targets);
+        let (targets, not_keys) = Self::targets(targets);
         Ok(report(self.0.retry(&targets, params, now).await?, not_keys))
     }
 
     async fn cancel(
         &self,
-        targets: Targets<String>,
+        targets: &Targets<String>,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = self.targets(targets);
+        let (targets, not_keys) = Self::targets(targets);
         Ok(report(self.0.cancel(&targets, now).await?, not_keys))
     }
 
-    async fn delete(&self, targets: Targets<String>) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = self.targets(targets);
+    async fn delete(&self, targets: &Targets<String>) -> Result<ActionReport<String>, StoreError> {
+        let (targets, not_keys) = Self::targets(targets);
         Ok(report(self.0.delete(&targets).await?, not_keys))
+    }
+
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<String>, StoreError> {
+        let done = self.0.reset(params).await?;
+        Ok(ResetReport {
+            reset: done.reset.into_iter().map(text).collect(),
+            failed: done.failed.into_iter().map(text).collect(),
+        })
+    }
+
+    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        self.0.purge(params).await
     }
 }

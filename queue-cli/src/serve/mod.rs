@@ -25,12 +25,12 @@ use axum::response::IntoResponse;
 use axum::routing::{get, post};
 use axum::Router;
 use queue_core::CancellationToken;
-use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
+use queue_store_postgres::{PgKeyType, PgStoreOptions};
 use sqlx::PgPool;
 
 pub use self::api::Api;
 pub use self::auth::{Access, ConfiguredToken, ShortTokens, Tokens, MIN_TOKEN_LEN};
-pub use self::erased::{Erased, TextAdmin};
+pub use self::erased::{open as open_admin, Erased, TextAdmin};
 pub use self::health::Health;
 pub use self::openapi::document as openapi_document;
 use crate::Context;
@@ -178,29 +178,8 @@ pub(crate) async fn run(
     let schedules = crate::schedules::from_config(&context.config.schedules)?;
     let stop_scheduling = CancellationToken::new();
     let stop = stop_scheduling.clone();
-    // The scheduler needs the admin's own key type; the API an erased one.
-    let (admin, scheduling) = match key {
-        PgKeyType::Int4 => {
-            let admin = PgAdmin::<i32>::new(pool, options).await?;
-            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
-            (Erased::shared(admin), scheduling)
-        }
-        PgKeyType::Int8 => {
-            let admin = PgAdmin::<i64>::new(pool, options).await?;
-            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
-            (Erased::shared(admin), scheduling)
-        }
-        PgKeyType::Uuid => {
-            let admin = PgAdmin::<uuid::Uuid>::new(pool, options).await?;
-            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
-            (Erased::shared(admin), scheduling)
-        }
-        PgKeyType::Text => {
-            let admin = PgAdmin::<String>::new(pool, options).await?;
-            let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
-            (Erased::shared(admin), scheduling)
-        }
-    };
+    let admin = open_admin(pool, options, key).await?;
+    let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
     let api = Api::new(
         admin,
         key,

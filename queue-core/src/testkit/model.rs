@@ -8,7 +8,6 @@
 
 use chrono::{DateTime, Utc};
 
-use crate::admin::RETRYABLE_STATES;
 use crate::job::{JobState, CANCELED_BEFORE_RUN_MESSAGE};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use crate::store::Transition;
@@ -316,7 +315,7 @@ impl Model {
             return false;
         }
         let job = &mut self.jobs[index];
-        if !job.state.is_some_and(|s| RETRYABLE_STATES.contains(&s)) {
+        if !job.state.is_some_and(JobState::is_retryable) {
             return false;
         }
         job.state = Some(JobState::Queued);
@@ -348,7 +347,7 @@ impl Model {
             }
             let eligible = self.jobs[i]
                 .state
-                .is_some_and(|s| states.contains(&s) && RETRYABLE_STATES.contains(&s));
+                .is_some_and(|s| states.contains(&s) && s.is_retryable());
             // A job whose key another job holds (one retried just before
             // included) is passed over.
             if eligible && self.retry(i, false, now) {
