@@ -57,15 +57,15 @@ impl FilterArgs {
                 }
             }
         }
-        Ok(JobFilter {
-            states: (!self.states.is_empty()).then_some(states),
-            kinds: (!self.kinds.is_empty()).then(|| self.kinds.clone()),
-            queued_from: self.queued_after,
-            queued_before: self.queued_before,
-            finished_from: self.finished_after,
-            finished_before: self.finished_before,
-            failure_contains: self.failure_contains.clone(),
-        })
+        let mut filter = JobFilter::default();
+        filter.states = (!self.states.is_empty()).then_some(states);
+        filter.kinds = (!self.kinds.is_empty()).then(|| self.kinds.clone());
+        filter.queued_from = self.queued_after;
+        filter.queued_before = self.queued_before;
+        filter.finished_from = self.finished_after;
+        filter.finished_before = self.finished_before;
+        filter.failure_contains = self.failure_contains.clone();
+        Ok(filter)
     }
 }
 

@@ -26,6 +26,7 @@ use crate::resetter::{ResetParams, ResetReport};
 /// column the store has. A column the store lacks reads as `None` (or
 /// empty, or false).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JobView<Id> {
     /// The key.
     pub id: Id,
@@ -81,6 +82,34 @@ pub struct JobView<Id> {
 }
 
 impl<Id> JobView<Id> {
+    /// The job `id`, stored in `stored_state` (the standard `state`), with
+    /// every other field empty: a store fills in those it keeps.
+    pub fn new(id: Id, stored_state: String, state: Option<JobState>) -> Self {
+        JobView {
+            id,
+            kind: None,
+            payload: None,
+            state,
+            stored_state,
+            priority: None,
+            failure_message: None,
+            queued_at: None,
+            started_at: None,
+            finished_at: None,
+            process_after: None,
+            num_resets: None,
+            num_failures: None,
+            last_heartbeat_at: None,
+            execution_logs: Vec::new(),
+            worker_hostname: None,
+            cancel: false,
+            unique_key: None,
+            max_attempts: None,
+            expires_at: None,
+            at_most_once: false,
+        }
+    }
+
     /// The same job with its key turned by `f` (into text, for example).
     pub fn map_id<T>(self, f: impl FnOnce(Id) -> T) -> JobView<T> {
         JobView {
@@ -157,6 +186,7 @@ impl From<Job> for JobView<i64> {
 /// assert_eq!(failed_emails.states, Some(vec![JobState::Failed]));
 /// ```
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JobFilter {
     /// Jobs in one of these states.
     pub states: Option<Vec<JobState>>,
@@ -190,6 +220,24 @@ impl JobFilter {
     /// Only jobs whose failure message contains `text`, ignoring case.
     pub fn failure_contains(mut self, text: impl Into<String>) -> Self {
         self.failure_contains = Some(text.into());
+        self
+    }
+
+    /// Only jobs enqueued at or after `at`.
+    pub fn queued_from(mut self, at: DateTime<Utc>) -> Self {
+        self.queued_from = Some(at);
+        self
+    }
+
+    /// Only jobs enqueued before `at`.
+    pub fn queued_before(mut self, at: DateTime<Utc>) -> Self {
+        self.queued_before = Some(at);
+        self
+    }
+
+    /// Only jobs that finished at or after `at`.
+    pub fn finished_from(mut self, at: DateTime<Utc>) -> Self {
+        self.finished_from = Some(at);
         self
     }
 
@@ -239,6 +287,7 @@ pub enum ListOrder {
 
 /// What [`Admin::list`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ListParams<Id> {
     /// Which jobs.
     pub filter: JobFilter,
@@ -260,6 +309,29 @@ impl<Id> ListParams<Id> {
             order: ListOrder::default(),
             limit,
             after: None,
+        }
+    }
+
+    /// In `order`.
+    pub fn order(mut self, order: ListOrder) -> Self {
+        self.order = order;
+        self
+    }
+
+    /// The page after key `after` (the previous page's [`JobPage::next`]).
+    pub fn after(mut self, after: Option<Id>) -> Self {
+        self.after = after;
+        self
+    }
+
+    /// The same filter, order and limit, after `after`: a key of another
+    /// type (the same key read another way).
+    pub fn rekeyed<T>(self, after: Option<T>) -> ListParams<T> {
+        ListParams {
+            filter: self.filter,
+            order: self.order,
+            limit: self.limit,
+            after,
         }
     }
 }
@@ -300,6 +372,7 @@ pub struct StateCount {
 
 /// What [`Admin::stats`] found.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct QueueStats {
     /// Jobs per state and kind, in lifecycle order of the states (unknown
     /// stored values last), then by kind.
@@ -316,6 +389,21 @@ pub struct QueueStats {
 }
 
 impl QueueStats {
+    /// The figures a store found at `now`.
+    pub fn new(
+        counts: Vec<StateCount>,
+        oldest_claimable_since: Option<DateTime<Utc>>,
+        stalled: u64,
+        now: DateTime<Utc>,
+    ) -> Self {
+        QueueStats {
+            counts,
+            oldest_claimable_since,
+            stalled,
+            now,
+        }
+    }
+
     /// How many jobs are in `state`, over all kinds.
     pub fn total(&self, state: JobState) -> u64 {
         self.counts
@@ -408,6 +496,7 @@ impl FinishedBucket {
 
 /// Which jobs a write applies to.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum Targets<Id> {
     /// These jobs, in one step. Each one the write does not apply to is
     /// reported in [`ActionReport::skipped`] with its state.
@@ -520,6 +609,7 @@ impl<Id: std::fmt::Display> Skipped<Id> {
 
 /// What a write did.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct ActionReport<Id> {
     /// How many jobs changed state (or were deleted).
     pub changed: u64,
@@ -528,6 +618,18 @@ pub struct ActionReport<Id> {
     pub stop_requested: u64,
     /// The jobs named by [`Targets::Ids`] that were left alone.
     pub skipped: Vec<Skipped<Id>>,
+}
+
+impl<Id> ActionReport<Id> {
+    /// `changed` jobs changed, `stop_requested` running ones asked to stop,
+    /// `skipped` left alone.
+    pub fn new(changed: u64, stop_requested: u64, skipped: Vec<Skipped<Id>>) -> Self {
+        ActionReport {
+            changed,
+            stop_requested,
+            skipped,
+        }
+    }
 }
 
 impl<Id> Default for ActionReport<Id> {

@@ -40,17 +40,10 @@ impl MemoryStore {
         targets: &Targets<i64>,
         eligible_for: impl Fn(&Job) -> bool,
         write: Write<'_>,
-    ) -> ActionReport<i64> {
+    ) -> Result<ActionReport<i64>, StoreError> {
         let mut state = self.lock();
         let mut report = ActionReport::default();
-        let ids: Vec<i64> = match targets {
-            Targets::Ids(ids) => ids.clone(),
-            Targets::Matching { filter, limit } => matching(&state, filter)
-                .filter(|job| eligible_for(job))
-                .take(*limit)
-                .map(|job| job.id)
-                .collect(),
-        };
+        let ids = picked(&state, targets, eligible_for)?;
         let mut woke = false;
         for id in ids {
             let State { jobs, extras, .. } = &mut *state;
@@ -81,8 +74,30 @@ impl MemoryStore {
         if woke {
             self.wake_workers();
         }
-        report
+        Ok(report)
     }
+}
+
+/// The keys `targets` name: those given, or up to the limit of the jobs
+/// matching the filter that `eligible` admits, lowest key first.
+fn picked(
+    state: &State,
+    targets: &Targets<i64>,
+    eligible: impl Fn(&Job) -> bool,
+) -> Result<Vec<i64>, StoreError> {
+    Ok(match targets {
+        Targets::Ids(ids) => ids.clone(),
+        Targets::Matching { filter, limit } => matching(state, filter)
+            .filter(|job| eligible(job))
+            .take(*limit)
+            .map(|job| job.id)
+            .collect(),
+        other => {
+            return Err(StoreError::Refused(format!(
+                "the memory store does not know the targets {other:?}"
+            )))
+        }
+    })
 }
 
 /// The jobs matching `filter`, lowest key first.
@@ -234,8 +249,8 @@ impl Admin for MemoryStore {
                 stalled += 1;
             }
         }
-        Ok(QueueStats {
-            counts: counts
+        Ok(QueueStats::new(
+            counts
                 .into_iter()
                 .map(|((order, kind), count)| {
                     let state = JobState::ALL[order];
@@ -247,10 +262,10 @@ impl Admin for MemoryStore {
                     }
                 })
                 .collect(),
-            oldest_claimable_since: oldest,
+            oldest,
             stalled,
-            now: params.now,
-        })
+            params.now,
+        ))
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<i64>>, StoreError> {
@@ -286,7 +301,7 @@ impl Admin for MemoryStore {
                 }
             }
         };
-        Ok(self.write_jobs(
+        self.write_jobs(
             targets,
             |job| job.state.is_retryable() && takes_key(job),
             &|job, extras| {
@@ -295,7 +310,7 @@ impl Admin for MemoryStore {
                 }
                 retry(job, extras, params, now)
             },
-        ))
+        )
     }
 
     async fn cancel(
@@ -310,18 +325,12 @@ impl Admin for MemoryStore {
             JobState::Processing => !job.cancel,
             _ => false,
         };
-        Ok(self.write_jobs(targets, waiting_or_unflagged, &|job, _| cancel(job, now)))
+        self.write_jobs(targets, waiting_or_unflagged, &|job, _| cancel(job, now))
     }
 
     async fn delete(&self, targets: &Targets<i64>) -> Result<ActionReport<i64>, StoreError> {
         let mut state = self.lock();
-        let ids: Vec<i64> = match targets {
-            Targets::Ids(ids) => ids.clone(),
-            Targets::Matching { filter, limit } => matching(&state, filter)
-                .take(*limit)
-                .map(|job| job.id)
-                .collect(),
-        };
+        let ids = picked(&state, targets, |_| true)?;
         let mut report = ActionReport::default();
         for id in ids {
             match state.jobs.remove(&id) {

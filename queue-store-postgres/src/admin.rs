@@ -190,29 +190,27 @@ impl<K: PgKey> PgAdmin<K> {
             Some(serde_json::Value::Array(entries)) => entries,
             Some(other) => vec![other],
         };
-        Ok(JobView {
-            id: row.try_get("id").map_err(get)?,
-            kind: row.try_get("kind").map_err(get)?,
-            payload: row.try_get("payload").map_err(get)?,
-            state: self.state_of(&stored_state),
-            stored_state,
-            priority: row.try_get("priority").map_err(get)?,
-            failure_message: row.try_get("failure_message").map_err(get)?,
-            queued_at: row.try_get("queued_at").map_err(get)?,
-            started_at: row.try_get("started_at").map_err(get)?,
-            finished_at: row.try_get("finished_at").map_err(get)?,
-            process_after: row.try_get("process_after").map_err(get)?,
-            num_resets: row.try_get("num_resets").map_err(get)?,
-            num_failures: row.try_get("num_failures").map_err(get)?,
-            last_heartbeat_at: row.try_get("last_heartbeat_at").map_err(get)?,
-            execution_logs,
-            worker_hostname: row.try_get("worker_hostname").map_err(get)?,
-            cancel: row.try_get("cancel").map_err(get)?,
-            unique_key: row.try_get("unique_key").map_err(get)?,
-            max_attempts: row.try_get("max_attempts").map_err(get)?,
-            expires_at: row.try_get("expires_at").map_err(get)?,
-            at_most_once: row.try_get("at_most_once").map_err(get)?,
-        })
+        let state = self.state_of(&stored_state);
+        let mut view = JobView::new(row.try_get("id").map_err(get)?, stored_state, state);
+        view.kind = row.try_get("kind").map_err(get)?;
+        view.payload = row.try_get("payload").map_err(get)?;
+        view.priority = row.try_get("priority").map_err(get)?;
+        view.failure_message = row.try_get("failure_message").map_err(get)?;
+        view.queued_at = row.try_get("queued_at").map_err(get)?;
+        view.started_at = row.try_get("started_at").map_err(get)?;
+        view.finished_at = row.try_get("finished_at").map_err(get)?;
+        view.process_after = row.try_get("process_after").map_err(get)?;
+        view.num_resets = row.try_get("num_resets").map_err(get)?;
+        view.num_failures = row.try_get("num_failures").map_err(get)?;
+        view.last_heartbeat_at = row.try_get("last_heartbeat_at").map_err(get)?;
+        view.execution_logs = execution_logs;
+        view.worker_hostname = row.try_get("worker_hostname").map_err(get)?;
+        view.cancel = row.try_get("cancel").map_err(get)?;
+        view.unique_key = row.try_get("unique_key").map_err(get)?;
+        view.max_attempts = row.try_get("max_attempts").map_err(get)?;
+        view.expires_at = row.try_get("expires_at").map_err(get)?;
+        view.at_most_once = row.try_get("at_most_once").map_err(get)?;
+        Ok(view)
     }
 
     /// The value of a filter's input.
@@ -271,13 +269,18 @@ impl<K: PgKey> PgAdmin<K> {
             Targets::Ids(_) => (Pick::Ids, None),
             Targets::Matching { .. } if limit == 0 => return Ok(Vec::new()),
             Targets::Matching { filter, .. } => (Pick::Matching(filter), Some(filter)),
+            other => {
+                return Err(StoreError::Refused(format!(
+                    "the Postgres store does not know the targets {other:?}"
+                )))
+            }
         };
         let Some(statement) = self.inner.sql.write(write, pick)? else {
             return Ok(Vec::new());
         };
         let mut ids = match targets {
             Targets::Ids(ids) => Some(ids.clone()),
-            Targets::Matching { .. } => None,
+            _ => None,
         };
         let context = write_context(write);
         let rows = query(&statement, |p| match p {
@@ -575,6 +578,7 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
     match targets {
         Targets::Ids(ids) => ids.len(),
         Targets::Matching { limit, .. } => *limit,
+        _ => 0,
     }
 }
 
@@ -713,15 +717,14 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         let stalled: i64 = row
             .try_get("stalled")
             .map_err(|e| store_error("counting stalled jobs", e))?;
-        Ok(QueueStats {
+        Ok(QueueStats::new(
             counts,
-            oldest_claimable_since: row
-                .try_get("oldest")
+            row.try_get("oldest")
                 .map_err(|e| store_error("reading the oldest waiting job", e))?,
-            stalled: u64::try_from(stalled).unwrap_or(0),
+            u64::try_from(stalled).unwrap_or(0),
             // The database's time, which the oldest job's is measured on.
             now,
-        })
+        ))
     }
 
     async fn finished_timeline(
@@ -844,11 +847,11 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             }
         };
         drop(conn);
-        Ok(ActionReport {
-            changed: changed.len() as u64,
-            stop_requested: 0,
-            skipped: self.skipped(targets, &changed, &[write]).await?,
-        })
+        Ok(ActionReport::new(
+            changed.len() as u64,
+            0,
+            self.skipped(targets, &changed, &[write]).await?,
+        ))
     }
 
     async fn cancel(
@@ -870,17 +873,16 @@ impl<K: PgKey> Admin for PgAdmin<K> {
             .await?;
         let mut changed = canceled.clone();
         changed.extend(flagged.iter().cloned());
-        Ok(ActionReport {
-            changed: canceled.len() as u64,
-            stop_requested: flagged.len() as u64,
-            skipped: self
-                .skipped(
-                    targets,
-                    &changed,
-                    &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
-                )
-                .await?,
-        })
+        Ok(ActionReport::new(
+            canceled.len() as u64,
+            flagged.len() as u64,
+            self.skipped(
+                targets,
+                &changed,
+                &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
+            )
+            .await?,
+        ))
     }
 
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
@@ -907,13 +909,12 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         let deleted = self
             .write(AdminWrite::Delete, targets, limit_of(targets), Utc::now())
             .await?;
-        Ok(ActionReport {
-            changed: deleted.len() as u64,
-            stop_requested: 0,
-            skipped: self
-                .skipped(targets, &deleted, &[AdminWrite::Delete])
+        Ok(ActionReport::new(
+            deleted.len() as u64,
+            0,
+            self.skipped(targets, &deleted, &[AdminWrite::Delete])
                 .await?,
-        })
+        ))
     }
 
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {

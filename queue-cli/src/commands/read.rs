@@ -129,16 +129,13 @@ pub async fn list(
         Some(after) => keys::<String>(std::slice::from_ref(after))?.pop(),
         None => None,
     };
-    let params = ListParams {
-        filter: args.filter.to_filter(admin)?,
-        order: if args.oldest_first {
+    let params = ListParams::first(args.filter.to_filter(admin)?, args.limit)
+        .order(if args.oldest_first {
             ListOrder::OldestFirst
         } else {
             ListOrder::NewestFirst
-        },
-        limit: args.limit,
-        after,
-    };
+        })
+        .after(after);
     let page = admin.list(&params).await?;
     if context.json {
         return output::json(out, &page);

@@ -371,15 +371,15 @@ impl Api {
                 Some(states)
             }
         };
-        Ok(JobFilter {
-            states,
-            kinds: split(&query.kind),
-            queued_from: query.queued_after,
-            queued_before: query.queued_before,
-            finished_from: query.finished_after,
-            finished_before: query.finished_before,
-            failure_contains: query.failure_contains.clone(),
-        })
+        let mut filter = JobFilter::default();
+        filter.states = states;
+        filter.kinds = split(&query.kind);
+        filter.queued_from = query.queued_after;
+        filter.queued_before = query.queued_before;
+        filter.finished_from = query.finished_after;
+        filter.finished_before = query.finished_before;
+        filter.failure_contains = query.failure_contains.clone();
+        Ok(filter)
     }
 }
 
@@ -441,15 +441,12 @@ pub async fn list_jobs(
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
     }
-    let params = ListParams {
-        filter: api.filter(&query)?,
-        order: match query.order {
+    let params = ListParams::first(api.filter(&query)?, limit as usize)
+        .order(match query.order {
             Some(Order::Oldest) => ListOrder::OldestFirst,
             _ => ListOrder::NewestFirst,
-        },
-        limit: limit as usize,
-        after: query.after.clone(),
-    };
+        })
+        .after(query.after.clone());
     let page = api.admin.list(&params).await?;
     Ok(Json(JobList {
         jobs: page.jobs.into_iter().map(Job::from).collect(),

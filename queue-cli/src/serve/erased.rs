@@ -53,8 +53,8 @@ where
 
     /// The targets with keys parsed; texts that are no key come back apart
     /// (no job can have them).
-    fn targets(targets: &Targets<String>) -> (Targets<A::Id>, Vec<String>) {
-        match targets {
+    fn targets(targets: &Targets<String>) -> Result<(Targets<A::Id>, Vec<String>), StoreError> {
+        Ok(match targets {
             Targets::Ids(texts) => {
                 let mut keys = Vec::with_capacity(texts.len());
                 let mut not_keys = Vec::new();
@@ -73,7 +73,8 @@ where
                 },
                 Vec::new(),
             ),
-        }
+            other => return Err(StoreError::Refused(format!("unknown targets {other:?}"))),
+        })
     }
 }
 
@@ -86,11 +87,7 @@ fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> Acti
     let mut skipped: Vec<Skipped<String>> =
         report.skipped.into_iter().map(|s| s.map_id(text)).collect();
     skipped.extend(not_keys.into_iter().map(Skipped::missing));
-    ActionReport {
-        changed: report.changed,
-        stop_requested: report.stop_requested,
-        skipped,
-    }
+    ActionReport::new(report.changed, report.stop_requested, skipped)
 }
 
 #[async_trait]
@@ -126,15 +123,7 @@ where
             })?),
             None => None,
         };
-        let page = self
-            .0
-            .list(&ListParams {
-                filter: params.filter.clone(),
-                order: params.order,
-                limit: params.limit,
-                after,
-            })
-            .await?;
+        let page = self.0.list(&params.clone().rekeyed(after)).await?;
         Ok(JobPage {
             jobs: page.jobs.into_iter().map(|job| job.map_id(text)).collect(),
             next: page.next.map(text),
@@ -175,7 +164,7 @@ where
         params: RetryParams,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = Self::targets(targets);
+        let (targets, not_keys) = Self::targets(targets)?;
         Ok(report(self.0.retry(&targets, params, now).await?, not_keys))
     }
 
@@ -184,12 +173,12 @@ where
         targets: &Targets<String>,
         now: DateTime<Utc>,
     ) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = Self::targets(targets);
+        let (targets, not_keys) = Self::targets(targets)?;
         Ok(report(self.0.cancel(&targets, now).await?, not_keys))
     }
 
     async fn delete(&self, targets: &Targets<String>) -> Result<ActionReport<String>, StoreError> {
-        let (targets, not_keys) = Self::targets(targets);
+        let (targets, not_keys) = Self::targets(targets)?;
         Ok(report(self.0.delete(&targets).await?, not_keys))
     }
 

@@ -173,16 +173,16 @@ mod tests {
             kind: None,
             count,
         };
-        QueueStats {
-            counts: vec![
+        QueueStats::new(
+            vec![
                 count(JobState::Queued, queued),
                 count(JobState::Errored, 1),
                 count(JobState::Processing, processing),
             ],
-            oldest_claimable_since: None,
-            stalled: 0,
-            now: at,
-        }
+            None,
+            0,
+            at,
+        )
     }
 
     #[test]
