@@ -91,3 +91,35 @@ pub trait ArgsHandler<S: Store, A: JobArgs>: Send + Sync + 'static {
         args: A,
     ) -> Result<(), JobError>;
 }
+
+/// A handler for jobs of one [`JobArgs`] type that needs nothing of the
+/// store: it receives the decoded arguments alone, so the same handler
+/// type runs on every store (the memory store in a test, Postgres in
+/// production). Register it with `queue_worker::Router::work`. A handler
+/// that writes in the job's own transaction (Postgres' transactional mode)
+/// implements [`ArgsHandler`] instead, which names the store.
+///
+/// ```
+/// use async_trait::async_trait;
+/// use queue_core::{JobArgs, JobContext, JobError, JobHandler};
+///
+/// #[derive(serde::Serialize, serde::Deserialize)]
+/// struct SendEmail { to: String }
+/// impl JobArgs for SendEmail { const KIND: &'static str = "send_email"; }
+///
+/// struct Mailer;
+/// #[async_trait]
+/// impl JobHandler<SendEmail> for Mailer {
+///     async fn handle(&self, _: &JobContext, email: SendEmail) -> Result<(), JobError> {
+///         if email.to.is_empty() {
+///             return Err(JobError::poison("no recipient"));
+///         }
+///         Ok(())
+///     }
+/// }
+/// ```
+#[async_trait]
+pub trait JobHandler<A: JobArgs>: Send + Sync + 'static {
+    /// Processes one job; see [`Handler::handle`](crate::Handler::handle).
+    async fn handle(&self, ctx: &JobContext, args: A) -> Result<(), JobError>;
+}

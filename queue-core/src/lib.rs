@@ -20,7 +20,7 @@ pub use crate::admin::{
     ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, SkipReason, Skipped, StateCount,
     StatsParams, Targets, TimelineParams,
 };
-pub use crate::args::{decode_args, ArgsHandler, JobArgs, WithPayload};
+pub use crate::args::{decode_args, ArgsHandler, JobArgs, JobHandler, WithPayload};
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
 pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};

@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use queue_core::{
-    decode_args, ArgsHandler, Handler, JobArgs, JobContext, JobError, JobRecord, Outcome, Store,
-    WithPayload,
+    decode_args, ArgsHandler, Handler, JobArgs, JobContext, JobError, JobHandler, JobRecord,
+    Outcome, Store, WithPayload,
 };
 
 /// Dispatches each job to the handler registered for its kind. Adding a kind
@@ -96,6 +96,50 @@ impl<S: Store> Router<S> {
         )
     }
 
+    /// Registers `handler`, which needs nothing of the store, for jobs of
+    /// `A`'s kind: it receives the payload decoded as `A` (a payload that
+    /// does not decode fails the job at once). The same handler type
+    /// registers on a router of any store.
+    ///
+    /// ```
+    /// use async_trait::async_trait;
+    /// use queue_core::{Job, JobArgs, JobContext, JobError, JobHandler, Store};
+    /// use queue_store_memory::MemoryStore;
+    /// use queue_worker::Router;
+    ///
+    /// #[derive(serde::Serialize, serde::Deserialize)]
+    /// struct SendEmail { to: String }
+    /// impl JobArgs for SendEmail { const KIND: &'static str = "send_email"; }
+    ///
+    /// struct Mailer;
+    /// #[async_trait]
+    /// impl JobHandler<SendEmail> for Mailer {
+    ///     async fn handle(&self, _: &JobContext, email: SendEmail) -> Result<(), JobError> {
+    ///         assert!(email.to.contains('@'));
+    ///         Ok(())
+    ///     }
+    /// }
+    ///
+    /// /// One router for any store whose records are `Job`s.
+    /// fn router<S: Store<Record = Job>>() -> Router<S> {
+    ///     Router::new().work::<SendEmail>(Mailer)
+    /// }
+    /// let in_tests = router::<MemoryStore>();
+    /// assert_eq!(in_tests.kinds().collect::<Vec<_>>(), ["send_email"]);
+    /// ```
+    pub fn work<A: JobArgs>(self, handler: impl JobHandler<A>) -> Self
+    where
+        S::Record: WithPayload,
+    {
+        self.route(
+            A::KIND,
+            Plain {
+                handler,
+                args: PhantomData::<fn() -> A>,
+            },
+        )
+    }
+
     /// The registered kinds, in order.
     pub fn kinds(&self) -> impl Iterator<Item = &str> {
         self.handlers.keys().map(String::as_str)
@@ -128,6 +172,32 @@ where
     ) -> Result<(), JobError> {
         let args: A = decode_args(record)?;
         self.handler.handle(ctx, store, args).await
+    }
+}
+
+/// A [`JobHandler`] as a [`Handler`] of any store: decodes the payload,
+/// and leaves the job's store alone.
+struct Plain<H, A> {
+    handler: H,
+    args: PhantomData<fn() -> A>,
+}
+
+#[async_trait]
+impl<S, A, H> Handler<S> for Plain<H, A>
+where
+    S: Store,
+    S::Record: WithPayload,
+    A: JobArgs,
+    H: JobHandler<A>,
+{
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut S::JobStore,
+        record: &S::Record,
+    ) -> Result<(), JobError> {
+        let args: A = decode_args(record)?;
+        self.handler.handle(ctx, args).await
     }
 }
 
