@@ -270,37 +270,6 @@ impl AdminStatements {
             b.build()
         });
 
-        // Why the jobs a write left alone were left: each one's state,
-        // whether another transaction holds its row (the write skips
-        // locked rows), and whether another job holds its unique key.
-        let mut b = Builder::default();
-        let ids = b.p(Param::Ids);
-        let key_held = match (names.at(Column::UniqueKey), names.get(Column::UniqueKey)) {
-            (Some(key), Some(key_name)) => {
-                let active = [JobState::Queued, JobState::Processing, JobState::Errored]
-                    .map(value)
-                    .join(", ");
-                let holds = match names.get(Column::UniqueForever) {
-                    Some(forever) => format!("(h.{forever} OR h.{state_name} IN ({active}))"),
-                    None => format!("h.{state_name} IN ({active})"),
-                };
-                format!(
-                    "({key} IS NOT NULL AND EXISTS (SELECT 1 FROM {table} AS h WHERE h.{key_name} = {key} \
-                     AND h.{id_name} <> {id} AND {holds}))"
-                )
-            }
-            _ => "false".to_owned(),
-        };
-        b.push(&format!(
-            "WITH free AS (SELECT {id} AS \"id\" FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[])) \
-             FOR NO KEY UPDATE SKIP LOCKED) \
-             SELECT {id} AS \"id\", CAST({state} AS text) AS \"state\", \
-             {id} IN (SELECT \"id\" FROM free) AS \"free\", {key_held} AS \"key_held\" \
-             FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))",
-            kt = shape.key_type
-        ));
-        let states_of = b.build();
-
         // Reset: stalled rows that no transaction locks go back to queued,
         // or fail past the reset limit or under at-most-once delivery.
         let stalled_since = names
@@ -393,7 +362,7 @@ impl AdminStatements {
             counts,
             waiting,
             timeline,
-            states_of,
+            states_of: Statement::default(),
             expire,
             reset,
             enqueue: Statement::default(),
@@ -403,6 +372,7 @@ impl AdminStatements {
         // insert; any other table, or channel, needs the enqueue to.
         let notify = !(shape.notify_trigger
             && options.notify_channel() == crate::options::default_channel(&options.table.name));
+        statements.states_of = statements.states_of_statement();
         statements.enqueue = statements.enqueue_statement(notify);
         statements.enqueue_unique = statements.enqueue_unique_statement(notify);
         statements
@@ -570,10 +540,44 @@ impl AdminStatements {
         write: AdminWrite,
         pick: Pick<'_>,
     ) -> Result<Option<Statement>, StoreError> {
+        let mut b = Builder::default();
+        let Some(rows) = self.picked_rows(&mut b, write, pick)? else {
+            return Ok(None);
+        };
+        // The guard again in the outer statement: the inner select's
+        // snapshot may be older than the row it locked.
+        let from = self.states_moved_by(write);
+        let guard = if from.is_empty() {
+            String::new()
+        } else {
+            format!(" AND {}", self.state_in(&from))
+        };
+        let text = match write {
+            AdminWrite::Delete => self.delete_text(&rows),
+            AdminWrite::Archive => match self.archive_text(&rows) {
+                Some(text) => text,
+                None => return Ok(None),
+            },
+            AdminWrite::Retry(reset) => self.retry_text(&mut b, reset, &rows, &guard),
+            AdminWrite::CancelWaiting => self.cancel_waiting_text(&mut b, &rows, &guard),
+            AdminWrite::RequestStop => self.request_stop_text(&rows, &guard),
+        };
+        b.push(&text);
+        Ok(Some(b.build()))
+    }
+
+    /// `id = ANY(..)` of the rows `write` takes, as `pick` chooses them,
+    /// locked, skipping rows another transaction holds; `None` when the
+    /// table lacks what the write needs.
+    fn picked_rows(
+        &self,
+        b: &mut Builder,
+        write: AdminWrite,
+        pick: Pick<'_>,
+    ) -> Result<Option<String>, StoreError> {
         let names = &self.names;
         let (table, a) = (&self.table, &self.alias);
         let id = names.must(Column::Id);
-        let mut b = Builder::default();
         let mut conditions = Vec::new();
         let from = self.states_moved_by(write);
         if matches!(write, AdminWrite::Retry(_)) && from.is_empty() {
@@ -582,26 +586,12 @@ impl AdminStatements {
         if !from.is_empty() {
             conditions.push(self.state_in(&from));
         }
-        if let (AdminWrite::Retry(_), Some(key), Some(key_name)) = (
-            write,
-            names.at(Column::UniqueKey),
-            names.get(Column::UniqueKey),
-        ) {
-            // A job whose unique key another job holds stays where it is:
-            // queued again, it would be a second job with the key.
-            let id_name = names.get(Column::Id).unwrap_or("\"id\"");
-            let state_name = names.get(Column::State).unwrap_or("\"state\"");
-            let active = [JobState::Queued, JobState::Processing, JobState::Errored]
-                .map(|s| self.state_value(s))
-                .join(", ");
-            let holds = match names.get(Column::UniqueForever) {
-                Some(forever) => format!("(h.{forever} OR h.{state_name} IN ({active}))"),
-                None => format!("h.{state_name} IN ({active})"),
-            };
-            conditions.push(format!(
-                "({key} IS NULL OR NOT EXISTS (SELECT 1 FROM {table} AS h WHERE h.{key_name} = {key} \
-                 AND h.{id_name} <> {id} AND {holds}))"
-            ));
+        if let AdminWrite::Retry(_) = write {
+            if let Some(held) = self.key_held_by_another() {
+                // A job whose unique key another job holds stays where it
+                // is: queued again, it would be a second job with the key.
+                conditions.push(format!("NOT {held}"));
+            }
         }
         if write == AdminWrite::RequestStop {
             let Some(cancel) = names.at(Column::Cancel) else {
@@ -618,7 +608,7 @@ impl AdminStatements {
                 b.p(Param::Ids),
                 kt = self.key_type
             ),
-            Pick::Matching(filter) => self.filter(&mut b, filter)?,
+            Pick::Matching(filter) => self.filter(b, filter)?,
         };
         conditions.push(picked);
         let limit = match pick {
@@ -634,7 +624,7 @@ impl AdminStatements {
             "FROM {table} AS {a} WHERE {} {limit} {lock} SKIP LOCKED",
             conditions.join(" AND ")
         );
-        let rows = match (write, names.at(Column::UniqueKey)) {
+        Ok(Some(match (write, names.at(Column::UniqueKey)) {
             // At most one job per unique key among the picked: two queued
             // again at once would both hold it (the unique index refuses
             // the statement). The lowest key of each wins; the others are
@@ -648,99 +638,148 @@ impl AdminStatements {
                 )
             }
             _ => format!("{id} = ANY(ARRAY(SELECT {id} {source}))"),
+        }))
+    }
+
+    /// Why the jobs a write left alone were left: each one's state, whether
+    /// another transaction holds its row (the writes skip locked rows), and
+    /// whether another job holds its unique key.
+    fn states_of_statement(&self) -> Statement {
+        let names = &self.names;
+        let (table, a) = (&self.table, &self.alias);
+        let (id, state) = (names.must(Column::Id), names.must(Column::State));
+        let mut b = Builder::default();
+        let ids = b.p(Param::Ids);
+        let key_held = self
+            .key_held_by_another()
+            .unwrap_or_else(|| "false".to_owned());
+        b.push(&format!(
+            "WITH free AS (SELECT {id} AS \"id\" FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[])) \
+             FOR NO KEY UPDATE SKIP LOCKED) \
+             SELECT {id} AS \"id\", CAST({state} AS text) AS \"state\", \
+             {id} IN (SELECT \"id\" FROM free) AS \"free\", {key_held} AS \"key_held\" \
+             FROM {table} AS {a} WHERE {id} = ANY(CAST({ids} AS {kt}[]))",
+            kt = self.key_type
+        ));
+        b.build()
+    }
+
+    /// `(..)`: whether another job holds the row's unique key (waits, runs,
+    /// or keeps it forever); `None` without a unique key column.
+    fn key_held_by_another(&self) -> Option<String> {
+        let names = &self.names;
+        let (key, key_name) = (names.at(Column::UniqueKey)?, names.get(Column::UniqueKey)?);
+        let (table, id) = (&self.table, names.must(Column::Id));
+        let id_name = names.get(Column::Id).unwrap_or("\"id\"");
+        let state_name = names.get(Column::State).unwrap_or("\"state\"");
+        let active = [JobState::Queued, JobState::Processing, JobState::Errored]
+            .map(|s| self.state_value(s))
+            .join(", ");
+        let holds = match names.get(Column::UniqueForever) {
+            Some(forever) => format!("(h.{forever} OR h.{state_name} IN ({active}))"),
+            None => format!("h.{state_name} IN ({active})"),
         };
-        // The guard again in the outer statement: the inner select's
-        // snapshot may be older than the row it locked.
-        let guard = if from.is_empty() {
-            String::new()
-        } else {
-            format!(" AND {}", self.state_in(&from))
-        };
-        let name = |c: Column| names.get(c).map(str::to_owned);
-        let text = match write {
-            AdminWrite::Delete => {
-                format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}")
+        Some(format!(
+            "({key} IS NOT NULL AND EXISTS (SELECT 1 FROM {table} AS h WHERE h.{key_name} = {key} \
+             AND h.{id_name} <> {id} AND {holds}))"
+        ))
+    }
+
+    /// The name of `column`, if the table has it.
+    fn name(&self, column: Column) -> Option<String> {
+        self.names.get(column).map(str::to_owned)
+    }
+
+    fn delete_text(&self, rows: &str) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        let id = self.names.must(Column::Id);
+        format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}")
+    }
+
+    /// The rows leave the table and enter the archive in one statement: a
+    /// failed insert deletes nothing. `None` without an archive.
+    fn archive_text(&self, rows: &str) -> Option<String> {
+        let (table, a) = (&self.table, &self.alias);
+        let (archive, columns) = self.shape.archive.as_ref()?;
+        let columns = columns.join(", ");
+        let key = self.names.get(Column::Id).unwrap_or("\"id\"");
+        Some(format!(
+            "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*) \
+             INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}"
+        ))
+    }
+
+    fn retry_text(&self, b: &mut Builder, reset: bool, rows: &str, guard: &str) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        let id = self.names.must(Column::Id);
+        let mut sets = vec![format!(
+            "{} = {}",
+            self.names.get(Column::State).unwrap_or("\"state\""),
+            self.state_value(JobState::Queued)
+        )];
+        if let Some(n) = self.name(Column::ProcessAfter) {
+            sets.push(format!("{n} = {}", b.p(Param::Now)));
+        }
+        // An expiry that has passed would fail the job again at the next
+        // sweep: a retry clears it. One still ahead stays.
+        if let Some(n) = self.name(Column::ExpiresAt) {
+            let now = b.p(Param::Now);
+            sets.push(format!(
+                "{n} = CASE WHEN {n} <= {now} THEN NULL ELSE {n} END"
+            ));
+        }
+        for (c, value) in [(Column::FinishedAt, "NULL"), (Column::Cancel, "false")] {
+            if let Some(n) = self.name(c) {
+                sets.push(format!("{n} = {value}"));
             }
-            AdminWrite::Archive => {
-                let Some((archive, columns)) = &self.shape.archive else {
-                    return Ok(None);
-                };
-                // The rows leave the table and enter the archive in one
-                // statement: a failed insert deletes nothing.
-                let columns = columns.join(", ");
-                let key = names.get(Column::Id).unwrap_or("\"id\"");
-                format!(
-                    "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*) \
-                     INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}"
-                )
+        }
+        if reset {
+            for c in [Column::NumFailures, Column::NumResets] {
+                if let Some(n) = self.name(c) {
+                    sets.push(format!("{n} = 0"));
+                }
             }
-            AdminWrite::Retry(reset) => {
-                let mut sets = vec![format!(
-                    "{} = {}",
-                    names.get(Column::State).unwrap_or("\"state\""),
-                    self.state_value(JobState::Queued)
-                )];
-                if let Some(n) = name(Column::ProcessAfter) {
-                    sets.push(format!("{n} = {}", b.p(Param::Now)));
-                }
-                // An expiry that has passed would fail the job again at the
-                // next sweep: a retry clears it. One still ahead stays.
-                if let Some(n) = name(Column::ExpiresAt) {
-                    let now = b.p(Param::Now);
-                    sets.push(format!(
-                        "{n} = CASE WHEN {n} <= {now} THEN NULL ELSE {n} END"
-                    ));
-                }
-                for (c, value) in [(Column::FinishedAt, "NULL"), (Column::Cancel, "false")] {
-                    if let Some(n) = name(c) {
-                        sets.push(format!("{n} = {value}"));
-                    }
-                }
-                if reset {
-                    for c in [Column::NumFailures, Column::NumResets] {
-                        if let Some(n) = name(c) {
-                            sets.push(format!("{n} = 0"));
-                        }
-                    }
-                }
-                // Retried jobs are claimable: wake the workers, in the same
-                // round trip.
-                format!(
-                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}{}",
-                    sets.join(", "),
-                    notified(&mut b)
-                )
-            }
-            AdminWrite::CancelWaiting => {
-                let mut sets = vec![format!(
-                    "{} = {}",
-                    names.get(Column::State).unwrap_or("\"state\""),
-                    self.state_value(JobState::Canceled)
-                )];
-                if let Some(n) = name(Column::FailureMessage) {
-                    let message = b.p(Param::Message);
-                    sets.push(format!(
-                        "{n} = {}",
-                        failure_value(&self.shape, &message, None)
-                    ));
-                }
-                if let Some(n) = name(Column::FinishedAt) {
-                    sets.push(format!("{n} = {}", b.p(Param::Now)));
-                }
-                format!(
-                    "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
-                    sets.join(", ")
-                )
-            }
-            AdminWrite::RequestStop => {
-                let cancel = name(Column::Cancel).unwrap_or_else(|| "\"cancel\"".into());
-                format!(
-                    "UPDATE {table} AS {a} SET {cancel} = true WHERE {rows}{guard} RETURNING {id}"
-                )
-            }
-        };
-        b.push(&text);
-        Ok(Some(b.build()))
+        }
+        // Retried jobs are claimable: wake the workers, in the same round
+        // trip.
+        format!(
+            "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}{}",
+            sets.join(", "),
+            notified(b)
+        )
+    }
+
+    fn cancel_waiting_text(&self, b: &mut Builder, rows: &str, guard: &str) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        let id = self.names.must(Column::Id);
+        let mut sets = vec![format!(
+            "{} = {}",
+            self.names.get(Column::State).unwrap_or("\"state\""),
+            self.state_value(JobState::Canceled)
+        )];
+        if let Some(n) = self.name(Column::FailureMessage) {
+            let message = b.p(Param::Message);
+            sets.push(format!(
+                "{n} = {}",
+                failure_value(&self.shape, &message, None)
+            ));
+        }
+        if let Some(n) = self.name(Column::FinishedAt) {
+            sets.push(format!("{n} = {}", b.p(Param::Now)));
+        }
+        format!(
+            "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
+            sets.join(", ")
+        )
+    }
+
+    fn request_stop_text(&self, rows: &str, guard: &str) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        let id = self.names.must(Column::Id);
+        let cancel = self
+            .name(Column::Cancel)
+            .unwrap_or_else(|| "\"cancel\"".into());
+        format!("UPDATE {table} AS {a} SET {cancel} = true WHERE {rows}{guard} RETURNING {id}")
     }
 
     /// Inserts jobs from arrays ([`Param::Kinds`], [`Param::Payloads`],

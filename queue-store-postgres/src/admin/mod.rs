@@ -1,0 +1,251 @@
+//! [`PgAdmin`]: the admin contract on any Postgres table the options
+//! describe. The contract's methods live by idea: reads in `read`,
+//! operators' writes in `write`, the enqueue in `enqueue`, and the
+//! store's own sweeps (expiry, stalled jobs) in `sweeps`.
+
+use std::marker::PhantomData;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use chrono::{DateTime, Utc};
+use queue_core::{
+    ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
+    ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
+    StatsParams, StoreError, Targets, TimelineParams,
+};
+use sqlx::PgPool;
+
+use crate::clock_offset::ClockOffset;
+use crate::options::{Column, PgStoreOptions};
+use crate::record::PgKey;
+use crate::sql::admin::AdminStatements;
+use crate::sql::{catalog, TableShape};
+
+mod enqueue;
+mod read;
+mod sweeps;
+mod write;
+
+struct Inner {
+    pool: PgPool,
+    options: PgStoreOptions,
+    sql: AdminStatements,
+    absent: Vec<Column>,
+    /// The database's clock minus the callers'.
+    offset: ClockOffset,
+}
+
+/// The admin contract ([`Admin`]) on a Postgres table: read, count, retry,
+/// cancel, delete, reset, purge and enqueue jobs, in the table's own
+/// columns and state values, whatever record type its workers decode.
+///
+/// It needs only a pool and the table's [`PgStoreOptions`] (the same as
+/// the workers', or read from a config file): no listener, no completer,
+/// so an operator tool or an HTTP server can hold one cheaply. A
+/// [`PgStore`](crate::PgStore) carries one too ([`PgStore::admin`](crate::PgStore::admin))
+/// and implements [`Admin`] through it.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use queue_core::{Admin, JobFilter, JobState, ListParams, RetryParams, Targets};
+/// use queue_store_postgres::{JobTable, PgAdmin};
+///
+/// let admin = PgAdmin::<i64>::new(pool, JobTable::default().store_options()).await?;
+/// let failed = admin
+///     .list(&ListParams::first(JobFilter::default().states([JobState::Failed]), 20))
+///     .await?;
+/// for job in &failed.jobs {
+///     println!("{} {:?}: {:?}", job.id, job.kind, job.failure_message);
+/// }
+/// let ids = failed.jobs.iter().map(|job| job.id).collect();
+/// let report = admin
+///     .retry(&Targets::Ids(ids), RetryParams::default(), chrono::Utc::now())
+///     .await?;
+/// println!("{} retried", report.changed);
+/// # Ok(()) }
+/// ```
+pub struct PgAdmin<K> {
+    inner: Arc<Inner>,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<K> Clone for PgAdmin<K> {
+    fn clone(&self) -> Self {
+        PgAdmin {
+            inner: self.inner.clone(),
+            key: PhantomData,
+        }
+    }
+}
+
+impl<K> std::fmt::Debug for PgAdmin<K> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("PgAdmin")
+            .field("table", &self.inner.options.table)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<K: PgKey> PgAdmin<K> {
+    /// Checks `options` against the catalog (as a store does) and builds
+    /// the admin statements. `K` is the key column's type: `i32`, `i64`,
+    /// `uuid::Uuid` or `String`.
+    pub async fn new(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
+        options.check()?;
+        let (shape, absent) = catalog::inspect(&pool, &options, K::PG_TYPES).await?;
+        let admin = PgAdmin::from_parts(pool, options, &shape, absent);
+        admin.inner.offset.measure(&admin.inner.pool).await?;
+        Ok(admin)
+    }
+
+    /// Takes the times it is given as readings of `clock` (by default the
+    /// system clock) and translates them onto the database's clock, which
+    /// it measures against `clock` now and every minute after. See
+    /// [`PgStore::set_clock`](crate::PgStore::set_clock).
+    pub async fn set_clock(&self, clock: Arc<dyn queue_core::Clock>) -> Result<(), StoreError> {
+        self.inner.offset.set_clock(clock, &self.inner.pool).await
+    }
+
+    /// The database's clock minus the callers', as last measured (zero
+    /// below a second).
+    pub fn clock_offset(&self) -> chrono::TimeDelta {
+        self.inner.offset.offset()
+    }
+
+    /// `at`, a time of the callers' clock, on the database's clock.
+    pub(crate) fn to_db(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        self.inner.offset.to_db(at)
+    }
+
+    /// `at`, a time on the database's clock, on this process's clock.
+    pub(crate) fn to_local(&self, at: DateTime<Utc>) -> DateTime<Utc> {
+        self.inner.offset.to_local(at)
+    }
+
+    /// Measures the clock offset again at store start.
+    pub(crate) async fn measure_clock(&self) -> Result<(), StoreError> {
+        self.inner.offset.measure(&self.inner.pool).await
+    }
+
+    /// From options the catalog has already confirmed.
+    pub(crate) fn from_parts(
+        pool: PgPool,
+        options: PgStoreOptions,
+        shape: &TableShape,
+        absent: Vec<Column>,
+    ) -> Self {
+        PgAdmin {
+            inner: Arc::new(Inner {
+                sql: AdminStatements::new(&options, shape, &absent),
+                pool,
+                options,
+                absent,
+                offset: ClockOffset::default(),
+            }),
+            key: PhantomData,
+        }
+    }
+
+    /// The pool it runs on.
+    pub fn pool(&self) -> &PgPool {
+        &self.inner.pool
+    }
+
+    /// The options it was built with.
+    pub fn options(&self) -> &PgStoreOptions {
+        &self.inner.options
+    }
+
+    /// The standard columns the table lacks, each with what is off because
+    /// of it.
+    pub fn disabled_features(&self) -> Vec<(Column, &'static str)> {
+        self.inner
+            .absent
+            .iter()
+            .map(|c| (*c, c.feature_lost()))
+            .collect()
+    }
+
+    /// Whether the table has `column`.
+    pub(crate) fn has(&self, column: Column) -> bool {
+        !self.inner.absent.contains(&column)
+    }
+
+    /// The standard state a stored value stands for: the first state
+    /// mapped to it (errored sharing queued's value reads as queued); the
+    /// expired jobs' own value, if the table has one, reads as failed.
+    pub fn state_of(&self, stored: &str) -> Option<JobState> {
+        JobState::ALL
+            .into_iter()
+            .find(|s| self.inner.options.stored_values(*s).contains(&stored))
+    }
+}
+
+#[async_trait]
+impl<K: PgKey> Admin for PgAdmin<K> {
+    type Id = K;
+
+    fn stored_state(&self, state: JobState) -> String {
+        self.inner.options.states.get(state).to_owned()
+    }
+
+    fn check_enqueue(&self, jobs: &[NewJob]) -> Result<(), StoreError> {
+        self.refuse_unstorable(jobs)
+    }
+
+    async fn get(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
+        self.fetch_job(id).await
+    }
+
+    async fn list(&self, params: &ListParams<K>) -> Result<JobPage<K>, StoreError> {
+        self.fetch_page(params).await
+    }
+
+    async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        self.count_matching(filter).await
+    }
+
+    async fn stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        self.fetch_stats(params).await
+    }
+
+    async fn finished_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        self.fetch_timeline(params).await
+    }
+
+    async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<K>>, StoreError> {
+        self.insert_jobs(jobs).await
+    }
+
+    async fn retry(
+        &self,
+        targets: &Targets<K>,
+        params: RetryParams,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.retry_jobs(targets, params, now).await
+    }
+
+    async fn cancel(
+        &self,
+        targets: &Targets<K>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.cancel_jobs(targets, now).await
+    }
+
+    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        self.purge_jobs(params).await
+    }
+
+    async fn delete(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {
+        self.delete_jobs(targets).await
+    }
+
+    async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {
+        self.reset_stalled(params).await
+    }
+}

@@ -1,0 +1,226 @@
+//! Reading jobs: one by key, a page, a count, the figures per state and
+//! kind, and the finish timeline.
+
+use std::sync::Arc;
+
+use queue_core::{
+    FinishedBucket, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, QueueStats,
+    StateCount, StatsParams, StoreError, TimelineParams,
+};
+use sqlx::postgres::PgRow;
+use sqlx::Row;
+
+use super::PgAdmin;
+use crate::bind::{query, Value};
+use crate::error::store_error;
+use crate::record::PgKey;
+use crate::sql::Param;
+
+impl<K: PgKey> PgAdmin<K> {
+    pub(super) fn view(&self, row: &PgRow) -> Result<JobView<K>, StoreError> {
+        let get = |e| store_error("reading a job", e);
+        let stored_state: String = row.try_get("state").map_err(get)?;
+        let logs: Option<serde_json::Value> = row.try_get("execution_logs").map_err(get)?;
+        let execution_logs = match logs {
+            None | Some(serde_json::Value::Null) => Vec::new(),
+            Some(serde_json::Value::Array(entries)) => entries,
+            Some(other) => vec![other],
+        };
+        let state = self.state_of(&stored_state);
+        let mut view = JobView::new(row.try_get("id").map_err(get)?, stored_state, state);
+        view.kind = row.try_get("kind").map_err(get)?;
+        view.payload = row.try_get("payload").map_err(get)?;
+        view.priority = row.try_get("priority").map_err(get)?;
+        view.failure_message = row.try_get("failure_message").map_err(get)?;
+        view.queued_at = row.try_get("queued_at").map_err(get)?;
+        view.started_at = row.try_get("started_at").map_err(get)?;
+        view.finished_at = row.try_get("finished_at").map_err(get)?;
+        view.process_after = row.try_get("process_after").map_err(get)?;
+        view.num_resets = row.try_get("num_resets").map_err(get)?;
+        view.num_failures = row.try_get("num_failures").map_err(get)?;
+        view.last_heartbeat_at = row.try_get("last_heartbeat_at").map_err(get)?;
+        view.execution_logs = execution_logs;
+        view.worker_hostname = row.try_get("worker_hostname").map_err(get)?;
+        view.cancel = row.try_get("cancel").map_err(get)?;
+        view.unique_key = row.try_get("unique_key").map_err(get)?;
+        view.max_attempts = row.try_get("max_attempts").map_err(get)?;
+        view.expires_at = row.try_get("expires_at").map_err(get)?;
+        view.at_most_once = row.try_get("at_most_once").map_err(get)?;
+        Ok(view)
+    }
+
+    /// The value of a filter's input.
+    pub(super) fn filter_value(&self, filter: &JobFilter, p: Param) -> Option<Value<K>> {
+        let texts = |v: &[String]| Value::Texts(v.iter().cloned().map(Some).collect());
+        match p {
+            Param::FilterStates => filter.states.as_ref().map(|states| {
+                Value::Texts(
+                    states
+                        .iter()
+                        .flat_map(|s| self.inner.options.stored_values(*s))
+                        .map(|v| Some(v.to_owned()))
+                        .collect(),
+                )
+            }),
+            Param::FilterKinds => filter.kinds.as_deref().map(texts),
+            // Times of the callers' clock, on the database's.
+            Param::QueuedFrom => filter.queued_from.map(|at| Value::Time(self.to_db(at))),
+            Param::QueuedBefore => filter.queued_before.map(|at| Value::Time(self.to_db(at))),
+            Param::FinishedFrom => filter.finished_from.map(|at| Value::Time(self.to_db(at))),
+            Param::FinishedBefore => filter.finished_before.map(|at| Value::Time(self.to_db(at))),
+            Param::FailureText => filter.failure_contains.clone().map(Value::Text),
+            _ => None,
+        }
+    }
+
+    pub(super) async fn fetch_job(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
+        let row = query(&self.inner.sql.get, |p| match p {
+            Param::Id => Some(Value::Key(id.clone())),
+            _ => None,
+        })?
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading a job", e))?;
+        row.map(|row| self.view(&row)).transpose()
+    }
+
+    pub(super) async fn fetch_page(
+        &self,
+        params: &ListParams<K>,
+    ) -> Result<JobPage<K>, StoreError> {
+        let newest_first = params.order == ListOrder::NewestFirst;
+        let statement =
+            self.inner
+                .sql
+                .list(&params.filter, newest_first, params.after.is_some())?;
+        let fetch = i64::try_from(params.limit)
+            .unwrap_or(i64::MAX)
+            .saturating_add(1);
+        let rows = query(&statement, |p| match p {
+            Param::Limit => Some(Value::Int(fetch)),
+            Param::After => params.after.clone().map(Value::Key),
+            other => self.filter_value(&params.filter, other),
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("listing jobs", e))?;
+        let mut jobs = rows
+            .iter()
+            .map(|row| self.view(row))
+            .collect::<Result<Vec<_>, _>>()?;
+        let next = if jobs.len() > params.limit {
+            jobs.truncate(params.limit);
+            jobs.last().map(|job| job.id.clone())
+        } else {
+            None
+        };
+        Ok(JobPage { jobs, next })
+    }
+
+    pub(super) async fn count_matching(&self, filter: &JobFilter) -> Result<u64, StoreError> {
+        let statement = self.inner.sql.count(filter)?;
+        let count: i64 = query(&statement, |p| self.filter_value(filter, p))?
+            .fetch_one(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("counting jobs", e))?
+            .try_get(0)
+            .map_err(|e| store_error("counting jobs", e))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
+    pub(super) async fn fetch_stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        let rows = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.inner.sql.counts.text)))
+            .fetch_all(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("counting jobs", e))?;
+        let mut counts = Vec::with_capacity(rows.len());
+        for row in &rows {
+            let stored_state: String = row
+                .try_get("state")
+                .map_err(|e| store_error("counting jobs", e))?;
+            let count: i64 = row
+                .try_get("count")
+                .map_err(|e| store_error("counting jobs", e))?;
+            counts.push(StateCount {
+                state: self.state_of(&stored_state),
+                stored_state,
+                kind: row
+                    .try_get("kind")
+                    .map_err(|e| store_error("counting jobs", e))?,
+                count: u64::try_from(count).unwrap_or(0),
+            });
+        }
+        // Lifecycle order; values the mapping does not know last, by value.
+        counts.sort_by(|a, b| {
+            let order = |c: &StateCount| {
+                c.state
+                    .and_then(|s| JobState::ALL.iter().position(|x| *x == s))
+                    .unwrap_or(JobState::ALL.len())
+            };
+            (order(a), &a.stored_state, &a.kind).cmp(&(order(b), &b.stored_state, &b.kind))
+        });
+        self.inner.offset.refresh(&self.inner.pool).await?;
+        let now = self.to_db(params.now);
+        let row = query::<K>(&self.inner.sql.waiting, |p| match p {
+            Param::Now => Some(Value::Time(now)),
+            Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
+            _ => None,
+        })?
+        .fetch_one(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("reading the oldest waiting job", e))?;
+        let stalled: i64 = row
+            .try_get("stalled")
+            .map_err(|e| store_error("counting stalled jobs", e))?;
+        Ok(QueueStats::new(
+            counts,
+            row.try_get("oldest")
+                .map_err(|e| store_error("reading the oldest waiting job", e))?,
+            u64::try_from(stalled).unwrap_or(0),
+            // The database's time, which the oldest job's is measured on.
+            now,
+        ))
+    }
+
+    pub(super) async fn fetch_timeline(
+        &self,
+        params: &TimelineParams,
+    ) -> Result<Option<Vec<FinishedBucket>>, StoreError> {
+        let Some(statement) = &self.inner.sql.timeline else {
+            return Ok(None);
+        };
+        let seconds = params.bucket.num_seconds();
+        if seconds < 1 {
+            return Err(StoreError::Refused(format!(
+                "a timeline's interval must be at least a second, not {} ms",
+                params.bucket.num_milliseconds()
+            )));
+        }
+        // Finish times are written on the database's clock: the window is
+        // translated onto it, as every other admin read's times are.
+        self.inner.offset.refresh(&self.inner.pool).await?;
+        let rows = query::<K>(statement, |p| match p {
+            Param::FinishedFrom => Some(Value::Time(self.to_db(params.since))),
+            Param::FinishedBefore => Some(Value::Time(self.to_db(params.until()))),
+            Param::BucketSeconds => Some(Value::Int(seconds)),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error("counting finished jobs", e))?;
+        let mut buckets = params.empty();
+        for row in &rows {
+            let read = |e| store_error("counting finished jobs", e);
+            let bucket: i64 = row.try_get("bucket").map_err(read)?;
+            let stored: String = row.try_get("state").map_err(read)?;
+            let count: i64 = row.try_get("count").map_err(read)?;
+            let slot = usize::try_from(bucket)
+                .ok()
+                .and_then(|i| buckets.get_mut(i));
+            if let (Some(slot), Some(state)) = (slot, self.state_of(&stored)) {
+                slot.add(state, u64::try_from(count).unwrap_or(0));
+            }
+        }
+        Ok(Some(buckets))
+    }
+}

@@ -1,0 +1,302 @@
+//! Operators' writes: retry, cancel, delete and purge, each over the rows
+//! it picks, and why a job named by key was left alone.
+
+use std::collections::HashSet;
+
+use chrono::{DateTime, Utc};
+use queue_core::{
+    ActionReport, JobState, PurgeParams, RetryParams, SkipReason, Skipped, StoreError, Targets,
+    CANCELED_BEFORE_RUN_MESSAGE,
+};
+use sqlx::Row;
+
+use super::PgAdmin;
+use crate::bind::{query, Value};
+use crate::error::store_error;
+use crate::record::PgKey;
+use crate::sql::admin::{AdminWrite, Pick};
+use crate::sql::Param;
+
+impl<K: PgKey> PgAdmin<K> {
+    /// Runs `write` over `targets`; returns the keys it changed. `limit`
+    /// caps a [`Targets::Matching`] call.
+    pub(super) async fn write(
+        &self,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<K>, StoreError> {
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(write_context(write), e))?;
+        self.write_on(&mut conn, write, targets, limit, now).await
+    }
+
+    /// [`PgAdmin::write`] on `conn`.
+    pub(super) async fn write_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<Vec<K>, StoreError> {
+        let (pick, filter) = match targets {
+            Targets::Ids(ids) if ids.is_empty() => return Ok(Vec::new()),
+            Targets::Ids(_) => (Pick::Ids, None),
+            Targets::Matching { .. } if limit == 0 => return Ok(Vec::new()),
+            Targets::Matching { filter, .. } => (Pick::Matching(filter), Some(filter)),
+            other => {
+                return Err(StoreError::Refused(format!(
+                    "the Postgres store does not know the targets {other:?}"
+                )))
+            }
+        };
+        let Some(statement) = self.inner.sql.write(write, pick)? else {
+            return Ok(Vec::new());
+        };
+        let mut ids = match targets {
+            Targets::Ids(ids) => Some(ids.clone()),
+            _ => None,
+        };
+        let context = write_context(write);
+        let rows = query(&statement, |p| match p {
+            Param::Ids => ids.take().map(Value::Keys),
+            Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
+            Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
+            Param::Now => Some(Value::Time(self.to_db(now))),
+            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
+            other => filter.and_then(|f| self.filter_value(f, other)),
+        })?
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        rows.iter()
+            .map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
+            .collect()
+    }
+
+    /// The keys of `targets` none of `changed` holds, each with why: no
+    /// such job, a state none of `writes` moves a job out of, a row
+    /// another transaction held, or a unique key another job holds.
+    pub(super) async fn skipped(
+        &self,
+        targets: &Targets<K>,
+        changed: &[K],
+        writes: &[AdminWrite],
+    ) -> Result<Vec<Skipped<K>>, StoreError> {
+        let Targets::Ids(ids) = targets else {
+            return Ok(Vec::new());
+        };
+        let changed: HashSet<&K> = changed.iter().collect();
+        let left: Vec<K> = ids
+            .iter()
+            .filter(|id| !changed.contains(id))
+            .cloned()
+            .collect();
+        if left.is_empty() {
+            return Ok(Vec::new());
+        }
+        let context = "reading why jobs were left alone";
+        let mut keys = Some(left.clone());
+        let rows = query(&self.inner.sql.states_of, |p| match p {
+            Param::Ids => keys.take().map(Value::Keys),
+            _ => None,
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        let mut found = std::collections::HashMap::with_capacity(rows.len());
+        for row in &rows {
+            let read = |e| store_error(context, e);
+            let id: K = row.try_get("id").map_err(read)?;
+            let stored: String = row.try_get("state").map_err(read)?;
+            let free: bool = row.try_get("free").map_err(read)?;
+            let key_held: bool = row.try_get("key_held").map_err(read)?;
+            found.insert(id, (stored, free, key_held));
+        }
+        // The states the writes move jobs out of; none named: any.
+        let mut movable = Vec::new();
+        for write in writes {
+            let states = self.inner.sql.states_moved_by(*write);
+            if states.is_empty() {
+                movable = JobState::ALL.to_vec();
+                break;
+            }
+            movable.extend(states);
+        }
+        let retry = writes.iter().any(|w| matches!(w, AdminWrite::Retry(_)));
+        Ok(left
+            .into_iter()
+            .map(|id| {
+                let Some((stored, free, key_held)) = found.remove(&id) else {
+                    return Skipped::missing(id);
+                };
+                let state = self.state_of(&stored);
+                let reason = if !state.is_some_and(|s| movable.contains(&s)) {
+                    SkipReason::State
+                } else if !free {
+                    SkipReason::Locked
+                } else if retry && key_held {
+                    SkipReason::KeyHeld
+                } else {
+                    // Moved on between the write and this read.
+                    SkipReason::State
+                };
+                Skipped::new(id, stored, state, reason)
+            })
+            .collect())
+    }
+
+    pub(super) async fn retry_jobs(
+        &self,
+        targets: &Targets<K>,
+        params: RetryParams,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::Retry(params.reset_attempts);
+        let context = write_context(write);
+        // The statement queues at most one job per unique key and none
+        // whose key another job holds, so it meets a unique violation only
+        // when a concurrent enqueue took a key after its snapshot. Then it
+        // runs again on the same connection: the failed statement's locks
+        // are gone by the time the connection answers, and the new
+        // snapshot sees the key's new holder and leaves that job alone.
+        // Each statement is all or nothing: nothing is retried twice, and
+        // a failure reports no partial work.
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(context, e))?;
+        let mut tries = 0;
+        let changed = loop {
+            tries += 1;
+            match self
+                .write_on(&mut conn, write, targets, limit_of(targets), now)
+                .await
+            {
+                Err(error) if is_unique_violation(&error) && tries < RETRY_ROUNDS => continue,
+                Err(error) if is_unique_violation(&error) => {
+                    return Err(StoreError::Conflict {
+                        context: format!(
+                            "{context}: {RETRY_ROUNDS} statements in a row met enqueues taking the same unique keys; nothing was retried, try again"
+                        ),
+                        source: Box::new(error),
+                    })
+                }
+                other => break other?,
+            }
+        };
+        drop(conn);
+        Ok(ActionReport::new(
+            changed.len() as u64,
+            0,
+            self.skipped(targets, &changed, &[write]).await?,
+        ))
+    }
+
+    pub(super) async fn cancel_jobs(
+        &self,
+        targets: &Targets<K>,
+        now: DateTime<Utc>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let limit = limit_of(targets);
+        let canceled = self
+            .write(AdminWrite::CancelWaiting, targets, limit, now)
+            .await?;
+        let flagged = self
+            .write(
+                AdminWrite::RequestStop,
+                targets,
+                limit.saturating_sub(canceled.len()),
+                now,
+            )
+            .await?;
+        let mut changed = canceled.clone();
+        changed.extend(flagged.iter().cloned());
+        Ok(ActionReport::new(
+            canceled.len() as u64,
+            flagged.len() as u64,
+            self.skipped(
+                targets,
+                &changed,
+                &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
+            )
+            .await?,
+        ))
+    }
+
+    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+        let Some(filter) = params.filter()? else {
+            return Ok(0);
+        };
+        // With an archive, purged jobs move there; else they are deleted.
+        let write = if self.inner.options.archive.is_some() {
+            AdminWrite::Archive
+        } else {
+            AdminWrite::Delete
+        };
+        let targets = Targets::Matching {
+            filter,
+            limit: params.limit,
+        };
+        let moved = self
+            .write(write, &targets, params.limit, Utc::now())
+            .await?;
+        Ok(moved.len() as u64)
+    }
+
+    pub(super) async fn delete_jobs(
+        &self,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let deleted = self
+            .write(AdminWrite::Delete, targets, limit_of(targets), Utc::now())
+            .await?;
+        Ok(ActionReport::new(
+            deleted.len() as u64,
+            0,
+            self.skipped(targets, &deleted, &[AdminWrite::Delete])
+                .await?,
+        ))
+    }
+}
+
+/// Statements a retry runs before it gives up on enqueues that keep
+/// taking the keys of the jobs it retries.
+const RETRY_ROUNDS: u32 = 5;
+
+/// What `write` is doing, for its errors.
+fn write_context(write: AdminWrite) -> &'static str {
+    match write {
+        AdminWrite::Retry(_) => "retrying jobs",
+        AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
+        AdminWrite::Delete => "deleting jobs",
+        AdminWrite::Archive => "moving purged jobs to the archive",
+    }
+}
+
+fn limit_of<K>(targets: &Targets<K>) -> usize {
+    match targets {
+        Targets::Ids(ids) => ids.len(),
+        Targets::Matching { limit, .. } => *limit,
+        _ => 0,
+    }
+}
+
+/// Whether `error` is a unique violation (a second holder of a unique key).
+fn is_unique_violation(error: &StoreError) -> bool {
+    let StoreError::Backend { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|db| db.code().as_deref() == Some("23505"))
+}
