@@ -1,7 +1,7 @@
 //! What operators' writes and reads do on Postgres beyond the conformance
 //! suite: why a retry left a job alone (a row another transaction held, a
-//! key a concurrent enqueue took), the timeline on the database's clock,
-//! and expired jobs stored under a value of their own.
+//! key a concurrent enqueue took), and the timeline on the database's
+//! clock.
 
 mod support;
 
@@ -10,10 +10,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use queue_core::{
-    Admin, Clock, Job, JobFilter, JobState, NewJob, PurgeParams, RetryParams, SkipReason,
-    StatsParams, Store, Targets, TimelineParams, UniqueScope,
+    Admin, Clock, JobState, NewJob, RetryParams, SkipReason, Targets, TimelineParams, UniqueScope,
 };
-use queue_store_postgres::{JobTable, PgAdmin, PgStore};
+use queue_store_postgres::{JobTable, PgAdmin};
 use sqlx::PgPool;
 use support::{fresh_table, pool};
 
@@ -172,74 +171,5 @@ async fn the_timeline_is_read_on_the_databases_clock() {
         buckets.last().map(|b| b.failed),
         Some(1),
         "in the last minute"
-    );
-}
-
-/// A table whose expired jobs end in a value of their own: they are failed
-/// jobs to operators, so stats count them as failed, lists and purges by
-/// failed state find them, and a retry runs them again.
-#[tokio::test]
-async fn expired_jobs_stored_apart_are_listed_retried_and_purged_as_failed() {
-    let Some(pool) = pool("expired_jobs_stored_apart_are_listed_retried_and_purged").await else {
-        return;
-    };
-    let table = fresh_table(&pool).await;
-    let t = table.name().quoted();
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE {t} DROP CONSTRAINT \"{}_state_check\"; \
-         ALTER TABLE {t} ADD CHECK (state IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled', 'expired'))",
-        table.name().name.as_str()
-    )))
-    .execute(&pool)
-    .await
-    .expect("the table's own states");
-    let store = PgStore::<Job>::default_table(
-        pool.clone(),
-        table.store_options().expired_state_value("expired"),
-    )
-    .await
-    .expect("a store");
-    let now = Utc::now();
-    let late =
-        |n: i64| NewJob::new("k", serde_json::json!(n)).expires_at(now - TimeDelta::seconds(5));
-    let first = table.enqueue(&pool, &late(1)).await.expect("enqueued");
-    let second = table.enqueue(&pool, &late(2)).await.expect("enqueued");
-    assert_eq!(store.expire(now, 10).await.expect("the sweep").len(), 2);
-    let view = store.get(&first).await.unwrap().expect("the job");
-    assert_eq!(
-        (view.state, view.stored_state.as_str()),
-        (Some(JobState::Failed), "expired")
-    );
-    let stats = store
-        .stats(StatsParams {
-            now,
-            stalled_before: now,
-        })
-        .await
-        .expect("stats");
-    assert_eq!(stats.total(JobState::Failed), 2, "{stats:?}");
-    let failed = JobFilter::default().states([JobState::Failed]);
-    assert_eq!(store.count(&failed).await.expect("a count"), 2);
-
-    let retried = store
-        .retry(&Targets::id(first), RetryParams::default(), now)
-        .await
-        .expect("a retry");
-    assert_eq!(retried.changed, 1);
-    assert!(store.expire(now, 10).await.expect("the sweep").is_empty());
-
-    let purged = store
-        .purge(&PurgeParams {
-            finished_before: Utc::now() + TimeDelta::seconds(5),
-            states: vec![JobState::Failed],
-            limit: 10,
-        })
-        .await
-        .expect("a purge");
-    assert_eq!(purged, 1, "the expired job is purged with the failed ones");
-    assert!(store.get(&second).await.unwrap().is_none());
-    assert!(
-        store.get(&first).await.unwrap().is_some(),
-        "the retried one stays"
     );
 }

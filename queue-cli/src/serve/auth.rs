@@ -256,22 +256,12 @@ mod tests {
     }
 
     #[test]
-    fn a_blank_bearer_token_is_never_presented() {
-        // The header values a client might send for an empty token: none
-        // yields a token to compare.
-        for value in [
-            "Bearer",
-            "Bearer ",
-            "Bearer  ",
-            "Bearer \t",
-            "bearer ",
-            " Bearer   ",
-            "",
-        ] {
-            assert_eq!(bearer(value), None, "{value:?}");
-        }
+    fn a_bearer_token_is_read_in_any_case_and_never_blank() {
+        // Every header variant of an empty token is sent to the server in
+        // tests/dashboard.rs; here, what the reading itself gives.
         assert_eq!(bearer("Bearer abc"), Some("abc"));
         assert_eq!(bearer("bearer  abc "), Some("abc"));
+        assert_eq!(bearer("Bearer  "), None);
         assert_eq!(bearer("Basic abc"), None);
     }
 }
