@@ -206,6 +206,42 @@ async fn without_tokens_only_loopback_host_names_are_answered() {
     );
 }
 
+/// However many callers ask for the figures at once (dashboard tabs,
+/// `/api/stats`, `/metrics`), the store sees one read: one at a time, each
+/// serving every caller for a second.
+#[tokio::test]
+async fn concurrent_stats_requests_share_one_read() {
+    let api = Api::new(
+        Erased::shared(MemoryStore::new()),
+        PgKeyType::Int8,
+        Duration::from_secs(60),
+    );
+    let reads = api.clone();
+    let app = router(api, Tokens::default(), 4096);
+    let mut requests = Vec::new();
+    for i in 0..20 {
+        let app = app.clone();
+        let uri = if i % 2 == 0 { "/api/stats" } else { "/metrics" };
+        requests.push(tokio::spawn(async move {
+            send(&app, Method::GET, uri, &[]).await.0
+        }));
+    }
+    for request in requests {
+        assert_eq!(request.await.expect("joined"), StatusCode::OK);
+    }
+    assert_eq!(reads.stats_reads(), 1, "twenty requests, one read");
+    tokio::time::sleep(queue_cli::serve::api::STATS_FRESH).await;
+    assert_eq!(
+        send(&app, Method::GET, "/api/stats", &[]).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(
+        reads.stats_reads(),
+        2,
+        "read again once a second has passed"
+    );
+}
+
 /// `/healthz` says ok while the background tasks run, and 503 naming the
 /// one that stopped (a scheduler that died, the depth sampler).
 #[tokio::test]

@@ -36,6 +36,18 @@ pub enum StoreError {
     /// in the store's own words.
     #[error("refused: {0}")]
     Refused(String),
+    /// A read ran longer than the store's limit for one and was stopped;
+    /// nothing was changed. Narrow the request (a filter, a smaller page)
+    /// or raise the limit.
+    #[error(
+        "the job store stopped {context} after {after:?}, its limit for one read; narrow the request or raise the limit"
+    )]
+    TimedOut {
+        /// What was being read.
+        context: String,
+        /// The limit.
+        after: std::time::Duration,
+    },
     /// The extra conditions a PreDequeue hook gave a claim were refused (a
     /// placeholder without a bound value, or SQL the database rejects).
     /// That claim fails; the worker says so and keeps running, since the

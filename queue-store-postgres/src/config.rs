@@ -341,6 +341,10 @@ pub struct PgConfig {
     /// How long a job's lock may wait to ride on another commit.
     #[serde(default, with = "humantime_serde")]
     pub lock_rides: Option<Duration>,
+    /// How long one operator read may run (default 10 s); see
+    /// [`PgStoreOptions::admin_read_timeout`].
+    #[serde(default, with = "humantime_serde")]
+    pub admin_read_timeout: Option<Duration>,
     /// `async` or `durable`.
     pub claim_commit: Option<ClaimCommit>,
     /// `keep` or `delete`.
@@ -475,6 +479,9 @@ impl PgConfig {
         }
         if let Some(cursor) = self.claim_cursor {
             options = options.claim_cursor(cursor.0);
+        }
+        if let Some(limit) = self.admin_read_timeout {
+            options = options.admin_read_timeout(Some(limit));
         }
         if let Some(wait) = self.lock_rides {
             options = options.lock_rides(Some(wait));

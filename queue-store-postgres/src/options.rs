@@ -287,6 +287,9 @@ impl StateValues {
     }
 }
 
+/// The default of [`PgStoreOptions::admin_read_timeout`].
+pub const DEFAULT_ADMIN_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Everything the Postgres store needs to know about the table it runs on.
 /// Checked against the live catalog when the store is created.
 ///
@@ -333,6 +336,7 @@ pub struct PgStoreOptions {
     pub(crate) completed_jobs: CompletedJobs,
     pub(crate) claim_cursor: Option<std::time::Duration>,
     pub(crate) lock_rides: Option<std::time::Duration>,
+    pub(crate) admin_read_timeout: Option<std::time::Duration>,
 }
 
 impl PgStoreOptions {
@@ -363,6 +367,7 @@ impl PgStoreOptions {
             completed_jobs: CompletedJobs::Keep,
             claim_cursor: Some(std::time::Duration::from_millis(10)),
             lock_rides: None,
+            admin_read_timeout: Some(DEFAULT_ADMIN_READ_TIMEOUT),
         })
     }
 
@@ -608,6 +613,17 @@ impl PgStoreOptions {
     /// 25-70 % faster with rides (1 ms), 16 handlers about 10 % slower.
     pub fn lock_rides(mut self, wait: Option<std::time::Duration>) -> Self {
         self.lock_rides = wait;
+        self
+    }
+
+    /// How long one operator read ([`Admin`](queue_core::Admin)'s get,
+    /// list, count, stats and timeline) may run before the server stops it
+    /// (its `statement_timeout`, set for the read alone); the read then
+    /// fails with [`StoreError::TimedOut`](queue_core::StoreError::TimedOut).
+    /// Default 10 s; `None` for no limit. A dashboard or `/metrics` left
+    /// open on a big table then never holds a backend for minutes.
+    pub fn admin_read_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
+        self.admin_read_timeout = timeout;
         self
     }
 

@@ -36,7 +36,16 @@ pub struct Api {
     pub depth: Arc<DepthHistory>,
     /// The background tasks `/healthz` watches.
     pub health: Arc<super::health::Health>,
+    /// The figures of the last read, and when it was: one read at a time.
+    stats: Arc<tokio::sync::Mutex<Option<(std::time::Instant, queue_core::QueueStats)>>>,
+    /// How many times the figures were read from the store.
+    stats_reads: Arc<std::sync::atomic::AtomicU64>,
 }
+
+/// How long the queue's figures serve every caller (`/api/stats`, every
+/// dashboard tab, `/metrics`, the depth sampler) before they are read
+/// again: however many ask, the store sees one read a second at most.
+pub const STATS_FRESH: Duration = Duration::from_secs(1);
 
 impl Api {
     /// The API over `admin`, whose keys are of type `key`.
@@ -51,11 +60,27 @@ impl Api {
             stalled_max_age,
             depth: Arc::default(),
             health: Arc::default(),
+            stats: Arc::default(),
+            stats_reads: Arc::default(),
         }
     }
 
-    /// The queue's figures now, recorded in the depth history.
+    /// How many times this server has read the queue's figures from the
+    /// store.
+    pub fn stats_reads(&self) -> u64 {
+        self.stats_reads.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// The queue's figures, at most [`STATS_FRESH`] old. One read at a time
+    /// (single flight): a caller that comes while a read runs waits for it
+    /// and takes its figures. A fresh read is recorded in the depth history.
     pub async fn stats_now(&self) -> Result<queue_core::QueueStats, StoreError> {
+        let mut last = self.stats.lock().await;
+        if let Some((at, stats)) = last.as_ref() {
+            if at.elapsed() < STATS_FRESH {
+                return Ok(stats.clone());
+            }
+        }
         let now = Utc::now();
         let max_age = chrono::TimeDelta::from_std(self.stalled_max_age)
             .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
@@ -66,7 +91,10 @@ impl Api {
                 stalled_before: now - max_age,
             })
             .await?;
+        self.stats_reads
+            .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.depth.record(&stats);
+        *last = Some((std::time::Instant::now(), stats.clone()));
         Ok(stats)
     }
 }

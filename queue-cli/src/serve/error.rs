@@ -57,7 +57,7 @@ pub struct ErrorDetail {
     /// Stable, for programs: `bad_request`, `unauthorized`, `forbidden`,
     /// `cross_site`, `not_found`, `conflict`, `transient_conflict`,
     /// `payload_too_large`, `unsupported_media_type`, `misconfigured`,
-    /// `database_unavailable`, `internal`.
+    /// `database_unavailable`, `read_timeout`, `internal`.
     pub code: String,
     /// For people.
     pub message: String,
@@ -159,6 +159,14 @@ impl From<StoreError> for ApiError {
         let detail = error.chain();
         match &error {
             StoreError::Refused(message) => ApiError::bad_request(message.clone()),
+            StoreError::TimedOut { context, after } => ApiError::logged(
+                StatusCode::SERVICE_UNAVAILABLE,
+                "read_timeout",
+                &format!(
+                    "{context} took longer than {after:?}, the server's limit for one read, and was stopped; narrow the request"
+                ),
+                &detail,
+            ),
             StoreError::Unavailable { .. } => ApiError::logged(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "database_unavailable",

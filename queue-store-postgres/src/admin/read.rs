@@ -16,7 +16,48 @@ use crate::error::store_error;
 use crate::record::PgKey;
 use crate::sql::Param;
 
+/// One operator read's connection: a read-only transaction whose
+/// statements the server stops after the admin read timeout.
+type Read = sqlx::Transaction<'static, sqlx::Postgres>;
+
 impl<K: PgKey> PgAdmin<K> {
+    /// Opens a read for `context`: `BEGIN READ ONLY` and the timeout in one
+    /// round trip.
+    async fn begin_read(&self, context: &str) -> Result<Read, StoreError> {
+        let begin = match self.inner.options.admin_read_timeout {
+            Some(limit) => format!(
+                "BEGIN READ ONLY; SET LOCAL statement_timeout = {}",
+                limit.as_millis().max(1)
+            ),
+            None => "BEGIN READ ONLY".to_owned(),
+        };
+        self.inner
+            .pool
+            .begin_with(sqlx::AssertSqlSafe(begin))
+            .await
+            .map_err(|e| store_error(context, e))
+    }
+
+    /// Ends a read (nothing to keep: it wrote nothing).
+    async fn end_read(&self, read: Read, context: &str) -> Result<(), StoreError> {
+        read.commit().await.map_err(|e| store_error(context, e))
+    }
+
+    /// A read's error: one the timeout stopped is [`StoreError::TimedOut`].
+    fn read_error(&self, context: &str, error: sqlx::Error) -> StoreError {
+        let cancelled = error
+            .as_database_error()
+            .and_then(|db| db.code())
+            .is_some_and(|code| code == "57014");
+        match (cancelled, self.inner.options.admin_read_timeout) {
+            (true, Some(after)) => StoreError::TimedOut {
+                context: context.to_owned(),
+                after,
+            },
+            _ => store_error(context, error),
+        }
+    }
+
     pub(super) fn view(&self, row: &PgRow) -> Result<JobView<K>, StoreError> {
         let get = |e| store_error("reading a job", e);
         let stored_state: String = row.try_get("state").map_err(get)?;
@@ -74,13 +115,16 @@ impl<K: PgKey> PgAdmin<K> {
     }
 
     pub(super) async fn fetch_job(&self, id: &K) -> Result<Option<JobView<K>>, StoreError> {
+        let context = "reading a job";
+        let mut read = self.begin_read(context).await?;
         let row = query(&self.inner.sql.get, |p| match p {
             Param::Id => Some(Value::Key(id.clone())),
             _ => None,
         })?
-        .fetch_optional(&self.inner.pool)
+        .fetch_optional(&mut *read)
         .await
-        .map_err(|e| store_error("reading a job", e))?;
+        .map_err(|e| self.read_error(context, e))?;
+        self.end_read(read, context).await?;
         row.map(|row| self.view(&row)).transpose()
     }
 
@@ -96,14 +140,17 @@ impl<K: PgKey> PgAdmin<K> {
         let fetch = i64::try_from(params.limit)
             .unwrap_or(i64::MAX)
             .saturating_add(1);
+        let context = "listing jobs";
+        let mut read = self.begin_read(context).await?;
         let rows = query(&statement, |p| match p {
             Param::Limit => Some(Value::Int(fetch)),
             Param::After => params.after.clone().map(Value::Key),
             other => self.filter_value(&params.filter, other),
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(&mut *read)
         .await
-        .map_err(|e| store_error("listing jobs", e))?;
+        .map_err(|e| self.read_error(context, e))?;
+        self.end_read(read, context).await?;
         let mut jobs = rows
             .iter()
             .map(|row| self.view(row))
@@ -119,20 +166,27 @@ impl<K: PgKey> PgAdmin<K> {
 
     pub(super) async fn count_matching(&self, filter: &JobFilter) -> Result<u64, StoreError> {
         let statement = self.inner.sql.count(filter)?;
+        let context = "counting jobs";
+        let mut read = self.begin_read(context).await?;
         let count: i64 = query(&statement, |p| self.filter_value(filter, p))?
-            .fetch_one(&self.inner.pool)
+            .fetch_one(&mut *read)
             .await
-            .map_err(|e| store_error("counting jobs", e))?
+            .map_err(|e| self.read_error(context, e))?
             .try_get(0)
-            .map_err(|e| store_error("counting jobs", e))?;
+            .map_err(|e| store_error(context, e))?;
+        self.end_read(read, context).await?;
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
     pub(super) async fn fetch_stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
+        // The clock first: the read's transaction holds a connection.
+        self.inner.offset.refresh(&self.inner.pool).await?;
+        let context = "counting jobs";
+        let mut read = self.begin_read(context).await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.inner.sql.counts.text)))
-            .fetch_all(&self.inner.pool)
+            .fetch_all(&mut *read)
             .await
-            .map_err(|e| store_error("counting jobs", e))?;
+            .map_err(|e| self.read_error(context, e))?;
         let mut counts = Vec::with_capacity(rows.len());
         for row in &rows {
             let stored_state: String = row
@@ -159,16 +213,16 @@ impl<K: PgKey> PgAdmin<K> {
             };
             (order(a), &a.stored_state, &a.kind).cmp(&(order(b), &b.stored_state, &b.kind))
         });
-        self.inner.offset.refresh(&self.inner.pool).await?;
         let now = self.to_db(params.now);
         let row = query::<K>(&self.inner.sql.waiting, |p| match p {
             Param::Now => Some(Value::Time(now)),
             Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
             _ => None,
         })?
-        .fetch_one(&self.inner.pool)
+        .fetch_one(&mut *read)
         .await
-        .map_err(|e| store_error("reading the oldest waiting job", e))?;
+        .map_err(|e| self.read_error("reading the oldest waiting job", e))?;
+        self.end_read(read, context).await?;
         let stalled: i64 = row
             .try_get("stalled")
             .map_err(|e| store_error("counting stalled jobs", e))?;
@@ -199,15 +253,18 @@ impl<K: PgKey> PgAdmin<K> {
         // Finish times are written on the database's clock: the window is
         // translated onto it, as every other admin read's times are.
         self.inner.offset.refresh(&self.inner.pool).await?;
+        let context = "counting finished jobs";
+        let mut read = self.begin_read(context).await?;
         let rows = query::<K>(statement, |p| match p {
             Param::FinishedFrom => Some(Value::Time(self.to_db(params.since))),
             Param::FinishedBefore => Some(Value::Time(self.to_db(params.until()))),
             Param::BucketSeconds => Some(Value::Int(seconds)),
             _ => None,
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(&mut *read)
         .await
-        .map_err(|e| store_error("counting finished jobs", e))?;
+        .map_err(|e| self.read_error(context, e))?;
+        self.end_read(read, context).await?;
         let mut buckets = params.empty();
         for row in &rows {
             let read = |e| store_error("counting finished jobs", e);
