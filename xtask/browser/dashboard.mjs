@@ -123,6 +123,30 @@ try {
     await page.waitForFunction((n) => document.querySelector('[data-card=failed] .n')?.textContent === String(n), FAILED_COUNT - 1);
   });
 
+  await run('a page navigated to is never painted over by the overview\'s late answer or its timer', async () => {
+    // The overview's figures take 1.5 s to come; the person goes to a job
+    // page before they do.
+    const slow = async (route) => {
+      await new Promise((resolve) => setTimeout(resolve, 1500));
+      await route.continue().catch(() => {});
+    };
+    await page.route('**/api/stats', slow);
+    // A fresh load of the overview (a query string, so not a same-page
+    // hash change), whose figures are then on their way.
+    await page.goto(BASE + '/?reload#/');
+    await page.locator('h1', { hasText: 'Overview' }).waitFor();
+    await page.evaluate((id) => { location.hash = '#/jobs/' + encodeURIComponent(id); }, HOSTILE_ID);
+    await page.locator('#payload').waitFor();
+    for (const wait of [2000, 5500]) {
+      // After the overview's answer came (2 s), and after its refresh
+      // would have fired (5 s more).
+      await page.waitForTimeout(wait);
+      check(await page.locator('#payload').count() === 1, `the job page is still shown after ${wait} ms more`);
+      check(await page.locator('[data-card=failed]').count() === 0, 'the overview did not paint over it');
+    }
+    await page.unroute('**/api/stats', slow);
+  });
+
   await run('a foreign table shows its own state values beside the standard ones', async () => {
     await page.goto(FOREIGN_BASE + '/');
     await page.locator('[data-card=failed] .stored').waitFor();

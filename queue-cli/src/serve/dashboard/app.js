@@ -11,6 +11,10 @@ const tokenButton = document.getElementById('token-button');
 const TOKEN_KEY = 'queue-token';
 const STATES = ['queued', 'processing', 'completed', 'errored', 'failed', 'canceled'];
 let refreshTimer = null;
+// Bumped by every navigation: a page's late answer (or its timer) paints
+// only while its navigation is still the one shown, never over the page
+// the person went to meanwhile.
+let shown = 0;
 // A notice set just before navigating survives that one navigation.
 let keepNotice = false;
 
@@ -175,12 +179,14 @@ document.getElementById('token-forget').addEventListener('click', () => {
 // --- Overview ------------------------------------------------------------
 
 async function overview() {
+  const mine = shown;
   main.replaceChildren(h('h1', {}, 'Overview'), h('p', { class: 'muted' }, 'Loading…'));
   const load = async () => {
     const [stats, timeline] = await Promise.all([
       api('GET', '/api/stats'),
       api('GET', '/api/timeline?minutes=60'),
     ]);
+    if (mine !== shown) return;
     main.replaceChildren(
       h('h1', {}, 'Overview'),
       stateCards(stats),
@@ -194,7 +200,9 @@ async function overview() {
       countsTable(stats));
   };
   await guarded(load);
-  refreshTimer = setInterval(() => guarded(load), 5000);
+  // Only if the overview is still what is shown: route() cleared the
+  // timer of the last page when it navigated away, maybe before this.
+  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 5000);
 }
 
 function stateCards(stats) {
@@ -295,6 +303,7 @@ function chart(timeline) {
 // --- Job list ------------------------------------------------------------
 
 async function jobs(params) {
+  const mine = shown;
   const filters = filterForm(params);
   main.replaceChildren(h('h1', {}, 'Jobs'), filters, h('p', { class: 'muted' }, 'Loading…'));
   await guarded(async () => {
@@ -304,6 +313,7 @@ async function jobs(params) {
     }
     query.set('limit', '25');
     const page = await api('GET', '/api/jobs?' + query);
+    if (mine !== shown) return;
     const rows = page.jobs.map((job) => h('tr', { 'data-id': job.id },
       h('td', {}, jobLink(job.id)),
       h('td', {}, job.kind === null ? '—' : job.kind),
@@ -364,9 +374,11 @@ function filterForm(params) {
 // --- One job -------------------------------------------------------------
 
 async function job(id) {
+  const mine = shown;
   main.replaceChildren(h('h1', {}, 'Job ', id), h('p', { class: 'muted' }, 'Loading…'));
   await guarded(async () => {
     const j = await api('GET', '/api/jobs/' + encodeURIComponent(id));
+    if (mine !== shown) return;
     const act = (label, method, path, confirmText, cls) => h('button', {
       class: cls,
       id: 'action-' + label.toLowerCase(),
@@ -436,6 +448,7 @@ async function job(id) {
 // --- Routing -------------------------------------------------------------
 
 function route() {
+  shown += 1;
   clearInterval(refreshTimer);
   refreshTimer = null;
   const hash = location.hash.replace(/^#/, '') || '/';
