@@ -20,6 +20,16 @@ pub struct FilterArgs {
     /// Only jobs whose failure message contains this text (any case).
     #[arg(long, value_name = "TEXT")]
     pub failure_contains: Option<String>,
+    /// Only jobs whose payload contains this JSON (as jsonb's @>), such as
+    /// '{"customer": 42}'.
+    #[arg(long, value_name = "JSON", value_parser = json_value)]
+    pub payload: Option<serde_json::Value>,
+    /// Only the job holding this unique key.
+    #[arg(long, value_name = "KEY")]
+    pub unique_key: Option<String>,
+    /// Only jobs last claimed by this worker (its name, as in `show`).
+    #[arg(long, value_name = "NAME")]
+    pub worker: Option<String>,
     /// Only jobs enqueued at or after this time (RFC 3339, or an age such
     /// as 2h for two hours ago).
     #[arg(long, value_name = "TIME", value_parser = past)]
@@ -41,6 +51,9 @@ impl FilterArgs {
         self.states.is_empty()
             && self.kinds.is_empty()
             && self.failure_contains.is_none()
+            && self.payload.is_none()
+            && self.unique_key.is_none()
+            && self.worker.is_none()
             && self.queued_after.is_none()
             && self.queued_before.is_none()
             && self.finished_after.is_none()
@@ -65,6 +78,9 @@ impl FilterArgs {
         filter.finished_from = self.finished_after;
         filter.finished_before = self.finished_before;
         filter.failure_contains = self.failure_contains.clone();
+        filter.payload_contains = self.payload.clone();
+        filter.unique_key = self.unique_key.clone();
+        filter.worker = self.worker.clone();
         Ok(filter)
     }
 }
@@ -102,6 +118,11 @@ pub fn states_named_in(stored: impl Fn(JobState) -> String, name: &str) -> Resul
         "unknown state {name:?}; the states are {}",
         known.join(", ")
     )
+}
+
+/// JSON given on the command line.
+pub fn json_value(text: &str) -> Result<serde_json::Value> {
+    serde_json::from_str(text).map_err(|e| anyhow!("{text:?} is not JSON: {e}"))
 }
 
 /// A time in the past: RFC 3339, or an age (`90s`, `2h`, `30d`) before now.

@@ -504,6 +504,65 @@ async fn an_ndjson_enqueue_says_where_to_resume() {
         .all(|o| o["inserted"] == true && o["id"].is_string()));
 }
 
+/// The job you mean, found by what its payload contains or the key it
+/// holds, from the CLI and over HTTP.
+#[tokio::test]
+async fn jobs_are_found_by_payload_and_unique_key() {
+    let Some(t) = Setup::new("jobs_are_found_by_payload_and_unique_key").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    ok(&mut q(&["migrate"]));
+    let wanted = ok(&mut q(&[
+        "enqueue",
+        "bill",
+        r#"{"customer": 42, "plan": "pro"}"#,
+    ]));
+    ok(&mut q(&[
+        "enqueue",
+        "bill",
+        r#"{"customer": 7, "plan": "pro"}"#,
+    ]));
+    let keyed = ok(&mut q(&[
+        "enqueue",
+        "bill",
+        "{}",
+        "--unique-key",
+        "invoice:9",
+    ]));
+    let ids = |args: &[&str]| {
+        let page = json(&mut q(args));
+        page["jobs"]
+            .as_array()
+            .expect("jobs")
+            .iter()
+            .map(|j| j["id"].as_str().expect("a key").to_owned())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        ids(&["list", "--payload", r#"{"customer": 42}"#, "--json"]),
+        [wanted.trim()]
+    );
+    assert_eq!(
+        ids(&["list", "--payload", r#"{"plan": "pro"}"#, "--json"]).len(),
+        2
+    );
+    assert_eq!(
+        ids(&["list", "--unique-key", "invoice:9", "--json"]),
+        [keyed.trim()]
+    );
+    assert!(ids(&["list", "--worker", "nobody", "--json"]).is_empty());
+    let output = q(&["list", "--payload", "{customer"])
+        .output()
+        .expect("it runs");
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && stderr.contains("is not JSON"),
+        "{stderr}"
+    );
+}
+
 #[tokio::test]
 async fn failures_are_one_clear_line() {
     let Some(t) = Setup::new("failures_are_one_clear_line").await else {

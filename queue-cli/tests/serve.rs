@@ -138,6 +138,10 @@ async fn the_api_on_the_default_table() {
         ("/api/jobs?limit=0", "limit must be between 1 and 1000"),
         ("/api/jobs?state=lost", "unknown state \"lost\""),
         ("/api/jobs?after=abc", "is not a key of this table"),
+        (
+            "/api/jobs?payload=%7Bnope",
+            "payload: \"{nope\" is not JSON",
+        ),
         ("/api/jobs?queued_after=yesterday", "queued_after"),
         ("/api/jobs?order=sideways", "order"),
         ("/api/jobs?state=", "at least one state"),
@@ -153,6 +157,13 @@ async fn the_api_on_the_default_table() {
             "{uri}: {body}"
         );
     }
+    let (status, by_payload) = get(&app, "/api/jobs?payload=%7B%22to%22%3A%22a%40b.c%22%7D").await;
+    assert_eq!(status, StatusCode::OK, "{by_payload}");
+    assert_eq!(
+        by_payload["jobs"].as_array().map(Vec::len),
+        Some(1),
+        "the job whose payload contains {{\"to\": \"a@b.c\"}}: {by_payload}"
+    );
     let hostile = "x'%29%3B%20DROP%20TABLE%20queue_jobs%3B%20--";
     let (status, none) = get(
         &app,

@@ -202,6 +202,15 @@ pub struct JobFilter {
     pub finished_before: Option<DateTime<Utc>>,
     /// Jobs whose failure message contains this text, ignoring case.
     pub failure_contains: Option<String>,
+    /// Jobs whose payload contains this JSON, as Postgres' `jsonb @>` reads
+    /// it: every key of an object with a value it contains, every element
+    /// of an array in some element, a scalar equal.
+    pub payload_contains: Option<serde_json::Value>,
+    /// Jobs holding this unique key.
+    pub unique_key: Option<String>,
+    /// Jobs last claimed by this worker (its host name, as the worker
+    /// wrote it).
+    pub worker: Option<String>,
 }
 
 impl JobFilter {
@@ -220,6 +229,25 @@ impl JobFilter {
     /// Only jobs whose failure message contains `text`, ignoring case.
     pub fn failure_contains(mut self, text: impl Into<String>) -> Self {
         self.failure_contains = Some(text.into());
+        self
+    }
+
+    /// Only jobs whose payload contains `json` (see
+    /// [`JobFilter::payload_contains`]).
+    pub fn payload_contains(mut self, json: serde_json::Value) -> Self {
+        self.payload_contains = Some(json);
+        self
+    }
+
+    /// Only jobs holding the unique key `key`.
+    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
+        self.unique_key = Some(key.into());
+        self
+    }
+
+    /// Only jobs last claimed by `worker`.
+    pub fn worker(mut self, worker: impl Into<String>) -> Self {
+        self.worker = Some(worker.into());
         self
     }
 
@@ -271,6 +299,35 @@ impl JobFilter {
                     .as_ref()
                     .is_some_and(|m| m.to_lowercase().contains(&text.to_lowercase()))
             })
+            && self
+                .payload_contains
+                .as_ref()
+                .is_none_or(|part| job.payload.as_ref().is_some_and(|p| json_contains(p, part)))
+            && self
+                .unique_key
+                .as_ref()
+                .is_none_or(|key| job.unique_key.as_ref() == Some(key))
+            && self
+                .worker
+                .as_ref()
+                .is_none_or(|w| job.worker_hostname.as_ref() == Some(w))
+    }
+}
+
+/// Whether `whole` contains `part` as Postgres' `jsonb @>` says: an object
+/// every key of `part`'s with a value that contains its value, an array an
+/// element containing each of `part`'s elements, a scalar an equal one.
+pub fn json_contains(whole: &serde_json::Value, part: &serde_json::Value) -> bool {
+    use serde_json::Value;
+    match (whole, part) {
+        (Value::Object(w), Value::Object(p)) => p
+            .iter()
+            .all(|(key, value)| w.get(key).is_some_and(|v| json_contains(v, value))),
+        (Value::Array(w), Value::Array(p)) => p
+            .iter()
+            .all(|value| w.iter().any(|v| json_contains(v, value))),
+        (Value::Number(w), Value::Number(p)) => w.as_f64() == p.as_f64(),
+        (w, p) => w == p,
     }
 }
 
@@ -893,6 +950,25 @@ mod tests {
             other => other.as_str().to_owned(),
         });
         assert_eq!(merged, [JobState::Failed, JobState::Canceled]);
+    }
+
+    #[test]
+    fn payload_containment_reads_as_jsonb_does() {
+        use serde_json::json;
+        let payload =
+            json!({"customer": 42, "tags": ["a", "b"], "address": {"city": "Oslo", "zip": "0150"}});
+        assert!(json_contains(&payload, &json!({"customer": 42})));
+        assert!(json_contains(&payload, &json!({"customer": 42.0})));
+        assert!(json_contains(
+            &payload,
+            &json!({"address": {"city": "Oslo"}})
+        ));
+        assert!(json_contains(&payload, &json!({"tags": ["b"]})));
+        assert!(json_contains(&payload, &json!({})));
+        assert!(!json_contains(&payload, &json!({"customer": 43})));
+        assert!(!json_contains(&payload, &json!({"tags": ["c"]})));
+        assert!(!json_contains(&payload, &json!({"missing": null})));
+        assert!(!json_contains(&payload, &json!({"customer": "42"})));
     }
 
     #[test]

@@ -16,9 +16,9 @@ mod store;
 pub mod testkit;
 
 pub use crate::admin::{
-    distinct_retryable_states, ActionReport, Admin, FinishedBucket, JobFilter, JobPage, JobView,
-    ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, SkipReason, Skipped, StateCount,
-    StatsParams, Targets, TimelineParams,
+    distinct_retryable_states, json_contains, ActionReport, Admin, FinishedBucket, JobFilter,
+    JobPage, JobView, ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, SkipReason,
+    Skipped, StateCount, StatsParams, Targets, TimelineParams,
 };
 pub use crate::args::{decode_args, ArgsHandler, JobArgs, JobHandler, WithPayload};
 pub use crate::clock::{Clock, SystemClock};

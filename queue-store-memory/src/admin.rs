@@ -105,7 +105,7 @@ fn matching<'s>(state: &'s State, filter: &'s JobFilter) -> impl Iterator<Item =
     state
         .jobs
         .values()
-        .filter(move |job| filter.matches(&JobView::from((*job).clone())))
+        .filter(move |job| filter.matches(&view(state, job)))
 }
 
 fn retry(

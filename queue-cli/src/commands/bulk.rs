@@ -247,6 +247,15 @@ fn describe(admin: &TextAdmin, filter: &JobFilter) -> String {
     if let Some(text) = &filter.failure_contains {
         parts.push(format!("failure containing {text:?}"));
     }
+    if let Some(json) = &filter.payload_contains {
+        parts.push(format!("payload containing {json}"));
+    }
+    if let Some(key) = &filter.unique_key {
+        parts.push(format!("unique key {key:?}"));
+    }
+    if let Some(worker) = &filter.worker {
+        parts.push(format!("last claimed by {worker:?}"));
+    }
     for (label, at) in [
         ("enqueued from", filter.queued_from),
         ("enqueued before", filter.queued_before),

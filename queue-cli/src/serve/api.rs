@@ -233,6 +233,12 @@ pub struct ListQuery {
     pub kind: Option<String>,
     /// Text the failure message contains (any case).
     pub failure_contains: Option<String>,
+    /// JSON the payload contains (jsonb's `@>`), such as `{"customer":42}`.
+    pub payload: Option<String>,
+    /// The unique key a job holds.
+    pub unique_key: Option<String>,
+    /// The worker that last claimed a job.
+    pub worker: Option<String>,
     /// Enqueued at or after (RFC 3339).
     pub queued_after: Option<DateTime<Utc>>,
     /// Enqueued before.
@@ -407,6 +413,14 @@ impl Api {
         filter.finished_from = query.finished_after;
         filter.finished_before = query.finished_before;
         filter.failure_contains = query.failure_contains.clone();
+        filter.payload_contains = match &query.payload {
+            Some(text) => Some(serde_json::from_str(text).map_err(|e| {
+                ApiError::bad_request(format!("payload: {text:?} is not JSON: {e}"))
+            })?),
+            None => None,
+        };
+        filter.unique_key = query.unique_key.clone();
+        filter.worker = query.worker.clone();
         Ok(filter)
     }
 }

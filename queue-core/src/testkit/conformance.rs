@@ -2031,6 +2031,89 @@ pub async fn admin_retry_makes_an_expired_job_runnable<H: Harness>(h: &H) {
     );
 }
 
+/// Lists find the job meant by what its payload contains, by its unique
+/// key, and by the worker that claimed it.
+pub async fn admin_list_finds_jobs_by_payload_key_and_worker<H: Harness>(h: &H) {
+    use serde_json::json;
+    let store = h.store().await;
+    let t = t0();
+    let pro = h
+        .enqueue(
+            &store,
+            NewJob::new(
+                "bill",
+                json!({"customer": 42, "plan": "pro", "tags": ["eu", "vip"]}),
+            ),
+        )
+        .await;
+    let other = h
+        .enqueue(
+            &store,
+            NewJob::new("bill", json!({"customer": 7, "plan": "pro"})),
+        )
+        .await;
+    let keyed = h
+        .enqueue(
+            &store,
+            NewJob::new("bill", json!({"customer": 9}))
+                .unique("invoice:9", crate::UniqueScope::Active),
+        )
+        .await;
+    let ids_of = |filter: JobFilter| {
+        let store = &store;
+        async move {
+            let mut ids: Vec<IdOf<H>> = Admin::list(store, &ListParams::first(filter, 10))
+                .await
+                .expect("list failed")
+                .jobs
+                .into_iter()
+                .map(|j| j.id)
+                .collect();
+            ids.sort_by_key(|id| id.to_string());
+            ids
+        }
+    };
+    let sorted = |mut ids: Vec<IdOf<H>>| {
+        ids.sort_by_key(|id| id.to_string());
+        ids
+    };
+    assert_eq!(
+        ids_of(JobFilter::default().payload_contains(json!({"customer": 42}))).await,
+        vec![pro.clone()]
+    );
+    assert_eq!(
+        ids_of(JobFilter::default().payload_contains(json!({"plan": "pro"}))).await,
+        sorted(vec![pro.clone(), other.clone()])
+    );
+    assert_eq!(
+        ids_of(JobFilter::default().payload_contains(json!({"tags": ["vip"]}))).await,
+        vec![pro.clone()]
+    );
+    assert!(
+        ids_of(JobFilter::default().payload_contains(json!({"customer": "42"})))
+            .await
+            .is_empty()
+    );
+    assert_eq!(
+        ids_of(JobFilter::default().unique_key("invoice:9")).await,
+        vec![keyed.clone()]
+    );
+    let claimed = ids::<H>(&claim::<H>(&store, 1, t).await);
+    assert_eq!(ids_of(JobFilter::default().worker(WORKER)).await, claimed);
+    assert!(ids_of(JobFilter::default().worker("elsewhere"))
+        .await
+        .is_empty());
+    assert_eq!(
+        Admin::count(
+            &store,
+            &JobFilter::default().payload_contains(json!({"plan": "pro"}))
+        )
+        .await
+        .expect("count failed"),
+        2
+    );
+}
+
 /// `reset` resets stalled jobs once, as the resetter does.
 pub async fn admin_reset_resets_stalled_jobs_once<H: Harness>(h: &H) {
     let store = h.store().await;
@@ -2097,6 +2180,7 @@ macro_rules! conformance_tests {
             admin_retry_passes_over_jobs_whose_key_is_held,
             admin_retry_makes_an_expired_job_runnable,
             admin_timeline_counts_finished_jobs_per_interval,
+            admin_list_finds_jobs_by_payload_key_and_worker,
             admin_reset_resets_stalled_jobs_once
         );
     };

@@ -110,6 +110,9 @@ impl<K: PgKey> PgAdmin<K> {
             Param::FinishedFrom => filter.finished_from.map(|at| Value::Time(self.to_db(at))),
             Param::FinishedBefore => filter.finished_before.map(|at| Value::Time(self.to_db(at))),
             Param::FailureText => filter.failure_contains.clone().map(Value::Text),
+            Param::FilterPayload => filter.payload_contains.clone().map(Value::Json),
+            Param::FilterUniqueKey => filter.unique_key.clone().map(Value::Text),
+            Param::FilterWorker => filter.worker.clone().map(Value::Text),
             _ => None,
         }
     }

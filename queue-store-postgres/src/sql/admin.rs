@@ -462,6 +462,36 @@ impl AdminStatements {
                 parts.push(format!("{at} {op} {}", b.p(param)));
             }
         }
+        if filter.payload_contains.is_some() {
+            let payload = column(Column::Payload, "payload")?;
+            let payload = match self.payload_type.as_deref() {
+                Some("jsonb") => payload,
+                _ => format!("CAST({payload} AS jsonb)"),
+            };
+            parts.push(format!(
+                "{payload} @> CAST({} AS jsonb)",
+                b.p(Param::FilterPayload)
+            ));
+        }
+        for (set, c, param, field) in [
+            (
+                filter.unique_key.is_some(),
+                Column::UniqueKey,
+                Param::FilterUniqueKey,
+                "unique key",
+            ),
+            (
+                filter.worker.is_some(),
+                Column::WorkerHostname,
+                Param::FilterWorker,
+                "worker",
+            ),
+        ] {
+            if set {
+                let at = column(c, field)?;
+                parts.push(format!("CAST({at} AS text) = {}", b.p(param)));
+            }
+        }
         if filter.failure_contains.is_some() {
             let message = failure_text(
                 &self.shape,

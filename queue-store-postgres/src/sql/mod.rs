@@ -69,6 +69,9 @@ pub(crate) enum Param {
     FinishedFrom,
     FinishedBefore,
     FailureText,
+    FilterPayload,
+    FilterUniqueKey,
+    FilterWorker,
     Limit,
     After,
     /// The length of a timeline's interval, in whole seconds (int8).
