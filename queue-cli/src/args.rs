@@ -30,6 +30,10 @@ pub struct FilterArgs {
     /// Only jobs last claimed by this worker (its name, as in `show`).
     #[arg(long, value_name = "NAME")]
     pub worker: Option<String>,
+    /// Only jobs running for longer than this (processing, their attempt
+    /// started that long ago), such as 10m.
+    #[arg(long, value_name = "DURATION", value_parser = age, conflicts_with = "states")]
+    pub running_longer_than: Option<TimeDelta>,
     /// Only jobs enqueued at or after this time (RFC 3339, or an age such
     /// as 2h for two hours ago).
     #[arg(long, value_name = "TIME", value_parser = past)]
@@ -54,6 +58,7 @@ impl FilterArgs {
             && self.payload.is_none()
             && self.unique_key.is_none()
             && self.worker.is_none()
+            && self.running_longer_than.is_none()
             && self.queued_after.is_none()
             && self.queued_before.is_none()
             && self.finished_after.is_none()
@@ -78,6 +83,9 @@ impl FilterArgs {
         filter.finished_from = self.finished_after;
         filter.finished_before = self.finished_before;
         filter.failure_contains = self.failure_contains.clone();
+        if let Some(running) = self.running_longer_than {
+            filter = filter.running_since_before(Utc::now() - running);
+        }
         filter.payload_contains = self.payload.clone();
         filter.unique_key = self.unique_key.clone();
         filter.worker = self.worker.clone();

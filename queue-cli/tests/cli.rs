@@ -553,6 +553,31 @@ async fn jobs_are_found_by_payload_and_unique_key() {
         [keyed.trim()]
     );
     assert!(ids(&["list", "--worker", "nobody", "--json"]).is_empty());
+    // A job whose attempt started two hours ago is running longer than an
+    // hour; none is running longer than three.
+    t.sql(&format!(
+        "UPDATE {}.queue_jobs SET state = 'processing', started_at = now() - interval '2 hours', \
+         worker_hostname = 'box-1' WHERE id = {}",
+        t.s,
+        wanted.trim()
+    ))
+    .await;
+    assert_eq!(
+        ids(&["list", "--running-longer-than", "1h", "--json"]),
+        [wanted.trim()]
+    );
+    assert!(ids(&["list", "--running-longer-than", "3h", "--json"]).is_empty());
+    assert_eq!(
+        ids(&["list", "--worker", "box-1", "--json"]),
+        [wanted.trim()]
+    );
+    let output = q(&["list", "--running-longer-than", "1h", "--state", "failed"])
+        .output()
+        .expect("it runs");
+    assert!(
+        !output.status.success(),
+        "running jobs and another state conflict"
+    );
     let output = q(&["list", "--payload", "{customer"])
         .output()
         .expect("it runs");

@@ -211,6 +211,9 @@ pub struct JobFilter {
     /// Jobs last claimed by this worker (its host name, as the worker
     /// wrote it).
     pub worker: Option<String>,
+    /// Jobs whose current or last attempt started before this time; with
+    /// the processing state, the jobs running longer than a while.
+    pub started_before: Option<DateTime<Utc>>,
 }
 
 impl JobFilter {
@@ -248,6 +251,14 @@ impl JobFilter {
     /// Only jobs last claimed by `worker`.
     pub fn worker(mut self, worker: impl Into<String>) -> Self {
         self.worker = Some(worker.into());
+        self
+    }
+
+    /// Only jobs running since before `at`: processing, their attempt
+    /// started before it.
+    pub fn running_since_before(mut self, at: DateTime<Utc>) -> Self {
+        self.states = Some(vec![JobState::Processing]);
+        self.started_before = Some(at);
         self
     }
 
@@ -311,6 +322,9 @@ impl JobFilter {
                 .worker
                 .as_ref()
                 .is_none_or(|w| job.worker_hostname.as_ref() == Some(w))
+            && self
+                .started_before
+                .is_none_or(|before| job.started_at.is_some_and(|at| at < before))
     }
 }
 

@@ -256,6 +256,9 @@ fn describe(admin: &TextAdmin, filter: &JobFilter) -> String {
     if let Some(worker) = &filter.worker {
         parts.push(format!("last claimed by {worker:?}"));
     }
+    if let Some(at) = filter.started_before {
+        parts.push(format!("running since before {}", at.to_rfc3339()));
+    }
     for (label, at) in [
         ("enqueued from", filter.queued_from),
         ("enqueued before", filter.queued_before),

@@ -239,6 +239,9 @@ pub struct ListQuery {
     pub unique_key: Option<String>,
     /// The worker that last claimed a job.
     pub worker: Option<String>,
+    /// Running jobs whose attempt started more than this many seconds ago
+    /// (the state is then `processing`).
+    pub running_longer_than: Option<u32>,
     /// Enqueued at or after (RFC 3339).
     pub queued_after: Option<DateTime<Utc>>,
     /// Enqueued before.
@@ -421,6 +424,15 @@ impl Api {
         };
         filter.unique_key = query.unique_key.clone();
         filter.worker = query.worker.clone();
+        if let Some(seconds) = query.running_longer_than {
+            if query.state.is_some() {
+                return Err(ApiError::bad_request(
+                    "running_longer_than picks running jobs: leave out state",
+                ));
+            }
+            filter = filter
+                .running_since_before(Utc::now() - chrono::TimeDelta::seconds(i64::from(seconds)));
+        }
         Ok(filter)
     }
 }

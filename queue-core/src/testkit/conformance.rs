@@ -2103,6 +2103,17 @@ pub async fn admin_list_finds_jobs_by_payload_key_and_worker<H: Harness>(h: &H) 
     assert!(ids_of(JobFilter::default().worker("elsewhere"))
         .await
         .is_empty());
+    // Running since before a time after its claim; not since before one
+    // before it.
+    assert_eq!(
+        ids_of(JobFilter::default().running_since_before(at(t, 60))).await,
+        claimed
+    );
+    assert!(
+        ids_of(JobFilter::default().running_since_before(at(t, -60)))
+            .await
+            .is_empty()
+    );
     assert_eq!(
         Admin::count(
             &store,

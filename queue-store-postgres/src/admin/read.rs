@@ -113,6 +113,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::FilterPayload => filter.payload_contains.clone().map(Value::Json),
             Param::FilterUniqueKey => filter.unique_key.clone().map(Value::Text),
             Param::FilterWorker => filter.worker.clone().map(Value::Text),
+            Param::StartedBefore => filter.started_before.map(|at| Value::Time(self.to_db(at))),
             _ => None,
         }
     }

@@ -455,6 +455,13 @@ impl AdminStatements {
                 Param::FinishedBefore,
                 "finish time",
             ),
+            (
+                filter.started_before,
+                Column::StartedAt,
+                "<",
+                Param::StartedBefore,
+                "start time",
+            ),
         ];
         for (value, c, op, param, field) in times {
             if value.is_some() {

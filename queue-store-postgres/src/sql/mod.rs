@@ -72,6 +72,7 @@ pub(crate) enum Param {
     FilterPayload,
     FilterUniqueKey,
     FilterWorker,
+    StartedBefore,
     Limit,
     After,
     /// The length of a timeline's interval, in whole seconds (int8).
