@@ -142,6 +142,14 @@ async fn the_api_on_the_default_table() {
             "/api/jobs?payload=%7Bnope",
             "payload: \"{nope\" is not JSON",
         ),
+        (
+            "/api/jobs?running_longer_than=2147483648",
+            "between 0 and 2147483647",
+        ),
+        (
+            "/api/jobs?running_longer_than=60&state=failed",
+            "leave out state",
+        ),
         ("/api/jobs?queued_after=yesterday", "queued_after"),
         ("/api/jobs?order=sideways", "order"),
         ("/api/jobs?state=", "at least one state"),

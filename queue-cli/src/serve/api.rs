@@ -241,6 +241,7 @@ pub struct ListQuery {
     pub worker: Option<String>,
     /// Running jobs whose attempt started more than this many seconds ago
     /// (the state is then `processing`).
+    #[param(minimum = 0, maximum = 2147483647)]
     pub running_longer_than: Option<u32>,
     /// Enqueued at or after (RFC 3339).
     pub queued_after: Option<DateTime<Utc>>,
@@ -425,6 +426,11 @@ impl Api {
         filter.unique_key = query.unique_key.clone();
         filter.worker = query.worker.clone();
         if let Some(seconds) = query.running_longer_than {
+            if seconds > i32::MAX as u32 {
+                return Err(ApiError::bad_request(
+                    "running_longer_than must be between 0 and 2147483647 seconds",
+                ));
+            }
             if query.state.is_some() {
                 return Err(ApiError::bad_request(
                     "running_longer_than picks running jobs: leave out state",
