@@ -1,10 +1,11 @@
 //! `/metrics`: the process's metrics in Prometheus' text format, plus
 //! gauges read from the database (jobs per state and kind, the oldest
-//! waiting job's age, stalled jobs), refreshed at most every few seconds.
+//! waiting job's age, stalled jobs), from the figures every reader of the
+//! server shares ([`Api::stats_now`]: one read at a time, at most one a
+//! second).
 
 use std::collections::HashSet;
 use std::sync::{Arc, OnceLock};
-use std::time::{Duration, Instant};
 
 use axum::extract::State;
 use axum::http::header;
@@ -13,9 +14,6 @@ use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use tokio::sync::Mutex;
 
 use super::api::{Api, ApiError};
-
-/// How old the database gauges may be.
-const REFRESH: Duration = Duration::from_secs(5);
 
 /// The process-wide Prometheus recorder (installed once; a second server
 /// in the same process shares it).
@@ -33,10 +31,9 @@ pub fn handle() -> PrometheusHandle {
         .clone()
 }
 
-/// The gauges' last refresh and the label sets they have shown.
+/// The label sets the gauges have shown.
 #[derive(Default)]
 pub struct Gauges {
-    refreshed: Option<Instant>,
     shown: HashSet<(String, String)>,
 }
 
@@ -48,12 +45,9 @@ pub struct MetricsState {
     pub gauges: Arc<Mutex<Gauges>>,
 }
 
-/// Reads the queue's figures into gauges, unless they are fresh.
+/// Reads the queue's figures into gauges.
 async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
     let mut gauges = state.gauges.lock().await;
-    if gauges.refreshed.is_some_and(|at| at.elapsed() < REFRESH) {
-        return Ok(());
-    }
     let stats = state.api.stats_now().await?;
     let mut shown = HashSet::new();
     for count in &stats.counts {
@@ -76,7 +70,6 @@ async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
     );
     metrics::gauge!("queue_stalled_jobs").set(stats.stalled as f64);
     gauges.shown.extend(shown);
-    gauges.refreshed = Some(Instant::now());
     Ok(())
 }
 

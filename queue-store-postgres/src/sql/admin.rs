@@ -578,12 +578,12 @@ impl AdminStatements {
         pick: Pick<'_>,
     ) -> Result<Option<Statement>, StoreError> {
         let mut b = Builder::default();
-        let Some(rows) = self.picked_rows(&mut b, write, pick)? else {
+        let from = self.states_moved_by(write);
+        let Some(rows) = self.picked_rows(&mut b, write, &from, pick)? else {
             return Ok(None);
         };
         // The guard again in the outer statement: the inner select's
         // snapshot may be older than the row it locked.
-        let from = self.states_moved_by(write);
         let guard = if from.is_empty() {
             String::new()
         } else {
@@ -610,18 +610,18 @@ impl AdminStatements {
         &self,
         b: &mut Builder,
         write: AdminWrite,
+        from: &[JobState],
         pick: Pick<'_>,
     ) -> Result<Option<String>, StoreError> {
         let names = &self.names;
         let (table, a) = (&self.table, &self.alias);
         let id = names.must(Column::Id);
         let mut conditions = Vec::new();
-        let from = self.states_moved_by(write);
         if matches!(write, AdminWrite::Retry(_)) && from.is_empty() {
             return Ok(None);
         }
         if !from.is_empty() {
-            conditions.push(self.state_in(&from));
+            conditions.push(self.state_in(from));
         }
         if let AdminWrite::Retry(_) = write {
             if let Some(held) = self.key_held_by_another() {
