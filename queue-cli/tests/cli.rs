@@ -338,6 +338,88 @@ canceled = "dropped"
     assert_eq!(stats["counts"].as_array().map(Vec::len), Some(1), "{stats}");
 }
 
+/// A scheduler's table with nothing but a key, a state and its own two
+/// timestamps is read and repaired as it is: no column is added. Only what needs a missing column refuses, naming it.
+#[tokio::test]
+async fn a_table_with_only_a_key_and_a_state_is_read_and_repaired() {
+    let Some(t) = Setup::new("a_table_with_only_a_key_and_a_state_is_read_and_repaired").await
+    else {
+        return;
+    };
+    let s = &t.s;
+    t.sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TYPE {s}.status AS ENUM ('pending', 'running', 'done', 'dead');
+         CREATE TABLE {s}.jobs (id bigint PRIMARY KEY, status {s}.status NOT NULL,
+           created_at timestamptz NOT NULL DEFAULT now(), updated_at timestamptz);
+         INSERT INTO {s}.jobs (id, status) VALUES (1, 'pending'), (2, 'running'), (3, 'dead'),
+           (4, 'done'), (5, 'dead')"
+    ))
+    .await;
+    let config = t.config(
+        r#"table = "jobs"
+key_type = "bigint"
+
+# Nothing else: the columns the table lacks are absent.
+[columns]
+state = "status"
+queued_at = "created_at"
+
+[states]
+queued = "pending"
+processing = "running"
+completed = "done"
+errored = "pending"
+failed = "dead"
+canceled = "dead"
+"#,
+    );
+    let q = |args: &[&str]| t.queue(&config, args);
+
+    let stats = ok(&mut q(&["stats"]));
+    assert!(stats.contains("5 jobs;"), "{stats}");
+    assert!(
+        stats.contains("stalled jobs unknown (the table keeps no heartbeat or start time)"),
+        "a table without heartbeats does not claim 0 stalled: {stats}"
+    );
+    let stats = json(&mut q(&["stats", "--json"]));
+    assert_eq!(stats["stalled"], serde_json::Value::Null, "{stats}");
+    let dead = json(&mut q(&["list", "--state", "dead", "--json"]));
+    let keys: Vec<&str> = dead["jobs"]
+        .as_array()
+        .expect("jobs")
+        .iter()
+        .filter_map(|j| j["id"].as_str())
+        .collect();
+    assert_eq!(keys, ["5", "3"], "{dead}");
+    assert!(ok(&mut q(&["show", "2"])).contains("running (processing)"));
+
+    assert_eq!(ok(&mut q(&["retry", "3", "--yes"])), "retried 1 job\n");
+    assert_eq!(ok(&mut q(&["delete", "5", "--yes"])), "deleted 1 job\n");
+    assert_eq!(
+        ok(&mut q(&["cancel", "1", "--yes"])),
+        "canceled 1 job; asked 0 running jobs to stop\n"
+    );
+    let states: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, status::text FROM {s}.jobs ORDER BY id"
+    )))
+    .fetch_all(&t.pool)
+    .await
+    .expect("the rows");
+    let expected = [(1, "dead"), (2, "running"), (3, "pending"), (4, "done")]
+        .map(|(id, status)| (id, status.to_owned()));
+    assert_eq!(states, expected);
+
+    // What needs a column the table lacks refuses and names it.
+    let err = fails(&mut q(&["purge", "--older-than", "1h", "--yes"]));
+    assert!(err.contains("has no finished_at column"), "{err}");
+    let err = fails(&mut q(&["reset-stalled"]));
+    assert!(
+        err.contains("has neither last_heartbeat_at nor started_at"),
+        "{err}"
+    );
+}
+
 /// Job data that carries terminal escape sequences (in a kind, a payload, a
 /// failure, a log entry) reaches the operator as visible escapes, never as
 /// bytes their terminal would act on.

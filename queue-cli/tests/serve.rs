@@ -500,6 +500,62 @@ async fn the_api_on_a_mapped_foreign_table() {
     assert_eq!(stats["counts"][0]["stored_state"], "dropped");
 }
 
+/// The HTTP reads and a retry on a table with only a key and a state:
+/// the config maps nothing else, and nothing is added to the table.
+#[tokio::test]
+async fn the_api_on_a_table_with_only_a_key_and_a_state() {
+    let Some(t) = Setup::new("the_api_on_a_table_with_only_a_key_and_a_state").await else {
+        return;
+    };
+    let s = &t.s;
+    t.sql(&format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {s}.jobs (id text PRIMARY KEY, status text NOT NULL);
+         INSERT INTO {s}.jobs VALUES ('a', 'waiting'), ('b', 'broken'), ('c', 'busy')"
+    ))
+    .await;
+    let config = queue_store_postgres::PgConfig::parse(
+        "jobs.toml",
+        &format!(
+            "schema = {schema:?}\ntable = \"jobs\"\nkey_type = \"text\"\n[columns]\nstate = \"status\"\n\
+             [states]\nqueued = \"waiting\"\nprocessing = \"busy\"\ncompleted = \"ok\"\nerrored = \"waiting\"\nfailed = \"broken\"\ncanceled = \"broken\"\n",
+            schema = t.schema
+        ),
+    )
+    .expect("the config");
+    let admin = PgAdmin::<String>::new(t.pool.clone(), config.store_options().expect("options"))
+        .await
+        .expect("an admin on a key and a state");
+    let app = app_over(admin, PgKeyType::Text, Tokens::default());
+    let (status, stats) = get(&app, "/api/stats").await;
+    assert_eq!(status, StatusCode::OK, "{stats}");
+    assert_eq!(stats["stalled"], Value::Null, "unknown, not 0: {stats}");
+    assert_eq!(stats["oldest_claimable_since"], Value::Null, "{stats}");
+    let (status, page) = get(&app, "/api/jobs?state=broken").await;
+    assert_eq!(status, StatusCode::OK, "{page}");
+    assert_eq!(page["jobs"][0]["id"], "b", "{page}");
+    let (status, job) = get(&app, "/api/jobs/c").await;
+    assert_eq!(status, StatusCode::OK, "{job}");
+    assert_eq!(job["state"], "processing", "{job}");
+    let (status, _) = get(&app, "/api/timeline").await;
+    assert_ne!(
+        status,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "no finish column is no crash"
+    );
+    let (status, body) = post(&app, "/api/jobs/b/retry", "").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let stored: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT status FROM {s}.jobs WHERE id = 'b'"
+    )))
+    .fetch_one(&t.pool)
+    .await
+    .expect("the job");
+    assert_eq!(stored, "waiting");
+    let (status, body) = get(&app, "/metrics").await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+}
+
 /// A TCP proxy to Postgres that can go down and come back on the same port.
 struct Proxy {
     addr: SocketAddr,

@@ -454,7 +454,9 @@ pub struct QueueStats {
     pub oldest_claimable_since: Option<DateTime<Utc>>,
     /// Processing jobs whose heartbeat is older than
     /// [`StatsParams::stalled_before`]: what the resetter would reset.
-    pub stalled: u64,
+    /// `None` when the store keeps no heartbeat or start time for its
+    /// running jobs, so it cannot tell a stalled job from a busy one.
+    pub stalled: Option<u64>,
     /// The time the figures are for ([`StatsParams::now`]).
     pub now: DateTime<Utc>,
 }
@@ -464,7 +466,7 @@ impl QueueStats {
     pub fn new(
         counts: Vec<StateCount>,
         oldest_claimable_since: Option<DateTime<Utc>>,
-        stalled: u64,
+        stalled: Option<u64>,
         now: DateTime<Utc>,
     ) -> Self {
         QueueStats {

@@ -263,7 +263,7 @@ impl Admin for MemoryStore {
                 })
                 .collect(),
             oldest,
-            stalled,
+            Some(stalled),
             params.now,
         ))
     }

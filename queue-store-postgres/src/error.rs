@@ -44,9 +44,10 @@ pub enum OptionsError {
         /// The table's column both name, quoted.
         name: String,
     },
-    /// Neither a claim token nor a started_at column is available.
+    /// Neither a claim token nor a started_at column is available to a
+    /// store that runs jobs.
     #[error(
-        "the store needs a fencing column to tell claims apart: keep claim_token or started_at"
+        "a store that runs jobs needs a fencing column to tell claims apart: keep claim_token or started_at (the admin contract and the queue CLI read the table without one)"
     )]
     NoFencingColumn,
     /// Another option is out of range.

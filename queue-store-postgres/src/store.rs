@@ -181,7 +181,17 @@ where
                  claim and completion; build it with PgPoolOptions::test_before_acquire(false)"
             );
         }
-        let (shape, absent) = catalog::inspect(&pool, &options, R::Id::PG_TYPES).await?;
+        let (shape, absent) =
+            catalog::inspect(&pool, &options, R::Id::PG_TYPES, catalog::User::Worker).await?;
+        if absent.contains(&Column::ClaimToken) && absent.contains(&Column::StartedAt) {
+            // A late completion of a reset attempt would land on the
+            // job's next claim.
+            return Err(StoreError::Config(format!(
+                "table {}: {}",
+                options.table,
+                crate::OptionsError::NoFencingColumn
+            )));
+        }
         if absent.contains(&Column::LastHeartbeatAt) {
             // Stalls would be judged by the claim time alone: a healthy job
             // running longer than the stalled age would be reset and run

@@ -175,3 +175,107 @@ async fn a_mixed_batch_reports_each_job_in_order() {
         ]
     );
 }
+
+/// The unique index of the table's unique-key column, dropped, so the
+/// table looks like a foreign one whose key column nothing keeps unique.
+async fn drop_unique_index(pool: &sqlx::PgPool, table: &queue_store_postgres::JobTable) {
+    let schema = table.name().schema.as_str().to_owned();
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexname::text FROM pg_indexes WHERE schemaname = $1 AND indexdef LIKE 'CREATE UNIQUE INDEX%unique_key%'",
+    )
+    .bind(&schema)
+    .fetch_all(pool)
+    .await
+    .expect("the unique index");
+    assert_eq!(indexes.len(), 1, "the default table has one: {indexes:?}");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP INDEX {}.\"{}\"",
+        table.name().schema.quoted(),
+        indexes[0]
+    )))
+    .execute(pool)
+    .await
+    .expect("dropping it");
+}
+
+/// A unique-key column with no unique index would let duplicates in
+/// silently (`ON CONFLICT` never fires): a store refuses to start, naming
+/// the statement that fixes it; that statement makes it start. An index
+/// whose predicate leaves out running jobs is refused too. An admin (the
+/// CLI, the API) still reads the table, and refuses only keyed enqueues.
+#[tokio::test]
+async fn a_unique_key_column_without_a_unique_index_is_refused_with_the_fix() {
+    let test = "a_unique_key_column_without_a_unique_index_is_refused_with_the_fix";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    drop_unique_index(&pool, &table).await;
+
+    let refusal = PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        refusal.contains("\"unique_key\"") && refusal.contains("no unique index on it"),
+        "{refusal}"
+    );
+    let fix = refusal
+        .split("create the index: ")
+        .nth(1)
+        .expect("the statement that fixes it")
+        .to_owned();
+    assert!(
+        fix.starts_with("CREATE UNIQUE INDEX CONCURRENTLY ON "),
+        "{fix}"
+    );
+
+    let admin = queue_store_postgres::PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin reads the table all the same");
+    let keyed = NewJob::new("report", serde_json::json!(1)).unique("r:1", UniqueScope::Active);
+    let refused = admin
+        .enqueue(std::slice::from_ref(&keyed))
+        .await
+        .expect_err("refused");
+    assert!(
+        matches!(refused, queue_core::StoreError::Refused(_))
+            && refused.to_string().contains("CREATE UNIQUE INDEX"),
+        "{refused}"
+    );
+    let plain = admin
+        .enqueue(&[NewJob::new("report", serde_json::json!(2))])
+        .await
+        .expect("a job without a key is enqueued");
+    assert!(plain[0].inserted);
+
+    // An index that only covers queued jobs lets a running job's key be
+    // taken again.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE UNIQUE INDEX ON {} (unique_key) WHERE state = 'queued'",
+        table.name().quoted()
+    )))
+    .execute(&pool)
+    .await
+    .expect("a narrow index");
+    let refusal = PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect_err("refused")
+        .to_string();
+    assert!(
+        refusal.contains("its unique indexes leave out waiting or running jobs"),
+        "{refusal}"
+    );
+
+    sqlx::query(sqlx::AssertSqlSafe(fix))
+        .execute(&pool)
+        .await
+        .expect("the printed statement runs");
+    let store = PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect("the store starts with the index");
+    let first = Admin::enqueue(&store, std::slice::from_ref(&keyed))
+        .await
+        .expect("enqueued");
+    let second = Admin::enqueue(&store, &[keyed]).await.expect("enqueued");
+    assert!(first[0].inserted && !second[0].inserted);
+    assert_eq!(first[0].id, second[0].id, "one job holds the key");
+}

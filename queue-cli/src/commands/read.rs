@@ -110,12 +110,14 @@ pub async fn stats(
         Some(age) => format!("the oldest waiting job has waited {}", span(age)),
         None => "no job is waiting".into(),
     };
-    writeln!(
-        out,
-        "\n{total} jobs; {waiting}; {} stalled (silent for over {})",
-        stats.stalled,
-        humantime::format_duration(max_age)
-    )?;
+    let stalled = match stats.stalled {
+        Some(n) => format!(
+            "{n} stalled (silent for over {})",
+            humantime::format_duration(max_age)
+        ),
+        None => "stalled jobs unknown (the table keeps no heartbeat or start time)".into(),
+    };
+    writeln!(out, "\n{total} jobs; {waiting}; {stalled}")?;
     Ok(())
 }
 

@@ -373,8 +373,9 @@ pub struct Stats {
     pub oldest_claimable_since: Option<DateTime<Utc>>,
     /// How long, in seconds.
     pub oldest_claimable_age_seconds: Option<f64>,
-    /// Processing jobs silent for longer than the stalled age.
-    pub stalled: u64,
+    /// Processing jobs silent for longer than the stalled age; null when
+    /// the table keeps no heartbeat or start time to tell.
+    pub stalled: Option<u64>,
     pub now: DateTime<Utc>,
 }
 

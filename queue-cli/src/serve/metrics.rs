@@ -68,7 +68,10 @@ async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
             .oldest_claimable_age()
             .map_or(0.0, |age| age.num_milliseconds() as f64 / 1000.0),
     );
-    metrics::gauge!("queue_stalled_jobs").set(stats.stalled as f64);
+    // Not shown at all when the table cannot tell: 0 would be a claim.
+    if let Some(stalled) = stats.stalled {
+        metrics::gauge!("queue_stalled_jobs").set(stalled as f64);
+    }
     gauges.shown.extend(shown);
     Ok(())
 }

@@ -180,7 +180,7 @@ mod tests {
                 count(JobState::Processing, processing),
             ],
             None,
-            0,
+            Some(0),
             at,
         )
     }

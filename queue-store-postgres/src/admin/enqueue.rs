@@ -58,6 +58,12 @@ impl<K: PgKey> PgAdmin<K> {
                 )));
             }
         }
+        if let (Some(problem), true) = (
+            &self.inner.unique_unenforced,
+            jobs.iter().any(|j| j.unique.is_some()),
+        ) {
+            return Err(StoreError::Refused(problem.clone()));
+        }
         if self.inner.sql.enqueue_unique.is_none() && jobs.iter().any(|j| j.unique.is_some()) {
             return Err(StoreError::Refused(format!(
                 "table {table} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key"

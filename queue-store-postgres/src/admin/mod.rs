@@ -31,6 +31,8 @@ struct Inner {
     options: PgStoreOptions,
     sql: AdminStatements,
     absent: Vec<Column>,
+    /// Why unique keys are not enforced by the table, if they are not.
+    unique_unenforced: Option<String>,
     /// The database's clock minus the callers'.
     offset: ClockOffset,
 }
@@ -87,12 +89,16 @@ impl<K> std::fmt::Debug for PgAdmin<K> {
 }
 
 impl<K: PgKey> PgAdmin<K> {
-    /// Checks `options` against the catalog (as a store does) and builds
-    /// the admin statements. `K` is the key column's type: `i32`, `i64`,
+    /// Checks `options` against the catalog and builds the admin
+    /// statements. Only the key and the state must exist: a standard
+    /// column the options do not map by name and the table lacks is
+    /// absent, and the operations that need it refuse, naming it (a store
+    /// that runs jobs wants each one mapped or declared absent). `K` is the key column's type: `i32`, `i64`,
     /// `uuid::Uuid` or `String`.
     pub async fn new(pool: PgPool, options: PgStoreOptions) -> Result<Self, StoreError> {
         options.check()?;
-        let (shape, absent) = catalog::inspect(&pool, &options, K::PG_TYPES).await?;
+        let (shape, absent) =
+            catalog::inspect(&pool, &options, K::PG_TYPES, catalog::User::Reader).await?;
         let admin = PgAdmin::from_parts(pool, options, &shape, absent);
         admin.inner.offset.measure(&admin.inner.pool).await?;
         Ok(admin)
@@ -140,6 +146,7 @@ impl<K: PgKey> PgAdmin<K> {
                 pool,
                 options,
                 absent,
+                unique_unenforced: shape.unique_unenforced.clone(),
                 offset: ClockOffset::default(),
             }),
             key: PhantomData,

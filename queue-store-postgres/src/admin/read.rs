@@ -227,14 +227,14 @@ impl<K: PgKey> PgAdmin<K> {
         .await
         .map_err(|e| self.read_error("reading the oldest waiting job", e))?;
         self.end_read(read, context).await?;
-        let stalled: i64 = row
+        let stalled: Option<i64> = row
             .try_get("stalled")
             .map_err(|e| store_error("counting stalled jobs", e))?;
         Ok(QueueStats::new(
             counts,
             row.try_get("oldest")
                 .map_err(|e| store_error("reading the oldest waiting job", e))?,
-            u64::try_from(stalled).unwrap_or(0),
+            stalled.map(|n| u64::try_from(n).unwrap_or(0)),
             // The database's time, which the oldest job's is measured on.
             now,
         ))

@@ -242,7 +242,8 @@ impl AdminStatements {
                  AND ({since} IS NULL OR {since} < {}))",
                 b.p(Param::StalledBefore)
             ),
-            None => "0::int8".to_owned(),
+            // Nothing tells a stalled job from a busy one.
+            None => "NULL::int8".to_owned(),
         };
         b.push(&format!(
             "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
@@ -980,6 +981,7 @@ mod tests {
             text_select: None,
             archive: None,
             due_apart: false,
+            unique_unenforced: None,
         }
     }
 

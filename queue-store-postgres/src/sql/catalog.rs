@@ -58,6 +58,15 @@ pub(crate) fn analyze(table: &QualifiedName, columns: &[String]) -> String {
     format!("ANALYZE {} ({})", table.quoted(), columns.join(", "))
 }
 
+/// The predicates (NULL: none) of the unique, valid, immediate indexes of
+/// the table (`$1`) whose one key column is the column named `$2`, with no
+/// expression: the indexes an `ON CONFLICT DO NOTHING` reads for it.
+const UNIQUE_INDEXES_ON: &str = "SELECT pg_get_expr(i.indpred, i.indrelid) AS predicate \
+     FROM pg_catalog.pg_index AS i \
+     JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+     WHERE i.indrelid = $1::oid AND a.attname = $2 AND i.indisunique AND i.indisvalid \
+     AND i.indimmediate AND i.indnkeyatts = 1 AND i.indexprs IS NULL";
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 
@@ -221,10 +230,24 @@ fn type_matches(actual: &str, accepted: &[&str]) -> bool {
 /// Checks the table (and view) against `options`; `key_types` are the
 /// Postgres types the store's key type decodes from. Returns the table's
 /// shape and the standard columns declared absent.
+/// Who the table is inspected for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum User {
+    /// A store that runs jobs: a standard column the table lacks must be
+    /// declared absent (or mapped), since losing it changes what a job
+    /// run does.
+    Worker,
+    /// The admin contract: any standard column but the key and the state
+    /// that is neither mapped by name nor present is simply absent, so a
+    /// table is read as it is.
+    Reader,
+}
+
 pub(crate) async fn inspect(
     pool: &PgPool,
     options: &PgStoreOptions,
     key_types: &[&str],
+    user: User,
 ) -> Result<(TableShape, Vec<Column>), StoreError> {
     let table = &options.table;
     let (oid, kind) = relation(pool, table).await?.ok_or_else(|| {
@@ -249,10 +272,11 @@ pub(crate) async fn inspect(
             absent.push(column);
             continue;
         };
-        if column.optional_by_default()
-            && !options.named.contains(&column)
-            && !cols.contains_key(name.as_str())
-        {
+        let optional = match user {
+            User::Worker => column.optional_by_default(),
+            User::Reader => !matches!(column, Column::Id | Column::State),
+        };
+        if optional && !options.named.contains(&column) && !cols.contains_key(name.as_str()) {
             absent.push(column);
             continue;
         }
@@ -363,6 +387,22 @@ pub(crate) async fn inspect(
             }
         }
     }
+    let unique_unenforced = match options.column_name(Column::UniqueKey) {
+        Some(key) if !absent.contains(&Column::UniqueKey) => {
+            unique_index_problem(pool, oid, options, key.as_str()).await?
+        }
+        _ => None,
+    };
+    if let Some(problem) = &unique_unenforced {
+        match user {
+            // Two processes enqueueing the same key (the scheduler's one
+            // job per occurrence) would both insert it.
+            User::Worker => return Err(StoreError::Config(problem.clone())),
+            User::Reader => {
+                tracing::warn!(%table, "{problem}; enqueues with a unique key are refused until then");
+            }
+        }
+    }
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
         .bind(oid)
         .bind(super::default_table::derived_name(&table.name, "notify"))
@@ -383,9 +423,96 @@ pub(crate) async fn inspect(
             text_select: text_select(options, &cols, &order),
             archive: archive(pool, options, &cols, &order).await?,
             due_apart,
+            unique_unenforced,
         },
         absent,
     ))
+}
+
+/// Why the table's unique-key column does not keep keys unique (`None`
+/// when it does), with the statement that would: an enqueue's
+/// `ON CONFLICT DO NOTHING` fires only on a unique index, so without one
+/// covering the waiting and running jobs, duplicates go in silently.
+///
+/// An index counts when its one key column is the unique-key column and
+/// its predicate, if any, holds for a keyed row in each of the queued,
+/// errored and processing states: the predicate is evaluated by the
+/// database on such a row of the table's own type (every other column
+/// NULL), so any form of it is judged by what it does.
+async fn unique_index_problem(
+    pool: &PgPool,
+    oid: i64,
+    options: &PgStoreOptions,
+    key: &str,
+) -> Result<Option<String>, StoreError> {
+    let table = &options.table;
+    let predicates: Vec<Option<String>> = sqlx::query_scalar(UNIQUE_INDEXES_ON)
+        .bind(oid)
+        .bind(key)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    let held = [JobState::Queued, JobState::Errored, JobState::Processing];
+    let state = options
+        .column_name(Column::State)
+        .map_or("state", |s| s.as_str());
+    for predicate in &predicates {
+        let Some(predicate) = predicate else {
+            // No predicate: a key is held for as long as its row exists.
+            return Ok(None);
+        };
+        let mut covers = true;
+        for held_state in held {
+            let row = serde_json::json!({
+                key: "k",
+                state: options.state_values().get(held_state),
+            });
+            // The predicate is the catalog's own text (an index predicate
+            // calls only immutable functions), never user input.
+            let sql = format!(
+                "SELECT coalesce(({predicate}), false) FROM \
+                 (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
+                table.quoted()
+            );
+            let holds: Result<bool, _> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+                .bind(sqlx::types::Json(row))
+                .fetch_one(pool)
+                .await;
+            if !holds.unwrap_or(false) {
+                covers = false;
+                break;
+            }
+        }
+        if covers {
+            return Ok(None);
+        }
+    }
+    let key_quoted = crate::ident::Ident::new(key)
+        .map(|k| k.quoted())
+        .unwrap_or_else(|_| key.to_owned());
+    let state_quoted = crate::ident::Ident::new(state)
+        .map(|s| s.quoted())
+        .unwrap_or_else(|_| state.to_owned());
+    let mut values: Vec<String> = held
+        .iter()
+        .map(|s| super::literal(options.state_values().get(*s)))
+        .collect();
+    values.dedup();
+    let forever = options
+        .column_name(Column::UniqueForever)
+        .map(|f| format!(" OR {}", f.quoted()))
+        .unwrap_or_default();
+    let found = if predicates.is_empty() {
+        "no unique index on it".to_owned()
+    } else {
+        "its unique indexes leave out waiting or running jobs".to_owned()
+    };
+    Ok(Some(format!(
+        "the unique-key column {key_quoted} of {table} is not kept unique ({found}), so two enqueues of one key would both insert it; create the index: \
+         CREATE UNIQUE INDEX CONCURRENTLY ON {} ({key_quoted}) WHERE {key_quoted} IS NOT NULL AND ({state_quoted} IN ({}){forever})",
+        table.quoted(),
+        values.join(", ")
+    )))
 }
 
 async fn check_enum_labels(

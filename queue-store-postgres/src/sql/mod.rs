@@ -191,6 +191,9 @@ pub(crate) struct TableShape {
     /// nullable, an index starts with it, and an index's predicate leaves
     /// out the rows that have one (the ready jobs' index).
     pub due_apart: bool,
+    /// Why the unique-key column does not keep keys unique, with the fix
+    /// (the store's start-up refuses; an admin refuses unique enqueues).
+    pub unique_unenforced: Option<String>,
 }
 
 /// What a write puts in the failure column for `message` (an SQL text
@@ -465,6 +468,7 @@ fn test_shape() -> TableShape {
         text_select: None,
         archive: None,
         due_apart: true,
+        unique_unenforced: None,
     }
 }
 

@@ -36,9 +36,14 @@ async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, Tab
     .execute(pool)
     .await
     .expect("jobs");
-    let (shape, _) = catalog::inspect(pool, &table.store_options(), &["bigint"])
-        .await
-        .expect("the table's shape");
+    let (shape, _) = catalog::inspect(
+        pool,
+        &table.store_options(),
+        &["bigint"],
+        catalog::User::Worker,
+    )
+    .await
+    .expect("the table's shape");
     (table, shape)
 }
 

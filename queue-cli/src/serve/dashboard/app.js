@@ -192,7 +192,7 @@ async function overview() {
       stateCards(stats),
       h('div', { class: 'facts' },
         h('span', {}, 'Oldest waiting: ', h('b', { id: 'oldest' }, ago(stats.oldest_claimable_age_seconds))),
-        h('span', {}, 'Stalled: ', h('b', { id: 'stalled' }, stats.stalled)),
+        h('span', {}, 'Stalled: ', h('b', { id: 'stalled' }, stats.stalled ?? 'unknown')),
         h('span', {}, 'As of ', time(stats.now))),
       h('h2', {}, 'Last hour'),
       h('div', { class: 'panel chart' }, chart(timeline)),
