@@ -73,6 +73,10 @@ pub struct JobView<Id> {
     /// Its own attempt limit ([`NewJob::max_attempts`]).
     #[serde(default)]
     pub max_attempts: Option<i64>,
+    /// The attempts it has left, where the store counts them down instead
+    /// (a table's countdown column, as rickover's `attempts`).
+    #[serde(default)]
+    pub attempts_left: Option<i64>,
     /// When it expires unstarted ([`NewJob::expires_at`]).
     #[serde(default)]
     pub expires_at: Option<DateTime<Utc>>,
@@ -105,6 +109,7 @@ impl<Id> JobView<Id> {
             cancel: false,
             unique_key: None,
             max_attempts: None,
+            attempts_left: None,
             expires_at: None,
             at_most_once: false,
         }
@@ -132,6 +137,7 @@ impl<Id> JobView<Id> {
             cancel: self.cancel,
             unique_key: self.unique_key,
             max_attempts: self.max_attempts,
+            attempts_left: self.attempts_left,
             expires_at: self.expires_at,
             at_most_once: self.at_most_once,
         }
@@ -167,6 +173,7 @@ impl From<Job> for JobView<i64> {
             // fills them in.
             unique_key: None,
             max_attempts: None,
+            attempts_left: None,
             expires_at: None,
             at_most_once: false,
         }
@@ -908,6 +915,7 @@ mod tests {
             cancel: false,
             unique_key: None,
             max_attempts: None,
+            attempts_left: None,
             expires_at: None,
             at_most_once: false,
         }

@@ -143,11 +143,12 @@ pub struct ColumnsConfig {
     pub max_attempts: Option<ColumnSetting>,
     pub expires_at: Option<ColumnSetting>,
     pub at_most_once: Option<ColumnSetting>,
+    pub attempts_left: Option<ColumnSetting>,
 }
 
 impl ColumnsConfig {
     /// Each standard column with its setting, if the file gives one.
-    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 22] {
+    pub fn settings(&self) -> [(Column, Option<&ColumnSetting>); 23] {
         [
             (Column::Id, self.id.as_ref()),
             (Column::State, self.state.as_ref()),
@@ -171,6 +172,7 @@ impl ColumnsConfig {
             (Column::MaxAttempts, self.max_attempts.as_ref()),
             (Column::ExpiresAt, self.expires_at.as_ref()),
             (Column::AtMostOnce, self.at_most_once.as_ref()),
+            (Column::AttemptsLeft, self.attempts_left.as_ref()),
         ]
     }
 }
@@ -351,6 +353,9 @@ pub struct PgConfig {
     pub completed_jobs: Option<CompletedJobs>,
     /// Whether job transactions use statements prepared in SQL.
     pub prepared_job_statements: Option<bool>,
+    /// Where a JSON failure column keeps the message: keys joined by dots
+    /// (`"error"`, `"error.message"`); default `"message"`.
+    pub failure_message_path: Option<String>,
     /// The columns.
     #[serde(default)]
     pub columns: ColumnsConfig,
@@ -460,6 +465,11 @@ impl PgConfig {
                 }
             };
         }
+        if let Some(path) = &self.failure_message_path {
+            options = options
+                .failure_message_path(path.split('.'))
+                .map_err(|e| invalid("failure_message_path", e))?;
+        }
         for (state, value) in self.states.values() {
             if let Some(value) = value {
                 options = options.state_value(state, value.clone());
@@ -549,6 +559,23 @@ mod tests {
         let config = PgConfig::parse("q.toml", "[states]\nfailed = \"queued\"\n").unwrap();
         let err = config.store_options().unwrap_err().to_string();
         assert!(err.contains("queued and failed"), "{err}");
+    }
+
+    #[test]
+    fn a_failure_message_path_is_keys_joined_by_dots() {
+        let config =
+            PgConfig::parse("q.toml", "failure_message_path = \"error.message\"\n").unwrap();
+        let options = config.store_options().unwrap();
+        assert_eq!(options.failure_message_path, ["error", "message"]);
+        let config = PgConfig::parse("q.toml", "failure_message_path = \"at\"\n").unwrap();
+        let err = config.store_options().unwrap_err().to_string();
+        assert!(
+            err.starts_with("failure_message_path:") && err.contains("failed attempt's time"),
+            "{err}"
+        );
+        let config = PgConfig::parse("q.toml", "failure_message_path = \"error.\"\n").unwrap();
+        let err = config.store_options().unwrap_err().to_string();
+        assert!(err.contains("a key of the path is empty"), "{err}");
     }
 
     #[test]

@@ -70,11 +70,20 @@ pub enum Column {
     /// Whether a job is at-most-once (boolean): never started twice.
     /// Optional by default.
     AtMostOnce,
+    /// The attempts a job has left, counted *down* (integer), as
+    /// rickover's `attempts`: a failed attempt takes one off, and a job
+    /// with none left after a failure fails instead of retrying. It is the
+    /// job's own limit (a job enqueued with
+    /// [`NewJob::max_attempts`](queue_core::NewJob::max_attempts) starts
+    /// with that many; otherwise with the column's default), in place of
+    /// [`Column::MaxAttempts`], which a table cannot have as well.
+    /// Optional by default.
+    AttemptsLeft,
 }
 
 impl Column {
     /// Every standard column.
-    pub const ALL: [Column; 22] = [
+    pub const ALL: [Column; 23] = [
         Column::Id,
         Column::State,
         Column::FailureMessage,
@@ -97,6 +106,7 @@ impl Column {
         Column::MaxAttempts,
         Column::ExpiresAt,
         Column::AtMostOnce,
+        Column::AttemptsLeft,
     ];
 
     /// The standard name, as in the default table.
@@ -124,6 +134,7 @@ impl Column {
             Column::MaxAttempts => "max_attempts",
             Column::ExpiresAt => "expires_at",
             Column::AtMostOnce => "at_most_once",
+            Column::AttemptsLeft => "attempts_left",
         }
     }
 
@@ -140,7 +151,15 @@ impl Column {
                 | Column::MaxAttempts
                 | Column::ExpiresAt
                 | Column::AtMostOnce
+                | Column::AttemptsLeft
         )
+    }
+
+    /// Whether a table without the column lacks a feature: not so for a
+    /// column that is one way among others of keeping something (the
+    /// attempts-left countdown, where failures and limits are counted up).
+    pub(crate) fn absence_matters(self) -> bool {
+        !matches!(self, Column::AttemptsLeft)
     }
 
     /// What is lost when the column is absent.
@@ -175,6 +194,7 @@ impl Column {
             Column::MaxAttempts => "jobs cannot set their own attempt limit (such a job is refused)",
             Column::ExpiresAt => "jobs cannot expire (such a job is refused)",
             Column::AtMostOnce => "jobs cannot be at-most-once one by one (such a job is refused)",
+            Column::AttemptsLeft => "no attempts are counted down (num_failures and max_attempts bound retries)",
         }
     }
 }
@@ -337,6 +357,8 @@ pub struct PgStoreOptions {
     pub(crate) claim_cursor: Option<std::time::Duration>,
     pub(crate) lock_rides: Option<std::time::Duration>,
     pub(crate) admin_read_timeout: Option<std::time::Duration>,
+    /// Where the message is in a JSON failure column.
+    pub(crate) failure_message_path: Vec<String>,
 }
 
 impl PgStoreOptions {
@@ -368,6 +390,7 @@ impl PgStoreOptions {
             claim_cursor: Some(std::time::Duration::from_millis(10)),
             lock_rides: None,
             admin_read_timeout: Some(DEFAULT_ADMIN_READ_TIMEOUT),
+            failure_message_path: vec!["message".to_owned()],
         })
     }
 
@@ -446,6 +469,41 @@ impl PgStoreOptions {
     pub fn order_by(mut self, expression: impl Into<String>) -> Self {
         self.order_by = Some(expression.into());
         self
+    }
+
+    /// Where a `json` or `jsonb` failure column keeps the message: a path
+    /// of keys, by default `["message"]`. Tables that store
+    /// `{"error": "..."}` say `["error"]`; `{"error": {"message": ..}}`,
+    /// `["error", "message"]`. Operators read and filter the message
+    /// there, and a failure writes it there, beside the `attempt` and `at`
+    /// keys the store adds (so the path cannot start with either).
+    pub fn failure_message_path<I, S>(mut self, path: I) -> Result<Self, OptionsError>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let path: Vec<String> = path.into_iter().map(Into::into).collect();
+        let problem = if path.is_empty() {
+            Some("the path needs at least one key".to_owned())
+        } else if path.iter().any(String::is_empty) {
+            Some("a key of the path is empty".to_owned())
+        } else if matches!(path[0].as_str(), "attempt" | "at") {
+            Some(format!(
+                "{:?} is where the store writes the failed attempt's {}; put the message under another key",
+                path[0],
+                if path[0] == "at" { "time" } else { "number" }
+            ))
+        } else {
+            None
+        };
+        if let Some(problem) = problem {
+            return Err(OptionsError::Invalid {
+                option: "failure_message_path",
+                problem,
+            });
+        }
+        self.failure_message_path = path;
+        Ok(self)
     }
 
     /// Maps a standard column onto the table's own name for it.

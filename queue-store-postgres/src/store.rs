@@ -328,13 +328,19 @@ where
         })?
     }
 
+    /// Whether the table bounds retries: it counts failures up, or the
+    /// attempts left down.
+    fn counts_attempts(&self) -> bool {
+        self.has(Column::NumFailures) || self.has(Column::AttemptsLeft)
+    }
+
     /// Without a failure counter retries cannot be bounded, so they are off.
     fn adapt(&self, transition: Transition) -> Transition {
         match transition {
-            Transition::Retry { message, .. } if !self.has(Column::NumFailures) => {
+            Transition::Retry { message, .. } if !self.counts_attempts() => {
                 Transition::Fail {
                     message: format!(
-                        "{message} (not retried: the table has no num_failures column)"
+                        "{message} (not retried: the table counts no failures: it has neither a num_failures nor an attempts_left column)"
                     ),
                 }
             }
@@ -522,7 +528,8 @@ where
             return Ok(Vec::new());
         }
         let mut leases = Vec::with_capacity(rows.len());
-        let (reads_max, reads_amo) = (self.has(Column::MaxAttempts), self.has(Column::AtMostOnce));
+        let reads_max = self.has(Column::MaxAttempts) || self.has(Column::AttemptsLeft);
+        let reads_amo = self.has(Column::AtMostOnce);
         for row in &rows {
             let failures: i64 = read_at(row, FAILURES)?;
             let mut limits = JobLimits::default();
@@ -701,7 +708,7 @@ where
     }
 
     fn counts_failures(&self) -> bool {
-        self.has(Column::NumFailures)
+        self.counts_attempts()
     }
 
     fn finish_ends_transaction(&self, job_store: &PgJobTransaction<R::Id>) -> bool {

@@ -90,3 +90,36 @@ async fn a_resetter_that_cannot_count_resets_runs_only_at_most_once() {
         "failing stalled jobs needs no count"
     );
 }
+
+/// A job's limit is kept one way: a table with both an own-limit column
+/// and a countdown column is refused, naming both.
+#[tokio::test]
+async fn a_table_with_both_max_attempts_and_attempts_left_is_refused() {
+    let Some(pool) = pool("a_table_with_both_max_attempts_and_attempts_left_is_refused").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ALTER TABLE {} ADD COLUMN attempts_left integer NOT NULL DEFAULT 3",
+        table.name().quoted()
+    )))
+    .execute(&pool)
+    .await
+    .expect("a countdown column");
+    let err = PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect_err("both columns");
+    let message = err.to_string();
+    assert!(
+        message.contains("both a max_attempts column and an attempts_left column"),
+        "{message}"
+    );
+    let one_way = table
+        .store_options()
+        .without(Column::MaxAttempts)
+        .expect("valid options");
+    PgStore::<Job>::default_table(pool.clone(), one_way)
+        .await
+        .expect("the countdown alone is accepted");
+}

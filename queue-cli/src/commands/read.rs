@@ -199,7 +199,7 @@ fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> 
         None => "-".into(),
     };
     let count = |n: Option<i64>| n.map_or("-".into(), |n| n.to_string());
-    let fields = [
+    let mut fields = vec![
         ("id", job.id.to_string()),
         ("kind", job.kind.clone().unwrap_or_else(|| "-".into())),
         ("state", state_label(&job.stored_state, job.state)),
@@ -227,7 +227,15 @@ fn print_job<Id: std::fmt::Display>(job: &JobView<Id>, out: &mut impl Write) -> 
             "failure",
             job.failure_message.clone().unwrap_or_else(|| "-".into()),
         ),
-    ];
+    ]; // Only tables that count attempts down have this line.
+    if let Some(left) = job.attempts_left {
+        let after_limit = fields
+            .iter()
+            .position(|(name, _)| *name == "attempt limit")
+            .map_or(fields.len(), |i| i + 1);
+        fields.insert(after_limit, ("attempts left", left.to_string()));
+    }
+
     // Job data is written printable: an escape sequence in it reaches the
     // terminal as text.
     for (name, value) in fields {

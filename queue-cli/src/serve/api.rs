@@ -181,6 +181,8 @@ pub struct Job {
     pub unique_key: Option<String>,
     /// Its own limit on attempts, if any.
     pub max_attempts: Option<i64>,
+    /// The attempts it has left, where the table counts them down.
+    pub attempts_left: Option<i64>,
     /// When it expires unstarted, if ever.
     pub expires_at: Option<DateTime<Utc>>,
     /// Never started twice.
@@ -209,6 +211,7 @@ impl From<JobView<String>> for Job {
             cancel: job.cancel,
             unique_key: job.unique_key,
             max_attempts: job.max_attempts,
+            attempts_left: job.attempts_left,
             expires_at: job.expires_at,
             at_most_once: job.at_most_once,
         }

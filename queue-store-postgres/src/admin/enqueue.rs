@@ -37,7 +37,11 @@ impl<K: PgKey> PgAdmin<K> {
         }
         for (column, what, asked) in [
             (
-                Column::MaxAttempts,
+                if self.has(Column::AttemptsLeft) {
+                    Column::AttemptsLeft
+                } else {
+                    Column::MaxAttempts
+                },
                 "max_attempts",
                 jobs.iter().any(|j| j.limits.max_attempts.is_some()),
             ),

@@ -169,6 +169,7 @@ impl<K: PgKey> PgAdmin<K> {
         self.inner
             .absent
             .iter()
+            .filter(|c| c.absence_matters())
             .map(|c| (*c, c.feature_lost()))
             .collect()
     }

@@ -85,6 +85,7 @@ impl<K: PgKey> PgAdmin<K> {
         view.cancel = row.try_get("cancel").map_err(get)?;
         view.unique_key = row.try_get("unique_key").map_err(get)?;
         view.max_attempts = row.try_get("max_attempts").map_err(get)?;
+        view.attempts_left = row.try_get("attempts_left").map_err(get)?;
         view.expires_at = row.try_get("expires_at").map_err(get)?;
         view.at_most_once = row.try_get("at_most_once").map_err(get)?;
         Ok(view)

@@ -181,6 +181,10 @@ impl AdminStatements {
                 or_null(Column::MaxAttempts, "int8", &cast("int8"))
             ),
             format!(
+                "{} AS \"attempts_left\"",
+                or_null(Column::AttemptsLeft, "int8", &cast("int8"))
+            ),
+            format!(
                 "{} AS \"expires_at\"",
                 or_null(Column::ExpiresAt, "timestamptz", &plain)
             ),
@@ -778,6 +782,12 @@ impl AdminStatements {
                 }
             }
         }
+        // A countdown that ran out would fail the retried job at its
+        // first error: it gets one more attempt (the table keeps no total
+        // to restore).
+        if let Some(n) = self.name(Column::AttemptsLeft) {
+            sets.push(format!("{n} = GREATEST({n}, 1)"));
+        }
         // Retried jobs are claimable: wake the workers, in the same round
         // trip.
         format!(
@@ -911,13 +921,15 @@ impl AdminStatements {
             (Column::Priority, "priority"),
             (Column::ProcessAfter, "process_after"),
         ];
+        // A job's own limit goes to the countdown column when the table
+        // keeps one instead (the catalog refuses a table with both).
+        let limit_column = if names.get(Column::AttemptsLeft).is_some() {
+            Column::AttemptsLeft
+        } else {
+            Column::MaxAttempts
+        };
         for (param, ty, field, column) in [
-            (
-                Param::MaxAttemptses,
-                "int8[]",
-                "max_attempts",
-                Column::MaxAttempts,
-            ),
+            (Param::MaxAttemptses, "int8[]", "max_attempts", limit_column),
             (
                 Param::ExpiresAts,
                 "timestamptz[]",
@@ -956,6 +968,11 @@ impl AdminStatements {
                 columns.push(n.to_owned());
                 values.push(match (c, &self.payload_type) {
                     (Column::Payload, Some(ty)) => format!("CAST(u.{field} AS {ty})"),
+                    // Without a limit of its own, the column's default.
+                    (Column::AttemptsLeft, _) => match &self.shape.attempts_left_default {
+                        Some(default) => format!("COALESCE(u.{field}, {default})"),
+                        None => format!("u.{field}"),
+                    },
                     _ => format!("u.{field}"),
                 });
             }
@@ -982,6 +999,7 @@ mod tests {
             archive: None,
             due_apart: false,
             unique_unenforced: None,
+            attempts_left_default: None,
         }
     }
 

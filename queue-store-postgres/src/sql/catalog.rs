@@ -19,8 +19,10 @@ const RELATION: &str = "SELECT c.oid::int8 AS oid, c.relkind::text AS kind \
 const COLUMNS: &str =
     "SELECT a.attname::text AS name, format_type(a.atttypid, a.atttypmod) AS type, \
      t.typtype::text AS typtype, a.atttypid::int8 AS type_oid, a.attnotnull AS not_null, \
-     CASE WHEN t.typcategory = 'A' THEN format_type(t.typelem, NULL) END AS element \
+     CASE WHEN t.typcategory = 'A' THEN format_type(t.typelem, NULL) END AS element, \
+     pg_get_expr(d.adbin, d.adrelid) AS default_value \
      FROM pg_catalog.pg_attribute a JOIN pg_catalog.pg_type t ON t.oid = a.atttypid \
+     LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
      WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
 /// Whether the table has a trigger of this name (`$2`): the default
@@ -76,6 +78,8 @@ struct ColumnInfo {
     type_oid: i64,
     element: Option<String>,
     not_null: bool,
+    /// The column's default expression, as the catalog prints it.
+    default_value: Option<String>,
 }
 
 async fn relation(
@@ -113,6 +117,7 @@ async fn columns(
                     type_oid: r.get("type_oid"),
                     element: r.get("element"),
                     not_null: r.get("not_null"),
+                    default_value: r.get("default_value"),
                 },
             )
         })
@@ -216,7 +221,7 @@ fn accepted_types(column: Column) -> &'static [&'static str] {
         Column::Payload => &["jsonb", "json", "text", "character varying"],
         Column::UniqueKey => TEXT,
         Column::UniqueForever | Column::AtMostOnce => &["boolean"],
-        Column::MaxAttempts => INT,
+        Column::MaxAttempts | Column::AttemptsLeft => INT,
         Column::ExpiresAt => TIME,
     }
 }
@@ -323,8 +328,12 @@ pub(crate) async fn inspect(
                     payload_type = Some(info.type_name.clone());
                 }
                 if column == Column::FailureMessage {
-                    failure_json = matches!(info.type_name.as_str(), "json" | "jsonb")
-                        .then(|| info.type_name.clone());
+                    failure_json = matches!(info.type_name.as_str(), "json" | "jsonb").then(|| {
+                        super::FailureJson {
+                            type_name: info.type_name.clone(),
+                            path: options.failure_message_path.clone(),
+                        }
+                    });
                 }
             }
         }
@@ -387,6 +396,18 @@ pub(crate) async fn inspect(
             }
         }
     }
+    if !absent.contains(&Column::MaxAttempts) && !absent.contains(&Column::AttemptsLeft) {
+        return Err(StoreError::Config(format!(
+            "table {table} has both a max_attempts column and an attempts_left column; a job's limit is kept one way: map one, and declare the other absent (`without(Column::..)`; in a config file, columns.max_attempts = false)"
+        )));
+    }
+    // A job enqueued without a limit of its own starts with the countdown
+    // column's default (the catalog's own text).
+    let attempts_left_default = options
+        .column_name(Column::AttemptsLeft)
+        .filter(|_| !absent.contains(&Column::AttemptsLeft))
+        .and_then(|name| cols.get(name.as_str()))
+        .and_then(|info| info.default_value.clone());
     let unique_unenforced = match options.column_name(Column::UniqueKey) {
         Some(key) if !absent.contains(&Column::UniqueKey) => {
             unique_index_problem(pool, oid, options, key.as_str()).await?
@@ -409,7 +430,7 @@ pub(crate) async fn inspect(
         .fetch_one(pool)
         .await
         .map_err(|e| store_error("reading the catalog", e))?;
-    for column in &absent {
+    for column in absent.iter().filter(|c| c.absence_matters()) {
         tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
     }
     Ok((
@@ -424,6 +445,7 @@ pub(crate) async fn inspect(
             archive: archive(pool, options, &cols, &order).await?,
             due_apart,
             unique_unenforced,
+            attempts_left_default,
         },
         absent,
     ))

@@ -355,6 +355,16 @@ fn template(t: &Target, reads: Reads) -> Template {
     // A job's own limits, read by name where the table keeps them.
     if let Some(max) = names.at(Column::MaxAttempts) {
         returning_record.push_str(&format!(", {max}::int8 AS \"{MAX_ATTEMPTS_COLUMN}\""));
+    } else if let Some(left) = names.at(Column::AttemptsLeft) {
+        // A countdown: the attempts so far (the failures, where the table
+        // counts them) and those left, this one included, make the limit.
+        let so_far = names
+            .at(Column::NumFailures)
+            .map(|f| format!("{f}::int8 + "))
+            .unwrap_or_default();
+        returning_record.push_str(&format!(
+            ", ({so_far}{left}::int8) AS \"{MAX_ATTEMPTS_COLUMN}\""
+        ));
     }
     if let Some(amo) = names.at(Column::AtMostOnce) {
         returning_record.push_str(&format!(", ({amo}) IS TRUE AS \"{AT_MOST_ONCE_COLUMN}\""));

@@ -54,6 +54,14 @@ fn sets(t: &Target, b: &mut Builder, batch: bool) -> String {
         let v = value(Param::FailureIncrement, "failed");
         sets.push(format!("{n} = {at} + {v}"));
     }
+    if let (Some(n), Some(at)) = (
+        names.get(Column::AttemptsLeft),
+        names.at(Column::AttemptsLeft),
+    ) {
+        // Counted down by the same step the failures are counted up by.
+        let v = value(Param::FailureIncrement, "failed");
+        sets.push(format!("{n} = {at} - {v}"));
+    }
     sets.join(", ")
 }
 

@@ -176,10 +176,11 @@ pub(crate) struct TableShape {
     pub payload_type: Option<String>,
     /// Whether the table has the default table's notify trigger.
     pub notify_trigger: bool,
-    /// `json` or `jsonb` when the failure column is one (it then holds an
+    /// When the failure column is `json` or `jsonb` (it then holds an
     /// object with the message, the attempt and the time; see
-    /// [`failure_value`]); `None` for text.
-    pub failure_json: Option<String>,
+    /// [`failure_value`]): its type and where in it the message is.
+    /// `None` for text.
+    pub failure_json: Option<FailureJson>,
     /// Every column of the table, enum columns cast to text, if it has
     /// any (unqualified names after the alias).
     pub text_select: Option<String>,
@@ -194,30 +195,54 @@ pub(crate) struct TableShape {
     /// Why the unique-key column does not keep keys unique, with the fix
     /// (the store's start-up refuses; an admin refuses unique enqueues).
     pub unique_unenforced: Option<String>,
+    /// The default expression of the attempts-left column, which a job
+    /// enqueued without a limit of its own starts with.
+    pub attempts_left_default: Option<String>,
+}
+
+/// A `json`/`jsonb` failure column: its type, and the path of keys to
+/// the message in it ([`PgStoreOptions::failure_message_path`](crate::PgStoreOptions::failure_message_path)).
+#[derive(Debug, Clone)]
+pub(crate) struct FailureJson {
+    pub type_name: String,
+    pub path: Vec<String>,
 }
 
 /// What a write puts in the failure column for `message` (an SQL text
 /// expression; NULL writes NULL): the text itself, or in a `json`/`jsonb`
-/// column the object `{"message": .., "attempt": .., "at": ..}`, the
-/// attempt being the one that failed (`attempt`, an SQL integer
-/// expression, or null when the table counts none) and the time the
-/// database's.
+/// column an object with the message at its path (by default
+/// `{"message": .., "attempt": .., "at": ..}`), the attempt being the one
+/// that failed (`attempt`, an SQL integer expression, or null when the
+/// table counts none) and the time the database's.
 pub(crate) fn failure_value(shape: &TableShape, message: &str, attempt: Option<&str>) -> String {
     match &shape.failure_json {
         None => message.to_owned(),
-        Some(json) => format!(
-            "CASE WHEN {message} IS NULL THEN NULL ELSE CAST(jsonb_build_object('message', {message}, \
-             'attempt', {attempt}, 'at', now()) AS {json}) END",
-            attempt = attempt.unwrap_or("NULL")
-        ),
+        Some(json) => {
+            // Innermost first: {"error": {"message": m}} for error.message.
+            let mut value = format!("to_jsonb({message})");
+            for key in json.path.iter().rev() {
+                value = format!("jsonb_build_object({}, {value})", literal(key));
+            }
+            format!(
+                "CASE WHEN {message} IS NULL THEN NULL ELSE CAST(jsonb_build_object(\
+                 'attempt', {attempt}, 'at', now()) || {value} AS {ty}) END",
+                attempt = attempt.unwrap_or("NULL"),
+                ty = json.type_name,
+            )
+        }
     }
 }
 
-/// The failure message as text, from the failure column at `at`.
+/// The failure message as text, from the failure column at `at`: in a
+/// JSON column, the value at the message's path (a string as itself, any
+/// other value as its JSON text).
 pub(crate) fn failure_text(shape: &TableShape, at: &str) -> String {
     match &shape.failure_json {
         None => format!("CAST({at} AS text)"),
-        Some(_) => format!("({at} ->> 'message')"),
+        Some(json) => {
+            let keys: Vec<String> = json.path.iter().map(|k| literal(k)).collect();
+            format!("({at} #>> ARRAY[{}]::text[])", keys.join(", "))
+        }
     }
 }
 
@@ -469,6 +494,7 @@ fn test_shape() -> TableShape {
         archive: None,
         due_apart: true,
         unique_unenforced: None,
+        attempts_left_default: None,
     }
 }
 

@@ -11,7 +11,7 @@ use sqlx::{PgConnection, PgPool};
 
 use super::catalog;
 use super::{Param, Statement, Statements, TableShape};
-use crate::{CompletedJobs, JobTable};
+use crate::{Column, CompletedJobs, JobTable};
 
 async fn pool(test: &str) -> Option<PgPool> {
     let url = database_url(test)?;
@@ -25,7 +25,11 @@ async fn pool(test: &str) -> Option<PgPool> {
 
 /// A default table of `jobs` jobs in a schema of its own (`prefix` and the
 /// process id), with the shape the store reads from the catalog.
-async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, TableShape) {
+async fn scratch_table(
+    pool: &PgPool,
+    prefix: &str,
+    jobs: u32,
+) -> (JobTable, TableShape, Vec<Column>) {
     let schema = format!("{prefix}_{}", std::process::id());
     let table = JobTable::new(&schema, "jobs").expect("valid names");
     table.migrate(pool).await.expect("the default table");
@@ -36,7 +40,7 @@ async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, Tab
     .execute(pool)
     .await
     .expect("jobs");
-    let (shape, _) = catalog::inspect(
+    let (shape, absent) = catalog::inspect(
         pool,
         &table.store_options(),
         &["bigint"],
@@ -44,7 +48,7 @@ async fn scratch_table(pool: &PgPool, prefix: &str, jobs: u32) -> (JobTable, Tab
     )
     .await
     .expect("the table's shape");
-    (table, shape)
+    (table, shape, absent)
 }
 
 /// Drops the schema of a [`scratch_table`] (when its test passed; the
@@ -137,7 +141,7 @@ async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
     let test = "every_plan_of_a_batched_statement_looks_each_row_up_by_key";
     let Some(pool) = pool(test).await else { return };
     // The table's shape is the same for every statement and all statistics.
-    let (table, shape) = scratch_table(&pool, "queue_plans", 100_000).await;
+    let (table, shape, absent) = scratch_table(&pool, "queue_plans", 100_000).await;
     let t = table.name().quoted();
     // Statistics are taken where this test says, never by autovacuum.
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -172,7 +176,7 @@ async fn every_plan_of_a_batched_statement_looks_each_row_up_by_key() {
         }
         for completed_jobs in [CompletedJobs::Keep, CompletedJobs::Delete] {
             let options = table.store_options().completed_jobs(completed_jobs);
-            let statements = Statements::new(&options, &shape, &[]);
+            let statements = Statements::new(&options, &shape, &absent);
             for (batch, which) in [
                 (&statements.finish, "any outcome"),
                 (&statements.finish_succeeded.0, "successes"),
@@ -241,7 +245,7 @@ fn claim_index_blocks(plan: &serde_json::Value) -> Option<u64> {
 async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     let test = "a_claim_at_the_cursor_starts_its_index_scan_there";
     let Some(pool) = pool(test).await else { return };
-    let (table, shape) = scratch_table(&pool, "queue_cursor_plans", 20_000).await;
+    let (table, shape, absent) = scratch_table(&pool, "queue_cursor_plans", 20_000).await;
     let t = table.name().quoted();
     // The first half claimed and completed: their entries in the claim
     // index point at rows that are no longer claimable.
@@ -254,7 +258,7 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
             .await
             .expect(&sql);
     }
-    let statements = Statements::new(&table.store_options(), &shape, &[]);
+    let statements = Statements::new(&table.store_options(), &shape, &absent);
     let from_start = statements.claim(&[], 48);
     let at_cursor = statements.claim_after_cursor(48).expect("a cursor");
     let mut connection = pool.acquire().await.expect("a connection");
@@ -349,13 +353,13 @@ async fn claim_blocks(connection: &mut PgConnection, claim: &Statement) -> u64 {
 async fn a_claim_passes_over_jobs_waiting_for_their_time_without_reading_them() {
     let test = "a_claim_passes_over_jobs_waiting_for_their_time_without_reading_them";
     let Some(pool) = pool(test).await else { return };
-    let (table, shape) = scratch_table(&pool, "queue_due_plans", 100).await;
+    let (table, shape, absent) = scratch_table(&pool, "queue_due_plans", 100).await;
     assert!(
         shape.due_apart,
         "the default table reads ready and due jobs apart"
     );
     let claim =
-        Statements::new(&table.store_options().claim_cursor(None), &shape, &[]).claim(&[], 48);
+        Statements::new(&table.store_options().claim_cursor(None), &shape, &absent).claim(&[], 48);
     let t = table.name().quoted();
     let mut connection = pool.acquire().await.expect("a connection");
     let mut read = Vec::new();

@@ -425,6 +425,7 @@ async function job(id) {
             field('Priority', j.priority),
             field('Failed attempts', j.num_failures),
             field('Attempt limit', j.max_attempts),
+            ...(j.attempts_left === null ? [] : [field('Attempts left', j.attempts_left)]),
             field('Unique key', j.unique_key === null ? null : h('code', {}, j.unique_key)),
             field('Expires', j.expires_at ? time(j.expires_at) : null),
             field('At most once', j.at_most_once ? 'yes' : 'no'),
