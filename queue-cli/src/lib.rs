@@ -84,7 +84,8 @@ pub enum Command {
     ResetStalled(maintenance::ResetArgs),
     /// Delete finished jobs older than an age, in batches.
     Purge(maintenance::PurgeArgs),
-    /// Create or upgrade the default jobs table (versioned migrations).
+    /// Create or upgrade the default jobs table, or the bookkeeping table a
+    /// config file names (versioned migrations).
     Migrate(migrate::MigrateArgs),
     /// Serve the HTTP API (OpenAPI document at /openapi.json) and
     /// Prometheus metrics at /metrics.

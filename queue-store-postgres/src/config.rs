@@ -353,6 +353,11 @@ pub struct PgConfig {
     pub completed_jobs: Option<CompletedJobs>,
     /// Whether job transactions use statements prepared in SQL.
     pub prepared_job_statements: Option<bool>,
+    /// The bookkeeping table for what the table lacks
+    /// ([`PgStoreOptions::bookkeeping_table`]).
+    pub bookkeeping_table: Option<Ident>,
+    /// Its schema, if not the table's.
+    pub bookkeeping_schema: Option<Ident>,
     /// Where a JSON failure column keeps the message: keys joined by dots
     /// (`"error"`, `"error.message"`); default `"message"`.
     pub failure_message_path: Option<String>,
@@ -464,6 +469,18 @@ impl PgConfig {
                     options.without(column).map_err(|e| invalid(&key, e))?
                 }
             };
+        }
+        if let Some(side) = &self.bookkeeping_table {
+            options = match &self.bookkeeping_schema {
+                Some(schema) => options.bookkeeping_table_in(schema.as_str(), side.as_str()),
+                None => options.bookkeeping_table(side.as_str()),
+            }
+            .map_err(|e| invalid("bookkeeping_table", e))?;
+        } else if self.bookkeeping_schema.is_some() {
+            return Err(ConfigError::Invalid(
+                "bookkeeping_schema: set bookkeeping_table too (the schema alone names no table)"
+                    .into(),
+            ));
         }
         if let Some(path) = &self.failure_message_path {
             options = options

@@ -175,13 +175,23 @@ impl JobTable {
     /// reads, so it is safe to call on every start-up, from several
     /// processes at once, beside running workers.
     pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        crate::migrate::apply(pool, &self.table).await
+        crate::migrate::apply(
+            pool,
+            &self.table,
+            crate::migrate::default_table(&self.table),
+        )
+        .await
     }
 
     /// Every version of the table's schema, applied or pending, with when
     /// each was applied and the SQL it runs.
     pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        crate::migrate::status(pool, &self.table).await
+        crate::migrate::status(
+            pool,
+            &self.table,
+            crate::migrate::default_table(&self.table),
+        )
+        .await
     }
 
     /// Enqueues one job; returns its id (for a job whose [unique

@@ -47,7 +47,7 @@ pub enum OptionsError {
     /// Neither a claim token nor a started_at column is available to a
     /// store that runs jobs.
     #[error(
-        "a store that runs jobs needs a fencing column to tell claims apart: keep claim_token or started_at (the admin contract and the queue CLI read the table without one)"
+        "a store that runs jobs needs a fencing column to tell claims apart: keep claim_token or started_at, or keep a bookkeeping table (PgStoreOptions::bookkeeping_table; in a config file, bookkeeping_table), which carries one (the admin contract and the queue CLI read the table without one)"
     )]
     NoFencingColumn,
     /// Another option is out of range.

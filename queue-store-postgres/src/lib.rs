@@ -3,6 +3,7 @@
 
 mod admin;
 mod bind;
+pub mod bookkeeping;
 mod clock_offset;
 mod completer;
 mod conditions;

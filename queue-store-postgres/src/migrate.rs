@@ -1,6 +1,7 @@
-//! Versioned migrations of the default table: each version of its schema is
-//! applied once, in order, in one transaction under an advisory lock, and
-//! recorded in `<table>_migrations` beside the table. A database already at
+//! Versioned migrations of the tables the store owns (the default table, a
+//! bookkeeping table): each version of a table's schema is applied once, in
+//! order, in one transaction under an advisory lock, and recorded in
+//! `<table>_migrations` beside the table. A database already at
 //! the newest version is only read, so migrating on every start-up takes no
 //! lock a worker would wait for.
 
@@ -27,7 +28,8 @@ pub struct Migration {
     pub statements: Vec<String>,
 }
 
-fn known(table: &QualifiedName) -> Vec<MigrationSql> {
+/// The default table's versions.
+pub(crate) fn default_table(table: &QualifiedName) -> Vec<MigrationSql> {
     default_table::migrations(table, &default_channel(&table.name))
 }
 
@@ -70,13 +72,14 @@ async fn applied(
 pub(crate) async fn status(
     pool: &PgPool,
     table: &QualifiedName,
+    known: Vec<MigrationSql>,
 ) -> Result<Vec<Migration>, StoreError> {
     let mut conn = pool
         .acquire()
         .await
         .map_err(|e| store_error("reading the migration versions", e))?;
     let applied = applied(&mut conn, table).await?;
-    let mut all: Vec<Migration> = known(table)
+    let mut all: Vec<Migration> = known
         .into_iter()
         .map(|m| Migration {
             applied_at: applied
@@ -102,10 +105,11 @@ pub(crate) async fn status(
     Ok(all)
 }
 
-/// Applies the pending versions; returns them as applied.
+/// Applies the pending versions of `known`; returns them as applied.
 pub(crate) async fn apply(
     pool: &PgPool,
     table: &QualifiedName,
+    known: Vec<MigrationSql>,
 ) -> Result<Vec<Migration>, StoreError> {
     let mut tx = pool
         .begin()
@@ -116,7 +120,7 @@ pub(crate) async fn apply(
         .await
         .map_err(|e| store_error("taking the migration lock", e))?;
     let done = applied(&mut tx, table).await?;
-    let pending: Vec<MigrationSql> = known(table)
+    let pending: Vec<MigrationSql> = known
         .into_iter()
         .filter(|m| !done.iter().any(|(v, _, _)| *v == m.version))
         .collect();

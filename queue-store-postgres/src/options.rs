@@ -359,6 +359,8 @@ pub struct PgStoreOptions {
     pub(crate) admin_read_timeout: Option<std::time::Duration>,
     /// Where the message is in a JSON failure column.
     pub(crate) failure_message_path: Vec<String>,
+    /// The bookkeeping table, if the store keeps one.
+    pub(crate) bookkeeping: Option<QualifiedName>,
 }
 
 impl PgStoreOptions {
@@ -391,16 +393,20 @@ impl PgStoreOptions {
             lock_rides: None,
             admin_read_timeout: Some(DEFAULT_ADMIN_READ_TIMEOUT),
             failure_message_path: vec!["message".to_owned()],
+            bookkeeping: None,
         })
     }
 
-    /// Sets the schema of the table (and of the view, unless it names its
-    /// own).
+    /// Sets the schema of the table (and of the view and the bookkeeping
+    /// table, unless they name their own).
     pub fn schema(mut self, schema: &str) -> Result<Self, OptionsError> {
         let schema = Ident::new(schema)?;
-        if let Some(view) = &mut self.view {
-            if view.schema == self.table.schema {
-                view.schema = schema.clone();
+        for beside in [&mut self.view, &mut self.bookkeeping]
+            .into_iter()
+            .flatten()
+        {
+            if beside.schema == self.table.schema {
+                beside.schema = schema.clone();
             }
         }
         self.table.schema = schema;
@@ -469,6 +475,42 @@ impl PgStoreOptions {
     pub fn order_by(mut self, expression: impl Into<String>) -> Self {
         self.order_by = Some(expression.into());
         self
+    }
+
+    /// Keeps what the table lacks of a job's bookkeeping in `name`, a
+    /// table the store owns (in the table's schema; see
+    /// [`PgStoreOptions::bookkeeping_table_in`]): the claim token that
+    /// fences claims, the claim time, the heartbeat, the reset and failure
+    /// counts, the worker, the cancel flag and the execution log. So a
+    /// table with only a key and a state runs jobs as it is, with every
+    /// guarantee: nothing is added to it.
+    ///
+    /// Each of those columns the table has (mapped, or under its standard
+    /// name) stays in the table; each it lacks (or is declared without)
+    /// lives in the bookkeeping table, under its standard name. A row
+    /// there exists only while its job runs, or waits to retry with counts
+    /// to keep; finishing a job removes it in the same statement. Create
+    /// it with [`bookkeeping::migrate`](crate::bookkeeping::migrate) or
+    /// `queue migrate`; start-up checks it and logs which columns it
+    /// carries.
+    pub fn bookkeeping_table(mut self, name: &str) -> Result<Self, OptionsError> {
+        self.bookkeeping = Some(QualifiedName::new(
+            self.table.schema.clone(),
+            Ident::new(name)?,
+        ));
+        Ok(self)
+    }
+
+    /// [`PgStoreOptions::bookkeeping_table`] in `schema` (for a team that
+    /// may create tables only in a schema of its own).
+    pub fn bookkeeping_table_in(mut self, schema: &str, name: &str) -> Result<Self, OptionsError> {
+        self.bookkeeping = Some(QualifiedName::new(Ident::new(schema)?, Ident::new(name)?));
+        Ok(self)
+    }
+
+    /// The bookkeeping table, if the store keeps one.
+    pub fn bookkeeping(&self) -> Option<&QualifiedName> {
+        self.bookkeeping.as_ref()
     }
 
     /// Where a `json` or `jsonb` failure column keeps the message: a path
@@ -690,6 +732,12 @@ impl PgStoreOptions {
     /// The schema-qualified table.
     pub fn table_name(&self) -> &QualifiedName {
         &self.table
+    }
+
+    /// The alias the table and view carry in SQL (the one `select` and
+    /// `order_by` expressions name).
+    pub fn table_alias(&self) -> &Ident {
+        &self.alias
     }
 
     /// The name a standard column has in the table, or `None` if absent.

@@ -198,9 +198,10 @@ where
             // again, over and over.
             return Err(StoreError::Config(format!(
                 "table {} has no heartbeat column, so a job running longer than the resetter's \
-                 stalled age would be taken for a crashed one and run again, over and over: add a \
-                 timestamptz column and map it (`column(Column::LastHeartbeatAt, ..)`; in a config \
-                 file, columns.last_heartbeat_at)",
+                 stalled age would be taken for a crashed one and run again, over and over: keep it \
+                 in a bookkeeping table, with no change to the table (`bookkeeping_table(..)`; in a \
+                 config file, bookkeeping_table), or add a timestamptz column and map it \
+                 (`column(Column::LastHeartbeatAt, ..)`; columns.last_heartbeat_at)",
                 options.table
             )));
         }

@@ -78,8 +78,9 @@ impl<S: Store> Resetter<S> {
         if options.delivery == Delivery::AtLeastOnce && !store.counts_resets() {
             return Err(WorkerError::InvalidOptions(
                 "the store counts no resets (the table has no num_resets column), so max_resets \
-                 cannot bound them and a job whose worker keeps dying would run forever: add and \
-                 map a num_resets integer column, or reset at most once \
+                 cannot bound them and a job whose worker keeps dying would run forever: keep the \
+                 count in the store's bookkeeping table (PgStoreOptions::bookkeeping_table), add \
+                 and map a num_resets integer column, or reset at most once \
                  (ResetterOptions::delivery = Delivery::AtMostOnce)"
                     .into(),
             ));

@@ -1,9 +1,12 @@
-//! `migrate`: the default table's versioned migrations.
+//! `migrate`: the versioned migrations of the tables the store owns: the
+//! default table, or the bookkeeping table beside a table of your own.
 
 use std::io::Write;
 
 use anyhow::{bail, Result};
 use sqlx::PgPool;
+
+use queue_store_postgres::{bookkeeping, JobTable, Migration, PgStoreOptions, QualifiedName};
 
 use crate::output::{self, Table};
 use crate::Context;
@@ -25,25 +28,65 @@ pub struct MigrateArgs {
     pub table: Option<String>,
 }
 
+/// The table a migration is for.
+enum Target {
+    /// The default table.
+    Default(JobTable),
+    /// The bookkeeping table (named) of a table of the user's.
+    Bookkeeping(QualifiedName, Box<PgStoreOptions>),
+}
+
+impl Target {
+    fn name(&self) -> QualifiedName {
+        match self {
+            Target::Default(table) => table.name().clone(),
+            Target::Bookkeeping(name, _) => name.clone(),
+        }
+    }
+
+    async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>> {
+        Ok(match self {
+            Target::Default(table) => table.migrations(pool).await?,
+            Target::Bookkeeping(_, options) => bookkeeping::migrations(pool, options).await?,
+        })
+    }
+
+    async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>> {
+        Ok(match self {
+            Target::Default(table) => table.migrate(pool).await?,
+            Target::Bookkeeping(_, options) => bookkeeping::migrate(pool, options).await?,
+        })
+    }
+}
+
 pub async fn run(
     context: &Context,
     pool: &PgPool,
     args: &MigrateArgs,
     out: &mut impl Write,
 ) -> Result<()> {
-    if !context.config.is_default_table() {
-        bail!(
-            "queue migrate creates and upgrades the default table; the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage"
-        );
-    }
-    let table = context.config.job_table()?;
-    let table = match (&args.schema, &args.table) {
-        (None, None) => table,
-        (schema, name) => queue_store_postgres::JobTable::new(
-            schema.as_deref().unwrap_or(table.name().schema.as_str()),
-            name.as_deref().unwrap_or(table.name().name.as_str()),
-        )?,
+    let target = if context.config.is_default_table() {
+        let table = context.config.job_table()?;
+        Target::Default(match (&args.schema, &args.table) {
+            (None, None) => table,
+            (schema, name) => JobTable::new(
+                schema.as_deref().unwrap_or(table.name().schema.as_str()),
+                name.as_deref().unwrap_or(table.name().name.as_str()),
+            )?,
+        })
+    } else {
+        let options = context.config.store_options()?;
+        let Some(name) = options.bookkeeping().cloned() else {
+            bail!(
+                "queue migrate creates and upgrades the default table, and the bookkeeping table beside a table of your own; the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage, and names no bookkeeping_table"
+            );
+        };
+        if args.schema.is_some() || args.table.is_some() {
+            bail!("--schema and --table name a default table; the bookkeeping table is the config file's bookkeeping_table");
+        }
+        Target::Bookkeeping(name, Box::new(options))
     };
+    let table = &target;
     if args.status || args.dry_run {
         let all = table.migrations(pool).await?;
         if args.dry_run {

@@ -13,6 +13,9 @@ use crate::record::PgKey;
 use crate::sql::{Param, Statement};
 use crate::stash::OnLiveConnection;
 
+/// How many bookkeeping rows of gone jobs one reset tick deletes at most.
+const SWEEP_BATCH: i64 = 1000;
+
 impl<K: PgKey> PgAdmin<K> {
     /// Fails up to `limit` waiting jobs that expired at `now`
     /// ([`Store::expire`](queue_core::Store::expire)); none without an
@@ -61,6 +64,26 @@ impl<K: PgKey> PgAdmin<K> {
         })
     }
 
+    /// Deletes the bookkeeping rows whose job is gone or completed, a
+    /// batch at a time (the rows of jobs deleted or finished outside the
+    /// store); nothing without a bookkeeping table.
+    async fn sweep_bookkeeping(&self) -> Result<(), StoreError> {
+        let Some(statement) = &self.inner.sql.sweep_bookkeeping else {
+            return Ok(());
+        };
+        let states = &self.inner.options.states;
+        let sweep = query::<K>(statement, |p| match p {
+            Param::State(s) => Some(state::<K>(states, s)),
+            Param::Limit => Some(Value::Int(SWEEP_BATCH)),
+            _ => None,
+        })?;
+        sweep
+            .execute(&self.inner.pool)
+            .await
+            .map_err(|e| store_error("deleting the bookkeeping rows of jobs that are gone", e))?;
+        Ok(())
+    }
+
     pub(super) async fn reset_stalled(
         &self,
         params: ResetParams,
@@ -95,6 +118,7 @@ impl<K: PgKey> PgAdmin<K> {
                 break done?;
             }
         };
+        self.sweep_bookkeeping().await?;
         let mut report = ResetReport::default();
         for row in &rows {
             let id: K = row

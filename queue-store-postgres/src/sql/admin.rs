@@ -85,6 +85,10 @@ pub(crate) struct AdminStatements {
     /// The resetter's statement: stalled rows that no transaction locks go
     /// back to queued, or fail. `None` without a heartbeat or start column.
     pub reset: Option<Statement>,
+    /// Deletes up to [`Param::Limit`] bookkeeping rows whose job is gone
+    /// (deleted by the table's own code, say) or completed; `None` without
+    /// a bookkeeping table.
+    pub sweep_bookkeeping: Option<Statement>,
 }
 
 impl AdminStatements {
@@ -93,7 +97,7 @@ impl AdminStatements {
         shape: &TableShape,
         absent: &[Column],
     ) -> AdminStatements {
-        let names = Names::new(options, absent);
+        let names = Names::new(options, absent, shape.side.as_ref());
         let table = options.table.quoted();
         let a = names.alias.clone();
         let st = shape.state_type.clone();
@@ -199,9 +203,12 @@ impl AdminStatements {
 
         let mut b = Builder::default();
         let key = b.p(Param::Id);
-        b.push(&format!(
-            "SELECT {view} FROM {table} AS {a} WHERE {id} = {key}"
-        ));
+        // A bookkeeping table's columns are read joined as SIDE.
+        let from = match &shape.side {
+            Some(side) => format!("{table} AS {a}{}", side.left_join(&id)),
+            None => format!("{table} AS {a}"),
+        };
+        b.push(&format!("SELECT {view} FROM {from} WHERE {id} = {key}"));
         let get = b.build();
 
         let kind = or_null(Column::Kind, "text", &cast("text"));
@@ -242,7 +249,7 @@ impl AdminStatements {
             .or_else(|| names.at(Column::StartedAt))
         {
             Some(since) => format!(
-                "(SELECT count(*) FROM {table} AS {a} WHERE {state} = {processing} \
+                "(SELECT count(*) FROM {from} WHERE {state} = {processing} \
                  AND ({since} IS NULL OR {since} < {}))",
                 b.p(Param::StalledBefore)
             ),
@@ -319,13 +326,50 @@ impl AdminStatements {
                 let now = b.p(Param::Now);
                 sets.push(format!("{n} = CASE WHEN {fail} THEN {now} ELSE {at} END"));
             }
-            b.push(&format!(
-                "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {state} = CAST({processing} AS {st}) \
-                 AND ({since} IS NULL OR {since} < {before}) ORDER BY {id} FOR UPDATE SKIP LOCKED) \
-                 UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM stalled)) \
-                 RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
-                sets = sets.join(", ")
-            ));
+            let stalled = format!(
+                "{state} = CAST({processing} AS {st}) AND ({since} IS NULL OR {since} < {before}) ORDER BY {id}"
+            );
+            match &shape.side {
+                None => {
+                    b.push(&format!(
+                        "WITH stalled AS (SELECT {id} FROM {table} AS {a} WHERE {stalled} FOR UPDATE SKIP LOCKED) \
+                         UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM stalled)) \
+                         RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed",
+                        sets = sets.join(", ")
+                    ));
+                }
+                Some(side) => {
+                    // The stalled jobs, then their bookkeeping rows, each
+                    // locked without waiting: a job whose row an ending
+                    // attempt holds is left to it. The job's counts are
+                    // read from its locked row (SIDE); the row's token
+                    // changes, so that a late finish of the reset attempt
+                    // is fenced out.
+                    let (side_table, key) = (&side.table, super::bookkeeping::KEY);
+                    let step = "1 + floor(random() * 1073741824)::int8";
+                    let resets = names
+                        .side(Column::NumResets)
+                        .map(|n| format!(", {n} = s.{n} + CASE WHEN r.failed THEN 0 ELSE 1 END"))
+                        .unwrap_or_default();
+                    b.push(&format!(
+                        "WITH stalled AS (SELECT {id} AS k FROM {table} AS {a}{join} WHERE {stalled} \
+                         FOR UPDATE OF {a} SKIP LOCKED), \
+                         \"__queue_locked\" AS (SELECT s.* FROM {side_table} AS s \
+                         WHERE s.{key} = ANY(ARRAY(SELECT k FROM stalled)) FOR NO KEY UPDATE SKIP LOCKED), \
+                         \"__queue_taken\" AS (SELECT k FROM stalled WHERE k IN (SELECT {key} FROM \"__queue_locked\") \
+                         OR NOT EXISTS (SELECT 1 FROM {side_table} AS s WHERE s.{key} = stalled.k)), \
+                         \"__queue_reset\" AS (UPDATE {table} AS {a} SET {sets} FROM \"__queue_taken\" AS t \
+                         LEFT JOIN \"__queue_locked\" AS {side_alias} ON {side_alias}.{key} = t.k WHERE {id} = t.k \
+                         RETURNING {id} AS id, {state} = CAST({failed} AS {st}) AS failed), \
+                         \"__queue_booked\" AS (UPDATE {side_table} AS s SET \"claim_token\" = s.\"claim_token\" + {step}{resets} \
+                         FROM \"__queue_reset\" AS r WHERE s.{key} = r.id) \
+                         SELECT id, failed FROM \"__queue_reset\"",
+                        join = side.left_join(&id),
+                        side_alias = super::bookkeeping::SIDE,
+                        sets = sets.join(", ")
+                    ));
+                }
+            }
             b.build()
         });
 
@@ -352,6 +396,19 @@ impl AdminStatements {
             b.build()
         });
 
+        let sweep_bookkeeping = shape.side.as_ref().map(|side| {
+            let mut b = Builder::default();
+            let (completed, limit) = (b.p(Param::State(JobState::Completed)), b.p(Param::Limit));
+            let key = super::bookkeeping::KEY;
+            b.push(&format!(
+                "DELETE FROM {side_table} AS s WHERE s.{key} = ANY(ARRAY(SELECT o.{key} FROM {side_table} AS o \
+                 WHERE NOT EXISTS (SELECT 1 FROM {table} AS {a} WHERE {id} = o.{key} \
+                 AND {state} <> CAST({completed} AS {st})) LIMIT {limit} FOR UPDATE SKIP LOCKED))",
+                side_table = side.table,
+            ));
+            b.build()
+        });
+
         let mut statements = AdminStatements {
             view,
             table,
@@ -370,6 +427,7 @@ impl AdminStatements {
             states_of: Statement::default(),
             expire,
             reset,
+            sweep_bookkeeping,
             enqueue: Statement::default(),
             enqueue_unique: None,
         };
@@ -540,10 +598,9 @@ impl AdminStatements {
         };
         let limit = b.p(Param::Limit);
         b.push(&format!(
-            "SELECT {view} FROM {table} AS {a} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
+            "SELECT {view} FROM {from} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
             view = self.view,
-            table = self.table,
-            a = self.alias
+            from = self.from(),
         ));
         Ok(b.build())
     }
@@ -553,9 +610,8 @@ impl AdminStatements {
         let mut b = Builder::default();
         let condition = self.filter(&mut b, filter)?;
         b.push(&format!(
-            "SELECT count(*) FROM {table} AS {a} WHERE {condition}",
-            table = self.table,
-            a = self.alias
+            "SELECT count(*) FROM {from} WHERE {condition}",
+            from = self.from(),
         ));
         Ok(b.build())
     }
@@ -619,7 +675,7 @@ impl AdminStatements {
         pick: Pick<'_>,
     ) -> Result<Option<String>, StoreError> {
         let names = &self.names;
-        let (table, a) = (&self.table, &self.alias);
+        let a = &self.alias;
         let id = names.must(Column::Id);
         let mut conditions = Vec::new();
         if matches!(write, AdminWrite::Retry(_)) && from.is_empty() {
@@ -663,8 +719,9 @@ impl AdminStatements {
             "FOR NO KEY UPDATE"
         };
         let source = format!(
-            "FROM {table} AS {a} WHERE {} {limit} {lock} SKIP LOCKED",
-            conditions.join(" AND ")
+            "FROM {from} WHERE {} {limit} {lock} OF {a} SKIP LOCKED",
+            conditions.join(" AND "),
+            from = self.from(),
         );
         Ok(Some(match (write, names.at(Column::UniqueKey)) {
             // At most one job per unique key among the picked: two queued
@@ -732,10 +789,51 @@ impl AdminStatements {
         self.names.get(column).map(str::to_owned)
     }
 
+    /// `table AS alias`, with the bookkeeping table joined as
+    /// [`SIDE`](super::bookkeeping::SIDE) when the store keeps one.
+    fn from(&self) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        match &self.shape.side {
+            Some(side) => format!(
+                "{table} AS {a}{}",
+                side.left_join(&self.names.must(Column::Id))
+            ),
+            None => format!("{table} AS {a}"),
+        }
+    }
+
+    /// `write` (a statement returning the keys it changed first), and with
+    /// a bookkeeping table, the statement `side` makes (given the table's
+    /// quoted name and the changed keys as a subquery) on their bookkeeping
+    /// rows, in the same statement.
+    fn with_side(&self, write: String, side: impl FnOnce(&str, &str) -> Option<String>) -> String {
+        let Some(table) = self.shape.side.as_ref().map(|s| s.table.clone()) else {
+            return write;
+        };
+        let id_name = self.names.get(Column::Id).unwrap_or("\"id\"");
+        let changed = format!("(SELECT {id_name} FROM \"__queue_written\")");
+        match side(&table, &changed) {
+            Some(bookkeeping) => format!(
+                "WITH \"__queue_written\" AS ({write}), \"__queue_booked\" AS ({bookkeeping}) \
+                 SELECT * FROM \"__queue_written\""
+            ),
+            None => write,
+        }
+    }
+
     fn delete_text(&self, rows: &str) -> String {
         let (table, a) = (&self.table, &self.alias);
         let id = self.names.must(Column::Id);
-        format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}")
+        let key = super::bookkeeping::KEY;
+        // A key used again later must not find the deleted job's counts.
+        self.with_side(
+            format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}"),
+            |side, changed| {
+                Some(format!(
+                    "DELETE FROM {side} AS s WHERE s.{key} IN {changed}"
+                ))
+            },
+        )
     }
 
     /// The rows leave the table and enter the archive in one statement: a
@@ -745,9 +843,18 @@ impl AdminStatements {
         let (archive, columns) = self.shape.archive.as_ref()?;
         let columns = columns.join(", ");
         let key = self.names.get(Column::Id).unwrap_or("\"id\"");
+        let side = match &self.shape.side {
+            Some(side) => format!(
+                "\"__queue_booked\" AS (DELETE FROM {} AS s WHERE s.{} IN (SELECT {key} FROM moved)), ",
+                side.table,
+                super::bookkeeping::KEY
+            ),
+            None => String::new(),
+        };
         Some(format!(
-            "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*) \
-             INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}"
+            "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*), {side}\
+             \"__queue_archived\" AS (INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}) \
+             SELECT {key} FROM \"__queue_archived\""
         ))
     }
 
@@ -790,11 +897,34 @@ impl AdminStatements {
         }
         // Retried jobs are claimable: wake the workers, in the same round
         // trip.
-        format!(
+        let retried = format!(
             "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}{}",
             sets.join(", "),
             notified(b)
-        )
+        );
+        // What the bookkeeping table carries of the same resets.
+        let mut side_sets: Vec<String> = self
+            .names
+            .side(Column::Cancel)
+            .map(|n| format!("{n} = false"))
+            .into_iter()
+            .collect();
+        if reset {
+            for c in [Column::NumFailures, Column::NumResets] {
+                if let Some(n) = self.names.side(c) {
+                    side_sets.push(format!("{n} = 0"));
+                }
+            }
+        }
+        let key = super::bookkeeping::KEY;
+        self.with_side(retried, |side, changed| {
+            (!side_sets.is_empty()).then(|| {
+                format!(
+                    "UPDATE {side} AS s SET {} WHERE s.{key} IN {changed}",
+                    side_sets.join(", ")
+                )
+            })
+        })
     }
 
     fn cancel_waiting_text(&self, b: &mut Builder, rows: &str, guard: &str) -> String {
@@ -824,6 +954,15 @@ impl AdminStatements {
     fn request_stop_text(&self, rows: &str, guard: &str) -> String {
         let (table, a) = (&self.table, &self.alias);
         let id = self.names.must(Column::Id);
+        if let (Some(side), Some(cancel)) = (&self.shape.side, self.names.side(Column::Cancel)) {
+            // The flag of the running attempt, in its bookkeeping row.
+            let key = super::bookkeeping::KEY;
+            return format!(
+                "UPDATE {} AS s SET {cancel} = true FROM {table} AS {a} \
+                 WHERE s.{key} = {id} AND {rows}{guard} RETURNING s.{key}",
+                side.table
+            );
+        }
         let cancel = self
             .name(Column::Cancel)
             .unwrap_or_else(|| "\"cancel\"".into());
@@ -1000,6 +1139,7 @@ mod tests {
             due_apart: false,
             unique_unenforced: None,
             attempts_left_default: None,
+            side: None,
         }
     }
 

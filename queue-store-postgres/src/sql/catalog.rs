@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use queue_core::{JobState, StoreError};
 use sqlx::{PgPool, Row};
 
-use super::TableShape;
+use super::{bookkeeping, TableShape};
 use crate::error::store_error;
 use crate::ident::QualifiedName;
 use crate::options::{Column, PgStoreOptions};
@@ -235,6 +235,29 @@ fn type_matches(actual: &str, accepted: &[&str]) -> bool {
 /// Checks the table (and view) against `options`; `key_types` are the
 /// Postgres types the store's key type decodes from. Returns the table's
 /// shape and the standard columns declared absent.
+/// The type of the key column of the table `options` describe
+/// (`format_type`), which its bookkeeping table's key shares.
+pub(crate) async fn key_type(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+) -> Result<String, StoreError> {
+    let table = &options.table;
+    let (oid, _) = relation(pool, table).await?.ok_or_else(|| {
+        StoreError::Config(format!(
+            "table {table} does not exist; its bookkeeping table takes its key type from it"
+        ))
+    })?;
+    let (cols, _) = columns(pool, oid).await?;
+    let key = options.column_name(Column::Id).map_or("id", |k| k.as_str());
+    cols.get(key)
+        .map(|info| info.type_name.clone())
+        .ok_or_else(|| {
+            StoreError::Config(format!(
+                "table {table} has no key column \"{key}\" (configured for id)"
+            ))
+        })
+}
+
 /// Who the table is inspected for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum User {
@@ -277,9 +300,13 @@ pub(crate) async fn inspect(
             absent.push(column);
             continue;
         };
-        let optional = match user {
-            User::Worker => column.optional_by_default(),
-            User::Reader => !matches!(column, Column::Id | Column::State),
+        // A store with a bookkeeping table takes the table as it is, as an
+        // admin does (start-up logs each column it goes without).
+        let as_it_is = user == User::Reader || options.bookkeeping.is_some();
+        let optional = if as_it_is {
+            !matches!(column, Column::Id | Column::State)
+        } else {
+            column.optional_by_default()
         };
         if optional && !options.named.contains(&column) && !cols.contains_key(name.as_str()) {
             absent.push(column);
@@ -396,6 +423,16 @@ pub(crate) async fn inspect(
             }
         }
     }
+    let side = match &options.bookkeeping {
+        Some(name) => side_table(pool, options, name, &key_type, &mut absent).await?,
+        None => None,
+    };
+    if side
+        .as_ref()
+        .is_some_and(|s| s.carries(Column::ExecutionLogs))
+    {
+        log_element = "jsonb".to_owned();
+    }
     if !absent.contains(&Column::MaxAttempts) && !absent.contains(&Column::AttemptsLeft) {
         return Err(StoreError::Config(format!(
             "table {table} has both a max_attempts column and an attempts_left column; a job's limit is kept one way: map one, and declare the other absent (`without(Column::..)`; in a config file, columns.max_attempts = false)"
@@ -446,9 +483,67 @@ pub(crate) async fn inspect(
             due_apart,
             unique_unenforced,
             attempts_left_default,
+            side,
         },
         absent,
     ))
+}
+
+/// The bookkeeping table `name`, checked against the catalog (it exists,
+/// its key has the table's key type, its columns their types), carrying
+/// the bookkeeping columns the table lacks: those leave `absent`. `None`
+/// when the table lacks none.
+async fn side_table(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    name: &QualifiedName,
+    key_type: &str,
+    absent: &mut Vec<Column>,
+) -> Result<Option<bookkeeping::Side>, StoreError> {
+    let table = &options.table;
+    let (oid, _) = relation(pool, name).await?.ok_or_else(|| {
+        StoreError::Config(format!(
+            "the bookkeeping table {name} of {table} does not exist; create it with `queue migrate` (or queue_store_postgres::bookkeeping::migrate)"
+        ))
+    })?;
+    let (cols, _) = columns(pool, oid).await?;
+    let key = bookkeeping::KEY.trim_matches('"');
+    let expected = std::iter::once((key, key_type)).chain(bookkeeping::EXPECTED_TYPES);
+    for (column, ty) in expected {
+        match cols.get(column) {
+            Some(info) if info.type_name == ty => {}
+            Some(info) => {
+                return Err(StoreError::Config(format!(
+                    "column {column} of the bookkeeping table {name} has type {}, expected {ty} (the key of {table} has type {key_type}); drop the bookkeeping table while no job runs and run `queue migrate` again",
+                    info.type_name
+                )))
+            }
+            None => {
+                return Err(StoreError::Config(format!(
+                    "the bookkeeping table {name} has no column {column}; is it a table of the store's? Run `queue migrate` to bring it up to date"
+                )))
+            }
+        }
+    }
+    let carried: Vec<Column> = bookkeeping::COLUMNS
+        .into_iter()
+        .filter(|c| absent.contains(c))
+        .collect();
+    if carried.is_empty() {
+        tracing::info!(%table, bookkeeping = %name, "the table has every bookkeeping column; the bookkeeping table is not used");
+        return Ok(None);
+    }
+    absent.retain(|c| !carried.contains(c));
+    tracing::info!(
+        %table,
+        bookkeeping = %name,
+        columns = %carried.iter().map(|c| c.standard_name()).collect::<Vec<_>>().join(", "),
+        "the bookkeeping table carries the columns the table lacks"
+    );
+    Ok(Some(bookkeeping::Side {
+        table: name.quoted(),
+        columns: carried,
+    }))
 }
 
 /// Why the table's unique-key column does not keep keys unique (`None`

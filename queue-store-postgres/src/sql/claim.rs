@@ -373,13 +373,45 @@ fn template(t: &Target, reads: Reads) -> Template {
         .at(Column::NumFailures)
         .map(|f| format!("{f}::int8"))
         .unwrap_or_else(|| "0::int8".into());
-    b.push(&format!(
-        " UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
-         RETURNING {id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\", \
+    let columns = format!(
+        "{id} AS \"__queue_id\", {token} AS \"__queue_token\", {failures} AS \"__queue_failures\", \
          array_position(ARRAY(SELECT {id_name} FROM candidates), {id}) AS \"__queue_rank\"{returning_record}",
-        sets = sets.join(", "),
         token = t.token,
-    ));
+    );
+    match &t.shape.side {
+        None => {
+            b.push(&format!(
+                " UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
+                 RETURNING {columns}",
+                sets = sets.join(", "),
+            ));
+        }
+        Some(side) => {
+            // The claimed rows, then their bookkeeping rows (a retrying
+            // job's kept its counts; a new one starts them), in the same
+            // statement; the record is read from the two joined.
+            let (now, worker) = (b.p(Param::Now), b.p(Param::Worker));
+            let step = "1 + floor(random() * 1073741824)::int8";
+            let (side_table, side_alias, key) = (
+                &side.table,
+                super::bookkeeping::SIDE,
+                super::bookkeeping::KEY,
+            );
+            b.push(&format!(
+                ", \"__queue_claimed\" AS (UPDATE {table} AS {a} SET {sets} \
+                 WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) RETURNING {a}.*), \
+                 \"__queue_booked\" AS (INSERT INTO {side_table} AS s ({key}, \"claim_token\", \"started_at\", \
+                 \"last_heartbeat_at\", \"worker_hostname\", \"execution_logs\") \
+                 SELECT c.{id_name}, {step}, {now}, {now}, {worker}, '{{}}' FROM \"__queue_claimed\" AS c \
+                 ON CONFLICT ({key}) DO UPDATE SET \"claim_token\" = s.\"claim_token\" + {step}, \
+                 \"started_at\" = EXCLUDED.\"started_at\", \"last_heartbeat_at\" = EXCLUDED.\"last_heartbeat_at\", \
+                 \"worker_hostname\" = EXCLUDED.\"worker_hostname\", \"execution_logs\" = '{{}}' RETURNING s.*) \
+                 SELECT {columns} FROM \"__queue_claimed\" AS {a} JOIN \"__queue_booked\" AS {side_alias} \
+                 ON {side_alias}.{key} = {id}",
+                sets = sets.join(", "),
+            ));
+        }
+    }
     pieces.push(Piece::Sql(std::mem::take(&mut b.text)));
     Template {
         pieces,

@@ -4,7 +4,8 @@
 
 use queue_core::JobState;
 
-use super::{failure_value, unnest_unseen, Builder, Param, Statement, Target};
+use super::bookkeeping::{Side, KEY, SIDE};
+use super::{failure_value, literal, unnest_unseen, unseen, Builder, Param, Statement, Target};
 use crate::options::{Column, CompletedJobs};
 
 /// The finish statements.
@@ -66,6 +67,9 @@ fn sets(t: &Target, b: &mut Builder, batch: bool) -> String {
 }
 
 pub(super) fn statements(t: &Target) -> Finish {
+    if let Some(side) = &t.shape.side {
+        return with_bookkeeping(t, side);
+    }
     let (table, a, id) = (&t.table, &t.a, &t.id);
     let keys = format!("{}[]", t.kt());
     let mut b = Builder::default();
@@ -159,6 +163,169 @@ pub(super) fn statements(t: &Target) -> Finish {
                 (&tokens, "int8[]"),
                 (&finished, "timestamptz[]"),
             ]),
+            sets = sets.join(", ")
+        ));
+        (b.build(), finish_one.clone())
+    };
+    Finish {
+        finish,
+        finish_one,
+        finish_succeeded,
+    }
+}
+
+/// The finishes of a table whose bookkeeping table carries the claim
+/// token. Each first takes the attempt's bookkeeping row, by key and
+/// token, with a write of its own (so a token changed meanwhile, by a
+/// reset and a new claim, fails the check on the row's newest version):
+/// a job that succeeded ends the row; any other keeps it, its failure
+/// count raised by a failure (a retry's counts must survive, and a failed
+/// job's counts and log are what an operator reads; they go with the job,
+/// by purge, delete or the resetter's sweep of rows whose job is gone). Then the table's row moves, if the attempt's
+/// row was taken and the job is still processing. The rows taken carry
+/// the attempt's counts under [`SIDE`] (failures before the attempt), for
+/// the failure's attempt number.
+fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
+    let (table, a, id) = (&t.table, &t.a, &t.id);
+    let keys = format!("{}[]", t.kt());
+    let (side_table, key) = (&side.table, KEY);
+    // The one outcome whose row ends.
+    let completed = literal(t.options.states.get(JobState::Completed));
+    // Taking the attempts' rows from `u(id, token, target, failed)`.
+    let take = |u: &str| {
+        format!(
+            "\"__queue_kept\" AS (UPDATE {side_table} AS s SET \"num_failures\" = s.\"num_failures\" + u.failed \
+             FROM {u} WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target <> {completed} \
+             RETURNING s.{key}, s.\"num_failures\" - u.failed AS \"num_failures\"), \
+             \"__queue_ended\" AS (DELETE FROM {side_table} AS s USING {u} \
+             WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target = {completed} \
+             RETURNING s.{key}, s.\"num_failures\"), \
+             {SIDE} AS (SELECT * FROM \"__queue_kept\" UNION ALL SELECT * FROM \"__queue_ended\")"
+        )
+    };
+
+    let mut b = Builder::default();
+    let (ids, tokens, targets, finished, messages, afters, incs, processing) = (
+        b.p(Param::Ids),
+        b.p(Param::Tokens),
+        b.p(Param::TargetStates),
+        b.p(Param::FinishedAts),
+        b.p(Param::Messages),
+        b.p(Param::ProcessAfters),
+        b.p(Param::FailureIncrements),
+        b.p(Param::State(JobState::Processing)),
+    );
+    let batch_sets = sets(t, &mut b, true);
+    b.push(&format!(
+        "WITH u AS (SELECT * FROM {} AS u(id, token, target, finished_at, message, process_after, failed)), {} \
+         UPDATE {table} AS {a} SET {batch_sets} FROM u JOIN {SIDE} ON {SIDE}.{key} = u.id \
+         WHERE {id} = u.id AND {} = {} RETURNING {id}",
+        unnest_unseen(&[
+            (&ids, &keys),
+            (&tokens, "int8[]"),
+            (&targets, "text[]"),
+            (&finished, "timestamptz[]"),
+            (&messages, "text[]"),
+            (&afters, "timestamptz[]"),
+            (&incs, "int4[]"),
+        ]),
+        take("u"),
+        t.state,
+        unseen(&processing, t.st()),
+    ));
+    let finish = b.build();
+
+    let one = |b: &mut Builder| {
+        let (i, tok, target, inc, processing) = (
+            b.p(Param::Id),
+            b.p(Param::Token),
+            b.p(Param::TargetState),
+            b.p(Param::FailureIncrement),
+            b.p(Param::State(JobState::Processing)),
+        );
+        (
+            format!(
+                "WITH u AS (SELECT CAST({i} AS {kt}) AS id, CAST({tok} AS int8) AS token, \
+                 CAST({target} AS text) AS target, CAST({inc} AS int4) AS failed), {}",
+                take("u"),
+                kt = t.kt()
+            ),
+            format!(
+                "{id} = (SELECT {key} FROM {SIDE}) AND {} = CAST({processing} AS {})",
+                t.state,
+                t.st()
+            ),
+        )
+    };
+    let mut b = Builder::default();
+    let (with, guard) = one(&mut b);
+    let one_sets = sets(t, &mut b, false);
+    b.push(&format!(
+        "{with} UPDATE {table} AS {a} SET {one_sets} FROM {SIDE} WHERE {guard} RETURNING {id}"
+    ));
+    let finish_one = b.build();
+
+    // Attempts that succeeded: their rows end.
+    let succeeded = |columns: &str, arrays: &[(&str, &str)]| {
+        format!(
+            "WITH u AS (SELECT * FROM {} AS u({columns})), {SIDE} AS (DELETE FROM {side_table} AS s USING u \
+             WHERE s.{key} = u.id AND s.\"claim_token\" = u.token RETURNING s.{key}), \
+             picked AS (SELECT u.* FROM u JOIN {SIDE} ON {SIDE}.{key} = u.id)",
+            unnest_unseen(arrays),
+        )
+    };
+    let finish_succeeded = if t.options.completed_jobs == CompletedJobs::Delete {
+        let mut b = Builder::default();
+        let (ids, tokens, processing) = (
+            b.p(Param::Ids),
+            b.p(Param::Tokens),
+            b.p(Param::State(JobState::Processing)),
+        );
+        let with = succeeded("id, token", &[(&ids, &keys), (&tokens, "int8[]")]);
+        b.push(&format!(
+            "{with} DELETE FROM {table} AS {a} USING picked AS u WHERE {id} = u.id AND {} = {} RETURNING {id}",
+            t.state,
+            unseen(&processing, t.st()),
+        ));
+        let many = b.build();
+        let mut b = Builder::default();
+        let (with, guard) = one(&mut b);
+        b.push(&format!(
+            "{with} DELETE FROM {table} AS {a} USING {SIDE} WHERE {guard} RETURNING {id}"
+        ));
+        (many, b.build())
+    } else {
+        let mut b = Builder::default();
+        let (ids, tokens, finished, completed, processing) = (
+            b.p(Param::Ids),
+            b.p(Param::Tokens),
+            b.p(Param::FinishedAts),
+            b.p(Param::State(JobState::Completed)),
+            b.p(Param::State(JobState::Processing)),
+        );
+        let mut sets = vec![format!(
+            "{} = CAST({completed} AS {})",
+            t.state_name,
+            t.st()
+        )];
+        if let (Some(n), Some(at)) = (
+            t.names.get(Column::FinishedAt),
+            t.names.at(Column::FinishedAt),
+        ) {
+            sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
+        }
+        let with = succeeded(
+            "id, token, finished_at",
+            &[
+                (&ids, &keys),
+                (&tokens, "int8[]"),
+                (&finished, "timestamptz[]"),
+            ],
+        );
+        b.push(&format!(
+            "{with} UPDATE {table} AS {a} SET {sets} FROM picked AS u WHERE {id} = u.id AND {} = {} RETURNING {id}",
+            t.state,
+            unseen(&processing, t.st()),
             sets = sets.join(", ")
         ));
         (b.build(), finish_one.clone())

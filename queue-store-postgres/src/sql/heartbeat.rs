@@ -22,17 +22,29 @@ pub(super) fn heartbeat(t: &Target) -> Statement {
     // Its inputs [`unseen`], as in the batched finishes.
     let leases = unnest_unseen(&[(&ids, &format!("{}[]", t.kt())), (&tokens, "int8[]")]);
     let processing = unseen(&processing, t.st());
+    let from = t.from();
     b.push(&format!(
         "WITH leases AS (SELECT * FROM {leases} AS l(id, token)), \
-         held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+         held AS (SELECT {id} AS id, ({cancel}) IS TRUE AS cancel FROM {from} JOIN leases l ON {id} = l.id \
          WHERE {state} = {processing} AND {token} = l.token)"
     ));
     if let Some(n) = t.names.get(Column::LastHeartbeatAt) {
         let now = b.p(Param::Now);
         b.push(&format!(
             ", bumped AS (UPDATE {table} AS {a} SET {n} = {now} WHERE {id} IN (\
-             SELECT {id} FROM {table} AS {a} JOIN leases l ON {id} = l.id \
+             SELECT {id} FROM {from} JOIN leases l ON {id} = l.id \
              WHERE {state} = {processing} AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
+        ));
+    } else if let (Some(side), Some(n)) = (&t.shape.side, t.names.side(Column::LastHeartbeatAt)) {
+        // The bookkeeping rows of the attempts that still hold their job
+        // (a row a finish is taking is skipped: that attempt is ending).
+        let now = b.p(Param::Now);
+        b.push(&format!(
+            ", bumped AS (UPDATE {side_table} AS s SET {n} = {now} WHERE s.{key} IN (\
+             SELECT s.{key} FROM {side_table} AS s JOIN held ON s.{key} = held.id JOIN leases l ON l.id = held.id \
+             WHERE s.\"claim_token\" = l.token FOR NO KEY UPDATE OF s SKIP LOCKED))",
+            side_table = side.table,
+            key = super::bookkeeping::KEY,
         ));
     }
     b.push(" SELECT id, cancel FROM held");
@@ -42,6 +54,29 @@ pub(super) fn heartbeat(t: &Target) -> Statement {
 /// Appends an entry to a running job's execution log; `None` without a
 /// log column.
 pub(super) fn append_log(t: &Target) -> Option<Statement> {
+    if let (Some(side), Some(n)) = (&t.shape.side, t.names.side(Column::ExecutionLogs)) {
+        // Into the attempt's bookkeeping row, while its job processes.
+        let mut b = Builder::default();
+        let (i, tok, entry, processing) = (
+            b.p(Param::Id),
+            b.p(Param::Token),
+            b.p(Param::Entry),
+            b.p(Param::State(JobState::Processing)),
+        );
+        let key = super::bookkeeping::KEY;
+        b.push(&format!(
+            "UPDATE {side_table} AS s SET {n} = array_append(s.{n}, CAST({entry} AS jsonb)) \
+             FROM {table} AS {a} WHERE s.{key} = {i} AND s.\"claim_token\" = {tok} AND {id} = s.{key} \
+             AND {state} = CAST({processing} AS {st})",
+            side_table = side.table,
+            table = t.table,
+            a = t.a,
+            id = t.id,
+            state = t.state,
+            st = t.st(),
+        ));
+        return Some(b.build());
+    }
     t.names.get(Column::ExecutionLogs).map(|n| {
         let mut b = Builder::default();
         let guard = t.held(&mut b);

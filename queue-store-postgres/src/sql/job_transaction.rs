@@ -21,25 +21,49 @@ pub(super) struct JobTransaction {
 
 pub(super) fn statements(t: &Target) -> JobTransaction {
     let (table, a) = (&t.table, &t.a);
+    // With a bookkeeping table, the guard reads the token from it.
+    let from = t.from();
     let mut b = Builder::default();
     let guard = t.held(&mut b);
     // FOR KEY SHARE: proves liveness to the resetter (whose FOR UPDATE
     // skips the row) without blocking heartbeats, cancel flags and log
     // appends, which update non-key columns only.
     b.push(&format!(
-        "SELECT 1 FROM {table} AS {a} WHERE {guard} FOR KEY SHARE"
+        "SELECT 1 FROM {from} WHERE {guard} FOR KEY SHARE OF {a}"
     ));
     let lock = b.build();
 
     let mut b = Builder::default();
     let guard = t.held_literally(&mut b);
     b.push(&exactly_one(&format!(
-        "(SELECT 1 FROM {table} AS {a} WHERE {guard} FOR KEY SHARE) AS \"__queue_held\""
+        "(SELECT 1 FROM {from} WHERE {guard} FOR KEY SHARE OF {a}) AS \"__queue_held\""
     )));
     let held_lock = Prepared::new("lock", b.build());
 
     let mut b = Builder::default();
-    let guard = t.held_literally(&mut b);
+    let (guard, taken) = match &t.shape.side {
+        // The attempt's bookkeeping row ends first, by key and token (the
+        // check reads its newest version); the job's row moves if it was
+        // this attempt's.
+        Some(side) => {
+            let (i, tok) = (b.p(Param::Id), b.p(Param::Token));
+            let key = super::bookkeeping::KEY;
+            (
+                format!(
+                    "{} = (SELECT {key} FROM \"__queue_taken\") AND {} = {}",
+                    t.id,
+                    t.state,
+                    t.state_literal(JobState::Processing)
+                ),
+                format!(
+                    "\"__queue_taken\" AS (DELETE FROM {} AS s WHERE s.{key} = {i} AND s.\"claim_token\" = {tok} \
+                     RETURNING s.{key}), ",
+                    side.table
+                ),
+            )
+        }
+        None => (t.held_literally(&mut b), String::new()),
+    };
     let done = if t.options.completed_jobs == CompletedJobs::Delete {
         format!("DELETE FROM {table} AS {a} WHERE {guard} RETURNING 1")
     } else {
@@ -57,7 +81,7 @@ pub(super) fn statements(t: &Target) -> JobTransaction {
         )
     };
     b.push(&format!(
-        "WITH \"__queue_done\" AS ({done}) {}",
+        "WITH {taken}\"__queue_done\" AS ({done}) {}",
         exactly_one("\"__queue_done\"")
     ));
     let held_complete = Prepared::new("complete", b.build());

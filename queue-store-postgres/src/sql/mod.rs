@@ -5,6 +5,7 @@
 //! leaving an unbound parameter behind.
 
 pub(crate) mod admin;
+pub(crate) mod bookkeeping;
 pub(crate) mod catalog;
 mod claim;
 pub(crate) mod default_table;
@@ -198,6 +199,9 @@ pub(crate) struct TableShape {
     /// The default expression of the attempts-left column, which a job
     /// enqueued without a limit of its own starts with.
     pub attempts_left_default: Option<String>,
+    /// The bookkeeping table and the columns it carries, if the store
+    /// keeps one.
+    pub side: Option<bookkeeping::Side>,
 }
 
 /// A `json`/`jsonb` failure column: its type, and the path of keys to
@@ -279,33 +283,56 @@ pub(crate) struct Statements {
     pub append_log: Option<Statement>,
 }
 
-/// Quoted column names, by standard column, for the present ones.
+/// Quoted column names, by standard column, for the present ones: in the
+/// table, or in the bookkeeping table.
 #[derive(Debug, Clone)]
 struct Names {
     alias: String,
     cols: BTreeMap<Column, String>,
+    /// The columns the bookkeeping table carries.
+    side: Vec<Column>,
 }
 
 impl Names {
-    /// The names of the columns `options` map, less the `absent` ones.
-    fn new(options: &PgStoreOptions, absent: &[Column]) -> Names {
+    /// The names of the columns `options` map, less the `absent` ones, and
+    /// those `side` carries.
+    fn new(options: &PgStoreOptions, absent: &[Column], side: Option<&bookkeeping::Side>) -> Names {
+        let side = side.map(|s| s.columns.clone()).unwrap_or_default();
         Names {
             alias: options.alias.quoted(),
             cols: Column::ALL
                 .iter()
-                .filter(|c| !absent.contains(c))
+                .filter(|c| !absent.contains(c) && !side.contains(c))
                 .filter_map(|c| options.column_name(*c).map(|i| (*c, i.quoted())))
                 .collect(),
+            side,
         }
     }
 
+    /// The column's quoted name in the table (`None` when the table lacks
+    /// it, even if the bookkeeping table carries it): what a statement on
+    /// the table may set.
     fn get(&self, c: Column) -> Option<&str> {
         self.cols.get(&c).map(String::as_str)
     }
 
-    /// `alias."column"`.
+    /// The column's quoted name in the bookkeeping table, if it carries it.
+    fn side(&self, c: Column) -> Option<String> {
+        self.side
+            .contains(&c)
+            .then(|| format!("\"{}\"", c.standard_name()))
+    }
+
+    /// `alias."column"`, or `"__queue_side"."column"` for a column the
+    /// bookkeeping table carries (a statement reading it joins that table
+    /// under [`bookkeeping::SIDE`]).
     fn at(&self, c: Column) -> Option<String> {
-        self.get(c).map(|name| format!("{}.{}", self.alias, name))
+        match self.get(c) {
+            Some(name) => Some(format!("{}.{}", self.alias, name)),
+            None => self
+                .side(c)
+                .map(|name| format!("{}.{name}", bookkeeping::SIDE)),
+        }
     }
 
     fn must(&self, c: Column) -> String {
@@ -338,7 +365,7 @@ struct Target<'a> {
 
 impl<'a> Target<'a> {
     fn new(options: &'a PgStoreOptions, shape: &'a TableShape, absent: &[Column]) -> Target<'a> {
-        let names = Names::new(options, absent);
+        let names = Names::new(options, absent, shape.side.as_ref());
         let token = match names.at(Column::ClaimToken) {
             Some(token) => token,
             None => format!(
@@ -358,6 +385,20 @@ impl<'a> Target<'a> {
             token,
             names,
         }
+    }
+
+    /// `table AS alias`, with the bookkeeping table joined as
+    /// [`bookkeeping::SIDE`] when the store keeps one: what a statement
+    /// reading bookkeeping columns selects from (a lock on it names the
+    /// alias: `FOR UPDATE OF alias`).
+    fn from(&self) -> String {
+        let join = self
+            .shape
+            .side
+            .as_ref()
+            .map(|side| side.left_join(&self.id))
+            .unwrap_or_default();
+        format!("{} AS {}{join}", self.table, self.a)
     }
 
     /// The state column's type.
@@ -495,6 +536,7 @@ fn test_shape() -> TableShape {
         due_apart: true,
         unique_unenforced: None,
         attempts_left_default: None,
+        side: None,
     }
 }
 

@@ -1,0 +1,165 @@
+//! A table with only a key and a state runs jobs as it is: what it lacks
+//! of a job's bookkeeping lives in the store's bookkeeping table, and every
+//! guarantee holds in both modes.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use queue_core::{Admin, CancellationToken, Handler, JobContext, JobError, JobRecord, JobState};
+use queue_store_postgres::{
+    bookkeeping, Column, ExecutionMode, PgJobTransaction, PgStore, PgStoreOptions,
+};
+use queue_worker::{Worker, WorkerOptions};
+use sqlx::PgPool;
+use support::{awkward_schema, pool};
+
+/// A row of a table that has a key and a state, nothing else.
+#[derive(Debug, sqlx::FromRow)]
+struct Bare {
+    id: i64,
+}
+
+impl JobRecord for Bare {
+    type Id = i64;
+    fn id(&self) -> &i64 {
+        &self.id
+    }
+    fn kind(&self) -> &str {
+        "bare"
+    }
+}
+
+fn quoted(schema: &str) -> String {
+    format!("\"{}\"", schema.replace('"', "\"\""))
+}
+
+/// `jobs (id bigint PRIMARY KEY, status text)` with `n` queued rows, and
+/// options for it with a bookkeeping table (migrated).
+async fn bare_table(pool: &PgPool, n: i64, mode: ExecutionMode) -> (String, PgStoreOptions) {
+    let schema = awkward_schema();
+    let s = quoted(&schema);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {s}.jobs (id bigint PRIMARY KEY, status text NOT NULL);
+         CREATE INDEX ON {s}.jobs (id) WHERE status IN ('queued', 'errored');
+         INSERT INTO {s}.jobs SELECT g, 'queued' FROM generate_series(1, {n}) g"
+    )))
+    .execute(pool)
+    .await
+    .expect("the bare table");
+    let options = PgStoreOptions::new("jobs")
+        .and_then(|o| o.schema(&schema))
+        .and_then(|o| o.column(Column::State, "status"))
+        .and_then(|o| o.bookkeeping_table("jobs_bookkeeping"))
+        .expect("valid options")
+        .mode(mode);
+    let applied = bookkeeping::migrate(pool, &options)
+        .await
+        .expect("the bookkeeping table");
+    assert_eq!(applied.len(), 1);
+    (s, options)
+}
+
+async fn count(pool: &PgPool, sql: String) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .fetch_one(pool)
+        .await
+        .expect("a count")
+}
+
+/// Every tenth job fails once and retries; every seventh fails for good.
+struct Mixed;
+
+#[async_trait]
+impl Handler<PgStore<Bare>> for Mixed {
+    async fn handle(
+        &self,
+        ctx: &JobContext,
+        _: &mut PgJobTransaction<i64>,
+        job: &Bare,
+    ) -> Result<(), JobError> {
+        if job.id % 7 == 0 {
+            return Err(JobError::poison("bad job"));
+        }
+        if job.id % 10 == 0 && ctx.attempt() == 1 {
+            return Err(JobError::retry_after("once more", Duration::ZERO));
+        }
+        Ok(())
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_and_a_state_drain_in_both_modes_with_no_change_to_the_table() {
+    let test = "a_key_and_a_state_drain_in_both_modes_with_no_change_to_the_table";
+    let Some(pool) = pool(test).await else { return };
+    for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
+        let (s, options) = bare_table(&pool, 300, mode).await;
+        let store = PgStore::<Bare>::new(pool.clone(), options)
+            .await
+            .expect("a store on a key and a state");
+        let worker = Worker::new(
+            store.clone(),
+            Mixed,
+            WorkerOptions {
+                poll_interval: Duration::from_millis(50),
+                ..WorkerOptions::default()
+            },
+        )
+        .expect("a worker");
+        let shutdown = CancellationToken::new();
+        let running = tokio::spawn(worker.run(shutdown.clone()));
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while count(
+            &pool,
+            format!(
+                "SELECT count(*) FROM {s}.jobs WHERE status IN ('queued', 'errored', 'processing')"
+            ),
+        )
+        .await
+            > 0
+        {
+            assert!(Instant::now() < deadline, "{mode:?}: the drain is stuck");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        shutdown.cancel();
+        let report = running.await.expect("joined").expect("the worker ran");
+        let failed = (1..=300).filter(|i| i % 7 == 0).count() as u64;
+        let retried = (1..=300).filter(|i| i % 10 == 0 && i % 7 != 0).count() as u64;
+        assert_eq!(
+            (
+                report.count("completed"),
+                report.count("poisoned"),
+                report.count("retried")
+            ),
+            (300 - failed, failed, retried),
+            "{mode:?}"
+        );
+        assert_eq!(
+            count(
+                &pool,
+                format!("SELECT count(*) FROM {s}.jobs WHERE status = 'completed'")
+            )
+            .await,
+            (300 - failed) as i64,
+            "{mode:?}"
+        );
+        // Completed jobs leave nothing behind; failed ones keep their counts.
+        assert_eq!(
+            count(&pool, format!("SELECT count(*) FROM {s}.jobs_bookkeeping")).await,
+            failed as i64,
+            "{mode:?}: only the failed jobs' rows remain"
+        );
+        let view = Admin::get(&store, &7).await.expect("get").expect("job 7");
+        assert_eq!(
+            (
+                view.state,
+                view.num_failures,
+                view.worker_hostname.is_some()
+            ),
+            (Some(JobState::Failed), Some(1), true),
+            "{mode:?}: the bookkeeping columns read through the admin view: {view:?}"
+        );
+    }
+}
