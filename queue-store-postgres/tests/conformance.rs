@@ -1,5 +1,7 @@
 //! The store conformance suite of `queue-core`, unchanged, against the
-//! Postgres store in both execution modes; each case in its own schema.
+//! Postgres store in both execution modes, with the table's bookkeeping
+//! columns and with a bookkeeping table carrying them; each case in its
+//! own schema.
 
 mod support;
 
@@ -25,6 +27,36 @@ mod transactional {
     queue_core::conformance_tests!(match PgHarness::connect(
         ExecutionMode::Transactional,
         "conformance (transactional)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod lease_with_a_bookkeeping_table {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::with_bookkeeping_table(
+        ExecutionMode::Lease,
+        "conformance (lease, bookkeeping table)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod transactional_with_a_bookkeeping_table {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::with_bookkeeping_table(
+        ExecutionMode::Transactional,
+        "conformance (transactional, bookkeeping table)"
     )
     .await
     {

@@ -113,6 +113,16 @@ impl AdminStatements {
         };
         let cast = |ty: &'static str| move |at: String| format!("CAST({at} AS {ty})");
         let plain = |at: String| at;
+        // A count the bookkeeping table keeps is 0 for a job without a
+        // row there (not claimed yet, or completed).
+        let count = |at: String| {
+            if names.side(Column::NumFailures).is_some() || names.side(Column::NumResets).is_some()
+            {
+                format!("CAST(COALESCE({at}, 0) AS int8)")
+            } else {
+                format!("CAST({at} AS int8)")
+            }
+        };
         let view = [
             format!("{id} AS \"id\""),
             format!(
@@ -152,11 +162,11 @@ impl AdminStatements {
             ),
             format!(
                 "{} AS \"num_resets\"",
-                or_null(Column::NumResets, "int8", &cast("int8"))
+                or_null(Column::NumResets, "int8", &count)
             ),
             format!(
                 "{} AS \"num_failures\"",
-                or_null(Column::NumFailures, "int8", &cast("int8"))
+                or_null(Column::NumFailures, "int8", &count)
             ),
             format!(
                 "{} AS \"last_heartbeat_at\"",
@@ -403,7 +413,8 @@ impl AdminStatements {
             b.push(&format!(
                 "DELETE FROM {side_table} AS s WHERE s.{key} = ANY(ARRAY(SELECT o.{key} FROM {side_table} AS o \
                  WHERE NOT EXISTS (SELECT 1 FROM {table} AS {a} WHERE {id} = o.{key} \
-                 AND {state} <> CAST({completed} AS {st})) LIMIT {limit} FOR UPDATE SKIP LOCKED))",
+                 AND ({state} <> CAST({completed} AS {st}) OR cardinality(o.\"execution_logs\") > 0)) \
+                 LIMIT {limit} FOR UPDATE SKIP LOCKED))",
                 side_table = side.table,
             ));
             b.build()

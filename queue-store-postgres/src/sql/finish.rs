@@ -174,6 +174,22 @@ pub(super) fn statements(t: &Target) -> Finish {
     }
 }
 
+/// `"__queue_logged" AS (..), `: puts back the bookkeeping rows `ended`
+/// (a CTE returning whole rows) that hold log entries, when the
+/// bookkeeping table carries the log, so that a completed job's log stays
+/// for operators; empty otherwise. (The same key, deleted and inserted in
+/// one statement: the deleted row is the statement's own, no conflict.)
+pub(super) fn keep_logged(side: &Side, ended: &str) -> String {
+    if !side.carries(Column::ExecutionLogs) {
+        return String::new();
+    }
+    format!(
+        "\"__queue_logged\" AS (INSERT INTO {} SELECT * FROM {ended} AS e \
+         WHERE cardinality(e.\"execution_logs\") > 0), ",
+        side.table
+    )
+}
+
 /// The finishes of a table whose bookkeeping table carries the claim
 /// token. Each first takes the attempt's bookkeeping row, by key and
 /// token, with a write of its own (so a token changed meanwhile, by a
@@ -181,8 +197,10 @@ pub(super) fn statements(t: &Target) -> Finish {
 /// a job that succeeded ends the row; any other keeps it, its failure
 /// count raised by a failure (a retry's counts must survive, and a failed
 /// job's counts and log are what an operator reads; they go with the job,
-/// by purge, delete or the resetter's sweep of rows whose job is gone). Then the table's row moves, if the attempt's
-/// row was taken and the job is still processing. The rows taken carry
+/// by purge, delete or the resetter's sweep of rows whose job is gone; a
+/// completed job's row comes back if it holds log entries). Then the
+/// table's row moves, if the attempt's row was taken and the job is still
+/// processing. The rows taken carry
 /// the attempt's counts under [`SIDE`] (failures before the attempt), for
 /// the failure's attempt number.
 fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
@@ -199,8 +217,10 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
              RETURNING s.{key}, s.\"num_failures\" - u.failed AS \"num_failures\"), \
              \"__queue_ended\" AS (DELETE FROM {side_table} AS s USING {u} \
              WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target = {completed} \
-             RETURNING s.{key}, s.\"num_failures\"), \
-             {SIDE} AS (SELECT * FROM \"__queue_kept\" UNION ALL SELECT * FROM \"__queue_ended\")"
+             RETURNING s.*), {}\
+             {SIDE} AS (SELECT * FROM \"__queue_kept\" UNION ALL \
+             SELECT {key}, \"num_failures\" FROM \"__queue_ended\")",
+            keep_logged(side, "\"__queue_ended\""),
         )
     };
 
@@ -265,11 +285,13 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
     ));
     let finish_one = b.build();
 
-    // Attempts that succeeded: their rows end.
+    // Attempts that succeeded: their rows end (one that holds log entries
+    // comes back with them, for operators to read).
+    let keep_logged = keep_logged(side, SIDE);
     let succeeded = |columns: &str, arrays: &[(&str, &str)]| {
         format!(
             "WITH u AS (SELECT * FROM {} AS u({columns})), {SIDE} AS (DELETE FROM {side_table} AS s USING u \
-             WHERE s.{key} = u.id AND s.\"claim_token\" = u.token RETURNING s.{key}), \
+             WHERE s.{key} = u.id AND s.\"claim_token\" = u.token RETURNING s.*), {keep_logged}\
              picked AS (SELECT u.* FROM u JOIN {SIDE} ON {SIDE}.{key} = u.id)",
             unnest_unseen(arrays),
         )

@@ -57,8 +57,9 @@ pub(super) fn statements(t: &Target) -> JobTransaction {
                 ),
                 format!(
                     "\"__queue_taken\" AS (DELETE FROM {} AS s WHERE s.{key} = {i} AND s.\"claim_token\" = {tok} \
-                     RETURNING s.{key}), ",
-                    side.table
+                     RETURNING s.*), {}",
+                    side.table,
+                    super::finish::keep_logged(side, "\"__queue_taken\"")
                 ),
             )
         }

@@ -15,7 +15,7 @@ use queue_core::testkit::conformance::Harness;
 use queue_core::testkit::database_url;
 use queue_core::{ClaimParams, Claimed, Job, JobRecord, Store};
 use queue_store_postgres::{
-    ExecutionMode, JobTable, PgCondition, PgConditions, PgJobTransaction, PgKey, PgStore,
+    Column, ExecutionMode, JobTable, PgCondition, PgConditions, PgJobTransaction, PgKey, PgStore,
 };
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
@@ -148,10 +148,12 @@ pub async fn store(pool: &PgPool, table: &JobTable, mode: ExecutionMode) -> PgSt
         .expect("a store over the test table")
 }
 
-/// Runs the conformance suite on the default table in one mode.
+/// Runs the conformance suite on the default table in one mode, keeping
+/// its bookkeeping in the table or in a bookkeeping table.
 pub struct PgHarness {
     pub pool: PgPool,
     pub mode: ExecutionMode,
+    pub bookkeeping: bool,
 }
 
 impl PgHarness {
@@ -159,6 +161,15 @@ impl PgHarness {
         Some(PgHarness {
             pool: pool(test).await?,
             mode,
+            bookkeeping: false,
+        })
+    }
+
+    /// The same with every bookkeeping column in a bookkeeping table.
+    pub async fn with_bookkeeping_table(mode: ExecutionMode, test: &str) -> Option<PgHarness> {
+        Some(PgHarness {
+            bookkeeping: true,
+            ..PgHarness::connect(mode, test).await?
         })
     }
 }
@@ -169,7 +180,30 @@ impl Harness for PgHarness {
 
     async fn store(&self) -> PgStore<Job> {
         let table = fresh_table(&self.pool).await;
-        PgStore::default_table(self.pool.clone(), table.store_options().mode(self.mode))
+        let mut options = table.store_options().mode(self.mode);
+        if self.bookkeeping {
+            // The table's own bookkeeping columns unused: the bookkeeping
+            // table carries every one.
+            for column in [
+                Column::ClaimToken,
+                Column::StartedAt,
+                Column::LastHeartbeatAt,
+                Column::NumResets,
+                Column::NumFailures,
+                Column::WorkerHostname,
+                Column::Cancel,
+                Column::ExecutionLogs,
+            ] {
+                options = options.without(column).expect("optional");
+            }
+            options = options
+                .bookkeeping_table("jobs_bookkeeping")
+                .expect("a valid name");
+            queue_store_postgres::bookkeeping::migrate(&self.pool, &options)
+                .await
+                .expect("the bookkeeping table");
+        }
+        PgStore::default_table(self.pool.clone(), options)
             .await
             .expect("store over a migrated table")
     }

@@ -6,10 +6,11 @@
 //! each job ran exactly once and fails loudly otherwise.
 //!
 //! One module per idea: the cluster and its ceiling ([`cluster`]), each
-//! scenario ([`drain`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
+//! scenario ([`drain`], [`bookkeeping`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
 //! [`claims`], [`peers`], [`cold`]), and the report ([`report`]).
 
 mod alternating;
+mod bookkeeping;
 mod claims;
 mod cluster;
 mod cold;
@@ -92,10 +93,11 @@ const QUICK: Sizes = Sizes {
 /// The scenarios `--only` can pick, in the order they run. `peers`,
 /// `versus` and `cold` need the peer queues, so a run without `--only` has
 /// them only with `--peers`.
-const SCENARIOS: [&str; 14] = [
+const SCENARIOS: [&str; 15] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
+    "bookkeeping",
     "retention",
     "alternating",
     "enqueue",
@@ -122,7 +124,7 @@ pub struct Args {
     peers: bool,
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
-    /// drain-transactional, retention, alternating, enqueue, wake, memory,
+    /// drain-transactional, bookkeeping, retention, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, peers, versus, cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
@@ -208,6 +210,10 @@ pub async fn run(args: Args) -> Result<()> {
                 sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
             ),
         );
+    }
+
+    if args.runs("bookkeeping") {
+        bookkeeping::as_it_is_against_changed(&pool, sizes, &mut results).await?;
     }
 
     if args.runs("retention") {

@@ -141,6 +141,14 @@ impl Ratio {
 /// The names of the rows the ratios and the headline read.
 pub(super) mod rows {
     pub const CEILING: &str = "pgbench single-row UPDATE, 8 clients";
+    pub const BOOKKEEPING_LEASE: &str =
+        "lease drain, 16 handlers, table as it is (bookkeeping table), alternating";
+    pub const CHANGED_LEASE: &str =
+        "lease drain, 16 handlers, same table with the columns added, alternating";
+    pub const BOOKKEEPING_TRANSACTIONAL: &str =
+        "transactional drain, 16 handlers, table as it is (bookkeeping table), alternating";
+    pub const CHANGED_TRANSACTIONAL: &str =
+        "transactional drain, 16 handlers, same table with the columns added, alternating";
     pub const LEASE_16: &str = "lease, 16 handlers";
     pub const TRANSACTIONAL_16: &str = "transactional, 16 handlers";
     /// The lease drain with `CompletedJobs::Delete`: what graphile_worker
@@ -207,6 +215,16 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
             results.ratio(ALTERNATING_TRANSACTIONAL, ALTERNATING_CEILING),
             (Some(0.5), None),
+        ),
+        r(
+            "lease drain of a table as it is ÷ the same table with the columns added (medians)",
+            results.ratio(BOOKKEEPING_LEASE, CHANGED_LEASE),
+            (Some(0.7), None),
+        ),
+        r(
+            "transactional drain of a table as it is ÷ the same table with the columns added (medians)",
+            results.ratio(BOOKKEEPING_TRANSACTIONAL, CHANGED_TRANSACTIONAL),
+            (Some(0.8), None),
         ),
         r(
             "lease drain (16) ÷ pgbench ceiling, single runs",
