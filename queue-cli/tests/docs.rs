@@ -197,3 +197,26 @@ fn every_flag_is_documented() {
         "docs/cli.md does not mention {missing:?}"
     );
 }
+
+/// Every config file the guides show parses, and describes valid options:
+/// a user copying one starts from a working file.
+#[test]
+fn the_guides_config_files_parse() {
+    for path in ["docs/cli.md", "docs/existing-tables.md"] {
+        let text = read(path);
+        let blocks: Vec<&str> = text
+            .split("```toml\n")
+            .skip(1)
+            .filter_map(|rest| rest.split("\n```").next())
+            .collect();
+        assert!(!blocks.is_empty(), "{path} shows a config file");
+        for (n, block) in blocks.iter().enumerate() {
+            let origin = format!("{path}, toml block {}", n + 1);
+            let config = queue_store_postgres::PgConfig::parse(&origin, block)
+                .unwrap_or_else(|e| panic!("{e}"));
+            config
+                .store_options()
+                .unwrap_or_else(|e| panic!("{origin}: {e}"));
+        }
+    }
+}

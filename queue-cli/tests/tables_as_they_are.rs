@@ -1,6 +1,8 @@
-//! Tables used as they are: four shapes of table (a key and a text state
-//! only; a key, an enum state and one timestamp; a uuid key with a
-//! countdown of attempts; a text key read through a view), none altered,
+//! Tables used as they are: five shapes of table (a scheduler's jobs table
+//! with a key, an enum status, a jsonb failure column and two timestamps;
+//! a key and a text state only; a key, an enum state and one timestamp; a
+//! uuid key with a countdown of attempts; a text key read through a view),
+//! none altered,
 //! each given a bookkeeping table by `queue migrate`. In both modes each
 //! one drains; rows in a state the store does not know stay untouched; a
 //! worker killed mid-job (SIGKILL) is recovered by the resetter (the
@@ -50,7 +52,25 @@ struct Shape {
     stray: bool,
 }
 
-const SHAPES: [Shape; 4] = [
+const SHAPES: [Shape; 5] = [
+    Shape {
+        name: "a scheduler's jobs table: a key without a default, an enum status, jsonb failure_info and two timestamps",
+        create: "CREATE TYPE {s}.job_status AS ENUM ('scheduled', 'running', 'succeeded', 'retrying', 'dead', 'cancelled');
+                 CREATE TABLE {s}.sched_jobs (id bigint PRIMARY KEY, status {s}.job_status NOT NULL,
+                   failure_info jsonb, created_at timestamptz NOT NULL DEFAULT now(),
+                   updated_at timestamptz NOT NULL DEFAULT now());
+                 INSERT INTO {s}.sched_jobs (id, status) SELECT g * 10, 'scheduled' FROM generate_series(1, {n}) g",
+        config: "table = \"sched_jobs\"\nbookkeeping_table = \"sched_jobs_bookkeeping\"\n\
+                 failure_message_path = \"error\"\n\
+                 [columns]\nstate = \"status\"\nfailure_message = \"failure_info\"\nqueued_at = \"created_at\"\n\
+                 [states]\nqueued = \"scheduled\"\nprocessing = \"running\"\ncompleted = \"succeeded\"\n\
+                 errored = \"retrying\"\nfailed = \"dead\"\ncanceled = \"cancelled\"\n",
+        table: "sched_jobs",
+        key: "id",
+        state: "status",
+        values: ["scheduled", "running", "succeeded", "dead"],
+        stray: false,
+    },
     Shape {
         name: "a key and a text state",
         create: "CREATE TABLE {s}.jobs (id bigint PRIMARY KEY, status text NOT NULL);

@@ -4,7 +4,7 @@
 
 use queue_core::JobState;
 
-use super::bookkeeping::{Side, KEY, SIDE};
+use super::bookkeeping::{Side, EXPECTED_TYPES, KEY, SIDE};
 use super::{failure_value, literal, unnest_unseen, unseen, Builder, Param, Statement, Target};
 use crate::options::{Column, CompletedJobs};
 
@@ -15,16 +15,14 @@ pub(super) struct Finish {
     pub finish_succeeded: (Statement, Statement),
 }
 
-/// What a finish sets: each value from the batch's unnested row (`u.field`)
-/// or, for one attempt, from its own parameter.
-fn sets(t: &Target, b: &mut Builder, batch: bool) -> String {
+/// What a finish sets: each value from the batch's unnested row
+/// (`input.field`, `batch` naming the input) or, for one attempt, from its
+/// own parameter.
+fn sets(t: &Target, b: &mut Builder, batch: Option<&str>) -> String {
     let names = &t.names;
-    let mut value = |one: Param, field: &str| {
-        if batch {
-            format!("u.{field}")
-        } else {
-            b.p(one)
-        }
+    let mut value = |one: Param, field: &str| match batch {
+        Some(input) => format!("{input}.{field}"),
+        None => b.p(one),
     };
     let target = value(Param::TargetState, "target");
     let mut sets = vec![format!("{} = CAST({target} AS {})", t.state_name, t.st())];
@@ -83,7 +81,7 @@ pub(super) fn statements(t: &Target) -> Finish {
         b.p(Param::FailureIncrements),
         b.p(Param::State(JobState::Processing)),
     );
-    let batch_sets = sets(t, &mut b, true);
+    let batch_sets = sets(t, &mut b, Some("u"));
     let guard = t.held_batch(&processing);
     b.push(&format!(
         "UPDATE {table} AS {a} SET {batch_sets} FROM {} \
@@ -103,7 +101,7 @@ pub(super) fn statements(t: &Target) -> Finish {
 
     let mut b = Builder::default();
     let guard = t.held(&mut b);
-    let one_sets = sets(t, &mut b, false);
+    let one_sets = sets(t, &mut b, None);
     b.push(&format!(
         "UPDATE {table} AS {a} SET {one_sets} WHERE {guard} RETURNING {id}"
     ));
@@ -174,8 +172,16 @@ pub(super) fn statements(t: &Target) -> Finish {
     }
 }
 
+/// The bookkeeping table's columns, in its order.
+fn side_columns() -> String {
+    std::iter::once(KEY.to_owned())
+        .chain(EXPECTED_TYPES.iter().map(|(c, _)| format!("\"{c}\"")))
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
 /// `"__queue_logged" AS (..), `: puts back the bookkeeping rows `ended`
-/// (a CTE returning whole rows) that hold log entries, when the
+/// (a CTE returning them whole) that hold log entries, when the
 /// bookkeeping table carries the log, so that a completed job's log stays
 /// for operators; empty otherwise. (The same key, deleted and inserted in
 /// one statement: the deleted row is the statement's own, no conflict.)
@@ -183,9 +189,10 @@ pub(super) fn keep_logged(side: &Side, ended: &str) -> String {
     if !side.carries(Column::ExecutionLogs) {
         return String::new();
     }
+    let columns = side_columns();
     format!(
-        "\"__queue_logged\" AS (INSERT INTO {} SELECT * FROM {ended} AS e \
-         WHERE cardinality(e.\"execution_logs\") > 0), ",
+        "\"__queue_logged\" AS (INSERT INTO {} ({columns}) SELECT {columns} FROM {ended} \
+         WHERE cardinality(\"execution_logs\") > 0), ",
         side.table
     )
 }
@@ -200,32 +207,44 @@ pub(super) fn keep_logged(side: &Side, ended: &str) -> String {
 /// by purge, delete or the resetter's sweep of rows whose job is gone; a
 /// completed job's row comes back if it holds log entries). Then the
 /// table's row moves, if the attempt's row was taken and the job is still
-/// processing. The rows taken carry
-/// the attempt's counts under [`SIDE`] (failures before the attempt), for
-/// the failure's attempt number.
+/// processing.
+///
+/// The rows taken return the attempt's input with them, as [`SIDE`] (with
+/// the failures before the attempt, for the failure's attempt number),
+/// and the table's update reads that one set: joining the input and the
+/// rows taken, two sets the planner sees as a few rows each, compared
+/// every outcome with every row (a 500-outcome batch took 32 ms, and a
+/// lease drain ran at a tenth of its rate).
 fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
     let (table, a, id) = (&t.table, &t.a, &t.id);
     let keys = format!("{}[]", t.kt());
     let (side_table, key) = (&side.table, KEY);
+    let processing_guard = |b: &mut Builder| {
+        let processing = b.p(Param::State(JobState::Processing));
+        format!("{} = {}", t.state, unseen(&processing, t.st()))
+    };
     // The one outcome whose row ends.
     let completed = literal(t.options.states.get(JobState::Completed));
-    // Taking the attempts' rows from `u(id, token, target, failed)`.
-    let take = |u: &str| {
+    // Taking the attempts' rows from `u(id, token, target, failed, ..)`,
+    // whose `fields` come along.
+    let take = |fields: &str| {
+        let carried: String = fields.split(", ").map(|f| format!(", u.{f}")).collect();
+        let again: String = fields.split(", ").map(|f| format!(", {f}")).collect();
         format!(
             "\"__queue_kept\" AS (UPDATE {side_table} AS s SET \"num_failures\" = s.\"num_failures\" + u.failed \
-             FROM {u} WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target <> {completed} \
-             RETURNING s.{key}, s.\"num_failures\" - u.failed AS \"num_failures\"), \
-             \"__queue_ended\" AS (DELETE FROM {side_table} AS s USING {u} \
+             FROM u WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target <> {completed} \
+             RETURNING s.{key}, s.\"num_failures\" - u.failed AS \"num_failures\"{carried}), \
+             \"__queue_ended\" AS (DELETE FROM {side_table} AS s USING u \
              WHERE s.{key} = u.id AND s.\"claim_token\" = u.token AND u.target = {completed} \
-             RETURNING s.*), {}\
+             RETURNING s.*{carried}), {}\
              {SIDE} AS (SELECT * FROM \"__queue_kept\" UNION ALL \
-             SELECT {key}, \"num_failures\" FROM \"__queue_ended\")",
+             SELECT {key}, \"num_failures\"{again} FROM \"__queue_ended\")",
             keep_logged(side, "\"__queue_ended\""),
         )
     };
 
     let mut b = Builder::default();
-    let (ids, tokens, targets, finished, messages, afters, incs, processing) = (
+    let (ids, tokens, targets, finished, messages, afters, incs) = (
         b.p(Param::Ids),
         b.p(Param::Tokens),
         b.p(Param::TargetStates),
@@ -233,13 +252,13 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
         b.p(Param::Messages),
         b.p(Param::ProcessAfters),
         b.p(Param::FailureIncrements),
-        b.p(Param::State(JobState::Processing)),
     );
-    let batch_sets = sets(t, &mut b, true);
+    let fields = "id, token, target, finished_at, message, process_after, failed";
+    let batch_sets = sets(t, &mut b, Some(SIDE));
+    let guard = processing_guard(&mut b);
     b.push(&format!(
-        "WITH u AS (SELECT * FROM {} AS u(id, token, target, finished_at, message, process_after, failed)), {} \
-         UPDATE {table} AS {a} SET {batch_sets} FROM u JOIN {SIDE} ON {SIDE}.{key} = u.id \
-         WHERE {id} = u.id AND {} = {} RETURNING {id}",
+        "WITH u AS (SELECT * FROM {} AS u({fields})), {} \
+         UPDATE {table} AS {a} SET {batch_sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}",
         unnest_unseen(&[
             (&ids, &keys),
             (&tokens, "int8[]"),
@@ -249,81 +268,70 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
             (&afters, "timestamptz[]"),
             (&incs, "int4[]"),
         ]),
-        take("u"),
-        t.state,
-        unseen(&processing, t.st()),
+        take(fields),
     ));
     let finish = b.build();
 
+    // One attempt: its parameters as a one-row input.
     let one = |b: &mut Builder| {
-        let (i, tok, target, inc, processing) = (
+        let (i, tok, target, inc) = (
             b.p(Param::Id),
             b.p(Param::Token),
             b.p(Param::TargetState),
             b.p(Param::FailureIncrement),
-            b.p(Param::State(JobState::Processing)),
         );
-        (
-            format!(
-                "WITH u AS (SELECT CAST({i} AS {kt}) AS id, CAST({tok} AS int8) AS token, \
-                 CAST({target} AS text) AS target, CAST({inc} AS int4) AS failed), {}",
-                take("u"),
-                kt = t.kt()
-            ),
-            format!(
-                "{id} = (SELECT {key} FROM {SIDE}) AND {} = CAST({processing} AS {})",
-                t.state,
-                t.st()
-            ),
+        format!(
+            "WITH u AS (SELECT CAST({i} AS {kt}) AS id, CAST({tok} AS int8) AS token, \
+             CAST({target} AS text) AS target, CAST({inc} AS int4) AS failed), {}",
+            take("id, token, target, failed"),
+            kt = t.kt()
         )
     };
     let mut b = Builder::default();
-    let (with, guard) = one(&mut b);
-    let one_sets = sets(t, &mut b, false);
+    let with = one(&mut b);
+    let one_sets = sets(t, &mut b, None);
+    let guard = processing_guard(&mut b);
     b.push(&format!(
-        "{with} UPDATE {table} AS {a} SET {one_sets} FROM {SIDE} WHERE {guard} RETURNING {id}"
+        "{with} UPDATE {table} AS {a} SET {one_sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}"
     ));
     let finish_one = b.build();
 
     // Attempts that succeeded: their rows end (one that holds log entries
     // comes back with them, for operators to read).
-    let keep_logged = keep_logged(side, SIDE);
     let succeeded = |columns: &str, arrays: &[(&str, &str)]| {
+        let carried: String = columns.split(", ").map(|f| format!(", u.{f}")).collect();
         format!(
-            "WITH u AS (SELECT * FROM {} AS u({columns})), {SIDE} AS (DELETE FROM {side_table} AS s USING u \
-             WHERE s.{key} = u.id AND s.\"claim_token\" = u.token RETURNING s.*), {keep_logged}\
-             picked AS (SELECT u.* FROM u JOIN {SIDE} ON {SIDE}.{key} = u.id)",
+            "WITH u AS (SELECT * FROM {} AS u({columns})), \"__queue_ended\" AS (DELETE FROM {side_table} AS s \
+             USING u WHERE s.{key} = u.id AND s.\"claim_token\" = u.token RETURNING s.*{carried}), {}\
+             {SIDE} AS (SELECT {key}{carried_again} FROM \"__queue_ended\")",
             unnest_unseen(arrays),
+            keep_logged(side, "\"__queue_ended\""),
+            carried_again = carried.replace(", u.", ", "),
         )
     };
     let finish_succeeded = if t.options.completed_jobs == CompletedJobs::Delete {
         let mut b = Builder::default();
-        let (ids, tokens, processing) = (
-            b.p(Param::Ids),
-            b.p(Param::Tokens),
-            b.p(Param::State(JobState::Processing)),
-        );
+        let (ids, tokens) = (b.p(Param::Ids), b.p(Param::Tokens));
         let with = succeeded("id, token", &[(&ids, &keys), (&tokens, "int8[]")]);
+        let guard = processing_guard(&mut b);
         b.push(&format!(
-            "{with} DELETE FROM {table} AS {a} USING picked AS u WHERE {id} = u.id AND {} = {} RETURNING {id}",
-            t.state,
-            unseen(&processing, t.st()),
+            "{with} DELETE FROM {table} AS {a} USING {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}"
         ));
         let many = b.build();
         let mut b = Builder::default();
-        let (with, guard) = one(&mut b);
+        let with = one(&mut b);
+        let guard = processing_guard(&mut b);
         b.push(&format!(
-            "{with} DELETE FROM {table} AS {a} USING {SIDE} WHERE {guard} RETURNING {id}"
+            "{with} DELETE FROM {table} AS {a} USING {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}"
         ));
         (many, b.build())
     } else {
         let mut b = Builder::default();
-        let (ids, tokens, finished, completed, processing) = (
+        let (ids, tokens, finished, completed) = (
             b.p(Param::Ids),
             b.p(Param::Tokens),
             b.p(Param::FinishedAts),
             b.p(Param::State(JobState::Completed)),
-            b.p(Param::State(JobState::Processing)),
         );
         let mut sets = vec![format!(
             "{} = CAST({completed} AS {})",
@@ -334,7 +342,7 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
             t.names.get(Column::FinishedAt),
             t.names.at(Column::FinishedAt),
         ) {
-            sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
+            sets.push(format!("{n} = COALESCE({SIDE}.finished_at, {at})"));
         }
         let with = succeeded(
             "id, token, finished_at",
@@ -344,10 +352,9 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
                 (&finished, "timestamptz[]"),
             ],
         );
+        let guard = processing_guard(&mut b);
         b.push(&format!(
-            "{with} UPDATE {table} AS {a} SET {sets} FROM picked AS u WHERE {id} = u.id AND {} = {} RETURNING {id}",
-            t.state,
-            unseen(&processing, t.st()),
+            "{with} UPDATE {table} AS {a} SET {sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}",
             sets = sets.join(", ")
         ));
         (b.build(), finish_one.clone())

@@ -36,13 +36,16 @@ pub(super) fn heartbeat(t: &Target) -> Statement {
              WHERE {state} = {processing} AND {token} = l.token FOR NO KEY UPDATE OF {a} SKIP LOCKED))"
         ));
     } else if let (Some(side), Some(n)) = (&t.shape.side, t.names.side(Column::LastHeartbeatAt)) {
-        // The bookkeeping rows of the attempts that still hold their job
-        // (a row a finish is taking is skipped: that attempt is ending).
+        // The bookkeeping rows of the leases (a row a finish is taking is
+        // skipped: that attempt is ending). By key and token alone, the
+        // shape of the table's own heartbeat: a first form whose locking
+        // subquery also read `held` left a heartbeat spinning at full CPU
+        // for minutes in a 100,000-job drain (cause not pinned down).
         let now = b.p(Param::Now);
         b.push(&format!(
             ", bumped AS (UPDATE {side_table} AS s SET {n} = {now} WHERE s.{key} IN (\
-             SELECT s.{key} FROM {side_table} AS s JOIN held ON s.{key} = held.id JOIN leases l ON l.id = held.id \
-             WHERE s.\"claim_token\" = l.token FOR NO KEY UPDATE OF s SKIP LOCKED))",
+             SELECT o.{key} FROM {side_table} AS o JOIN leases l ON o.{key} = l.id \
+             WHERE o.\"claim_token\" = l.token FOR NO KEY UPDATE OF o SKIP LOCKED))",
             side_table = side.table,
             key = super::bookkeeping::KEY,
         ));
