@@ -80,6 +80,10 @@ pub enum Command {
     Cancel(bulk::BulkArgs),
     /// Delete jobs, by key or every job matching a filter.
     Delete(bulk::BulkArgs),
+    /// Fail jobs now with a reason, running ones included: each running
+    /// attempt is fenced out (its late completion changes nothing). By key,
+    /// or every job matching a filter.
+    Fail(bulk::FailArgs),
     /// Reset stalled jobs once, as the resetter does.
     ResetStalled(maintenance::ResetArgs),
     /// Delete finished jobs older than an age, in batches.
@@ -234,6 +238,7 @@ pub(crate) async fn admin_command(
         Command::Retry(args) => bulk::retry(admin, context, &args, out).await,
         Command::Cancel(args) => bulk::run(admin, context, &args, bulk::Action::Cancel, out).await,
         Command::Delete(args) => bulk::run(admin, context, &args, bulk::Action::Delete, out).await,
+        Command::Fail(args) => bulk::fail(admin, context, &args, out).await,
         Command::ResetStalled(args) => maintenance::reset(admin, context, &args, out).await,
         Command::Purge(args) => maintenance::purge(admin, context, &args, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {

@@ -780,3 +780,75 @@ async fn sslmode_require_connects_over_tls() {
     assert!(ok(&mut q(&["migrate"])).contains("applied version 1"));
     assert!(ok(&mut q(&["stats"])).contains("0 jobs;"));
 }
+
+/// `queue fail` ends a stuck running job and a waiting one with the
+/// operator's reason, by key or by filter; a finished job is left alone
+/// and named; a blank reason is refused.
+#[tokio::test]
+async fn stuck_jobs_are_failed_by_hand_with_a_reason() {
+    let Some(t) = Setup::new("stuck_jobs_are_failed_by_hand_with_a_reason").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    ok(&mut q(&["migrate"]));
+    let ids: Vec<String> = (0..4)
+        .map(|n| {
+            ok(&mut q(&["enqueue", "sync", &format!("{{\"n\": {n}}}")]))
+                .trim()
+                .to_owned()
+        })
+        .collect();
+    let s = &t.s;
+    t.sql(&format!(
+        "UPDATE {s}.queue_jobs SET state = 'processing', started_at = now() - interval '3 hours', \
+         last_heartbeat_at = now(), claim_token = 7 WHERE id = {};
+         UPDATE {s}.queue_jobs SET state = 'completed', finished_at = now() WHERE id = {}",
+        ids[0], ids[1]
+    ))
+    .await;
+    assert_eq!(
+        ok(&mut q(&[
+            "fail",
+            &ids[0],
+            "--reason",
+            "stuck on a dead socket"
+        ])),
+        "failed 1 job\n"
+    );
+    let shown = ok(&mut q(&["show", &ids[0]]));
+    assert!(
+        shown.contains("state:            failed") && shown.contains("stuck on a dead socket"),
+        "{shown}"
+    );
+    let token: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT claim_token FROM {s}.queue_jobs WHERE id = {}",
+        ids[0]
+    )))
+    .fetch_one(&t.pool)
+    .await
+    .expect("the token");
+    assert_ne!(
+        token, 7,
+        "the running attempt's token no longer holds the job"
+    );
+    let err = fails(&mut q(&["fail", &ids[1], "--reason", "late"]));
+    assert!(err.contains("was not failed: it is completed"), "{err}");
+    let err = fails(&mut q(&["fail", &ids[2], "--reason", "  "]));
+    assert!(err.contains("--reason must say why"), "{err}");
+    assert_eq!(
+        ok(&mut q(&[
+            "fail",
+            "--kind",
+            "sync",
+            "--state",
+            "queued",
+            "--reason",
+            "bad deploy",
+            "--yes"
+        ])),
+        "failed 2 jobs\n"
+    );
+    let failed = json(&mut q(&["list", "--state", "failed", "--json"]));
+    assert_eq!(failed["jobs"].as_array().map(Vec::len), Some(3), "{failed}");
+}

@@ -556,6 +556,39 @@ async fn the_api_on_a_table_with_only_a_key_and_a_state() {
     assert_eq!(status, StatusCode::OK, "{body}");
 }
 
+/// `POST /api/jobs/{id}/fail` fails a waiting job with the reason; a blank
+/// or missing reason is a 400, a finished job a 409, an unknown key a 404.
+#[tokio::test]
+async fn the_api_fails_a_job_with_a_reason() {
+    let Some(t) = Setup::new("the_api_fails_a_job_with_a_reason").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+    let (_, body) = post(&app, "/api/jobs", r#"{"kind": "sync"}"#).await;
+    let id = body["id"].as_str().expect("a key").to_owned();
+    let uri = format!("/api/jobs/{id}/fail");
+    let (status, body) = post(&app, &uri, r#"{"reason": ""}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = post(&app, &uri, r#"{}"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    let (status, body) = post(&app, &uri, r#"{"reason": "bad deploy"}"#).await;
+    assert_eq!(
+        (status, body["changed"].as_u64()),
+        (StatusCode::OK, Some(1)),
+        "{body}"
+    );
+    let (_, job) = get(&app, &format!("/api/jobs/{id}")).await;
+    assert_eq!(
+        (job["state"].as_str(), job["failure_message"].as_str()),
+        (Some("failed"), Some("bad deploy")),
+        "{job}"
+    );
+    let (status, body) = post(&app, &uri, r#"{"reason": "again"}"#).await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, body) = post(&app, "/api/jobs/999999/fail", r#"{"reason": "x"}"#).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "{body}");
+}
+
 /// A TCP proxy to Postgres that can go down and come back on the same port.
 struct Proxy {
     addr: SocketAddr,

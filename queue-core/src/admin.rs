@@ -847,6 +847,19 @@ pub trait Admin: Send + Sync + 'static {
         now: DateTime<Utc>,
     ) -> Result<ActionReport<Self::Id>, StoreError>;
 
+    /// Fails jobs at once with an operator's `reason`, on the store's own
+    /// clock: a stuck running job as well as a waiting one. A running
+    /// attempt is fenced out (its claim token no longer holds the job), so
+    /// its late finish, heartbeat or log entry changes nothing
+    /// ([`WriteResult::Stale`](crate::WriteResult::Stale)) and its worker
+    /// stops it at the next heartbeat: the job stays failed, never
+    /// resurrected. Finished jobs are left alone (reported).
+    async fn force_fail(
+        &self,
+        targets: &Targets<Self::Id>,
+        reason: &str,
+    ) -> Result<ActionReport<Self::Id>, StoreError>;
+
     /// Deletes jobs, in any state. A worker running one learns at its next
     /// heartbeat that it is gone. A processing job whose attempt holds it
     /// in a transaction is left alone (reported), never waited for.

@@ -328,6 +328,33 @@ impl Admin for MemoryStore {
         self.write_jobs(targets, waiting_or_unflagged, &|job, _| cancel(job, now))
     }
 
+    async fn force_fail(
+        &self,
+        targets: &Targets<i64>,
+        reason: &str,
+    ) -> Result<ActionReport<i64>, StoreError> {
+        let unfinished = |job: &Job| {
+            matches!(
+                job.state,
+                JobState::Queued | JobState::Errored | JobState::Processing
+            )
+        };
+        // The store's own clock: the operator's time is the store's.
+        let now = Utc::now();
+        self.write_jobs(targets, unfinished, &|job, _| {
+            if !unfinished(job) {
+                return Applied::No;
+            }
+            job.state = JobState::Failed;
+            job.finished_at = Some(now);
+            job.failure_message = Some(reason.to_owned());
+            // Token 0 is never a claim's (they count from 1): the running
+            // attempt's lease holds nothing any more.
+            job.claim_token = 0;
+            Applied::Changed
+        })
+    }
+
     async fn delete(&self, targets: &Targets<i64>) -> Result<ActionReport<i64>, StoreError> {
         let mut state = self.lock();
         let ids = picked(&state, targets, |_| true)?;

@@ -898,6 +898,14 @@ where
         self.inner.admin.cancel(targets, now).await
     }
 
+    async fn force_fail(
+        &self,
+        targets: &Targets<R::Id>,
+        reason: &str,
+    ) -> Result<ActionReport<R::Id>, StoreError> {
+        self.inner.admin.force_fail(targets, reason).await
+    }
+
     async fn delete(&self, targets: &Targets<R::Id>) -> Result<ActionReport<R::Id>, StoreError> {
         self.inner.admin.delete(targets).await
     }

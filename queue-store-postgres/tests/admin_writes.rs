@@ -173,3 +173,61 @@ async fn the_timeline_is_read_on_the_databases_clock() {
         "in the last minute"
     );
 }
+
+/// A stuck job whose attempt holds its row in the job's transaction
+/// (transactional mode) is failed at once, without waiting for that
+/// transaction: the operator's write and the job's key-share lock do not
+/// conflict. The attempt's completion then finds its token gone: nothing
+/// it wrote commits, and the job stays failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn force_fail_ends_a_job_whose_attempt_holds_its_transaction_open() {
+    let test = "force_fail_ends_a_job_whose_attempt_holds_its_transaction_open";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_table(&pool).await;
+    let effects = support::side_table(&pool, &table, "effects", "job_id bigint").await;
+    let store = support::store(
+        &pool,
+        &table,
+        queue_store_postgres::ExecutionMode::Transactional,
+    )
+    .await;
+    let id = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueued");
+    let mut job = support::claim_now(&store, 1).await.pop().expect("claimed");
+    let conn = job
+        .job_store
+        .transaction()
+        .await
+        .expect("the job's transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {effects} VALUES ($1)"
+    )))
+    .bind(id)
+    .execute(conn)
+    .await
+    .expect("the handler's write");
+    let report = tokio::time::timeout(
+        Duration::from_secs(5),
+        Admin::force_fail(&store, &Targets::Ids(vec![id]), "hung on a lock"),
+    )
+    .await
+    .expect("the write does not wait for the job's transaction")
+    .expect("force_fail");
+    assert_eq!(report.changed, 1, "{report:?}");
+    let done = support::complete(&store, job).await;
+    assert_eq!(done, queue_core::WriteResult::Stale);
+    let view = Admin::get(&store, &id).await.expect("get").expect("there");
+    assert_eq!(
+        (view.state, view.failure_message.as_deref()),
+        (Some(JobState::Failed), Some("hung on a lock"))
+    );
+    let effects: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {effects}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(effects, 0, "the fenced attempt's writes did not commit");
+}

@@ -52,7 +52,9 @@ page.on('console', (message) => {
     problems.push(`console error: ${message.text()}`);
   }
 });
-page.on('dialog', (dialog) => dialog.accept());
+// Confirmations are accepted; a prompt (a force-fail's reason) is answered.
+const REASON = 'stuck on a dead socket';
+page.on('dialog', (dialog) => (dialog.type() === 'prompt' ? dialog.accept(REASON) : dialog.accept()));
 
 let step = '';
 async function run(name, body) {
@@ -145,6 +147,15 @@ try {
       check(await page.locator('[data-card=failed]').count() === 0, 'the overview did not paint over it');
     }
     await page.unroute('**/api/stats', slow);
+  });
+
+  await run('a waiting job is failed by hand with the reason asked for, and shows it', async () => {
+    await page.goto(BASE + `/#/jobs/${HOSTILE_ID}`);
+    await page.locator('#action-fail').waitFor();
+    await page.click('#action-fail');
+    await page.waitForFunction(() => document.querySelector('h1 [data-state]')?.dataset.state === 'failed');
+    check((await page.locator('#failure').textContent()).includes(REASON), 'the reason is the failure message');
+    check(await page.locator('#action-fail').count() === 0, 'a failed job offers no fail');
   });
 
   await run('a foreign table shows its own state values beside the standard ones', async () => {

@@ -1,5 +1,5 @@
-//! `retry`, `cancel` and `delete`: by key, or every job matching a filter
-//! in batches, after a confirmation.
+//! `retry`, `cancel`, `fail` and `delete`: by key, or every job matching a
+//! filter in batches, after a confirmation.
 
 use std::io::Write;
 
@@ -42,22 +42,35 @@ pub struct RetryArgs {
     pub reset_attempts: bool,
 }
 
+/// `queue fail`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct FailArgs {
+    #[command(flatten)]
+    pub bulk: BulkArgs,
+    /// Why: the failure message the jobs end with.
+    #[arg(long, value_name = "TEXT")]
+    pub reason: String,
+}
+
 /// A write of this module.
 #[derive(Debug, Clone, Copy)]
-pub enum Action {
+pub enum Action<'a> {
     /// `queue retry`.
     Retry(RetryParams),
     /// `queue cancel`.
     Cancel,
+    /// `queue fail`, with the reason.
+    Fail(&'a str),
     /// `queue delete`.
     Delete,
 }
 
-impl Action {
+impl Action<'_> {
     fn verb(self) -> &'static str {
         match self {
             Action::Retry(_) => "retry",
             Action::Cancel => "cancel",
+            Action::Fail(_) => "fail",
             Action::Delete => "delete",
         }
     }
@@ -66,6 +79,7 @@ impl Action {
         match self {
             Action::Retry(_) => "retried",
             Action::Cancel => "canceled",
+            Action::Fail(_) => "failed",
             Action::Delete => "deleted",
         }
     }
@@ -74,7 +88,7 @@ impl Action {
     fn states(self, admin: &TextAdmin) -> Option<Vec<JobState>> {
         match self {
             Action::Retry(_) => Some(admin.retryable_states()),
-            Action::Cancel => Some(vec![
+            Action::Cancel | Action::Fail(_) => Some(vec![
                 JobState::Queued,
                 JobState::Errored,
                 JobState::Processing,
@@ -91,6 +105,7 @@ impl Action {
         Ok(match self {
             Action::Retry(params) => admin.retry(targets, params, Utc::now()).await?,
             Action::Cancel => admin.cancel(targets, Utc::now()).await?,
+            Action::Fail(reason) => admin.force_fail(targets, reason).await?,
             Action::Delete => admin.delete(targets).await?,
         })
     }
@@ -108,12 +123,28 @@ pub async fn retry(
     run(admin, context, &args.bulk, Action::Retry(params), out).await
 }
 
+/// `queue fail`.
+pub async fn fail(
+    admin: &TextAdmin,
+    context: &Context,
+    args: &FailArgs,
+    out: &mut impl Write,
+) -> Result<()> {
+    if args.reason.trim().is_empty() {
+        bail!("--reason must say why the jobs are failed");
+    }
+    if args.reason.contains('\0') {
+        bail!("--reason holds a NUL character, which Postgres cannot store");
+    }
+    run(admin, context, &args.bulk, Action::Fail(&args.reason), out).await
+}
+
 /// Applies `action` to the jobs `args` name, or to those its filter matches.
 pub async fn run(
     admin: &TextAdmin,
     context: &Context,
     args: &BulkArgs,
-    action: Action,
+    action: Action<'_>,
     out: &mut impl Write,
 ) -> Result<()> {
     if !args.ids.is_empty() && !args.filter.is_empty() {
@@ -171,7 +202,7 @@ async fn by_filter(
     context: &Context,
     mut filter: JobFilter,
     batch: usize,
-    action: Action,
+    action: Action<'_>,
 ) -> Result<Option<ActionReport<String>>> {
     // Count what the write can apply to: the filter's states within the
     // action's.

@@ -271,6 +271,15 @@ pub enum Order {
     Oldest,
 }
 
+/// Why jobs are failed by hand.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailRequest {
+    /// The failure message the job ends with.
+    #[schema(min_length = 1, max_length = 10000)]
+    pub reason: String,
+}
+
 /// A job to add.
 #[derive(Debug, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -646,6 +655,51 @@ pub async fn cancel_job(
 ) -> Result<Json<ActionResult>, ApiError> {
     let report = api.admin.cancel(&Targets::id(id), Utc::now()).await?;
     one(report, "canceled")
+}
+
+/// Fails a job now with a reason, a running one included: its attempt is
+/// fenced out (its late completion changes nothing) and its worker stops it
+/// at the next heartbeat.
+#[utoipa::path(
+    post, path = "/api/jobs/{id}/fail", tag = "jobs",
+    params(("id" = String, Path, description = "The job's key")),
+    request_body = FailRequest,
+    responses(
+        (status = 200, description = "Failed", body = ActionResult),
+        (status = 400, description = "Bad input", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 404, description = "No such job", body = ErrorBody),
+        (status = 409, description = "The job has finished, or another write holds it", body = ErrorBody),
+        (status = 413, description = "The body is too large", body = ErrorBody),
+        (status = 415, description = "The body is not JSON", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn fail_job(
+    State(api): State<Api>,
+    Path(id): Path<String>,
+    ApiJson(request): ApiJson<FailRequest>,
+) -> Result<Json<ActionResult>, ApiError> {
+    let reason = request.reason;
+    if reason.trim().is_empty() {
+        return Err(ApiError::bad_request(
+            "reason must say why the job is failed",
+        ));
+    }
+    if reason.chars().count() > 10_000 {
+        return Err(ApiError::bad_request(
+            "reason must be at most 10000 characters",
+        ));
+    }
+    if reason.contains('\0') {
+        return Err(ApiError::bad_request(
+            "reason holds a NUL character, which Postgres cannot store",
+        ));
+    }
+    let report = api.admin.force_fail(&Targets::id(id), &reason).await?;
+    one(report, "failed")
 }
 
 /// Deletes a job.

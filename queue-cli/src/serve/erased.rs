@@ -177,6 +177,15 @@ where
         Ok(report(self.0.cancel(&targets, now).await?, not_keys))
     }
 
+    async fn force_fail(
+        &self,
+        targets: &Targets<String>,
+        reason: &str,
+    ) -> Result<ActionReport<String>, StoreError> {
+        let (targets, not_keys) = Self::targets(targets)?;
+        Ok(report(self.0.force_fail(&targets, reason).await?, not_keys))
+    }
+
     async fn delete(&self, targets: &Targets<String>) -> Result<ActionReport<String>, StoreError> {
         let (targets, not_keys) = Self::targets(targets)?;
         Ok(report(self.0.delete(&targets).await?, not_keys))

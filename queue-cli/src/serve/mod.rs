@@ -77,6 +77,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/jobs/{id}", get(api::get_job).delete(api::delete_job))
         .route("/api/jobs/{id}/retry", post(api::retry_job))
         .route("/api/jobs/{id}/cancel", post(api::cancel_job))
+        .route("/api/jobs/{id}/fail", post(api::fail_job))
         .route("/api/stats", get(api::stats))
         .route("/api/timeline", get(timeline::timeline))
         .with_state(api.clone())

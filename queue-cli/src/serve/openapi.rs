@@ -21,6 +21,7 @@ use super::{api, timeline};
         api::get_job,
         api::retry_job,
         api::cancel_job,
+        api::fail_job,
         api::delete_job,
         api::stats,
         timeline::timeline
@@ -29,6 +30,7 @@ use super::{api, timeline};
         api::Job,
         api::JobList,
         api::EnqueueRequest,
+        api::FailRequest,
         api::Enqueued,
         api::ActionResult,
         api::Stats,

@@ -1451,6 +1451,89 @@ pub async fn admin_bulk_retry_works_in_batches<H: Harness>(h: &H) {
     );
 }
 
+/// Force-fail ends a running job and a waiting one at once with the
+/// operator's reason; the running attempt is fenced out: its completion,
+/// heartbeat and log entry are stale, and the job stays failed. A finished
+/// job is left alone.
+pub async fn admin_force_fail_fences_the_running_attempt_out<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let running = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(1)))
+        .await;
+    let claimed = claim::<H>(&store, 1, t).await.pop().expect("one job");
+    let waiting = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(2)))
+        .await;
+    let done = h
+        .enqueue(&store, NewJob::new("k", serde_json::json!(3)))
+        .await;
+    let finished = claim::<H>(&store, 2, at(t, 1)).await;
+    let mut finished_id = None;
+    for c in finished {
+        if c.lease.id == done {
+            finished_id = Some(c.lease.id.clone());
+            end::<H>(&store, c, Transition::Complete, at(t, 2)).await;
+        } else {
+            // The waiting job was claimed too: give it back.
+            end::<H>(&store, c, Transition::Release, at(t, 2)).await;
+        }
+    }
+    assert_eq!(finished_id.as_ref(), Some(&done));
+    let report = Admin::force_fail(
+        &store,
+        &Targets::Ids(vec![running.clone(), waiting.clone(), done.clone()]),
+        "stuck on a dead socket",
+    )
+    .await
+    .expect("force_fail failed");
+    assert_eq!((report.changed, report.stop_requested), (2, 0));
+    assert_eq!(
+        report
+            .skipped
+            .iter()
+            .map(|s| (s.id.clone(), s.state))
+            .collect::<Vec<_>>(),
+        vec![(done.clone(), Some(JobState::Completed))],
+        "a finished job is not failed"
+    );
+    for id in [&running, &waiting] {
+        let view = Admin::get(&store, id)
+            .await
+            .expect("get failed")
+            .expect("there");
+        assert_eq!(view.state, Some(JobState::Failed), "{id}");
+        assert!(
+            view.failure_message
+                .as_deref()
+                .is_some_and(|m| m.contains("stuck on a dead socket")),
+            "the operator's reason: {view:?}"
+        );
+        assert!(view.finished_at.is_some(), "a finish time: {view:?}");
+    }
+    let lease = claimed.lease.clone();
+    let heartbeat = store
+        .heartbeat(std::slice::from_ref(&lease), at(t, 3))
+        .await
+        .expect("heartbeat failed");
+    assert_eq!(heartbeat.gone, vec![running.clone()], "the worker is told");
+    let late_log = store
+        .append_log(&lease, LogEntry::new("step", at(t, 3), "still here"))
+        .await
+        .expect("append_log failed");
+    assert!(
+        matches!(late_log, WriteResult::Stale | WriteResult::NotKept),
+        "{late_log:?}"
+    );
+    let (_, late) = finish::<H>(&store, claimed, Transition::Complete, at(t, 4)).await;
+    assert_eq!(late, WriteResult::Stale, "the fenced attempt's completion");
+    let view = Admin::get(&store, &running)
+        .await
+        .expect("get failed")
+        .expect("there");
+    assert_eq!(view.state, Some(JobState::Failed), "not resurrected");
+}
+
 /// `cancel` ends waiting jobs at once, asks running ones to stop, and
 /// leaves finished ones alone; a bulk cancel picks a running job only once.
 pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h: &H) {
@@ -2184,6 +2267,7 @@ macro_rules! conformance_tests {
             admin_retry_requeues_failed_errored_and_canceled_jobs,
             admin_bulk_retry_works_in_batches,
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
+            admin_force_fail_fences_the_running_attempt_out,
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             prune_removes_finished_jobs_past_their_states_age,

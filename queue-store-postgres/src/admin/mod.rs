@@ -245,6 +245,14 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         self.cancel_jobs(targets, now).await
     }
 
+    async fn force_fail(
+        &self,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.force_fail_jobs(targets, reason).await
+    }
+
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
         self.purge_jobs(params).await
     }

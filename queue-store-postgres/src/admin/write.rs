@@ -27,13 +27,27 @@ impl<K: PgKey> PgAdmin<K> {
         limit: usize,
         now: DateTime<Utc>,
     ) -> Result<Vec<K>, StoreError> {
+        self.write_with_reason(write, targets, limit, now, None)
+            .await
+    }
+
+    /// [`PgAdmin::write`] with an operator's reason ([`Param::Reason`]).
+    pub(super) async fn write_with_reason(
+        &self,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+        reason: Option<&str>,
+    ) -> Result<Vec<K>, StoreError> {
         let mut conn = self
             .inner
             .pool
             .acquire()
             .await
             .map_err(|e| store_error(write_context(write), e))?;
-        self.write_on(&mut conn, write, targets, limit, now).await
+        self.write_on(&mut conn, write, targets, limit, now, reason)
+            .await
     }
 
     /// [`PgAdmin::write`] on `conn`.
@@ -44,6 +58,7 @@ impl<K: PgKey> PgAdmin<K> {
         targets: &Targets<K>,
         limit: usize,
         now: DateTime<Utc>,
+        reason: Option<&str>,
     ) -> Result<Vec<K>, StoreError> {
         let (pick, filter) = match targets {
             Targets::Ids(ids) if ids.is_empty() => return Ok(Vec::new()),
@@ -68,6 +83,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Ids => ids.take().map(Value::Keys),
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
             Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
+            Param::Reason => reason.map(|r| Value::Text(r.to_owned())),
             Param::Now => Some(Value::Time(self.to_db(now))),
             Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
             other => filter.and_then(|f| self.filter_value(f, other)),
@@ -178,7 +194,7 @@ impl<K: PgKey> PgAdmin<K> {
         let changed = loop {
             tries += 1;
             match self
-                .write_on(&mut conn, write, targets, limit_of(targets), now)
+                .write_on(&mut conn, write, targets, limit_of(targets), now, None)
                 .await
             {
                 Err(error) if is_unique_violation(&error) && tries < RETRY_ROUNDS => continue,
@@ -232,6 +248,23 @@ impl<K: PgKey> PgAdmin<K> {
         ))
     }
 
+    pub(super) async fn force_fail_jobs(
+        &self,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::ForceFail;
+        // The time is the database's (the statement's `now()`).
+        let failed = self
+            .write_with_reason(write, targets, limit_of(targets), Utc::now(), Some(reason))
+            .await?;
+        Ok(ActionReport::new(
+            failed.len() as u64,
+            0,
+            self.skipped(targets, &failed, &[write]).await?,
+        ))
+    }
+
     pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<u64, StoreError> {
         let Some(filter) = params.filter()? else {
             return Ok(0);
@@ -277,6 +310,7 @@ fn write_context(write: AdminWrite) -> &'static str {
     match write {
         AdminWrite::Retry(_) => "retrying jobs",
         AdminWrite::CancelWaiting | AdminWrite::RequestStop => "cancelling jobs",
+        AdminWrite::ForceFail => "failing jobs",
         AdminWrite::Delete => "deleting jobs",
         AdminWrite::Archive => "moving purged jobs to the archive",
     }

@@ -20,6 +20,9 @@ pub(crate) enum AdminWrite {
     CancelWaiting,
     /// Processing → the cancel flag set.
     RequestStop,
+    /// Queued, errored or processing → failed now with [`Param::Reason`],
+    /// the running attempt fenced out (its claim token changed).
+    ForceFail,
     /// Any state → deleted.
     Delete,
     /// Any state → moved to the archive table; `None` (no statement)
@@ -635,6 +638,9 @@ impl AdminStatements {
             AdminWrite::Retry(_) => distinct_retryable_states(|s| self.states.get(s).to_owned()),
             AdminWrite::CancelWaiting => vec![JobState::Queued, JobState::Errored],
             AdminWrite::RequestStop => vec![JobState::Processing],
+            AdminWrite::ForceFail => {
+                vec![JobState::Queued, JobState::Errored, JobState::Processing]
+            }
             AdminWrite::Delete | AdminWrite::Archive => Vec::new(),
         }
     }
@@ -670,6 +676,7 @@ impl AdminStatements {
             AdminWrite::Retry(reset) => self.retry_text(&mut b, reset, &rows, &guard),
             AdminWrite::CancelWaiting => self.cancel_waiting_text(&mut b, &rows, &guard),
             AdminWrite::RequestStop => self.request_stop_text(&rows, &guard),
+            AdminWrite::ForceFail => self.force_fail_text(&mut b, &rows, &guard),
         };
         b.push(&text);
         Ok(Some(b.build()))
@@ -935,6 +942,54 @@ impl AdminStatements {
                     side_sets.join(", ")
                 )
             })
+        })
+    }
+
+    /// Fails the rows now (the database's clock) with the operator's
+    /// reason, and changes the claim token, so that the attempt running
+    /// one of them holds nothing: its finish, heartbeat and log writes
+    /// are guarded by the token it claimed with. Without a token column,
+    /// the claim time is the token: it moves by a microsecond.
+    fn force_fail_text(&self, b: &mut Builder, rows: &str, guard: &str) -> String {
+        let (table, a) = (&self.table, &self.alias);
+        let id = self.names.must(Column::Id);
+        let step = "1 + floor(random() * 1073741824)::int8";
+        let mut sets = vec![format!(
+            "{} = {}",
+            self.names.get(Column::State).unwrap_or("\"state\""),
+            self.state_value(JobState::Failed)
+        )];
+        if let Some(n) = self.name(Column::FailureMessage) {
+            let reason = b.p(Param::Reason);
+            let attempt = self
+                .names
+                .at(Column::NumFailures)
+                .map(|f| format!("{f} + 1"));
+            sets.push(format!(
+                "{n} = {}",
+                failure_value(&self.shape, &reason, attempt.as_deref())
+            ));
+        }
+        if let Some(n) = self.name(Column::FinishedAt) {
+            sets.push(format!("{n} = now()"));
+        }
+        if let Some(n) = self.name(Column::ClaimToken) {
+            sets.push(format!("{n} = {n} + {step}"));
+        } else if let (None, Some(n)) = (
+            self.names.side(Column::ClaimToken),
+            self.name(Column::StartedAt),
+        ) {
+            sets.push(format!("{n} = {n} + interval '1 microsecond'"));
+        }
+        let failed = format!(
+            "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
+            sets.join(", ")
+        );
+        let key = super::bookkeeping::KEY;
+        self.with_side(failed, |side, changed| {
+            Some(format!(
+                "UPDATE {side} AS s SET \"claim_token\" = s.\"claim_token\" + {step} WHERE s.{key} IN {changed}"
+            ))
         })
     }
 

@@ -44,6 +44,8 @@ pub(crate) enum Param {
     TargetState,
     FinishedAt,
     Message,
+    /// An operator's reason (a force-fail's).
+    Reason,
     ProcessAfter,
     FailureIncrement,
     Messages,

@@ -379,13 +379,16 @@ async function job(id) {
   await guarded(async () => {
     const j = await api('GET', '/api/jobs/' + encodeURIComponent(id));
     if (mine !== shown) return;
-    const act = (label, method, path, confirmText, cls) => h('button', {
+    // `ask` is a confirmation (true to go on) or, for a write that takes
+    // a body, the body (null to stop).
+    const act = (label, method, path, ask, cls) => h('button', {
       class: cls,
       id: 'action-' + label.toLowerCase(),
       onclick: async () => {
-        if (confirmText && !window.confirm(confirmText)) return;
+        const body = ask ? ask() : undefined;
+        if (body === false || body === null) return;
         try {
-          const result = await api(method, path);
+          const result = await api(method, path, body === true ? undefined : body);
           if (method === 'DELETE') {
             say('Job ' + id + ' deleted.', 'ok');
             keepNotice = true;
@@ -415,7 +418,12 @@ async function job(id) {
       h('div', { class: 'actions' },
         retryable ? act('Retry', 'POST', base + '/retry', null, 'primary') : null,
         cancelable ? act('Cancel', 'POST', base + '/cancel', null, '') : null,
-        act('Delete', 'DELETE', base, 'Delete job ' + id + '? This cannot be undone.', 'danger')),
+        // A stuck job: ends failed now, its running attempt fenced out.
+        cancelable ? act('Fail', 'POST', base + '/fail', () => {
+          const reason = window.prompt('Fail job ' + id + ' now? Its running attempt is fenced out. The reason (its failure message):');
+          return reason && reason.trim() ? { reason } : null;
+        }, 'danger') : null,
+        act('Delete', 'DELETE', base, () => window.confirm('Delete job ' + id + '? This cannot be undone.'), 'danger')),
       h('div', { class: 'two' },
         h('div', {},
           h('h2', {}, 'Details'),
