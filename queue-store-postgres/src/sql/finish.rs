@@ -64,6 +64,45 @@ fn sets(t: &Target, b: &mut Builder, batch: Option<&str>) -> String {
     sets.join(", ")
 }
 
+/// What a completion sets: the completed state (`completed`, its
+/// placeholder) and the finish time from `input.finished_at`.
+fn completed_sets(t: &Target, completed: &str, input: &str) -> String {
+    let mut sets = vec![format!(
+        "{} = CAST({completed} AS {})",
+        t.state_name,
+        t.st()
+    )];
+    if let (Some(n), Some(at)) = (
+        t.names.get(Column::FinishedAt),
+        t.names.at(Column::FinishedAt),
+    ) {
+        sets.push(format!("{n} = COALESCE({input}.finished_at, {at})"));
+    }
+    sets.join(", ")
+}
+
+/// The fields of a batch of outcomes, in the order of [`outcome_arrays`].
+const OUTCOME_FIELDS: &str = "id, token, target, finished_at, message, process_after, failed";
+
+/// `unnest(..)` over a batch's outcome arrays (key, token, target state,
+/// finish time, message, retry time, failure increment), each unseen by
+/// the planner; their parameters are the builder's next seven.
+fn outcome_arrays(t: &Target, b: &mut Builder) -> String {
+    let keys = format!("{}[]", t.kt());
+    let arrays = [
+        (Param::Ids, keys.as_str()),
+        (Param::Tokens, "int8[]"),
+        (Param::TargetStates, "text[]"),
+        (Param::FinishedAts, "timestamptz[]"),
+        (Param::Messages, "text[]"),
+        (Param::ProcessAfters, "timestamptz[]"),
+        (Param::FailureIncrements, "int4[]"),
+    ]
+    .map(|(param, ty)| (b.p(param), ty));
+    let arrays: Vec<(&str, &str)> = arrays.iter().map(|(p, ty)| (p.as_str(), *ty)).collect();
+    unnest_unseen(&arrays)
+}
+
 pub(super) fn statements(t: &Target) -> Finish {
     if let Some(side) = &t.shape.side {
         return with_bookkeeping(t, side);
@@ -71,31 +110,13 @@ pub(super) fn statements(t: &Target) -> Finish {
     let (table, a, id) = (&t.table, &t.a, &t.id);
     let keys = format!("{}[]", t.kt());
     let mut b = Builder::default();
-    let (ids, tokens, targets, finished, messages, afters, incs, processing) = (
-        b.p(Param::Ids),
-        b.p(Param::Tokens),
-        b.p(Param::TargetStates),
-        b.p(Param::FinishedAts),
-        b.p(Param::Messages),
-        b.p(Param::ProcessAfters),
-        b.p(Param::FailureIncrements),
-        b.p(Param::State(JobState::Processing)),
-    );
+    let outcomes = outcome_arrays(t, &mut b);
+    let processing = b.p(Param::State(JobState::Processing));
     let batch_sets = sets(t, &mut b, Some("u"));
     let guard = t.held_batch(&processing);
     b.push(&format!(
-        "UPDATE {table} AS {a} SET {batch_sets} FROM {} \
-         AS u(id, token, target, finished_at, message, process_after, failed) \
-         WHERE {guard} RETURNING {id}",
-        unnest_unseen(&[
-            (&ids, &keys),
-            (&tokens, "int8[]"),
-            (&targets, "text[]"),
-            (&finished, "timestamptz[]"),
-            (&messages, "text[]"),
-            (&afters, "timestamptz[]"),
-            (&incs, "int4[]"),
-        ]),
+        "UPDATE {table} AS {a} SET {batch_sets} FROM {outcomes} AS u({OUTCOME_FIELDS}) \
+         WHERE {guard} RETURNING {id}"
     ));
     let finish = b.build();
 
@@ -141,17 +162,7 @@ pub(super) fn statements(t: &Target) -> Finish {
             b.p(Param::State(JobState::Completed)),
             b.p(Param::State(JobState::Processing)),
         );
-        let mut sets = vec![format!(
-            "{} = CAST({completed} AS {})",
-            t.state_name,
-            t.st()
-        )];
-        if let (Some(n), Some(at)) = (
-            t.names.get(Column::FinishedAt),
-            t.names.at(Column::FinishedAt),
-        ) {
-            sets.push(format!("{n} = COALESCE(u.finished_at, {at})"));
-        }
+        let sets = completed_sets(t, &completed, "u");
         let guard = t.held_batch(&processing);
         b.push(&format!(
             "UPDATE {table} AS {a} SET {sets} FROM {} \
@@ -161,7 +172,6 @@ pub(super) fn statements(t: &Target) -> Finish {
                 (&tokens, "int8[]"),
                 (&finished, "timestamptz[]"),
             ]),
-            sets = sets.join(", ")
         ));
         (b.build(), finish_one.clone())
     };
@@ -244,31 +254,13 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
     };
 
     let mut b = Builder::default();
-    let (ids, tokens, targets, finished, messages, afters, incs) = (
-        b.p(Param::Ids),
-        b.p(Param::Tokens),
-        b.p(Param::TargetStates),
-        b.p(Param::FinishedAts),
-        b.p(Param::Messages),
-        b.p(Param::ProcessAfters),
-        b.p(Param::FailureIncrements),
-    );
-    let fields = "id, token, target, finished_at, message, process_after, failed";
+    let outcomes = outcome_arrays(t, &mut b);
     let batch_sets = sets(t, &mut b, Some(SIDE));
     let guard = processing_guard(&mut b);
     b.push(&format!(
-        "WITH u AS (SELECT * FROM {} AS u({fields})), {} \
+        "WITH u AS (SELECT * FROM {outcomes} AS u({OUTCOME_FIELDS})), {} \
          UPDATE {table} AS {a} SET {batch_sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}",
-        unnest_unseen(&[
-            (&ids, &keys),
-            (&tokens, "int8[]"),
-            (&targets, "text[]"),
-            (&finished, "timestamptz[]"),
-            (&messages, "text[]"),
-            (&afters, "timestamptz[]"),
-            (&incs, "int4[]"),
-        ]),
-        take(fields),
+        take(OUTCOME_FIELDS),
     ));
     let finish = b.build();
 
@@ -333,17 +325,7 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
             b.p(Param::FinishedAts),
             b.p(Param::State(JobState::Completed)),
         );
-        let mut sets = vec![format!(
-            "{} = CAST({completed} AS {})",
-            t.state_name,
-            t.st()
-        )];
-        if let (Some(n), Some(at)) = (
-            t.names.get(Column::FinishedAt),
-            t.names.at(Column::FinishedAt),
-        ) {
-            sets.push(format!("{n} = COALESCE({SIDE}.finished_at, {at})"));
-        }
+        let sets = completed_sets(t, &completed, SIDE);
         let with = succeeded(
             "id, token, finished_at",
             &[
@@ -354,8 +336,7 @@ fn with_bookkeeping(t: &Target, side: &Side) -> Finish {
         );
         let guard = processing_guard(&mut b);
         b.push(&format!(
-            "{with} UPDATE {table} AS {a} SET {sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}",
-            sets = sets.join(", ")
+            "{with} UPDATE {table} AS {a} SET {sets} FROM {SIDE} WHERE {id} = {SIDE}.{key} AND {guard} RETURNING {id}"
         ));
         (b.build(), finish_one.clone())
     };
