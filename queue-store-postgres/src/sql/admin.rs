@@ -736,11 +736,26 @@ impl AdminStatements {
         } else {
             "FOR NO KEY UPDATE"
         };
-        let source = format!(
-            "FROM {from} WHERE {} {limit} {lock} OF {a} SKIP LOCKED",
-            conditions.join(" AND "),
-            from = self.from(),
-        );
+        let source = match (&self.shape.side, write) {
+            // A stop request writes the running attempt's bookkeeping row
+            // alone: it locks that row, not the job's. A finish takes the
+            // bookkeeping row first and the job's second, so taking the
+            // job's first here could deadlock with it.
+            (Some(side), AdminWrite::RequestStop) => format!(
+                "FROM {table} AS {a} JOIN {} AS {SIDE} ON {SIDE}.{KEY} = {id} WHERE {} {limit} \
+                 {lock} OF {SIDE} SKIP LOCKED",
+                side.table,
+                conditions.join(" AND "),
+                table = self.table,
+                SIDE = super::bookkeeping::SIDE,
+                KEY = super::bookkeeping::KEY,
+            ),
+            _ => format!(
+                "FROM {from} WHERE {} {limit} {lock} OF {a} SKIP LOCKED",
+                conditions.join(" AND "),
+                from = self.from(),
+            ),
+        };
         Ok(Some(match (write, names.at(Column::UniqueKey)) {
             // At most one job per unique key among the picked: two queued
             // again at once would both hold it (the unique index refuses
