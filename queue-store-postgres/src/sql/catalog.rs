@@ -591,11 +591,16 @@ async fn unique_index_problem(
                  (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
                 table.quoted()
             );
-            let holds: Result<bool, _> = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            // Not cached on the connection: the table's row type is in the
+            // plan, and a table dropped and created again under the same
+            // name has a new one ("cache lookup failed for type").
+            let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
                 .bind(sqlx::types::Json(row))
+                .persistent(false)
                 .fetch_one(pool)
-                .await;
-            if !holds.unwrap_or(false) {
+                .await
+                .map_err(|e| store_error("evaluating a unique index's predicate", e))?;
+            if !holds {
                 covers = false;
                 break;
             }
