@@ -217,10 +217,7 @@ impl AdminStatements {
         let mut b = Builder::default();
         let key = b.p(Param::Id);
         // A bookkeeping table's columns are read joined as SIDE.
-        let from = match &shape.side {
-            Some(side) => format!("{table} AS {a}{}", side.left_join(&id)),
-            None => format!("{table} AS {a}"),
-        };
+        let from = super::bookkeeping::from_table(&table, &a, &id, shape.side.as_ref());
         b.push(&format!("SELECT {view} FROM {from} WHERE {id} = {key}"));
         let get = b.build();
 
@@ -359,7 +356,7 @@ impl AdminStatements {
                     // changes, so that a late finish of the reset attempt
                     // is fenced out.
                     let (side_table, key) = (&side.table, super::bookkeeping::KEY);
-                    let step = "1 + floor(random() * 1073741824)::int8";
+                    let step = super::bookkeeping::TOKEN_STEP;
                     let resets = names
                         .side(Column::NumResets)
                         .map(|n| format!(", {n} = s.{n} + CASE WHEN r.failed THEN 0 ELSE 1 END"))
@@ -825,14 +822,12 @@ impl AdminStatements {
     /// `table AS alias`, with the bookkeeping table joined as
     /// [`SIDE`](super::bookkeeping::SIDE) when the store keeps one.
     fn from(&self) -> String {
-        let (table, a) = (&self.table, &self.alias);
-        match &self.shape.side {
-            Some(side) => format!(
-                "{table} AS {a}{}",
-                side.left_join(&self.names.must(Column::Id))
-            ),
-            None => format!("{table} AS {a}"),
-        }
+        super::bookkeeping::from_table(
+            &self.table,
+            &self.alias,
+            &self.names.must(Column::Id),
+            self.shape.side.as_ref(),
+        )
     }
 
     /// `write` (a statement returning the keys it changed first), and with
@@ -968,7 +963,7 @@ impl AdminStatements {
     fn force_fail_text(&self, b: &mut Builder, rows: &str, guard: &str) -> String {
         let (table, a) = (&self.table, &self.alias);
         let id = self.names.must(Column::Id);
-        let step = "1 + floor(random() * 1073741824)::int8";
+        let step = super::bookkeeping::TOKEN_STEP;
         let mut sets = vec![format!(
             "{} = {}",
             self.names.get(Column::State).unwrap_or("\"state\""),

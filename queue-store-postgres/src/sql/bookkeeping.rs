@@ -18,6 +18,19 @@ pub(crate) const SIDE: &str = "\"__queue_side\"";
 /// The key column of the bookkeeping table.
 pub(crate) const KEY: &str = "\"job_key\"";
 
+/// What every change of a claim token adds: a random step (up to 2^30),
+/// so that a claim made again after one the server forgot in a crash gets
+/// a token of its own.
+pub(crate) const TOKEN_STEP: &str = "1 + floor(random() * 1073741824)::int8";
+
+/// `table AS alias`, with the bookkeeping table `side` joined as [`SIDE`]
+/// when the store keeps one (`id`: `alias."key"`): what a statement
+/// reading bookkeeping columns selects from.
+pub(crate) fn from_table(table: &str, alias: &str, id: &str, side: Option<&Side>) -> String {
+    let join = side.map(|s| s.left_join(id)).unwrap_or_default();
+    format!("{table} AS {alias}{join}")
+}
+
 /// The standard columns the bookkeeping table can carry, each under its
 /// standard name.
 pub(crate) const COLUMNS: [Column; 8] = [

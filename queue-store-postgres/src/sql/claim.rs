@@ -330,10 +330,9 @@ fn template(t: &Target, reads: Reads) -> Template {
         sets.push(format!("{name} = {worker}"));
     }
     if let (Some(name), Some(at)) = (names.get(Column::ClaimToken), names.at(Column::ClaimToken)) {
-        // A random step (up to 2^30): a claim made again after a claim the
-        // server forgot in a crash gets a token of its own.
         sets.push(format!(
-            "{name} = {at} + 1 + floor(random() * 1073741824)::int8"
+            "{name} = {at} + {}",
+            super::bookkeeping::TOKEN_STEP
         ));
     }
     if let Some(name) = names.get(Column::ExecutionLogs) {
@@ -391,7 +390,7 @@ fn template(t: &Target, reads: Reads) -> Template {
             // job's kept its counts; a new one starts them), in the same
             // statement; the record is read from the two joined.
             let (now, worker) = (b.p(Param::Now), b.p(Param::Worker));
-            let step = "1 + floor(random() * 1073741824)::int8";
+            let step = super::bookkeeping::TOKEN_STEP;
             let (side_table, side_alias, key) = (
                 &side.table,
                 super::bookkeeping::SIDE,

@@ -394,13 +394,7 @@ impl<'a> Target<'a> {
     /// reading bookkeeping columns selects from (a lock on it names the
     /// alias: `FOR UPDATE OF alias`).
     fn from(&self) -> String {
-        let join = self
-            .shape
-            .side
-            .as_ref()
-            .map(|side| side.left_join(&self.id))
-            .unwrap_or_default();
-        format!("{} AS {}{join}", self.table, self.a)
+        bookkeeping::from_table(&self.table, &self.a, &self.id, self.shape.side.as_ref())
     }
 
     /// The state column's type.
