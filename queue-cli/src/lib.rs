@@ -25,7 +25,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
 
 pub use crate::args::FilterArgs;
-use crate::commands::{bulk, enqueue, maintenance, migrate, read};
+use crate::commands::{bulk, enqueue, maintenance, migrate, pause, read};
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
@@ -54,6 +54,9 @@ pub struct Cli {
     /// input is not a terminal).
     #[arg(short = 'y', long, global = true)]
     pub yes: bool,
+    /// Who is acting, as pauses record it; default: the OS user.
+    #[arg(long, global = true, env = "QUEUE_ACTOR", value_name = "NAME")]
+    pub actor: Option<String>,
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
@@ -88,8 +91,17 @@ pub enum Command {
     ResetStalled(maintenance::ResetArgs),
     /// Delete finished jobs older than an age, in batches.
     Purge(maintenance::PurgeArgs),
-    /// Create or upgrade the default jobs table, or the bookkeeping table a
-    /// config file names (versioned migrations).
+    /// Pause a kind: no worker claims its jobs until it is resumed. The
+    /// pause is kept in the database, for every worker process.
+    Pause(pause::PauseArgs),
+    /// Resume a paused kind: workers claim its jobs again.
+    Resume(pause::ResumeArgs),
+    /// The paused kinds: since when, and by whom.
+    Paused,
+    /// Create or upgrade the default jobs table, or the tables the store
+    /// keeps beside a table of your own (the bookkeeping table a config
+    /// file names, the kinds table where pauses are kept): versioned
+    /// migrations.
     Migrate(migrate::MigrateArgs),
     /// Serve the HTTP API (OpenAPI document at /openapi.json) and
     /// Prometheus metrics at /metrics.
@@ -103,6 +115,8 @@ pub(crate) struct Context {
     pub config: PgConfig,
     pub json: bool,
     pub yes: bool,
+    /// Who is acting: `--actor`, else the OS user.
+    pub actor: String,
 }
 
 impl Context {
@@ -165,6 +179,7 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
         json: cli.json,
         yes: cli.yes,
         config,
+        actor: actor(cli.actor.as_deref())?,
     };
     if let Command::Version = cli.command {
         let version = env!("CARGO_PKG_VERSION");
@@ -194,6 +209,21 @@ pub async fn run(cli: Cli, out: &mut impl Write) -> Result<()> {
     }
     let admin = serve::open_admin(pool, options, key).await?;
     admin_command(&*admin, &context, cli.command, out).await
+}
+
+/// Who is acting: `flag` (`--actor`), else the OS user (`USER`, else
+/// `LOGNAME`), else `cli`.
+fn actor(flag: Option<&str>) -> Result<String> {
+    if let Some(name) = flag {
+        if name.trim().is_empty() {
+            anyhow::bail!("--actor is empty: give a name that says who is acting");
+        }
+        return Ok(name.to_owned());
+    }
+    Ok(["USER", "LOGNAME"]
+        .into_iter()
+        .find_map(|var| std::env::var(var).ok().filter(|v| !v.trim().is_empty()))
+        .unwrap_or_else(|| "cli".to_owned()))
 }
 
 /// Connects with a pool of `size`: a command runs a few statements at a
@@ -241,6 +271,9 @@ pub(crate) async fn admin_command(
         Command::Fail(args) => bulk::fail(admin, context, &args, out).await,
         Command::ResetStalled(args) => maintenance::reset(admin, context, &args, out).await,
         Command::Purge(args) => maintenance::purge(admin, context, &args, out).await,
+        Command::Pause(args) => pause::pause(admin, context, &args, out).await,
+        Command::Resume(args) => pause::resume(admin, context, &args, out).await,
+        Command::Paused => pause::paused(admin, context, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {
             anyhow::bail!("this command does not run over the admin contract")
         }

@@ -252,7 +252,14 @@ canceled = "dropped"
         }
     };
 
-    let err = fails(&mut q(&["migrate"]));
+    // The table is the user's: migrate creates only the kinds table beside
+    // it, where pauses are kept (the config maps a kind column).
+    let migrated = ok(&mut q(&["migrate"]));
+    assert!(
+        migrated.contains("tasks_kinds\": applied version 1") && migrated.lines().count() == 1,
+        "{migrated}"
+    );
+    let err = fails(&mut q(&["migrate", "--table", "other"]));
     assert!(err.contains("a table of your own"), "{err}");
 
     let a = ok(&mut q(&["enqueue", "resize", r#"{"w": 10}"#]));
@@ -375,6 +382,12 @@ canceled = "dead"
 "#,
     );
     let q = |args: &[&str]| t.queue(&config, args);
+    // No bookkeeping table named, no kind column: nothing for migrate to
+    // create beside it, and no kind to pause.
+    let err = fails(&mut q(&["migrate"]));
+    assert!(err.contains("has no kind column"), "{err}");
+    let paused = fails(&mut q(&["pause", "email"]));
+    assert!(paused.contains("has no kind column"), "{paused}");
 
     let stats = ok(&mut q(&["stats"]));
     assert!(stats.contains("5 jobs;"), "{stats}");
@@ -851,4 +864,61 @@ async fn stuck_jobs_are_failed_by_hand_with_a_reason() {
     );
     let failed = json(&mut q(&["list", "--state", "failed", "--json"]));
     assert_eq!(failed["jobs"].as_array().map(Vec::len), Some(3), "{failed}");
+}
+
+#[tokio::test]
+async fn a_kind_is_paused_and_resumed_by_a_named_operator() {
+    let Some(t) = Setup::new("a_kind_is_paused_and_resumed_by_a_named_operator").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    let migrated = ok(&mut q(&["migrate"]));
+    assert!(
+        migrated.contains("queue_jobs_kinds\": applied version 1"),
+        "{migrated}"
+    );
+    ok(&mut q(&["enqueue", "email", "{}"]));
+    assert_eq!(ok(&mut q(&["paused"])), "no kind is paused\n");
+
+    let paused = ok(&mut q(&["pause", "email", "--actor", "alice"]));
+    assert!(
+        paused.starts_with("paused email: workers claim none"),
+        "{paused}"
+    );
+    let again = ok(&mut q(&["pause", "email", "--actor", "bob"]));
+    assert!(
+        again.starts_with("email was already paused: paused") && again.contains("by alice"),
+        "the first pause stands: {again}"
+    );
+    let listed = ok(&mut q(&["paused"]));
+    assert!(
+        listed.contains("KIND") && listed.contains("email") && listed.contains("alice"),
+        "{listed}"
+    );
+    let stats = ok(&mut q(&["stats"]));
+    assert!(
+        stats.contains("email is paused: paused") && stats.contains("by alice"),
+        "{stats}"
+    );
+    let as_json = json(&mut q(&["stats", "--json"]));
+    assert_eq!(as_json["paused"][0]["kind"], "email", "{as_json}");
+    assert_eq!(as_json["paused"][0]["by"], "alice", "{as_json}");
+
+    let resumed = ok(&mut q(&["resume", "email"]));
+    assert!(
+        resumed.starts_with("resumed email (paused") && resumed.contains("by alice"),
+        "{resumed}"
+    );
+    assert_eq!(
+        ok(&mut q(&["resume", "email"])),
+        "email was not paused; nothing changed\n"
+    );
+    let empty = fails(&mut q(&["pause", ""]));
+    assert!(
+        empty.contains("the kind to pause or resume is empty"),
+        "{empty}"
+    );
+    let nobody = fails(&mut q(&["pause", "email", "--actor", " "]));
+    assert!(nobody.contains("--actor is empty"), "{nobody}");
 }

@@ -20,6 +20,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::StoreError;
 use crate::job::{Enqueued, Job, JobId, JobState, NewJob};
+use crate::pause::PausedKind;
 use crate::resetter::{ResetParams, ResetReport};
 
 /// A job as an operator sees it: its key, kind, payload and every standard
@@ -464,6 +465,9 @@ pub struct QueueStats {
     /// `None` when the store keeps no heartbeat or start time for its
     /// running jobs, so it cannot tell a stalled job from a busy one.
     pub stalled: Option<u64>,
+    /// The kinds paused ([`Admin::pause`]), by kind.
+    #[serde(default)]
+    pub paused: Vec<PausedKind>,
     /// The time the figures are for ([`StatsParams::now`]).
     pub now: DateTime<Utc>,
 }
@@ -480,8 +484,15 @@ impl QueueStats {
             counts,
             oldest_claimable_since,
             stalled,
+            paused: Vec::new(),
             now,
         }
+    }
+
+    /// The same figures, with the kinds paused at the time.
+    pub fn with_paused(mut self, paused: Vec<PausedKind>) -> Self {
+        self.paused = paused;
+        self
     }
 
     /// How many jobs are in `state`, over all kinds.
@@ -867,6 +878,25 @@ pub trait Admin: Send + Sync + 'static {
         &self,
         targets: &Targets<Self::Id>,
     ) -> Result<ActionReport<Self::Id>, StoreError>;
+
+    /// Pauses `kind`: from now on no worker claims its jobs (within a
+    /// second for a store that workers read it from), until it is
+    /// [resumed](Admin::resume). Its waiting jobs keep their place and lose
+    /// no attempt; its running jobs finish. `by` says who paused it. A kind
+    /// with no jobs yet can be paused. Returns the pause in force: for a
+    /// kind already paused, the earlier pause, unchanged. Refused
+    /// ([`StoreError::Refused`]) for an empty kind or `by`
+    /// ([`check_pause`](crate::check_pause)), or where the store keeps no
+    /// kind.
+    async fn pause(&self, kind: &str, by: &str) -> Result<PausedKind, StoreError>;
+
+    /// Resumes `kind`: workers claim its jobs again, and waiting workers
+    /// are woken. Returns the pause it ended, or `None` if the kind was not
+    /// paused.
+    async fn resume(&self, kind: &str) -> Result<Option<PausedKind>, StoreError>;
+
+    /// The kinds paused now, by kind.
+    async fn paused(&self) -> Result<Vec<PausedKind>, StoreError>;
 
     /// Resets stalled jobs once, as the resetter does on each tick (see
     /// [`resetter`](crate::resetter)).

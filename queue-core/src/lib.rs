@@ -8,6 +8,7 @@ mod error;
 mod handler;
 mod job;
 mod outcome;
+mod pause;
 pub mod resetter;
 pub mod retention;
 mod retry;
@@ -29,6 +30,7 @@ pub use crate::job::{
     UniqueScope, CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
 pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
+pub use crate::pause::{check_kind, check_pause, PausedKind, MAX_KIND_LEN};
 pub use crate::resetter::{Delivery, ResetParams, ResetReport};
 pub use crate::retention::{prune, PruneReport, Retention};
 pub use crate::retry::{Backoff, RetryDecision, RetryPolicy};

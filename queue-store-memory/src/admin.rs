@@ -7,8 +7,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView,
-    ListOrder, ListParams, NewJob, QueueStats, ResetParams, ResetReport, RetryParams, SkipReason,
-    Skipped, StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
+    ListOrder, ListParams, NewJob, PausedKind, QueueStats, ResetParams, ResetReport, RetryParams,
+    SkipReason, Skipped, StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
     CANCELED_BEFORE_RUN_MESSAGE,
 };
 
@@ -265,7 +265,8 @@ impl Admin for MemoryStore {
             oldest,
             Some(stalled),
             params.now,
-        ))
+        )
+        .with_paused(state.paused.values().cloned().collect()))
     }
 
     async fn enqueue(&self, jobs: &[NewJob]) -> Result<Vec<Enqueued<i64>>, StoreError> {
@@ -374,5 +375,29 @@ impl Admin for MemoryStore {
 
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<i64>, StoreError> {
         self.reset_stalled(params).await
+    }
+
+    async fn pause(&self, kind: &str, by: &str) -> Result<PausedKind, StoreError> {
+        queue_core::check_pause(kind, by)?;
+        let now = self.clock().now();
+        let mut state = self.lock();
+        Ok(state
+            .paused
+            .entry(kind.to_owned())
+            .or_insert_with(|| PausedKind::new(kind, now, by))
+            .clone())
+    }
+
+    async fn resume(&self, kind: &str) -> Result<Option<PausedKind>, StoreError> {
+        queue_core::check_kind(kind)?;
+        let ended = self.lock().paused.remove(kind);
+        if ended.is_some() {
+            self.wake_workers();
+        }
+        Ok(ended)
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
+        Ok(self.lock().paused.values().cloned().collect())
     }
 }

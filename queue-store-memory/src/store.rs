@@ -11,8 +11,8 @@ use chrono::{DateTime, Utc};
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
     ClaimParams, Claimed, Clock, DecodeError, Delivery, Enqueued, HeartbeatReport, Job, JobLimits,
-    JobState, Lease, LogEntry, NewJob, ResetParams, ResetReport, Store, StoreError, SystemClock,
-    Transition, UniqueKey, UniqueScope, WriteResult, EXPIRED_MESSAGE,
+    JobState, Lease, LogEntry, NewJob, PausedKind, ResetParams, ResetReport, Store, StoreError,
+    SystemClock, Transition, UniqueKey, UniqueScope, WriteResult, EXPIRED_MESSAGE,
 };
 use tokio::sync::Notify;
 
@@ -63,6 +63,8 @@ pub(crate) struct State {
     /// What jobs were enqueued with beyond a [`Job`]'s columns, for the
     /// jobs that set any of it.
     pub(crate) extras: HashMap<i64, Extras>,
+    /// The paused kinds: their jobs are not claimed.
+    pub(crate) paused: BTreeMap<String, PausedKind>,
     next_id: i64,
     next_token: i64,
 }
@@ -341,6 +343,7 @@ impl Store for MemoryStore {
                 !state.expired(*id, params.now)
                     && state.jobs.get(id).is_some_and(|job| {
                         eligible(job, params.now)
+                            && !state.paused.contains_key(&job.kind)
                             && params.conditions.is_none_or(|c| c.matches(job))
                     })
             })

@@ -170,28 +170,40 @@ impl JobTable {
 
     /// Brings the table to the newest version of its schema: creates the
     /// schema, table, indexes and notify trigger where missing, then each
-    /// later version in order (see [`Migration`]). Returns the versions it
-    /// applied; none when the table is up to date, in which case it only
-    /// reads, so it is safe to call on every start-up, from several
-    /// processes at once, beside running workers.
+    /// later version in order (see [`Migration`]); then the same for the
+    /// kinds table beside it ([`kinds`](crate::kinds): the paused kinds).
+    /// Returns the versions it applied, the table's first; none when both
+    /// are up to date, in which case it only reads, so it is safe to call
+    /// on every start-up, from several processes at once, beside running
+    /// workers.
     pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        crate::migrate::apply(
+        let mut applied = crate::migrate::apply(
             pool,
             &self.table,
             crate::migrate::default_table(&self.table),
         )
-        .await
+        .await?;
+        let kinds = crate::sql::kinds::kinds_table(&self.table);
+        applied.extend(
+            crate::migrate::apply(pool, &kinds, crate::sql::kinds::migrations(&kinds)).await?,
+        );
+        Ok(applied)
     }
 
-    /// Every version of the table's schema, applied or pending, with when
-    /// each was applied and the SQL it runs.
+    /// Every version of the table's schema and of its kinds table's,
+    /// applied or pending, with when each was applied and the SQL it runs.
     pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        crate::migrate::status(
+        let mut all = crate::migrate::status(
             pool,
             &self.table,
             crate::migrate::default_table(&self.table),
         )
-        .await
+        .await?;
+        let kinds = crate::sql::kinds::kinds_table(&self.table);
+        all.extend(
+            crate::migrate::status(pool, &kinds, crate::sql::kinds::migrations(&kinds)).await?,
+        );
+        Ok(all)
     }
 
     /// Enqueues one job; returns its id (for a job whose [unique

@@ -17,6 +17,7 @@ mod error;
 mod ident;
 mod job_transaction;
 mod key_type;
+pub mod kinds;
 mod listen;
 mod migrate;
 mod options;

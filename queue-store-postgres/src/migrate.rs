@@ -14,9 +14,13 @@ use crate::ident::QualifiedName;
 use crate::options::default_channel;
 use crate::sql::default_table::{self, MigrationSql};
 
-/// One version of the default table's schema.
+/// One version of the schema of a table the store owns.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct Migration {
+    /// The table it is a version of (the default table, a bookkeeping
+    /// table, a kinds table): each numbers its versions from 1.
+    pub table: QualifiedName,
     /// Its number: versions apply in ascending order.
     pub version: u32,
     /// What it changes.
@@ -82,6 +86,7 @@ pub(crate) async fn status(
     let mut all: Vec<Migration> = known
         .into_iter()
         .map(|m| Migration {
+            table: table.clone(),
             applied_at: applied
                 .iter()
                 .find(|(v, _, _)| *v == m.version)
@@ -94,6 +99,7 @@ pub(crate) async fn status(
     for (version, name, at) in applied {
         if !all.iter().any(|m| m.version == version) {
             all.push(Migration {
+                table: table.clone(),
                 version,
                 name,
                 applied_at: Some(at),
@@ -160,6 +166,7 @@ pub(crate) async fn apply(
             .await
             .map_err(|e| store_error(&context, e))?;
         applied_now.push(Migration {
+            table: table.clone(),
             version: m.version,
             name: m.name.to_owned(),
             applied_at: Some(Utc::now()),

@@ -25,6 +25,7 @@ use crate::conditions::{PgCondition, PgConditions};
 use crate::cursor::{ClaimCursor, Position};
 use crate::error::store_error;
 use crate::job_transaction::{JobClaim, PgJobTransaction, PreparedStatements};
+use crate::kinds::PausedKinds;
 use crate::listen;
 use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{
@@ -63,6 +64,8 @@ struct Inner<R: JobRecord> {
     enums_as_text: AtomicBool,
     /// Keeps the claim's plan on the claim index (see [`Statistics`]).
     statistics: Statistics,
+    /// The paused kinds, whose jobs claims pass over.
+    paused: PausedKinds,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -215,6 +218,7 @@ where
             ExecutionMode::Lease => None,
         };
         let states = Arc::new(options.states.clone());
+        let options_table = options.table.clone();
         let wake = Arc::new(Notify::new());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
         let stash = Stash::new(pool.clone());
@@ -243,6 +247,7 @@ where
                 admin,
                 enums_as_text: AtomicBool::new(false),
                 statistics,
+                paused: PausedKinds::new(&options_table),
             }),
         })
     }
@@ -381,17 +386,21 @@ where
         conn: &mut PgConnection,
         params: &ClaimParams<'_, PgConditions>,
         conditions: &[PgCondition],
+        paused: &[String],
         after: Option<&Position<R::Id>>,
     ) -> Result<Vec<PgRow>, StoreError> {
         let statement = after
             .and_then(|_| self.inner.sql.claim_after_cursor(params.limit))
-            .unwrap_or_else(|| self.inner.sql.claim(conditions, params.limit));
+            .unwrap_or_else(|| self.inner.sql.claim(conditions, paused, params.limit));
         let mut q = query(&statement, |p| match p {
             Param::State(s) => Some(state::<R::Id>(self.states(), s)),
             Param::Now => Some(Value::Time(self.inner.admin.to_db(params.now))),
             Param::Worker => Some(Value::Text(params.worker.to_owned())),
             Param::CursorPriority => after.map(|a| Value::Int(a.priority)),
             Param::CursorKey => after.map(|a| Value::Key(a.key.clone())),
+            Param::PausedKinds => Some(Value::Texts(
+                paused.iter().map(|k| Some(k.clone())).collect(),
+            )),
             _ => None,
         })?;
         for c in conditions {
@@ -474,21 +483,40 @@ where
                 )));
             }
         }
-        // Claims with extra conditions neither use nor move the cursor: what
-        // they pass over may be claimable for the others.
-        let cursor = self.inner.cursor.as_ref().filter(|_| conditions.is_empty());
-        let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
         let mut on = self.inner.stash.lend("claiming jobs").await?;
+        let paused = if self.inner.sql.claims_read_kind() {
+            match self.inner.paused.current(on.conn()).await {
+                Ok(paused) => paused,
+                // A connection that died while stashed: read on a new one.
+                Err(error) => {
+                    on = on.replace_after(error).await?;
+                    self.inner.paused.current(on.conn()).await?
+                }
+            }
+        } else {
+            Default::default()
+        };
+        // Claims with extra conditions, or passing over paused kinds,
+        // neither use nor move the cursor: what they pass over may be
+        // claimable for the others, or again soon.
+        let cursor = self
+            .inner
+            .cursor
+            .as_ref()
+            .filter(|_| conditions.is_empty() && paused.is_empty());
+        let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
         let started = std::time::Instant::now();
         let claimed = loop {
             let mut rows = self
-                .claim_rows(on.conn(), &params, conditions, after.as_ref())
+                .claim_rows(on.conn(), &params, conditions, &paused, after.as_ref())
                 .await;
             if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
                 // Nothing after the cursor: the backlog is over, and jobs
                 // that became claimable before it must not wait for the
                 // worker's next poll.
-                rows = self.claim_rows(on.conn(), &params, conditions, None).await;
+                rows = self
+                    .claim_rows(on.conn(), &params, conditions, &paused, None)
+                    .await;
             }
             match rows {
                 Ok(rows) => break Ok((on, rows)),
@@ -912,6 +940,23 @@ where
 
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<R::Id>, StoreError> {
         self.inner.admin.reset(params).await
+    }
+
+    async fn pause(&self, kind: &str, by: &str) -> Result<queue_core::PausedKind, StoreError> {
+        let pause = self.inner.admin.pause(kind, by).await?;
+        // This process's own claims heed it at once.
+        self.inner.paused.forget();
+        Ok(pause)
+    }
+
+    async fn resume(&self, kind: &str) -> Result<Option<queue_core::PausedKind>, StoreError> {
+        let ended = self.inner.admin.resume(kind).await?;
+        self.inner.paused.forget();
+        Ok(ended)
+    }
+
+    async fn paused(&self) -> Result<Vec<queue_core::PausedKind>, StoreError> {
+        self.inner.admin.paused().await
     }
 
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {

@@ -134,13 +134,20 @@ async fn a_dropped_table_is_created_again() {
     .execute(&pool)
     .await
     .expect("drop the jobs table, not its versions");
+    let status = jobs.migrations(&pool).await.expect("status");
     assert!(
-        jobs.migrations(&pool)
-            .await
-            .expect("status")
+        status
             .iter()
+            .filter(|m| &m.table == jobs.name())
             .all(|m| m.applied_at.is_none()),
         "the versions of a dropped table count as pending"
+    );
+    assert!(
+        status
+            .iter()
+            .filter(|m| &m.table != jobs.name())
+            .all(|m| m.applied_at.is_some()),
+        "the kinds table beside it is still there: {status:?}"
     );
     let applied = jobs.migrate(&pool).await.expect("migration");
     assert_eq!(applied.first().map(|m| m.version), Some(1));

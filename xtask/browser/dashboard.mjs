@@ -125,6 +125,28 @@ try {
     await page.waitForFunction((n) => document.querySelector('[data-card=failed] .n')?.textContent === String(n), FAILED_COUNT - 1);
   });
 
+  await run('a kind is paused from the overview, says since when and by whom, and is resumed; a read token cannot', async () => {
+    const post = (path, token) => page.evaluate(async ([path, token]) =>
+      (await fetch(path, { method: 'POST', headers: { Authorization: 'Bearer ' + token } })).status, [path, token]);
+    check(await post('/api/kinds/nightly_report/pause', READ_TOKEN) === 403, 'a read token cannot pause');
+    await page.goto(BASE + '/#/');
+    const row = page.locator('#kinds tr[data-kind="nightly_report"]');
+    await row.waitFor();
+    check((await row.locator('button[data-pause]').textContent()) === 'Pause', 'a running kind offers a pause');
+    await row.locator('button[data-pause]').click();
+    await row.locator('.pause-state .paused').waitFor();
+    const state = await row.locator('.pause-state').textContent();
+    check(state.includes('QUEUE_ADMIN_TOKENS entry 1'), `it says which token paused it: ${state}`);
+    check((await row.locator('button[data-pause]').textContent()) === 'Resume', 'a paused kind offers a resume');
+    const pauses = await page.evaluate(async (token) =>
+      (await fetch('/api/pauses', { headers: { Authorization: 'Bearer ' + token } })).json(), READ_TOKEN);
+    check(pauses.length === 1 && pauses[0].kind === 'nightly_report', `the API lists the pause: ${JSON.stringify(pauses)}`);
+    await page.screenshot({ path: join(SHOTS, 'dashboard-kind-paused.png'), fullPage: true });
+    await row.locator('button[data-pause]').click();
+    await page.waitForFunction(() => document.querySelector('#kinds tr[data-kind="nightly_report"] .pause-state .paused') === null);
+    check((await row.locator('button[data-pause]').textContent()) === 'Pause', 'resumed, it offers a pause again');
+  });
+
   await run('a page navigated to is never painted over by the overview\'s late answer or its timer', async () => {
     // The overview's figures take 1.5 s to come; the person goes to a job
     // page before they do.

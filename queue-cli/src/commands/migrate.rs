@@ -1,12 +1,15 @@
 //! `migrate`: the versioned migrations of the tables the store owns: the
-//! default table, or the bookkeeping table beside a table of your own.
+//! default table and its kinds table, or the bookkeeping and kinds tables
+//! beside a table of your own.
 
 use std::io::Write;
 
 use anyhow::{bail, Result};
 use sqlx::PgPool;
 
-use queue_store_postgres::{bookkeeping, JobTable, Migration, PgStoreOptions, QualifiedName};
+use queue_store_postgres::{
+    bookkeeping, kinds, JobTable, Migration, PgStoreOptions, QualifiedName,
+};
 
 use crate::output::{self, Table};
 use crate::Context;
@@ -28,33 +31,53 @@ pub struct MigrateArgs {
     pub table: Option<String>,
 }
 
-/// The table a migration is for.
+/// The tables a migration is for.
 enum Target {
-    /// The default table.
+    /// The default table, and the kinds table beside it.
     Default(JobTable),
-    /// The bookkeeping table (named) of a table of the user's.
-    Bookkeeping(QualifiedName, Box<PgStoreOptions>),
+    /// A table of the user's: the tables the store keeps beside it (the
+    /// bookkeeping table, if named; the kinds table, if it has kinds).
+    Own(Box<PgStoreOptions>),
 }
 
 impl Target {
+    /// The job table the migrated tables belong to.
     fn name(&self) -> QualifiedName {
         match self {
             Target::Default(table) => table.name().clone(),
-            Target::Bookkeeping(name, _) => name.clone(),
+            Target::Own(options) => options.table_name().clone(),
         }
     }
 
     async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>> {
         Ok(match self {
             Target::Default(table) => table.migrations(pool).await?,
-            Target::Bookkeeping(_, options) => bookkeeping::migrations(pool, options).await?,
+            Target::Own(options) => {
+                let mut all = Vec::new();
+                if options.bookkeeping().is_some() {
+                    all.extend(bookkeeping::migrations(pool, options).await?);
+                }
+                if kinds::has_kinds(pool, options).await? {
+                    all.extend(kinds::migrations(pool, options).await?);
+                }
+                all
+            }
         })
     }
 
     async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>> {
         Ok(match self {
             Target::Default(table) => table.migrate(pool).await?,
-            Target::Bookkeeping(_, options) => bookkeeping::migrate(pool, options).await?,
+            Target::Own(options) => {
+                let mut applied = Vec::new();
+                if options.bookkeeping().is_some() {
+                    applied.extend(bookkeeping::migrate(pool, options).await?);
+                }
+                if kinds::has_kinds(pool, options).await? {
+                    applied.extend(kinds::migrate(pool, options).await?);
+                }
+                applied
+            }
         })
     }
 }
@@ -76,15 +99,15 @@ pub async fn run(
         })
     } else {
         let options = context.config.store_options()?;
-        let Some(name) = options.bookkeeping().cloned() else {
+        if options.bookkeeping().is_none() && !kinds::has_kinds(pool, &options).await? {
             bail!(
-                "queue migrate creates and upgrades the default table, and the bookkeeping table beside a table of your own; the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage, and names no bookkeeping_table"
+                "queue migrate creates and upgrades the default table, and the tables the store keeps beside a table of your own (a bookkeeping table, a kinds table); the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage, and it names no bookkeeping_table and has no kind column"
             );
-        };
-        if args.schema.is_some() || args.table.is_some() {
-            bail!("--schema and --table name a default table; the bookkeeping table is the config file's bookkeeping_table");
         }
-        Target::Bookkeeping(name, Box::new(options))
+        if args.schema.is_some() || args.table.is_some() {
+            bail!("--schema and --table name a default table; the tables beside a table of your own follow from the config file");
+        }
+        Target::Own(Box::new(options))
     };
     let table = &target;
     if args.status || args.dry_run {
@@ -96,7 +119,7 @@ pub async fn run(
                     out,
                     &pending
                         .iter()
-                        .map(|m| serde_json::json!({"version": m.version, "name": m.name, "sql": m.statements}))
+                        .map(|m| serde_json::json!({"table": m.table.to_string(), "version": m.version, "name": m.name, "sql": m.statements}))
                         .collect::<Vec<_>>(),
                 );
             }
@@ -104,7 +127,7 @@ pub async fn run(
                 writeln!(out, "-- {} is up to date", table.name())?;
             }
             for m in pending {
-                writeln!(out, "-- version {}: {}", m.version, m.name)?;
+                writeln!(out, "-- {} version {}: {}", m.table, m.version, m.name)?;
                 for statement in &m.statements {
                     writeln!(out, "{statement};")?;
                 }
@@ -115,13 +138,14 @@ pub async fn run(
             return output::json(
                 out,
                 &all.iter()
-                    .map(|m| serde_json::json!({"version": m.version, "name": m.name, "applied_at": m.applied_at}))
+                    .map(|m| serde_json::json!({"table": m.table.to_string(), "version": m.version, "name": m.name, "applied_at": m.applied_at}))
                     .collect::<Vec<_>>(),
             );
         }
-        let mut rows = Table::new(vec!["VERSION", "APPLIED", "NAME"]).right(0);
+        let mut rows = Table::new(vec!["TABLE", "VERSION", "APPLIED", "NAME"]).right(1);
         for m in &all {
             rows.row(vec![
+                m.table.to_string(),
                 m.version.to_string(),
                 m.applied_at.map_or("pending".into(), |at| {
                     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
@@ -137,7 +161,7 @@ pub async fn run(
             out,
             &serde_json::json!({
                 "table": table.name().to_string(),
-                "applied": applied.iter().map(|m| serde_json::json!({"version": m.version, "name": m.name})).collect::<Vec<_>>(),
+                "applied": applied.iter().map(|m| serde_json::json!({"table": m.table.to_string(), "version": m.version, "name": m.name})).collect::<Vec<_>>(),
             }),
         );
     }
@@ -148,9 +172,7 @@ pub async fn run(
         writeln!(
             out,
             "{}: applied version {} ({})",
-            table.name(),
-            m.version,
-            m.name
+            m.table, m.version, m.name
         )?;
     }
     Ok(())

@@ -4,4 +4,5 @@ pub mod bulk;
 pub mod enqueue;
 pub mod maintenance;
 pub mod migrate;
+pub mod pause;
 pub mod read;

@@ -118,6 +118,14 @@ pub async fn stats(
         None => "stalled jobs unknown (the table keeps no heartbeat or start time)".into(),
     };
     writeln!(out, "\n{total} jobs; {waiting}; {stalled}")?;
+    for pause in &stats.paused {
+        writeln!(
+            out,
+            "{} is paused: {}",
+            crate::output::printable_line(&pause.kind),
+            super::pause::since(pause)
+        )?;
+    }
     Ok(())
 }
 

@@ -71,6 +71,12 @@ impl Api {
         self.stats_reads.load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// Drops the figures read last: the next caller reads them again (after
+    /// a pause or a resume, which they show).
+    pub async fn forget_stats(&self) {
+        *self.stats.lock().await = None;
+    }
+
     /// The queue's figures, at most [`STATS_FRESH`] old. One read at a time
     /// (single flight): a caller that comes while a read runs waits for it
     /// and takes its figures. A fresh read is recorded in the depth history.
@@ -388,6 +394,8 @@ pub struct Stats {
     /// Processing jobs silent for longer than the stalled age; null when
     /// the table keeps no heartbeat or start time to tell.
     pub stalled: Option<u64>,
+    /// The paused kinds, by kind.
+    pub paused: Vec<super::pauses::Pause>,
     pub now: DateTime<Utc>,
 }
 
@@ -752,6 +760,7 @@ pub async fn stats(State(api): State<Api>) -> Result<Json<Stats>, ApiError> {
             .collect(),
         oldest_claimable_since: stats.oldest_claimable_since,
         stalled: stats.stalled,
+        paused: stats.paused.into_iter().map(Into::into).collect(),
         now: stats.now,
     }))
 }

@@ -50,12 +50,19 @@ pub struct ConfiguredToken {
     pub token: String,
 }
 
-/// The configured tokens, each one a client can present.
+/// The configured tokens, each one a client can present, with where it
+/// was configured.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
-    admin: Vec<String>,
-    read: Vec<String>,
+    admin: Vec<(String, String)>,
+    read: Vec<(String, String)>,
 }
+
+/// Who made a request, as writes record it (a pause's `by`): where the
+/// token it presented was configured (`serve.admin_tokens[0]`), or `api`
+/// on a server without tokens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Actor(pub String);
 
 impl Tokens {
     /// Admin and read-only tokens, checked as [`Tokens::configured`] does
@@ -88,9 +95,10 @@ impl Tokens {
         let mut tokens = Tokens::default();
         for entry in entries {
             check(&entry, short)?;
+            let held = (entry.token, entry.from);
             match entry.access {
-                Access::Admin => tokens.admin.push(entry.token),
-                Access::Read => tokens.read.push(entry.token),
+                Access::Admin => tokens.admin.push(held),
+                Access::Read => tokens.read.push(held),
             }
         }
         Ok(tokens)
@@ -101,20 +109,24 @@ impl Tokens {
         !self.admin.is_empty() || !self.read.is_empty()
     }
 
+    #[cfg(test)]
     fn access(&self, presented: &str) -> Option<Access> {
+        self.holder(presented).map(|(access, _)| access)
+    }
+
+    /// What the token `presented` may do, and where it was configured.
+    fn holder<'a>(&'a self, presented: &str) -> Option<(Access, &'a str)> {
         // Every token is compared in full, whatever matched before, so the
         // time taken says nothing about which bytes were right.
-        let admin = self
-            .admin
-            .iter()
-            .fold(false, |hit, t| hit | same(t, presented));
-        let read = self
-            .read
-            .iter()
-            .fold(false, |hit, t| hit | same(t, presented));
-        match (admin, read) {
-            (true, _) => Some(Access::Admin),
-            (false, true) => Some(Access::Read),
+        let first = |list: &'a [(String, String)]| {
+            list.iter().fold(None, |hit: Option<&'a str>, (t, from)| {
+                let this = same(t, presented);
+                hit.or(this.then_some(from.as_str()))
+            })
+        };
+        match (first(&self.admin), first(&self.read)) {
+            (Some(from), _) => Some((Access::Admin, from)),
+            (None, Some(from)) => Some((Access::Read, from)),
             _ => None,
         }
     }
@@ -171,10 +183,11 @@ fn bearer(value: &str) -> Option<&str> {
 /// HEAD) need a read or admin token, everything else an admin token.
 pub async fn authorize(
     State(tokens): State<Arc<Tokens>>,
-    request: Request,
+    mut request: Request,
     next: Next,
 ) -> Response {
     if !tokens.any() {
+        request.extensions_mut().insert(Actor("api".to_owned()));
         return next.run(request).await;
     }
     let needed = if matches!(*request.method(), Method::GET | Method::HEAD) {
@@ -187,20 +200,23 @@ pub async fn authorize(
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(bearer);
-    match presented.and_then(|t| tokens.access(t)) {
+    match presented.and_then(|t| tokens.holder(t)) {
         None => ApiError::new(
             StatusCode::UNAUTHORIZED,
             "unauthorized",
             "this server needs a bearer token: Authorization: Bearer <token>",
         )
         .into_response(),
-        Some(access) if access < needed => ApiError::new(
+        Some((access, _)) if access < needed => ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
             "this token may only read; writes need an admin token",
         )
         .into_response(),
-        Some(_) => next.run(request).await,
+        Some((_, from)) => {
+            request.extensions_mut().insert(Actor(from.to_owned()));
+            next.run(request).await
+        }
     }
 }
 

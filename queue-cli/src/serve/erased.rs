@@ -11,8 +11,8 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
-    ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, Skipped,
-    StatsParams, StoreError, Targets, TimelineParams,
+    ListParams, NewJob, PausedKind, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
+    Skipped, StatsParams, StoreError, Targets, TimelineParams,
 };
 use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
 use sqlx::PgPool;
@@ -201,5 +201,17 @@ where
 
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
         self.0.purge(params).await
+    }
+
+    async fn pause(&self, kind: &str, by: &str) -> Result<PausedKind, StoreError> {
+        self.0.pause(kind, by).await
+    }
+
+    async fn resume(&self, kind: &str) -> Result<Option<PausedKind>, StoreError> {
+        self.0.resume(kind).await
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
+        self.0.paused().await
     }
 }

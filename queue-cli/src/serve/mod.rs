@@ -11,6 +11,7 @@ mod error;
 mod health;
 mod metrics;
 mod openapi;
+mod pauses;
 mod timeline;
 
 use std::io::Write;
@@ -79,6 +80,9 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/jobs/{id}/cancel", post(api::cancel_job))
         .route("/api/jobs/{id}/fail", post(api::fail_job))
         .route("/api/stats", get(api::stats))
+        .route("/api/pauses", get(pauses::paused))
+        .route("/api/kinds/{kind}/pause", post(pauses::pause))
+        .route("/api/kinds/{kind}/resume", post(pauses::resume))
         .route("/api/timeline", get(timeline::timeline))
         .with_state(api.clone())
         .merge(

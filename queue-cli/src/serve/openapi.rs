@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::{api, timeline};
+use super::{api, pauses, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -24,6 +24,9 @@ use super::{api, timeline};
         api::fail_job,
         api::delete_job,
         api::stats,
+        pauses::paused,
+        pauses::pause,
+        pauses::resume,
         timeline::timeline
     ),
     components(schemas(
@@ -39,6 +42,8 @@ use super::{api, timeline};
         api::Scope,
         api::ErrorBody,
         api::ErrorDetail,
+        pauses::Pause,
+        pauses::Resumed,
         timeline::Timeline,
         timeline::TimelinePoint
     )),

@@ -23,6 +23,7 @@ use crate::admin::{
     Admin, JobFilter, JobView, ListOrder, ListParams, PurgeParams, RetryParams, StatsParams,
     Targets,
 };
+use crate::error::StoreError;
 use crate::job::{JobState, Lease, LogEntry, NewJob};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use crate::retention::{prune, Retention};
@@ -1534,6 +1535,92 @@ pub async fn admin_force_fail_fences_the_running_attempt_out<H: Harness>(h: &H) 
     assert_eq!(view.state, Some(JobState::Failed), "not resurrected");
 }
 
+/// A paused kind's jobs are not claimed while other kinds' are; they keep
+/// their state and lose no attempt. `stats` and `paused` say who paused it
+/// and since when; pausing it again keeps the first pause; an empty kind
+/// is refused. Resumed, its jobs are claimed again, in their old order.
+pub async fn admin_pause_holds_a_kind_until_resumed<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let first_mail = h
+        .enqueue(&store, NewJob::new("mail", serde_json::json!(1)))
+        .await;
+    let report = h
+        .enqueue(&store, NewJob::new("report", serde_json::json!(2)))
+        .await;
+    let second_mail = h
+        .enqueue(&store, NewJob::new("mail", serde_json::json!(3)))
+        .await;
+    let pause = Admin::pause(&store, "mail", "alice")
+        .await
+        .expect("pause failed");
+    assert_eq!((pause.kind.as_str(), pause.by.as_str()), ("mail", "alice"));
+    let again = Admin::pause(&store, "mail", "bob")
+        .await
+        .expect("a second pause failed");
+    assert_eq!(again, pause, "a second pause keeps the first");
+    let refused = Admin::pause(&store, "", "alice").await;
+    assert!(
+        matches!(refused, Err(StoreError::Refused(_))),
+        "an empty kind: {refused:?}"
+    );
+
+    let claimed = claim::<H>(&store, 10, t).await;
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|c| c.lease.id.clone())
+            .collect::<Vec<_>>(),
+        vec![report.clone()],
+        "only the kind that is not paused"
+    );
+    for c in claimed {
+        end::<H>(&store, c, Transition::Complete, at(t, 1)).await;
+    }
+    for id in [&first_mail, &second_mail] {
+        let view = Admin::get(&store, id)
+            .await
+            .expect("get failed")
+            .expect("there");
+        assert_eq!(view.state, Some(JobState::Queued), "{view:?}");
+        assert!(view.started_at.is_none(), "never started: {view:?}");
+        assert_eq!(view.num_failures.unwrap_or(0), 0, "{view:?}");
+    }
+    let stats = Admin::stats(
+        &store,
+        StatsParams {
+            now: at(t, 2),
+            stalled_before: at(t, -60),
+        },
+    )
+    .await
+    .expect("stats failed");
+    assert_eq!(stats.paused, vec![pause.clone()], "stats show the pause");
+    assert_eq!(stats.total(JobState::Queued), 2, "{stats:?}");
+    assert_eq!(
+        Admin::paused(&store).await.expect("paused failed"),
+        vec![pause.clone()]
+    );
+
+    let ended = Admin::resume(&store, "mail").await.expect("resume failed");
+    assert_eq!(ended, Some(pause), "the pause that ended");
+    let again = Admin::resume(&store, "mail").await.expect("resume failed");
+    assert_eq!(again, None, "not paused any more");
+    assert!(Admin::paused(&store)
+        .await
+        .expect("paused failed")
+        .is_empty());
+    let claimed = claim::<H>(&store, 10, at(t, 3)).await;
+    assert_eq!(
+        claimed
+            .iter()
+            .map(|c| c.lease.id.clone())
+            .collect::<Vec<_>>(),
+        vec![first_mail, second_mail],
+        "claimed again, in their order"
+    );
+}
+
 /// `cancel` ends waiting jobs at once, asks running ones to stop, and
 /// leaves finished ones alone; a bulk cancel picks a running job only once.
 pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h: &H) {
@@ -2268,6 +2355,7 @@ macro_rules! conformance_tests {
             admin_bulk_retry_works_in_batches,
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
             admin_force_fail_fences_the_running_attempt_out,
+            admin_pause_holds_a_kind_until_resumed,
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             prune_removes_finished_jobs_past_their_states_age,

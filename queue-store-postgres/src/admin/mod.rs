@@ -1,7 +1,8 @@
 //! [`PgAdmin`]: the admin contract on any Postgres table the options
 //! describe. The contract's methods live by idea: reads in `read`,
-//! operators' writes in `write`, the enqueue in `enqueue`, and the
-//! store's own sweeps (expiry, stalled jobs) in `sweeps`.
+//! operators' writes in `write`, the enqueue in `enqueue`, pauses in
+//! `pauses`, and the store's own sweeps (expiry, stalled jobs) in
+//! `sweeps`.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -10,7 +11,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
-    ListParams, NewJob, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
+    ListParams, NewJob, PausedKind, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
     StatsParams, StoreError, Targets, TimelineParams,
 };
 use sqlx::PgPool;
@@ -22,6 +23,7 @@ use crate::sql::admin::AdminStatements;
 use crate::sql::{catalog, TableShape};
 
 mod enqueue;
+mod pauses;
 mod read;
 mod sweeps;
 mod write;
@@ -263,5 +265,17 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {
         self.reset_stalled(params).await
+    }
+
+    async fn pause(&self, kind: &str, by: &str) -> Result<PausedKind, StoreError> {
+        self.pause_kind(kind, by).await
+    }
+
+    async fn resume(&self, kind: &str) -> Result<Option<PausedKind>, StoreError> {
+        self.resume_kind(kind).await
+    }
+
+    async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
+        self.fetch_pauses().await
     }
 }

@@ -227,6 +227,7 @@ impl<K: PgKey> PgAdmin<K> {
         .fetch_one(&mut *read)
         .await
         .map_err(|e| self.read_error("reading the oldest waiting job", e))?;
+        let paused = self.read_pauses(&mut read).await?;
         self.end_read(read, context).await?;
         let stalled: Option<i64> = row
             .try_get("stalled")
@@ -238,7 +239,8 @@ impl<K: PgKey> PgAdmin<K> {
             stalled.map(|n| u64::try_from(n).unwrap_or(0)),
             // The database's time, which the oldest job's is measured on.
             now,
-        ))
+        )
+        .with_paused(paused))
     }
 
     pub(super) async fn fetch_timeline(

@@ -63,6 +63,8 @@ pub(super) struct ClaimStatements {
     /// starts its scan after the cursor (numbered after the statement's own
     /// inputs), and its inputs with the cursor's.
     at_cursor: Option<(Template, String, Vec<Param>)>,
+    /// The kind column, which a claim passing over paused kinds reads.
+    kind: Option<String>,
 }
 
 impl ClaimStatements {
@@ -70,9 +72,33 @@ impl ClaimStatements {
     /// spliced in; condition placeholders are numbered after the statement's
     /// own parameters (once: where the claim reads two sets of jobs, both
     /// carry the same text and the same placeholders).
-    pub(super) fn claim(&self, conditions: &[PgCondition], limit: usize) -> Statement {
+    ///
+    /// With `paused` kinds (and a kind column), the claim passes over their
+    /// jobs: one more condition, bound to [`Param::PausedKinds`] before the
+    /// extra conditions' values. A job without a kind is never passed over.
+    /// With none paused, the statement is the same as without pauses.
+    pub(super) fn claim(
+        &self,
+        conditions: &[PgCondition],
+        paused: &[String],
+        limit: usize,
+    ) -> Statement {
         let mut next = self.from_start.params.len() + 1;
         let mut spliced = String::new();
+        let mut params = self.from_start.params.clone();
+        if let (false, Some(kind)) = (paused.is_empty(), &self.kind) {
+            // An expression the planner has no statistics for, so that it
+            // reads it as passing most jobs. On the column itself, a cached
+            // plan takes the bound array for ten kinds, one of them each
+            // job's (with few kinds in the table), reads it as passing
+            // almost none, and sorts the whole table instead of reading the
+            // claim index in claim order.
+            spliced.push_str(&format!(
+                " AND (({kind}::text || '') <> ALL(${next}::text[]) OR {kind} IS NULL)"
+            ));
+            params.push(Param::PausedKinds);
+            next += 1;
+        }
         for condition in conditions {
             spliced.push_str(" AND (");
             spliced.push_str(&condition.numbered(&mut next));
@@ -80,8 +106,13 @@ impl ClaimStatements {
         }
         Statement {
             text: self.from_start.render(&spliced, "", limit).into(),
-            params: self.from_start.params.clone(),
+            params,
         }
+    }
+
+    /// Whether claims can pass over paused kinds.
+    pub(super) fn reads_kind(&self) -> bool {
+        self.kind.is_some()
     }
 
     /// The claim of up to `limit` jobs after the cursor (no extra
@@ -213,6 +244,7 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
     ClaimStatements {
         from_start,
         at_cursor,
+        kind: t.names.at(Column::Kind),
     }
 }
 
@@ -510,7 +542,7 @@ mod tests {
     #[test]
     fn default_claim_quotes_names_binds_values_and_spells_out_states_and_limit() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let claim = Statements::new(&options, &test_shape(), &[]).claim(&[], 32);
+        let claim = Statements::new(&options, &test_shape(), &[]).claim(&[], &[], 32);
         assert_eq!(
             *claim.text,
             format!(
@@ -537,7 +569,7 @@ mod tests {
     #[test]
     fn without_the_indexes_for_it_the_claim_reads_every_waiting_job_in_one_scan() {
         let options = PgStoreOptions::new("jobs").unwrap();
-        let claim = Statements::new(&options, &one_scan_shape(), &[]).claim(&[], 32);
+        let claim = Statements::new(&options, &one_scan_shape(), &[]).claim(&[], &[], 32);
         assert_eq!(
             *claim.text,
             format!(
@@ -560,7 +592,7 @@ mod tests {
             &test_shape(),
             &[],
         )
-        .claim(&[], 8)
+        .claim(&[], &[], 8)
         .text;
         assert!(
             by_key.contains(
@@ -575,7 +607,7 @@ mod tests {
             &test_shape(),
             &[],
         )
-        .claim(&[], 8)
+        .claim(&[], &[], 8)
         .text;
         assert!(
             custom.contains(
@@ -596,7 +628,7 @@ mod tests {
     fn the_cursor_claim_starts_after_a_key_within_a_priority() {
         let options = PgStoreOptions::new("jobs").unwrap();
         let s = Statements::new(&options, &one_scan_shape(), &[]);
-        let from_start = s.claim(&[], 32);
+        let from_start = s.claim(&[], &[], 32);
         let after = s.claim_after_cursor(32).expect("a cursor by default");
         assert_eq!(
             *after.text,
@@ -628,7 +660,7 @@ mod tests {
             after.text
         );
         assert_eq!(after.params[3..], [Param::CursorPriority, Param::CursorKey]);
-        assert!(s.claim(&[], 32).text.contains("due AS ("));
+        assert!(s.claim(&[], &[], 32).text.contains("due AS ("));
 
         let by_key = Statements::new(
             &options.clone().without(Column::Priority).unwrap(),
@@ -645,7 +677,7 @@ mod tests {
         );
         assert_eq!(after.params[3..], [Param::CursorKey]);
         assert!(!by_key.cursor_reads_priority());
-        assert!(!by_key.claim(&[], 8).text.contains("__queue_priority"));
+        assert!(!by_key.claim(&[], &[], 8).text.contains("__queue_priority"));
 
         for without in [
             options.clone().claim_cursor(None),
@@ -653,7 +685,7 @@ mod tests {
         ] {
             let s = Statements::new(&without, &test_shape(), &[]);
             assert!(s.claim_after_cursor(32).is_none(), "{without:?}");
-            assert!(!s.claim(&[], 32).text.contains("__queue_priority"));
+            assert!(!s.claim(&[], &[], 32).text.contains("__queue_priority"));
         }
     }
 
@@ -661,14 +693,14 @@ mod tests {
     fn only_async_claims_turn_synchronous_commit_off() {
         let options = PgStoreOptions::new("jobs").unwrap();
         let asynchronous = Statements::new(&options, &test_shape(), &[])
-            .claim(&[], 8)
+            .claim(&[], &[], 8)
             .text;
         let durable = Statements::new(
             &options.claim_commit(ClaimCommit::Durable),
             &test_shape(),
             &[],
         )
-        .claim(&[], 8)
+        .claim(&[], &[], 8)
         .text;
         assert!(asynchronous.contains("set_config('synchronous_commit', 'off', true)"));
         assert!(!durable.contains("synchronous_commit"), "{durable}");
@@ -683,7 +715,7 @@ mod tests {
             .column(Column::State, "Status; DROP TABLE x")
             .unwrap();
         let s = Statements::new(&options, &test_shape(), &[]);
-        let claim = s.claim(&[], 8).text;
+        let claim = s.claim(&[], &[], 8).text;
         assert!(
             claim.contains("FROM \"My \"\"Schema\"\"\".\"select\" AS \"select\""),
             "{claim}"
@@ -704,8 +736,11 @@ mod tests {
         let cond = PgCondition::new("jobs.cost <= {} AND jobs.kind = {}")
             .bind(5i64)
             .bind("x");
-        let one_scan =
-            Statements::new(&options, &one_scan_shape(), &[]).claim(std::slice::from_ref(&cond), 8);
+        let one_scan = Statements::new(&options, &one_scan_shape(), &[]).claim(
+            std::slice::from_ref(&cond),
+            &[],
+            8,
+        );
         assert!(
             one_scan
                 .text
@@ -713,8 +748,11 @@ mod tests {
             "{}",
             one_scan.text
         );
-        let split =
-            Statements::new(&options, &test_shape(), &[]).claim(std::slice::from_ref(&cond), 8);
+        let split = Statements::new(&options, &test_shape(), &[]).claim(
+            std::slice::from_ref(&cond),
+            &[],
+            8,
+        );
         assert_eq!(
             split
                 .text
@@ -725,5 +763,28 @@ mod tests {
             split.text
         );
         assert_eq!(split.params.len(), 3);
+    }
+
+    #[test]
+    fn paused_kinds_are_passed_over_before_the_extra_conditions() {
+        let options = crate::JobTable::default().store_options();
+        let cond = PgCondition::new("jobs.cost <= {}").bind(5i64);
+        let paused = ["mail".to_owned()];
+        let claim = Statements::new(&options, &test_shape(), &[]).claim(
+            std::slice::from_ref(&cond),
+            &paused,
+            8,
+        );
+        assert_eq!(
+            claim
+                .text
+                .matches("AND ((\"queue_jobs\".\"kind\"::text || '') <> ALL($4::text[]) OR \"queue_jobs\".\"kind\" IS NULL) AND (jobs.cost <= $5)")
+                .count(),
+            2,
+            "ready and due jobs alike: {}",
+            claim.text
+        );
+        assert_eq!(claim.params.last(), Some(&Param::PausedKinds));
+        assert_eq!(claim.params.len(), 4, "the condition's value comes after");
     }
 }

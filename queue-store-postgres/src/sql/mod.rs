@@ -12,6 +12,7 @@ pub(crate) mod default_table;
 mod finish;
 mod heartbeat;
 mod job_transaction;
+pub(crate) mod kinds;
 #[cfg(test)]
 mod plans;
 pub(crate) mod prepared;
@@ -62,6 +63,8 @@ pub(crate) enum Param {
     /// of the last job the previous claim took.
     CursorPriority,
     CursorKey,
+    /// The paused kinds a claim passes over (text[]).
+    PausedKinds,
     /// The admin contract's inputs: a notification channel, a filter's
     /// fields, a page's size and start, and an enqueue's arrays.
     Channel,
@@ -499,8 +502,19 @@ impl Statements {
     /// The claim statement for up to `limit` jobs with `conditions`
     /// spliced in; condition placeholders are numbered after the statement's
     /// own parameters.
-    pub(crate) fn claim(&self, conditions: &[PgCondition], limit: usize) -> Statement {
-        self.claim.claim(conditions, limit)
+    pub(crate) fn claim(
+        &self,
+        conditions: &[PgCondition],
+        paused: &[String],
+        limit: usize,
+    ) -> Statement {
+        self.claim.claim(conditions, paused, limit)
+    }
+
+    /// Whether claims can pass over paused kinds: the table has a kind
+    /// column.
+    pub(crate) fn claims_read_kind(&self) -> bool {
+        self.claim.reads_kind()
     }
 
     /// The claim of up to `limit` jobs after the cursor (no extra
@@ -561,7 +575,7 @@ mod tests {
             .without(Column::ProcessAfter)
             .unwrap();
         let s = Statements::new(&options, &test_shape(), &[]);
-        let claim = s.claim(&[], 8);
+        let claim = s.claim(&[], &[], 8);
         assert!(!claim.params.contains(&Param::Worker));
         assert!(!claim.text.contains("process_after"));
         assert!(claim.text.contains(

@@ -259,7 +259,7 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
             .expect(&sql);
     }
     let statements = Statements::new(&table.store_options(), &shape, &absent);
-    let from_start = statements.claim(&[], 48);
+    let from_start = statements.claim(&[], &[], 48);
     let at_cursor = statements.claim_after_cursor(48).expect("a cursor");
     let mut connection = pool.acquire().await.expect("a connection");
 
@@ -358,8 +358,11 @@ async fn a_claim_passes_over_jobs_waiting_for_their_time_without_reading_them() 
         shape.due_apart,
         "the default table reads ready and due jobs apart"
     );
-    let claim =
-        Statements::new(&table.store_options().claim_cursor(None), &shape, &absent).claim(&[], 48);
+    let claim = Statements::new(&table.store_options().claim_cursor(None), &shape, &absent).claim(
+        &[],
+        &[],
+        48,
+    );
     let t = table.name().quoted();
     let mut connection = pool.acquire().await.expect("a connection");
     let mut read = Vec::new();
@@ -391,6 +394,38 @@ async fn a_claim_passes_over_jobs_waiting_for_their_time_without_reading_them() 
     assert!(
         read.iter().all(|r| *r <= read[0] + 8),
         "blocks read by a claim of 48 ready jobs alone, then behind 20,000 and 40,000 waiting ones: {read:?}"
+    );
+    drop(connection);
+    drop_scratch(&pool, &table).await;
+}
+
+#[tokio::test]
+async fn a_claim_passing_over_paused_kinds_keeps_the_claim_index() {
+    let test = "a_claim_passing_over_paused_kinds_keeps_the_claim_index";
+    let Some(pool) = pool(test).await else { return };
+    let (table, shape, absent) = scratch_table(&pool, "queue_paused_plans", 20_000).await;
+    let t = table.name().quoted();
+    for sql in [format!("ANALYZE {t}")] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .expect(&sql);
+    }
+    let statements = Statements::new(&table.store_options(), &shape, &absent);
+    let unpaused = statements.claim(&[], &[], 48);
+    let paused = statements.claim(&[], &["mail".to_owned()], 48);
+    assert_eq!(
+        paused.params.last(),
+        Some(&Param::PausedKinds),
+        "the paused kinds are bound: {}",
+        paused.text
+    );
+    assert!(!unpaused.text.contains("ALL("), "{}", unpaused.text);
+    let mut connection = pool.acquire().await.expect("a connection");
+    let plan = generic_plan(&mut connection, &paused).await;
+    assert!(
+        plan.contains("jobs_claimable_idx") && !plan.contains("Seq Scan"),
+        "the cached plan still reads the claim index in claim order: {plan}"
     );
     drop(connection);
     drop_scratch(&pool, &table).await;

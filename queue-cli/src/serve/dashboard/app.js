@@ -196,6 +196,8 @@ async function overview() {
         h('span', {}, 'As of ', time(stats.now))),
       h('h2', {}, 'Last hour'),
       h('div', { class: 'panel chart' }, chart(timeline)),
+      h('h2', {}, 'Kinds'),
+      kindsTable(stats, () => guarded(load)),
       h('h2', {}, 'Jobs by state and kind'),
       countsTable(stats));
   };
@@ -230,6 +232,53 @@ function stateCards(stats) {
       h('div', { class: 'stored' }, 'not a mapped state')));
   }
   return h('div', { class: 'cards' }, cards);
+}
+
+// Each kind's waiting, running and failed jobs, whether it is paused (since
+// when, by whom), and the button that pauses or resumes it.
+function kindsTable(stats, reload) {
+  const kinds = new Map();
+  const of = (kind) => {
+    if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0 });
+    return kinds.get(kind);
+  };
+  for (const c of stats.counts) {
+    if (c.kind === null) continue;
+    const k = of(c.kind);
+    if (c.state === 'queued' || c.state === 'errored') k.waiting += c.count;
+    else if (c.state === 'processing') k.running += c.count;
+    else if (c.state === 'failed') k.failed += c.count;
+  }
+  const paused = new Map((stats.paused || []).map((p) => [p.kind, p]));
+  for (const kind of paused.keys()) of(kind);
+  if (!kinds.size) return h('p', { class: 'muted' }, 'No kinds.');
+  const toggle = (kind, pause) => h('button', {
+    type: 'button',
+    class: pause ? 'danger' : 'primary',
+    'data-pause': kind,
+    onclick: async () => {
+      await guarded(async () => {
+        await api('POST', '/api/kinds/' + encodeURIComponent(kind) + (pause ? '/pause' : '/resume'));
+        say((pause ? 'Paused ' : 'Resumed ') + kind + '.', 'ok');
+        await reload();
+      });
+    },
+  }, pause ? 'Pause' : 'Resume');
+  const num = (n) => h('td', { class: 'num' }, n.toLocaleString('en'));
+  return h('table', { id: 'kinds' },
+    h('thead', {}, h('tr', {}, h('th', {}, 'Kind'), h('th', { class: 'num' }, 'Waiting'),
+      h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Failed'), h('th', {}, 'Status'), h('th', {}))),
+    h('tbody', {}, [...kinds.keys()].sort().map((kind) => {
+      const k = kinds.get(kind);
+      const p = paused.get(kind);
+      return h('tr', { 'data-kind': kind },
+        h('td', {}, h('a', { href: '#/jobs?' + new URLSearchParams({ kind }) }, kind)),
+        num(k.waiting), num(k.running), num(k.failed),
+        h('td', { class: 'pause-state' }, p
+          ? h('span', { class: 'badge paused' }, 'paused ', time(p.since), ' by ', p.by)
+          : h('span', { class: 'muted' }, 'running')),
+        h('td', {}, toggle(kind, !p)));
+    })));
 }
 
 function countsTable(stats) {

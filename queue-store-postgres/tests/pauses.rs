@@ -1,0 +1,175 @@
+//! Pauses on Postgres beyond the conformance suite: a pause made by another
+//! process (an operator's `queue pause`) holds for a running store within
+//! a second, and is lifted as fast; a missing kinds table or kind column
+//! refuses a pause, naming what to do, and never stops claims.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use queue_core::{Admin, Job, NewJob, StoreError};
+use queue_store_postgres::{kinds, Column, JobTable, PgAdmin, PgStore};
+use sqlx::PgPool;
+use support::{claim_now, complete, fresh_table, pool};
+
+async fn store(pool: &PgPool, table: &JobTable) -> PgStore<Job> {
+    PgStore::default_table(pool.clone(), table.store_options())
+        .await
+        .expect("a store")
+}
+
+async fn operator(pool: &PgPool, table: &JobTable) -> PgAdmin<i64> {
+    PgAdmin::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin")
+}
+
+/// Claims until a job of `kind` comes, for at most `within`; how long it
+/// took, or `None`. Jobs of other kinds claimed meanwhile are completed.
+async fn first_claim_of(store: &PgStore<Job>, kind: &str, within: Duration) -> Option<Duration> {
+    let started = Instant::now();
+    while started.elapsed() < within {
+        for job in claim_now(store, 10).await {
+            let is_kind = job.record.as_ref().is_ok_and(|r| r.kind == kind);
+            let _ = complete(store, job).await;
+            if is_kind {
+                return Some(started.elapsed());
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    None
+}
+
+#[tokio::test]
+async fn a_pause_by_another_process_holds_and_lifts_within_a_second() {
+    let Some(pool) = pool("a_pause_by_another_process_holds_and_lifts_within_a_second").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, &table).await;
+    // The store has read the pauses (none) before the operator pauses.
+    assert!(claim_now(&store, 10).await.is_empty());
+    let pause = operator(&pool, &table)
+        .await
+        .pause("mail", "on-call")
+        .await
+        .expect("the pause");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let mail = table
+        .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
+        .await
+        .expect("enqueued");
+    table
+        .enqueue(&pool, &NewJob::new("report", serde_json::json!(2)))
+        .await
+        .expect("enqueued");
+    assert_eq!(
+        first_claim_of(&store, "mail", Duration::from_millis(1500)).await,
+        None,
+        "a second after the pause, the store claims no mail"
+    );
+    let stats = store
+        .stats(queue_core::StatsParams {
+            now: chrono::Utc::now(),
+            stalled_before: chrono::Utc::now(),
+        })
+        .await
+        .expect("stats");
+    assert_eq!(stats.paused, vec![pause.clone()], "the store's stats");
+    assert_eq!(
+        stats.total(queue_core::JobState::Queued),
+        1,
+        "the mail waits"
+    );
+
+    let ended = operator(&pool, &table)
+        .await
+        .resume("mail")
+        .await
+        .expect("the resume");
+    assert_eq!(ended, Some(pause));
+    let took = first_claim_of(&store, "mail", Duration::from_secs(5))
+        .await
+        .expect("claimed once resumed");
+    assert!(took <= Duration::from_secs(1), "resumed within {took:?}");
+    let view = store.get(&mail).await.expect("get").expect("there");
+    assert_eq!(view.num_failures, Some(0), "no attempt lost: {view:?}");
+}
+
+#[tokio::test]
+async fn without_its_kinds_table_a_pause_is_refused_and_claims_go_on() {
+    let Some(pool) = pool("without_its_kinds_table_a_pause_is_refused_and_claims_go_on").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, &table).await;
+    let kinds_table = format!(
+        "{}.{}",
+        table.name().schema.quoted(),
+        queue_store_postgres::Ident::new(format!("{}_kinds", table.name().name.as_str()))
+            .expect("a name")
+            .quoted()
+    );
+    store.pause("mail", "on-call").await.expect("paused");
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {kinds_table}")))
+        .execute(&pool)
+        .await
+        .expect("dropped");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    table
+        .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
+        .await
+        .expect("enqueued");
+    assert!(
+        first_claim_of(&store, "mail", Duration::from_secs(2))
+            .await
+            .is_some(),
+        "with the kinds table gone, nothing is paused and claims go on"
+    );
+    let refused = store.pause("mail", "on-call").await;
+    match refused {
+        Err(StoreError::Refused(message)) => assert!(
+            message.contains("queue migrate") && message.contains("_kinds"),
+            "{message}"
+        ),
+        other => panic!("a pause without a kinds table: {other:?}"),
+    }
+    assert!(store.paused().await.expect("no pauses").is_empty());
+
+    let applied = kinds::migrate(&pool, &table.store_options())
+        .await
+        .expect("the kinds table again");
+    assert_eq!(applied.len(), 1, "{applied:?}");
+    assert!(applied[0].table.name.as_str().ends_with("_kinds"));
+    store.pause("mail", "on-call").await.expect("paused again");
+}
+
+#[tokio::test]
+async fn a_table_without_a_kind_column_has_nothing_to_pause() {
+    let Some(pool) = pool("a_table_without_a_kind_column_has_nothing_to_pause").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let options = table
+        .store_options()
+        .without(Column::Kind)
+        .expect("kind is optional");
+    let admin = PgAdmin::<i64>::new(pool.clone(), options.clone())
+        .await
+        .expect("an admin");
+    match admin.pause("mail", "on-call").await {
+        Err(StoreError::Refused(message)) => {
+            assert!(message.contains("no kind column"), "{message}")
+        }
+        other => panic!("a pause without kinds: {other:?}"),
+    }
+    match kinds::migrate(&pool, &options).await {
+        Err(StoreError::Config(message)) => {
+            assert!(message.contains("has no kind column"), "{message}")
+        }
+        other => panic!("a kinds table without kinds: {other:?}"),
+    }
+}
