@@ -42,42 +42,37 @@ impl PausedKind {
 /// both before they write a pause.
 pub fn check_pause(kind: &str, by: &str) -> Result<(), StoreError> {
     check_kind(kind)?;
-    if by.trim().is_empty() {
-        return Err(StoreError::Refused(
-            "a pause must say who paused the kind (an operator, a token or a process name)".into(),
-        ));
-    }
-    if by.contains('\0') {
-        return Err(StoreError::Refused(
-            "the name of who paused the kind holds a NUL character".into(),
-        ));
-    }
-    if by.len() > MAX_KIND_LEN {
-        return Err(StoreError::Refused(format!(
-            "the name of who paused the kind is {} bytes long; the longest a pause takes is {MAX_KIND_LEN}",
-            by.len()
-        )));
-    }
-    Ok(())
+    check_name(
+        "the name of who paused the kind",
+        by,
+        "a pause must say who paused the kind (an operator, a token or a process name)",
+    )
 }
 
-/// Refuses a kind no job could have ([`StoreError::Refused`]): empty, or
-/// longer than [`MAX_KIND_LEN`].
+/// Refuses a kind no job could have ([`StoreError::Refused`]): empty,
+/// holding a NUL character, or longer than [`MAX_KIND_LEN`].
 pub fn check_kind(kind: &str) -> Result<(), StoreError> {
-    if kind.is_empty() {
-        return Err(StoreError::Refused(
-            "the kind to pause or resume is empty".into(),
-        ));
+    check_name(
+        "the kind to pause or resume",
+        kind,
+        "the kind to pause or resume is empty",
+    )
+}
+
+/// Refuses `value` (`what`, in a message) if blank (saying `blank`), if it
+/// holds a NUL character (which Postgres cannot store), or if longer than
+/// [`MAX_KIND_LEN`] bytes.
+fn check_name(what: &str, value: &str, blank: &str) -> Result<(), StoreError> {
+    if value.trim().is_empty() {
+        return Err(StoreError::Refused(blank.to_owned()));
     }
-    if kind.contains('\0') {
-        return Err(StoreError::Refused(
-            "the kind to pause or resume holds a NUL character, which no kind can".into(),
-        ));
+    if value.contains('\0') {
+        return Err(StoreError::Refused(format!("{what} holds a NUL character")));
     }
-    if kind.len() > MAX_KIND_LEN {
+    if value.len() > MAX_KIND_LEN {
         return Err(StoreError::Refused(format!(
-            "the kind to pause or resume is {} bytes long; the longest a pause takes is {MAX_KIND_LEN}",
-            kind.len()
+            "{what} is {} bytes long; the longest a pause takes is {MAX_KIND_LEN}",
+            value.len()
         )));
     }
     Ok(())
