@@ -65,6 +65,39 @@ impl FilterArgs {
             && self.finished_before.is_none()
     }
 
+    /// The options given, as JSON (what the audit log records of a
+    /// filter).
+    pub fn describe(&self) -> serde_json::Value {
+        let mut given = serde_json::Map::new();
+        let mut put = |name: &str, value: serde_json::Value| {
+            if !value.is_null() {
+                given.insert(name.to_owned(), value);
+            }
+        };
+        let list = |l: &Vec<String>| {
+            if l.is_empty() {
+                serde_json::Value::Null
+            } else {
+                serde_json::json!(l)
+            }
+        };
+        put("states", list(&self.states));
+        put("kinds", list(&self.kinds));
+        put("failure_contains", serde_json::json!(self.failure_contains));
+        put("payload", serde_json::json!(self.payload));
+        put("unique_key", serde_json::json!(self.unique_key));
+        put("worker", serde_json::json!(self.worker));
+        put(
+            "running_longer_than_secs",
+            serde_json::json!(self.running_longer_than.map(|d| d.num_seconds())),
+        );
+        put("queued_after", serde_json::json!(self.queued_after));
+        put("queued_before", serde_json::json!(self.queued_before));
+        put("finished_after", serde_json::json!(self.finished_after));
+        put("finished_before", serde_json::json!(self.finished_before));
+        serde_json::Value::Object(given)
+    }
+
     /// The filter, with state names read in the store's vocabulary.
     pub fn to_filter(&self, admin: &TextAdmin) -> Result<JobFilter> {
         let mut states = Vec::new();

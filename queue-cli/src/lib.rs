@@ -25,7 +25,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
 
 pub use crate::args::FilterArgs;
-use crate::commands::{bulk, enqueue, maintenance, migrate, pause, read};
+use crate::commands::{audit, bulk, enqueue, maintenance, migrate, pause, read};
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
@@ -54,7 +54,8 @@ pub struct Cli {
     /// input is not a terminal).
     #[arg(short = 'y', long, global = true)]
     pub yes: bool,
-    /// Who is acting, as pauses record it; default: the OS user.
+    /// Who is acting, as the audit log and pauses record it; default: the
+    /// OS user.
     #[arg(long, global = true, env = "QUEUE_ACTOR", value_name = "NAME")]
     pub actor: Option<String>,
     /// What to do.
@@ -98,6 +99,9 @@ pub enum Command {
     Resume(pause::ResumeArgs),
     /// The paused kinds: since when, and by whom.
     Paused,
+    /// The audit log, newest first: every write of the CLI and the HTTP
+    /// API, who made it, on which jobs, and how it ended.
+    Audit(audit::AuditArgs),
     /// Create or upgrade the default jobs table, or the tables the store
     /// keeps beside a table of your own (the bookkeeping table a config
     /// file names, the kinds table where pauses are kept): versioned
@@ -253,8 +257,27 @@ async fn connect(url: &str, size: u32) -> Result<PgPool> {
         .connect_lazy_with(options))
 }
 
-/// Runs a command over the admin contract of any store.
+/// Runs a command over the admin contract of any store; a write is
+/// recorded in the audit log, with how it ended.
 pub(crate) async fn admin_command(
+    admin: &serve::TextAdmin,
+    context: &Context,
+    command: Command,
+    out: &mut impl Write,
+) -> Result<()> {
+    let Some(target) = audit::target(&command) else {
+        return run_admin_command(admin, context, command, out).await;
+    };
+    let mut tee = audit::Tee {
+        out,
+        kept: Vec::new(),
+    };
+    let result = run_admin_command(admin, context, command, &mut tee).await;
+    audit::record(admin, context, target, &tee.kept, &result).await;
+    result
+}
+
+async fn run_admin_command(
     admin: &serve::TextAdmin,
     context: &Context,
     command: Command,
@@ -274,6 +297,7 @@ pub(crate) async fn admin_command(
         Command::Pause(args) => pause::pause(admin, context, &args, out).await,
         Command::Resume(args) => pause::resume(admin, context, &args, out).await,
         Command::Paused => pause::paused(admin, context, out).await,
+        Command::Audit(args) => audit::read(admin, context, &args, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {
             anyhow::bail!("this command does not run over the admin contract")
         }

@@ -252,11 +252,14 @@ canceled = "dropped"
         }
     };
 
-    // The table is the user's: migrate creates only the kinds table beside
-    // it, where pauses are kept (the config maps a kind column).
+    // The table is the user's: migrate creates only the tables beside it,
+    // where pauses (the config maps a kind column) and the audit log are
+    // kept.
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
-        migrated.contains("tasks_kinds\": applied version 1") && migrated.lines().count() == 1,
+        migrated.contains("tasks_kinds\": applied version 1")
+            && migrated.contains("tasks_audit\": applied version 1")
+            && migrated.lines().count() == 2,
         "{migrated}"
     );
     let err = fails(&mut q(&["migrate", "--table", "other"]));
@@ -382,10 +385,13 @@ canceled = "dead"
 "#,
     );
     let q = |args: &[&str]| t.queue(&config, args);
-    // No bookkeeping table named, no kind column: nothing for migrate to
-    // create beside it, and no kind to pause.
-    let err = fails(&mut q(&["migrate"]));
-    assert!(err.contains("has no kind column"), "{err}");
+    // No bookkeeping table named, no kind column: migrate creates the
+    // audit table beside it, and there is no kind to pause.
+    let migrated = ok(&mut q(&["migrate"]));
+    assert!(
+        migrated.contains("jobs_audit\": applied version 1") && migrated.lines().count() == 1,
+        "{migrated}"
+    );
     let paused = fails(&mut q(&["pause", "email"]));
     assert!(paused.contains("has no kind column"), "{paused}");
 
@@ -921,4 +927,50 @@ async fn a_kind_is_paused_and_resumed_by_a_named_operator() {
     );
     let nobody = fails(&mut q(&["pause", "email", "--actor", " "]));
     assert!(nobody.contains("--actor is empty"), "{nobody}");
+
+    // Every write above is in the audit log, newest first, with who made
+    // it and how it ended; reads are not.
+    let log = json(&mut q(&["audit", "--json", "--limit", "10"]));
+    let entries = log.as_array().expect("a list");
+    let seen: Vec<(String, String, bool)> = entries
+        .iter()
+        .map(|e| {
+            (
+                e["action"].as_str().unwrap_or("").to_owned(),
+                e["target"]["kind"].as_str().unwrap_or("").to_owned(),
+                e["ok"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect();
+    let expected: Vec<(String, String, bool)> = [
+        ("pause", "", false),
+        ("resume", "email", true),
+        ("resume", "email", true),
+        ("pause", "email", true),
+        ("pause", "email", true),
+        ("enqueue", "email", true),
+    ]
+    .iter()
+    .map(|(a, k, ok)| (a.to_string(), k.to_string(), *ok))
+    .collect();
+    assert_eq!(seen, expected, "{log}");
+    assert_eq!(entries[3]["actor"], "bob", "{log}");
+    assert_eq!(entries[4]["actor"], "alice", "{log}");
+    assert!(
+        entries[4]["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("paused email")),
+        "the command's own report: {log}"
+    );
+    assert!(
+        entries[0]["outcome"]
+            .as_str()
+            .is_some_and(|o| o.contains("empty")),
+        "the refusal: {log}"
+    );
+    let mine = ok(&mut q(&["audit", "--by", "alice"]));
+    assert!(
+        mine.contains("alice") && mine.contains("pause") && !mine.contains("bob"),
+        "{mine}"
+    );
 }

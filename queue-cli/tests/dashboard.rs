@@ -379,3 +379,104 @@ async fn the_timeline_counts_finished_jobs_per_minute_and_samples_the_depth() {
         );
     }
 }
+
+/// Each token's role decides what it may do, and every write that got past
+/// the check is in the audit log under the token's name, with how it ended;
+/// refused requests and reads are not.
+#[tokio::test]
+async fn roles_decide_the_writes_and_the_audit_log_names_the_token() {
+    use queue_cli::serve::{Access, ConfiguredToken, ShortTokens};
+    let store = MemoryStore::new();
+    let id = store.enqueue(NewJob::new("mail", serde_json::json!(1)));
+    let token = |access, name: &str, token: &str| ConfiguredToken {
+        access,
+        from: format!("serve.tokens ({name})"),
+        name: Some(name.to_owned()),
+        token: token.to_owned(),
+    };
+    let tokens = Tokens::configured(
+        [
+            token(Access::Read, "dashboard", "read-secret-01234"),
+            token(Access::Operate, "on-call", "operate-secret-012"),
+            token(Access::Admin, "lead", "admin-secret-01234"),
+        ],
+        ShortTokens::Refuse,
+    )
+    .expect("valid tokens");
+    let app = app(store, tokens);
+    let as_ = |t: &'static str| [("authorization", t)];
+    let (read, operate, admin) = (
+        "Bearer read-secret-01234",
+        "Bearer operate-secret-012",
+        "Bearer admin-secret-01234",
+    );
+    let job = format!("/api/jobs/{id}");
+    for (method, uri, who, status) in [
+        (
+            Method::POST,
+            "/api/kinds/mail/pause".to_owned(),
+            read,
+            StatusCode::FORBIDDEN,
+        ),
+        (
+            Method::POST,
+            "/api/kinds/mail/pause".to_owned(),
+            operate,
+            StatusCode::OK,
+        ),
+        (
+            Method::POST,
+            format!("{job}/cancel"),
+            operate,
+            StatusCode::OK,
+        ),
+        (Method::DELETE, job.clone(), operate, StatusCode::FORBIDDEN),
+        (Method::DELETE, job.clone(), admin, StatusCode::OK),
+        (
+            Method::POST,
+            format!("{job}/retry"),
+            admin,
+            StatusCode::NOT_FOUND,
+        ),
+    ] {
+        let (got, _, body) = send(&app, method.clone(), &uri, &as_(who)).await;
+        assert_eq!(got, status, "{method} {uri} with {who}: {body}");
+        if got == StatusCode::FORBIDDEN {
+            assert!(body.contains("needs an"), "{body}");
+        }
+    }
+    let (status, _, body) = send(&app, Method::GET, "/api/audit?limit=10", &as_(read)).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let log: Value = serde_json::from_str(&body).expect("JSON");
+    let seen: Vec<(&str, &str, bool)> = log["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| {
+            (
+                e["actor"].as_str().unwrap_or(""),
+                e["action"].as_str().unwrap_or(""),
+                e["ok"].as_bool().unwrap_or(true),
+            )
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("lead", "retry", false),
+            ("lead", "delete", true),
+            ("on-call", "cancel", true),
+            ("on-call", "pause", true),
+        ],
+        "newest first; the refused requests are not there: {body}"
+    );
+    assert_eq!(log["entries"][1]["target"]["ids"][0], id.to_string());
+    assert_eq!(log["entries"][3]["target"]["kind"], "mail");
+    assert!(
+        log["entries"][0]["outcome"]
+            .as_str()
+            .is_some_and(|o| o.starts_with("404")),
+        "{body}"
+    );
+    assert_eq!(log["next"], Value::Null, "one page");
+}

@@ -18,6 +18,7 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 
+use crate::audit::{AuditEntry, AuditParams, NewAuditEntry};
 use crate::error::StoreError;
 use crate::job::{Enqueued, Job, JobId, JobState, NewJob};
 use crate::pause::PausedKind;
@@ -897,6 +898,14 @@ pub trait Admin: Send + Sync + 'static {
 
     /// The kinds paused now, by kind.
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError>;
+
+    /// Appends `entry` to the audit log, at the store's time. Refused
+    /// ([`StoreError::Refused`]) where the store keeps no audit log (its
+    /// table not created): the surface then says so.
+    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError>;
+
+    /// Entries of the audit log, newest first.
+    async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError>;
 
     /// Resets stalled jobs once, as the resetter does on each tick (see
     /// [`resetter`](crate::resetter)).

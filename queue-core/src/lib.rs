@@ -3,6 +3,7 @@
 
 mod admin;
 mod args;
+mod audit;
 mod clock;
 mod error;
 mod handler;
@@ -22,6 +23,7 @@ pub use crate::admin::{
     Skipped, StateCount, StatsParams, Targets, TimelineParams,
 };
 pub use crate::args::{decode_args, ArgsHandler, JobArgs, JobHandler, WithPayload};
+pub use crate::audit::{AuditEntry, AuditParams, NewAuditEntry, MAX_AUDIT_PAGE};
 pub use crate::clock::{Clock, SystemClock};
 pub use crate::error::{BoxError, DecodeError, ErrorClass, JobError, StoreError};
 pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};

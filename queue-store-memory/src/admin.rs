@@ -6,10 +6,10 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, Enqueued, FinishedBucket, Job, JobFilter, JobPage, JobState, JobView,
-    ListOrder, ListParams, NewJob, PausedKind, QueueStats, ResetParams, ResetReport, RetryParams,
-    SkipReason, Skipped, StateCount, StatsParams, Store, StoreError, Targets, TimelineParams,
-    CANCELED_BEFORE_RUN_MESSAGE,
+    ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, Job, JobFilter,
+    JobPage, JobState, JobView, ListOrder, ListParams, NewAuditEntry, NewJob, PausedKind,
+    QueueStats, ResetParams, ResetReport, RetryParams, SkipReason, Skipped, StateCount,
+    StatsParams, Store, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
 };
 
 use crate::store::{eligible, Extras, MemoryStore, State};
@@ -399,5 +399,26 @@ impl Admin for MemoryStore {
 
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
         Ok(self.lock().paused.values().cloned().collect())
+    }
+
+    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+        let now = self.clock().now();
+        let mut state = self.lock();
+        let id = state.audit.last().map_or(1, |last| last.id + 1);
+        state.audit.push(AuditEntry::new(id, now, entry.clone()));
+        Ok(())
+    }
+
+    async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
+        let state = self.lock();
+        Ok(state
+            .audit
+            .iter()
+            .rev()
+            .filter(|e| params.before.is_none_or(|before| e.id < before))
+            .filter(|e| params.actor.as_ref().is_none_or(|a| &e.entry.actor == a))
+            .take(params.limit.min(queue_core::MAX_AUDIT_PAGE))
+            .cloned()
+            .collect())
     }
 }

@@ -65,6 +65,8 @@ pub(crate) struct State {
     pub(crate) extras: HashMap<i64, Extras>,
     /// The paused kinds: their jobs are not claimed.
     pub(crate) paused: BTreeMap<String, PausedKind>,
+    /// The audit log, oldest first.
+    pub(crate) audit: Vec<queue_core::AuditEntry>,
     next_id: i64,
     next_token: i64,
 }

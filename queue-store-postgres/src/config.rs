@@ -268,8 +268,42 @@ pub struct ServeConfig {
     /// Bearer tokens that may only read.
     #[serde(default)]
     pub read_tokens: Vec<String>,
+    /// Bearer tokens that may read and make the everyday repairs
+    /// (enqueue, retry, cancel, pause, resume).
+    #[serde(default)]
+    pub operate_tokens: Vec<String>,
+    /// Named tokens, each with a role (`[[serve.tokens]]`): the name is
+    /// what the audit log records as who acted.
+    #[serde(default)]
+    pub tokens: Vec<NamedToken>,
     /// The largest request body accepted, in bytes.
     pub max_body_bytes: Option<usize>,
+}
+
+/// A bearer token of `queue serve` with a name and a role
+/// (`[[serve.tokens]]` in the config file).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct NamedToken {
+    /// Who acts with it, as the audit log records it: `ci`, `alice`.
+    pub name: String,
+    /// What it may do.
+    pub role: TokenRole,
+    /// The token (at least 16 characters).
+    pub token: String,
+}
+
+/// What a token of `queue serve` may do; each role may do what the ones
+/// before it may.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenRole {
+    /// Read only.
+    Read,
+    /// Read, and enqueue, retry, cancel, pause and resume.
+    Operate,
+    /// Everything: also delete and force-fail.
+    Admin,
 }
 
 /// A claim cursor setting: a duration, or `false` for none.

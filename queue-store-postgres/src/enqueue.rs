@@ -168,41 +168,46 @@ impl JobTable {
         Ok(())
     }
 
+    /// The tables migrations keep, each with its versions: the table, then
+    /// the kinds and audit tables beside it.
+    fn owned_tables(&self) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
+        let kinds = crate::sql::kinds::kinds_table(&self.table);
+        let audit = crate::sql::audit::audit_table(&self.table);
+        vec![
+            (
+                self.table.clone(),
+                crate::migrate::default_table(&self.table),
+            ),
+            (kinds.clone(), crate::sql::kinds::migrations(&kinds)),
+            (audit.clone(), crate::sql::audit::migrations(&audit)),
+        ]
+    }
+
     /// Brings the table to the newest version of its schema: creates the
     /// schema, table, indexes and notify trigger where missing, then each
     /// later version in order (see [`Migration`]); then the same for the
-    /// kinds table beside it ([`kinds`](crate::kinds): the paused kinds).
+    /// kinds table ([`kinds`](crate::kinds): the paused kinds) and the
+    /// audit table ([`audit`](crate::audit)) beside it.
     /// Returns the versions it applied, the table's first; none when both
     /// are up to date, in which case it only reads, so it is safe to call
     /// on every start-up, from several processes at once, beside running
     /// workers.
     pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        let mut applied = crate::migrate::apply(
-            pool,
-            &self.table,
-            crate::migrate::default_table(&self.table),
-        )
-        .await?;
-        let kinds = crate::sql::kinds::kinds_table(&self.table);
-        applied.extend(
-            crate::migrate::apply(pool, &kinds, crate::sql::kinds::migrations(&kinds)).await?,
-        );
+        let mut applied = Vec::new();
+        for (table, versions) in self.owned_tables() {
+            applied.extend(crate::migrate::apply(pool, &table, versions).await?);
+        }
         Ok(applied)
     }
 
-    /// Every version of the table's schema and of its kinds table's,
+    /// Every version of the table's schema and of its kinds and audit
+    /// tables',
     /// applied or pending, with when each was applied and the SQL it runs.
     pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
-        let mut all = crate::migrate::status(
-            pool,
-            &self.table,
-            crate::migrate::default_table(&self.table),
-        )
-        .await?;
-        let kinds = crate::sql::kinds::kinds_table(&self.table);
-        all.extend(
-            crate::migrate::status(pool, &kinds, crate::sql::kinds::migrations(&kinds)).await?,
-        );
+        let mut all = Vec::new();
+        for (table, versions) in self.owned_tables() {
+            all.extend(crate::migrate::status(pool, &table, versions).await?);
+        }
         Ok(all)
     }
 

@@ -2,6 +2,7 @@
 #![warn(missing_docs)]
 
 mod admin;
+pub mod audit;
 mod bind;
 pub mod bookkeeping;
 mod clock_offset;
@@ -33,8 +34,8 @@ pub use crate::admin::PgAdmin;
 pub use crate::conditions::{PgArg, PgCondition, PgConditions};
 #[cfg(feature = "config")]
 pub use crate::config::{
-    CatchUpConfig, ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, PgConfig,
-    ResetterConfig, ScheduleConfig, ServeConfig, StatesConfig,
+    CatchUpConfig, ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, NamedToken, PgConfig,
+    ResetterConfig, ScheduleConfig, ServeConfig, StatesConfig, TokenRole,
 };
 pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;

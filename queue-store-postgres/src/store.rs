@@ -959,6 +959,17 @@ where
         self.inner.admin.paused().await
     }
 
+    async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {
+        self.inner.admin.append_audit(entry).await
+    }
+
+    async fn audit(
+        &self,
+        params: &queue_core::AuditParams,
+    ) -> Result<Vec<queue_core::AuditEntry>, StoreError> {
+        self.inner.admin.audit(params).await
+    }
+
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
         self.inner.admin.purge(params).await
     }

@@ -2,7 +2,8 @@
 // Run by `cargo xtask test-pg` (xtask/src/dashboard_test.rs), which seeds
 // the table, starts the server and passes, in the environment:
 //   BASE          the server, http://127.0.0.1:PORT
-//   READ_TOKEN    a read-only token; ADMIN_TOKEN an admin one
+//   READ_TOKEN    a read-only token; ADMIN_TOKEN an admin one;
+//   OPERATE_TOKEN one with the operate role, named on-call
 //   HOSTILE_ID    the key of a failed job whose payload and failure hold HTML
 //   FAILED_COUNT  how many jobs failed
 //   FOREIGN_BASE  a second server, over a foreign table whose failed state
@@ -27,6 +28,7 @@ const BASE = env('BASE');
 const FOREIGN_BASE = env('FOREIGN_BASE');
 const READ_TOKEN = env('READ_TOKEN');
 const ADMIN_TOKEN = env('ADMIN_TOKEN');
+const OPERATE_TOKEN = env('OPERATE_TOKEN');
 const HOSTILE_ID = env('HOSTILE_ID');
 const FAILED_COUNT = Number(env('FAILED_COUNT'));
 const SHOTS = env('SHOTS');
@@ -108,7 +110,7 @@ try {
 
   await run('a read token cannot retry; an admin token can, and the job moves to queued', async () => {
     await page.click('#action-retry');
-    await page.waitForFunction(() => /admin token/.test(document.querySelector('#notice').textContent));
+    await page.waitForFunction(() => /needs an operate token/.test(document.querySelector('#notice').textContent));
     await page.fill('#token-input', ADMIN_TOKEN);
     await page.click('#token-form button[type=submit]');
     await page.locator('#action-retry').waitFor();
@@ -129,6 +131,12 @@ try {
     const post = (path, token) => page.evaluate(async ([path, token]) =>
       (await fetch(path, { method: 'POST', headers: { Authorization: 'Bearer ' + token } })).status, [path, token]);
     check(await post('/api/kinds/nightly_report/pause', READ_TOKEN) === 403, 'a read token cannot pause');
+    const refused = await page.evaluate(async ([path, token]) => {
+      const response = await fetch(path, { method: 'DELETE', headers: { Authorization: 'Bearer ' + token } });
+      return [response.status, (await response.json()).error.message];
+    }, ['/api/jobs/' + encodeURIComponent(HOSTILE_ID), OPERATE_TOKEN]);
+    check(refused[0] === 403 && /\(on-call\) has the operate role; this needs an admin token/.test(refused[1]),
+      `an operate token cannot delete, and is told why: ${refused}`);
     await page.goto(BASE + '/#/');
     const row = page.locator('#kinds tr[data-kind="nightly_report"]');
     await row.waitFor();
@@ -178,6 +186,21 @@ try {
     await page.waitForFunction(() => document.querySelector('h1 [data-state]')?.dataset.state === 'failed');
     check((await page.locator('#failure').textContent()).includes(REASON), 'the reason is the failure message');
     check(await page.locator('#action-fail').count() === 0, 'a failed job offers no fail');
+  });
+
+  await run('the audit page lists the writes made above, newest first, with who made them', async () => {
+    await page.goto(BASE + '/#/audit');
+    await page.locator('#audit tbody tr').first().waitFor();
+    const rows = await page.locator('#audit tbody tr').allTextContents();
+    const actions = rows.map((r) => ['fail', 'resume', 'pause', 'retry'].find((a) => r.includes(a)));
+    check(JSON.stringify(actions.slice(0, 4)) === JSON.stringify(['fail', 'resume', 'pause', 'retry']),
+      `the last four writes, newest first: ${rows.slice(0, 4).join(' | ')}`);
+    check(rows.slice(0, 4).every((r) => r.includes('QUEUE_ADMIN_TOKENS entry 1')), 'each names the token that made it');
+    check(rows[2].includes('nightly_report'), `the pause names its kind: ${rows[2]}`);
+    check(await page.locator('#audit tbody tr.failed-entry').count() === 0, 'none of them failed');
+    check(await page.locator('a[data-nav=audit].active').count() === 1, 'the nav shows where we are');
+    check(!/null|undefined/.test(await page.locator('main').textContent()), 'nothing reads null or undefined');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-audit.png'), fullPage: true });
   });
 
   await run('a foreign table shows its own state values beside the standard ones', async () => {

@@ -26,6 +26,7 @@ use crate::served;
 
 const READ_TOKEN: &str = "dashboard-read-token";
 const ADMIN_TOKEN: &str = "dashboard-admin-token";
+const OPERATE_TOKEN: &str = "dashboard-operate-token";
 const CHROMIUM: &str = "/usr/bin/chromium";
 
 type Store = PgStore<Job>;
@@ -141,7 +142,14 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
     let foreign = foreign_table(&pool, &schema).await?;
     let target = served::target_dir();
     let config = target.join("dashboard-test.toml");
-    std::fs::write(&config, format!("schema = \"{schema}\"\n"))?;
+    // A named token with the operate role, beside the two of the
+    // environment.
+    std::fs::write(
+        &config,
+        format!(
+            "schema = \"{schema}\"\n\n[[serve.tokens]]\nname = \"on-call\"\nrole = \"operate\"\ntoken = \"{OPERATE_TOKEN}\"\n"
+        ),
+    )?;
     let queue = served::queue_binary(false)?;
     let server = served::start(
         &queue,
@@ -164,6 +172,7 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .env("FOREIGN_BASE", &foreign_server.base)
         .env("READ_TOKEN", READ_TOKEN)
         .env("ADMIN_TOKEN", ADMIN_TOKEN)
+        .env("OPERATE_TOKEN", OPERATE_TOKEN)
         .env("HOSTILE_ID", &hostile_id)
         .env("FAILED_COUNT", failed_count.to_string())
         .env("SHOTS", absolute(shots)?)

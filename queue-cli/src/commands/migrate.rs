@@ -1,6 +1,6 @@
 //! `migrate`: the versioned migrations of the tables the store owns: the
-//! default table and its kinds table, or the bookkeeping and kinds tables
-//! beside a table of your own.
+//! default table and its kinds and audit tables, or the bookkeeping, kinds
+//! and audit tables beside a table of your own (never that table itself).
 
 use std::io::Write;
 
@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use sqlx::PgPool;
 
 use queue_store_postgres::{
-    bookkeeping, kinds, JobTable, Migration, PgStoreOptions, QualifiedName,
+    audit, bookkeeping, kinds, JobTable, Migration, PgStoreOptions, QualifiedName,
 };
 
 use crate::output::{self, Table};
@@ -36,7 +36,8 @@ enum Target {
     /// The default table, and the kinds table beside it.
     Default(JobTable),
     /// A table of the user's: the tables the store keeps beside it (the
-    /// bookkeeping table, if named; the kinds table, if it has kinds).
+    /// bookkeeping table, if named; the kinds table, if it has kinds; the
+    /// audit table).
     Own(Box<PgStoreOptions>),
 }
 
@@ -60,6 +61,7 @@ impl Target {
                 if kinds::has_kinds(pool, options).await? {
                     all.extend(kinds::migrations(pool, options).await?);
                 }
+                all.extend(audit::migrations(pool, options).await?);
                 all
             }
         })
@@ -76,6 +78,7 @@ impl Target {
                 if kinds::has_kinds(pool, options).await? {
                     applied.extend(kinds::migrate(pool, options).await?);
                 }
+                applied.extend(audit::migrate(pool, options).await?);
                 applied
             }
         })
@@ -99,11 +102,6 @@ pub async fn run(
         })
     } else {
         let options = context.config.store_options()?;
-        if options.bookkeeping().is_none() && !kinds::has_kinds(pool, &options).await? {
-            bail!(
-                "queue migrate creates and upgrades the default table, and the tables the store keeps beside a table of your own (a bookkeeping table, a kinds table); the config file describes a table of your own (remapped columns, states or a view), which your own migrations manage, and it names no bookkeeping_table and has no kind column"
-            );
-        }
         if args.schema.is_some() || args.table.is_some() {
             bail!("--schema and --table name a default table; the tables beside a table of your own follow from the config file");
         }

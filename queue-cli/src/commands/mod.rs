@@ -1,5 +1,6 @@
 //! One module per group of commands.
 
+pub mod audit;
 pub mod bulk;
 pub mod enqueue;
 pub mod maintenance;

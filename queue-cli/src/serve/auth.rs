@@ -1,6 +1,8 @@
-//! Bearer tokens: read-only ones for GET, admin ones for everything. With
-//! no token configured every request passes (the server then listens on a
-//! loopback address only).
+//! Bearer tokens, each with a role: `read` for GET, `operate` for the
+//! everyday repairs (enqueue, retry, cancel, pause, resume), `admin` for
+//! everything (delete, force-fail); and a name, which the audit log
+//! records as who acted. With no token configured every request passes
+//! (the server then listens on a loopback address only).
 //!
 //! A token is checked when it is configured: one that no client could
 //! present (empty, blank, with spaces around it or characters a header
@@ -30,13 +32,37 @@ pub enum ShortTokens {
     AllowForTests,
 }
 
-/// What a token may do.
+/// What a token may do: each role may do what the ones before it may.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum Access {
     /// Reads only (GET and HEAD).
     Read,
-    /// Reads and writes.
+    /// Reads, and the everyday repairs: enqueue, retry, cancel, pause and
+    /// resume.
+    Operate,
+    /// Everything: also delete, force-fail, and whatever else destroys.
     Admin,
+}
+
+impl Access {
+    /// The role's name in the config and in messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Access::Read => "read",
+            Access::Operate => "operate",
+            Access::Admin => "admin",
+        }
+    }
+}
+
+impl From<queue_store_postgres::TokenRole> for Access {
+    fn from(role: queue_store_postgres::TokenRole) -> Self {
+        match role {
+            queue_store_postgres::TokenRole::Read => Access::Read,
+            queue_store_postgres::TokenRole::Operate => Access::Operate,
+            queue_store_postgres::TokenRole::Admin => Access::Admin,
+        }
+    }
 }
 
 /// A token as configured, and where: the error refusing it names `from`.
@@ -46,16 +72,25 @@ pub struct ConfiguredToken {
     pub access: Access,
     /// Where it was configured, such as `serve.admin_tokens[0]`.
     pub from: String,
+    /// Its name, which the audit log records as who acted; without one,
+    /// `from`.
+    pub name: Option<String>,
     /// The token.
     pub token: String,
 }
 
-/// The configured tokens, each one a client can present, with where it
-/// was configured.
+/// The configured tokens, each one a client can present, with what it may
+/// do and the name its requests act under.
 #[derive(Debug, Clone, Default)]
 pub struct Tokens {
-    admin: Vec<(String, String)>,
-    read: Vec<(String, String)>,
+    held: Vec<Held>,
+}
+
+#[derive(Debug, Clone)]
+struct Held {
+    token: String,
+    access: Access,
+    actor: String,
 }
 
 /// Who made a request, as writes record it (a pause's `by`): where the
@@ -74,6 +109,7 @@ impl Tokens {
                 .map(|(i, token)| ConfiguredToken {
                     access,
                     from: format!("{name} token {}", i + 1),
+                    name: None,
                     token: (*token).to_owned(),
                 })
                 .collect::<Vec<_>>()
@@ -95,18 +131,29 @@ impl Tokens {
         let mut tokens = Tokens::default();
         for entry in entries {
             check(&entry, short)?;
-            let held = (entry.token, entry.from);
-            match entry.access {
-                Access::Admin => tokens.admin.push(held),
-                Access::Read => tokens.read.push(held),
+            if let Some(name) = &entry.name {
+                if name.trim().is_empty() || name.chars().any(char::is_control) {
+                    bail!(
+                        "{} has a name that says nothing or holds control characters: {name:?}",
+                        entry.from
+                    );
+                }
+                if let Some(same) = tokens.held.iter().find(|h| &h.actor == name) {
+                    bail!("{} is named {name:?}, as another token is: the audit log could not tell them apart (the other: {:?})", entry.from, same.actor);
+                }
             }
+            tokens.held.push(Held {
+                actor: entry.name.unwrap_or(entry.from),
+                token: entry.token,
+                access: entry.access,
+            });
         }
         Ok(tokens)
     }
 
     /// Whether any token is configured.
     pub fn any(&self) -> bool {
-        !self.admin.is_empty() || !self.read.is_empty()
+        !self.held.is_empty()
     }
 
     #[cfg(test)]
@@ -114,21 +161,22 @@ impl Tokens {
         self.holder(presented).map(|(access, _)| access)
     }
 
-    /// What the token `presented` may do, and where it was configured.
-    fn holder<'a>(&'a self, presented: &str) -> Option<(Access, &'a str)> {
+    /// What the token `presented` may do, and the name its requests act
+    /// under (of the most powerful entry, if it is configured twice).
+    fn holder(&self, presented: &str) -> Option<(Access, &str)> {
         // Every token is compared in full, whatever matched before, so the
         // time taken says nothing about which bytes were right.
-        let first = |list: &'a [(String, String)]| {
-            list.iter().fold(None, |hit: Option<&'a str>, (t, from)| {
-                let this = same(t, presented);
-                hit.or(this.then_some(from.as_str()))
+        self.held
+            .iter()
+            .fold(None, |best: Option<&Held>, held| {
+                let this = same(&held.token, presented);
+                match best {
+                    Some(b) if !this || b.access >= held.access => Some(b),
+                    _ if this => Some(held),
+                    _ => None,
+                }
             })
-        };
-        match (first(&self.admin), first(&self.read)) {
-            (Some(from), _) => Some((Access::Admin, from)),
-            (None, Some(from)) => Some((Access::Read, from)),
-            _ => None,
-        }
+            .map(|h| (h.access, h.actor.as_str()))
     }
 }
 
@@ -179,8 +227,26 @@ fn bearer(value: &str) -> Option<&str> {
     (scheme.eq_ignore_ascii_case("bearer") && !token.is_empty()).then_some(token)
 }
 
-/// Lets a request through if its token may do what it asks: reads (GET,
-/// HEAD) need a read or admin token, everything else an admin token.
+/// The role a request needs: reads (GET, HEAD) any token; the everyday
+/// repairs (enqueue, retry, cancel, pause, resume) an operate token; every
+/// other write (delete, force-fail, and any route not named here) an admin
+/// token.
+pub fn needed(method: &Method, route: &str) -> Access {
+    if matches!(*method, Method::GET | Method::HEAD) {
+        return Access::Read;
+    }
+    match (method.as_str(), route) {
+        ("POST", "/api/jobs")
+        | ("POST", "/api/jobs/{id}/retry")
+        | ("POST", "/api/jobs/{id}/cancel")
+        | ("POST", "/api/kinds/{kind}/pause")
+        | ("POST", "/api/kinds/{kind}/resume") => Access::Operate,
+        _ => Access::Admin,
+    }
+}
+
+/// Lets a request through if its token may do what it asks ([`needed`]),
+/// marking it with the token's name ([`Actor`]).
 pub async fn authorize(
     State(tokens): State<Arc<Tokens>>,
     mut request: Request,
@@ -190,11 +256,12 @@ pub async fn authorize(
         request.extensions_mut().insert(Actor("api".to_owned()));
         return next.run(request).await;
     }
-    let needed = if matches!(*request.method(), Method::GET | Method::HEAD) {
-        Access::Read
-    } else {
-        Access::Admin
-    };
+    let route = request
+        .extensions()
+        .get::<axum::extract::MatchedPath>()
+        .map(|m| m.as_str().to_owned())
+        .unwrap_or_default();
+    let needed = needed(request.method(), &route);
     let presented = request
         .headers()
         .get(header::AUTHORIZATION)
@@ -207,10 +274,14 @@ pub async fn authorize(
             "this server needs a bearer token: Authorization: Bearer <token>",
         )
         .into_response(),
-        Some((access, _)) if access < needed => ApiError::new(
+        Some((access, actor)) if access < needed => ApiError::new(
             StatusCode::FORBIDDEN,
             "forbidden",
-            "this token may only read; writes need an admin token",
+            format!(
+                "this token ({actor}) has the {} role; this needs an {} token",
+                access.name(),
+                needed.name()
+            ),
         )
         .into_response(),
         Some((_, from)) => {
@@ -233,6 +304,56 @@ mod tests {
         assert_eq!(tokens.access("admin-secret-01234"), None);
         assert_eq!(tokens.access(""), None);
         assert!(!Tokens::default().any());
+    }
+
+    #[test]
+    fn each_route_needs_its_role_and_a_named_token_acts_under_its_name() {
+        for (method, route, role) in [
+            (Method::GET, "/api/jobs", Access::Read),
+            (Method::GET, "/api/audit", Access::Read),
+            (Method::POST, "/api/jobs", Access::Operate),
+            (Method::POST, "/api/jobs/{id}/retry", Access::Operate),
+            (Method::POST, "/api/jobs/{id}/cancel", Access::Operate),
+            (Method::POST, "/api/kinds/{kind}/pause", Access::Operate),
+            (Method::POST, "/api/kinds/{kind}/resume", Access::Operate),
+            (Method::POST, "/api/jobs/{id}/fail", Access::Admin),
+            (Method::DELETE, "/api/jobs/{id}", Access::Admin),
+            (Method::PUT, "/api/anything/new", Access::Admin),
+        ] {
+            assert_eq!(needed(&method, route), role, "{method} {route}");
+        }
+        let entry = |access, name: Option<&str>, token: &str| ConfiguredToken {
+            access,
+            from: "serve.tokens[0]".into(),
+            name: name.map(str::to_owned),
+            token: token.into(),
+        };
+        let tokens = Tokens::configured(
+            [
+                entry(Access::Operate, Some("ci"), "operate-secret-0123"),
+                entry(Access::Read, None, "read-secret-01234"),
+            ],
+            ShortTokens::Refuse,
+        )
+        .expect("valid");
+        assert_eq!(
+            tokens.holder("operate-secret-0123"),
+            Some((Access::Operate, "ci"))
+        );
+        assert_eq!(
+            tokens.holder("read-secret-01234"),
+            Some((Access::Read, "serve.tokens[0]"))
+        );
+        let twice = Tokens::configured(
+            [
+                entry(Access::Operate, Some("ci"), "operate-secret-0123"),
+                entry(Access::Admin, Some("ci"), "admin-secret-012345"),
+            ],
+            ShortTokens::Refuse,
+        )
+        .expect_err("two tokens named ci")
+        .to_string();
+        assert!(twice.contains("could not tell them apart"), "{twice}");
     }
 
     #[test]
@@ -260,6 +381,7 @@ mod tests {
                 [ConfiguredToken {
                     access: Access::Admin,
                     from: "serve.admin_tokens[0]".into(),
+                    name: None,
                     token: token.into(),
                 }],
                 ShortTokens::AllowForTests,

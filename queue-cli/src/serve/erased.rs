@@ -214,4 +214,15 @@ where
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
         self.0.paused().await
     }
+
+    async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {
+        self.0.append_audit(entry).await
+    }
+
+    async fn audit(
+        &self,
+        params: &queue_core::AuditParams,
+    ) -> Result<Vec<queue_core::AuditEntry>, StoreError> {
+        self.0.audit(params).await
+    }
 }

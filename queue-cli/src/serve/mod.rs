@@ -3,6 +3,7 @@
 //! dashboard at `/`.
 
 pub mod api;
+mod audit;
 mod auth;
 mod cross_site;
 mod dashboard;
@@ -83,6 +84,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/pauses", get(pauses::paused))
         .route("/api/kinds/{kind}/pause", post(pauses::pause))
         .route("/api/kinds/{kind}/resume", post(pauses::resume))
+        .route("/api/audit", get(audit::audit))
         .route("/api/timeline", get(timeline::timeline))
         .with_state(api.clone())
         .merge(
@@ -90,6 +92,8 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
                 .route("/metrics", get(metrics::metrics))
                 .with_state(metrics),
         )
+        // Outermost last: the token is checked before a write is recorded.
+        .route_layer(from_fn_with_state(api.clone(), audit::record))
         .route_layer(from_fn_with_state(tokens.clone(), auth::authorize));
     Router::new()
         .merge(dashboard::routes())
@@ -120,6 +124,7 @@ fn tokens(context: &Context, short: ShortTokens) -> Result<Tokens> {
     let mut entries = Vec::new();
     for (access, variable) in [
         (Access::Admin, "QUEUE_ADMIN_TOKENS"),
+        (Access::Operate, "QUEUE_OPERATE_TOKENS"),
         (Access::Read, "QUEUE_READ_TOKENS"),
     ] {
         // Unset or empty: none. Otherwise every comma-separated entry
@@ -132,6 +137,7 @@ fn tokens(context: &Context, short: ShortTokens) -> Result<Tokens> {
             entries.push(ConfiguredToken {
                 access,
                 from: format!("{variable} entry {}", i + 1),
+                name: None,
                 token: token.trim().to_owned(),
             });
         }
@@ -139,15 +145,25 @@ fn tokens(context: &Context, short: ShortTokens) -> Result<Tokens> {
     let serve = &context.config.serve;
     for (access, list, name) in [
         (Access::Admin, &serve.admin_tokens, "admin_tokens"),
+        (Access::Operate, &serve.operate_tokens, "operate_tokens"),
         (Access::Read, &serve.read_tokens, "read_tokens"),
     ] {
         for (i, token) in list.iter().enumerate() {
             entries.push(ConfiguredToken {
                 access,
                 from: format!("serve.{name}[{i}] in the config"),
+                name: None,
                 token: token.clone(),
             });
         }
+    }
+    for (i, named) in serve.tokens.iter().enumerate() {
+        entries.push(ConfiguredToken {
+            access: named.role.into(),
+            from: format!("serve.tokens[{i}] ({:?}) in the config", named.name),
+            name: Some(named.name.clone()),
+            token: named.token.clone(),
+        });
     }
     Tokens::configured(entries, short)
 }

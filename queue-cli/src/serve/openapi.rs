@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::{api, pauses, timeline};
+use super::{api, audit, pauses, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -27,6 +27,7 @@ use super::{api, pauses, timeline};
         pauses::paused,
         pauses::pause,
         pauses::resume,
+        audit::audit,
         timeline::timeline
     ),
     components(schemas(
@@ -44,6 +45,8 @@ use super::{api, pauses, timeline};
         api::ErrorDetail,
         pauses::Pause,
         pauses::Resumed,
+        audit::AuditEntry,
+        audit::AuditPage,
         timeline::Timeline,
         timeline::TimelinePoint
     )),

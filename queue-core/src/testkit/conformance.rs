@@ -23,6 +23,7 @@ use crate::admin::{
     Admin, JobFilter, JobView, ListOrder, ListParams, PurgeParams, RetryParams, StatsParams,
     Targets,
 };
+use crate::audit::{AuditParams, NewAuditEntry};
 use crate::error::StoreError;
 use crate::job::{JobState, Lease, LogEntry, NewJob};
 use crate::resetter::{Delivery, ResetParams, AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
@@ -1621,6 +1622,61 @@ pub async fn admin_pause_holds_a_kind_until_resumed<H: Harness>(h: &H) {
     );
 }
 
+/// The audit log keeps each entry as appended, at the store's time, and
+/// reads newest first: a page, the page before an id, one actor's.
+pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let entries = [
+        ("alice", "pause", serde_json::json!({"kind": "mail"}), true),
+        (
+            "bob",
+            "retry",
+            serde_json::json!({"filter": {"kinds": ["mail"]}}),
+            true,
+        ),
+        ("alice", "delete", serde_json::json!({"ids": ["7"]}), false),
+    ];
+    for (actor, action, target, ok) in &entries {
+        let outcome = if *ok {
+            "done"
+        } else {
+            "job 7 was not deleted: it is gone"
+        };
+        Admin::append_audit(
+            &store,
+            &NewAuditEntry::new(*actor, *action, target.clone(), *ok, outcome),
+        )
+        .await
+        .expect("append_audit failed");
+    }
+    let all = Admin::audit(&store, &AuditParams::newest(10))
+        .await
+        .expect("audit failed");
+    assert_eq!(
+        all.iter()
+            .map(|e| (e.entry.actor.as_str(), e.entry.action.as_str(), e.entry.ok))
+            .collect::<Vec<_>>(),
+        vec![
+            ("alice", "delete", false),
+            ("bob", "retry", true),
+            ("alice", "pause", true)
+        ],
+        "newest first"
+    );
+    assert_eq!(all[1].entry.target, entries[1].2, "the target as given");
+    assert_eq!(all[0].entry.outcome, "job 7 was not deleted: it is gone");
+    assert!(all[0].id > all[1].id && all[1].id > all[2].id, "{all:?}");
+    assert!(all[0].at >= all[2].at, "the store's time, in order");
+    let page = Admin::audit(&store, &AuditParams::newest(1).before(Some(all[0].id)))
+        .await
+        .expect("audit failed");
+    assert_eq!(page, vec![all[1].clone()], "the page before the newest");
+    let alice = Admin::audit(&store, &AuditParams::newest(10).actor(Some("alice".into())))
+        .await
+        .expect("audit failed");
+    assert_eq!(alice, vec![all[0].clone(), all[2].clone()], "one actor's");
+}
+
 /// `cancel` ends waiting jobs at once, asks running ones to stop, and
 /// leaves finished ones alone; a bulk cancel picks a running job only once.
 pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h: &H) {
@@ -2356,6 +2412,7 @@ macro_rules! conformance_tests {
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
             admin_force_fail_fences_the_running_attempt_out,
             admin_pause_holds_a_kind_until_resumed,
+            admin_audit_log_reads_newest_first,
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             prune_removes_finished_jobs_past_their_states_age,

@@ -1,8 +1,8 @@
 //! [`PgAdmin`]: the admin contract on any Postgres table the options
 //! describe. The contract's methods live by idea: reads in `read`,
 //! operators' writes in `write`, the enqueue in `enqueue`, pauses in
-//! `pauses`, and the store's own sweeps (expiry, stalled jobs) in
-//! `sweeps`.
+//! `pauses`, the audit log in `audit`, and the store's own sweeps
+//! (expiry, stalled jobs) in `sweeps`.
 
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -10,9 +10,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
-    ListParams, NewJob, PausedKind, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
-    StatsParams, StoreError, Targets, TimelineParams,
+    ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, JobFilter, JobPage,
+    JobState, JobView, ListParams, NewAuditEntry, NewJob, PausedKind, PurgeParams, QueueStats,
+    ResetParams, ResetReport, RetryParams, StatsParams, StoreError, Targets, TimelineParams,
 };
 use sqlx::PgPool;
 
@@ -22,6 +22,7 @@ use crate::record::PgKey;
 use crate::sql::admin::AdminStatements;
 use crate::sql::{catalog, TableShape};
 
+mod audit;
 mod enqueue;
 mod pauses;
 mod read;
@@ -277,5 +278,13 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
         self.fetch_pauses().await
+    }
+
+    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+        self.append_entry(entry).await
+    }
+
+    async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
+        self.read_audit(params).await
     }
 }

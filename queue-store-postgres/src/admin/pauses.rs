@@ -25,7 +25,7 @@ impl<K: PgKey> PgAdmin<K> {
             )));
         }
         let table = kinds::kinds_table(&self.inner.options.table);
-        if !self.kinds_table_exists(conn, &table).await? {
+        if !self.exists(conn, &table).await? {
             return Err(StoreError::Refused(format!(
                 "the kinds table {table}, where pauses are kept, does not exist: run `queue migrate` \
                  (or queue_store_postgres::kinds::migrate) to create it"
@@ -34,7 +34,9 @@ impl<K: PgKey> PgAdmin<K> {
         Ok(table)
     }
 
-    async fn kinds_table_exists(
+    /// Whether `table` (a table the store keeps beside the job table)
+    /// exists.
+    pub(super) async fn exists(
         &self,
         conn: &mut PgConnection,
         table: &crate::QualifiedName,
@@ -43,7 +45,7 @@ impl<K: PgKey> PgAdmin<K> {
             .bind(table.quoted())
             .fetch_one(conn)
             .await
-            .map_err(|e| store_error("looking for the kinds table", e))
+            .map_err(|e| store_error(&format!("looking for {table}"), e))
     }
 
     pub(super) async fn pause_kind(&self, kind: &str, by: &str) -> Result<PausedKind, StoreError> {
@@ -82,7 +84,7 @@ impl<K: PgKey> PgAdmin<K> {
             return Ok(Vec::new());
         }
         let table = kinds::kinds_table(&self.inner.options.table);
-        if !self.kinds_table_exists(conn, &table).await? {
+        if !self.exists(conn, &table).await? {
             return Ok(Vec::new());
         }
         let rows = sqlx::query(sqlx::AssertSqlSafe(kinds::pauses(&table)))
@@ -97,7 +99,7 @@ impl<K: PgKey> PgAdmin<K> {
         self.read_pauses(&mut conn).await
     }
 
-    async fn connection(
+    pub(super) async fn connection(
         &self,
         context: &str,
     ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {

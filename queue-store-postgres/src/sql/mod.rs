@@ -5,6 +5,7 @@
 //! leaving an unbound parameter behind.
 
 pub(crate) mod admin;
+pub(crate) mod audit;
 pub(crate) mod bookkeeping;
 pub(crate) mod catalog;
 mod claim;

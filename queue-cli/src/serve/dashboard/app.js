@@ -102,7 +102,7 @@ function explain(error) {
   }
   if (error.status === 403 && error.code === 'forbidden') {
     showTokenForm();
-    return 'This needs an admin token: ' + error.message;
+    return 'Your token may not do this: ' + error.message;
   }
   if (error.status === 503) return 'The database is unavailable; retrying. (' + error.message + ')';
   return error.message;
@@ -503,6 +503,36 @@ async function job(id) {
   });
 }
 
+// --- Audit log -----------------------------------------------------------
+
+// Every write through the API and the CLI, newest first, a page at a time.
+async function audit(params) {
+  const mine = shown;
+  main.replaceChildren(h('h1', {}, 'Audit log'), h('p', { class: 'muted' }, 'Loading…'));
+  await guarded(async () => {
+    const query = new URLSearchParams({ limit: '50' });
+    if (params.get('before')) query.set('before', params.get('before'));
+    const page = await api('GET', '/api/audit?' + query);
+    if (mine !== shown) return;
+    const rows = page.entries.map((e) => h('tr', { 'data-audit': e.id, class: e.ok ? '' : 'failed-entry' },
+      h('td', { class: 'num mono' }, e.id),
+      h('td', {}, time(e.at)),
+      h('td', {}, e.actor),
+      h('td', {}, h('b', {}, e.action)),
+      h('td', {}, h('code', {}, JSON.stringify(e.target))),
+      h('td', {}, e.ok ? null : h('span', { class: 'state failed' }, 'failed'), ' ', e.outcome)));
+    main.replaceChildren(
+      h('h1', {}, 'Audit log'),
+      page.entries.length
+        ? h('table', { id: 'audit' },
+          h('thead', {}, h('tr', {}, h('th', { class: 'num' }, '#'), h('th', {}, 'When'), h('th', {}, 'Who'),
+            h('th', {}, 'Action'), h('th', {}, 'Target'), h('th', {}, 'Outcome'))),
+          h('tbody', {}, rows))
+        : h('p', { class: 'muted' }, 'No entries.'),
+      ...(page.next === null ? [] : [h('p', {}, h('a', { href: '#/audit?before=' + page.next }, 'Older entries →'))]));
+  });
+}
+
 // --- Routing -------------------------------------------------------------
 
 function route() {
@@ -512,12 +542,13 @@ function route() {
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const params = new URLSearchParams(query || '');
-  const section = path.startsWith('/jobs') ? 'jobs' : 'overview';
+  const section = path.startsWith('/jobs') ? 'jobs' : path.startsWith('/audit') ? 'audit' : 'overview';
   for (const a of document.querySelectorAll('[data-nav]')) {
     a.classList.toggle('active', a.dataset.nav === section);
   }
   if (path === '/' || path === '') return overview();
   if (path === '/jobs') return jobs(params);
+  if (path === '/audit') return audit(params);
   if (path.startsWith('/jobs/')) return job(decodeURIComponent(path.slice('/jobs/'.length)));
   main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the overview')));
   return undefined;

@@ -1,0 +1,74 @@
+//! The audit log, in the audit table beside the job table
+//! ([`crate::audit`]).
+
+use queue_core::{AuditEntry, AuditParams, NewAuditEntry, StoreError};
+use sqlx::Row;
+
+use super::PgAdmin;
+use crate::error::store_error;
+use crate::record::PgKey;
+use crate::sql::audit;
+
+impl<K: PgKey> PgAdmin<K> {
+    /// The audit table, or why the log cannot be kept: it was never
+    /// created.
+    async fn audit_table(
+        &self,
+        conn: &mut sqlx::PgConnection,
+    ) -> Result<crate::QualifiedName, StoreError> {
+        let table = audit::audit_table(&self.inner.options.table);
+        if !self.exists(conn, &table).await? {
+            return Err(StoreError::Refused(format!(
+                "the audit table {table} does not exist: run `queue migrate` \
+                 (or queue_store_postgres::audit::migrate) to create it"
+            )));
+        }
+        Ok(table)
+    }
+
+    pub(super) async fn append_entry(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+        let mut conn = self.connection("appending to the audit log").await?;
+        let table = self.audit_table(&mut conn).await?;
+        sqlx::query(sqlx::AssertSqlSafe(audit::append(&table)))
+            .bind(&entry.actor)
+            .bind(&entry.action)
+            .bind(&entry.target)
+            .bind(&entry.outcome)
+            .bind(entry.ok)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store_error("appending to the audit log", e))?;
+        Ok(())
+    }
+
+    pub(super) async fn read_audit(
+        &self,
+        params: &AuditParams,
+    ) -> Result<Vec<AuditEntry>, StoreError> {
+        let mut conn = self.connection("reading the audit log").await?;
+        let table = self.audit_table(&mut conn).await?;
+        let rows = sqlx::query(sqlx::AssertSqlSafe(audit::read(&table)))
+            .bind(params.before)
+            .bind(params.actor.as_deref())
+            .bind(i64::try_from(params.limit.min(queue_core::MAX_AUDIT_PAGE)).unwrap_or(0))
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| store_error("reading the audit log", e))?;
+        rows.iter()
+            .map(|row| {
+                let get = |e| store_error("reading the audit log", e);
+                Ok(AuditEntry::new(
+                    row.try_get("id").map_err(get)?,
+                    row.try_get("at").map_err(get)?,
+                    NewAuditEntry::new(
+                        row.try_get::<String, _>("actor").map_err(get)?,
+                        row.try_get::<String, _>("action").map_err(get)?,
+                        row.try_get("target").map_err(get)?,
+                        row.try_get("ok").map_err(get)?,
+                        row.try_get::<String, _>("outcome").map_err(get)?,
+                    ),
+                ))
+            })
+            .collect()
+    }
+}
