@@ -480,3 +480,43 @@ async fn roles_decide_the_writes_and_the_audit_log_names_the_token() {
     );
     assert_eq!(log["next"], Value::Null, "one page");
 }
+
+/// `/api/schedules` lists each schedule with its next occurrence and its
+/// latest one's job, found by the occurrence's unique key.
+#[tokio::test]
+async fn schedules_show_their_next_run_and_their_last_runs_job() {
+    use queue_core::UniqueScope;
+    use queue_worker::Schedule;
+    let store = MemoryStore::new();
+    let hourly = Schedule::every(
+        "hourly",
+        Duration::from_secs(3600),
+        NewJob::new("report", serde_json::json!({})),
+    )
+    .expect("a schedule");
+    let now = Utc::now();
+    let last = hourly.latest_by(now).expect("an occurrence");
+    let job = NewJob::new("report", serde_json::json!({}))
+        .unique(hourly.occurrence_key(last), UniqueScope::Forever);
+    let id = Admin::enqueue(&store, &[job]).await.expect("enqueued")[0].id;
+    let mut api = Api::new(
+        Erased::shared(store),
+        PgKeyType::Int8,
+        Duration::from_secs(60),
+    );
+    api.schedules = std::sync::Arc::new(vec![hourly.clone()]);
+    let app = router(api, Tokens::default(), 4096);
+    let (status, _, body) = send(&app, Method::GET, "/api/schedules", &[]).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let listed: Value = serde_json::from_str(&body).expect("JSON");
+    let s = &listed[0];
+    assert_eq!(
+        (s["name"].as_str(), s["kind"].as_str()),
+        (Some("hourly"), Some("report"))
+    );
+    assert_eq!(s["when"], "every 3600s");
+    assert_eq!(s["last"]["job_id"], id.to_string(), "{body}");
+    assert_eq!(s["last"]["state"], "queued", "{body}");
+    let next: chrono::DateTime<Utc> = serde_json::from_value(s["next_at"].clone()).expect("a time");
+    assert_eq!(next, last + chrono::TimeDelta::hours(1), "{body}");
+}

@@ -203,6 +203,21 @@ impl Schedule {
         (self.next_after)(at)
     }
 
+    /// The latest occurrence at or before `at`.
+    pub fn latest_by(&self, at: DateTime<Utc>) -> Option<DateTime<Utc>> {
+        (self.latest_by)(at)
+    }
+
+    /// When it occurs, as given: the cron expression, or `every ..`.
+    pub fn when(&self) -> &str {
+        &self.describe
+    }
+
+    /// The kind of the jobs it enqueues.
+    pub fn kind(&self) -> &str {
+        &self.job.kind
+    }
+
     /// The unique key of the occurrence at `at`.
     pub fn occurrence_key(&self, at: DateTime<Utc>) -> String {
         format!(

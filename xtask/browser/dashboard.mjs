@@ -188,6 +188,27 @@ try {
     check(await page.locator('#action-fail').count() === 0, 'a failed job offers no fail');
   });
 
+  await run('the schedules page shows each schedule\'s next run and its last run\'s job', async () => {
+    await page.goto(BASE + '/#/schedules');
+    const beat = page.locator('#schedules tr[data-schedule="heartbeat"]');
+    await beat.waitFor();
+    // The 2 s schedule has run by now (or within the page's refresh).
+    await page.waitForFunction(() => document.querySelector('#schedules tr[data-schedule="heartbeat"] .last-run a') !== null,
+      null, { timeout: 15000 });
+    const lastRun = await beat.locator('.last-run').textContent();
+    check(/queued|processing|completed/.test(lastRun), `the last run's job and its state: ${lastRun}`);
+    check((await beat.locator('td').nth(2).textContent()).includes('every'), 'the rule is shown');
+    const nightly = page.locator('#schedules tr[data-schedule="nightly"]');
+    check((await nightly.locator('td').nth(2).textContent()) === '0 3 * * *', 'the cron expression as given');
+    check(/03:00:00/.test(await nightly.locator('.next-run').textContent()), 'the next nightly run is at 03:00');
+    check(/not enqueued/.test(await nightly.locator('.last-run').textContent()),
+      'a nightly run from before the server started was not enqueued, and it says so');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-schedules.png'), fullPage: true });
+    await beat.locator('.last-run a').click();
+    await page.locator('#payload').waitFor();
+    check((await page.locator('h1').textContent()).includes('Job'), 'the last run links to its job');
+  });
+
   await run('the audit page lists the writes made above, newest first, with who made them', async () => {
     await page.goto(BASE + '/#/audit');
     await page.locator('#audit tbody tr').first().waitFor();

@@ -143,11 +143,13 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
     let target = served::target_dir();
     let config = target.join("dashboard-test.toml");
     // A named token with the operate role, beside the two of the
-    // environment.
+    // environment; a schedule every 2 s and a nightly one.
     std::fs::write(
         &config,
         format!(
-            "schema = \"{schema}\"\n\n[[serve.tokens]]\nname = \"on-call\"\nrole = \"operate\"\ntoken = \"{OPERATE_TOKEN}\"\n"
+            "schema = \"{schema}\"\n\n[[serve.tokens]]\nname = \"on-call\"\nrole = \"operate\"\ntoken = \"{OPERATE_TOKEN}\"\n\n\
+             [[schedules]]\nname = \"heartbeat\"\nkind = \"heartbeat\"\nevery = \"2s\"\n\n\
+             [[schedules]]\nname = \"nightly\"\nkind = \"nightly_report\"\ncron = \"0 3 * * *\"\n"
         ),
     )?;
     let queue = served::queue_binary(false)?;

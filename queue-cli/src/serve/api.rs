@@ -40,6 +40,8 @@ pub struct Api {
     stats: Arc<tokio::sync::Mutex<Option<(std::time::Instant, queue_core::QueueStats)>>>,
     /// How many times the figures were read from the store.
     stats_reads: Arc<std::sync::atomic::AtomicU64>,
+    /// The schedules this server runs (the config's `[[schedules]]`).
+    pub schedules: Arc<Vec<queue_worker::Schedule>>,
 }
 
 /// How long the queue's figures serve every caller (`/api/stats`, every
@@ -62,6 +64,7 @@ impl Api {
             health: Arc::default(),
             stats: Arc::default(),
             stats_reads: Arc::default(),
+            schedules: Arc::default(),
         }
     }
 

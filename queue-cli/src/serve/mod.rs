@@ -13,6 +13,7 @@ mod health;
 mod metrics;
 mod openapi;
 mod pauses;
+mod schedules;
 mod timeline;
 
 use std::io::Write;
@@ -85,6 +86,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/kinds/{kind}/pause", post(pauses::pause))
         .route("/api/kinds/{kind}/resume", post(pauses::resume))
         .route("/api/audit", get(audit::audit))
+        .route("/api/schedules", get(schedules::schedules))
         .route("/api/timeline", get(timeline::timeline))
         .with_state(api.clone())
         .merge(
@@ -200,12 +202,14 @@ pub(crate) async fn run(
     let stop_scheduling = CancellationToken::new();
     let stop = stop_scheduling.clone();
     let admin = open_admin(pool, options, key).await?;
+    let listed = Arc::new(schedules.clone());
     let scheduling = crate::schedules::spawn(admin.clone(), schedules, stop)?;
-    let api = Api::new(
+    let mut api = Api::new(
         admin,
         key,
         crate::commands::read::stalled_max_age(context, None)?,
     );
+    api.schedules = listed;
     let sampler = tokio::spawn(sample_depth(api.clone()));
     api.health.watch("depth sampler", sampler.abort_handle());
     if let Some(scheduling) = &scheduling {

@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::{api, audit, pauses, timeline};
+use super::{api, audit, pauses, schedules, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -28,6 +28,7 @@ use super::{api, audit, pauses, timeline};
         pauses::pause,
         pauses::resume,
         audit::audit,
+        schedules::schedules,
         timeline::timeline
     ),
     components(schemas(
@@ -47,6 +48,8 @@ use super::{api, audit, pauses, timeline};
         pauses::Resumed,
         audit::AuditEntry,
         audit::AuditPage,
+        schedules::ScheduleView,
+        schedules::LastRun,
         timeline::Timeline,
         timeline::TimelinePoint
     )),

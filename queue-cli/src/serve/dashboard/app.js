@@ -503,6 +503,41 @@ async function job(id) {
   });
 }
 
+// --- Schedules -----------------------------------------------------------
+
+// The periodic jobs this server enqueues: when, the next run, the last
+// run's job and how it ended.
+async function schedules() {
+  const mine = shown;
+  main.replaceChildren(h('h1', {}, 'Schedules'), h('p', { class: 'muted' }, 'Loading…'));
+  const load = async () => {
+    const list = await api('GET', '/api/schedules');
+    if (mine !== shown) return;
+    const last = (s) => {
+      if (!s.last) return h('span', { class: 'muted' }, '—');
+      if (s.last.job_id === null) {
+        return [time(s.last.at), ' ', h('span', { class: 'muted' }, 'not enqueued (no scheduler ran then)')];
+      }
+      return [time(s.last.at), ' ', jobLink(s.last.job_id), ' ', stateBadge(s.last.state, s.last.state)];
+    };
+    main.replaceChildren(
+      h('h1', {}, 'Schedules'),
+      list.length
+        ? h('table', { id: 'schedules' },
+          h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Kind'), h('th', {}, 'When'),
+            h('th', {}, 'Next run'), h('th', {}, 'Last run'))),
+          h('tbody', {}, list.map((s) => h('tr', { 'data-schedule': s.name },
+            h('td', {}, s.name),
+            h('td', {}, h('a', { href: '#/jobs?' + new URLSearchParams({ kind: s.kind }) }, s.kind)),
+            h('td', {}, h('code', {}, s.when)),
+            h('td', { class: 'next-run' }, s.next_at ? time(s.next_at) : h('span', { class: 'muted' }, 'none')),
+            h('td', { class: 'last-run' }, last(s))))))
+        : h('p', { class: 'muted' }, 'This server runs no schedules: add [[schedules]] to its config file.'));
+  };
+  await guarded(load);
+  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 5000);
+}
+
 // --- Audit log -----------------------------------------------------------
 
 // Every write through the API and the CLI, newest first, a page at a time.
@@ -542,13 +577,14 @@ function route() {
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const params = new URLSearchParams(query || '');
-  const section = path.startsWith('/jobs') ? 'jobs' : path.startsWith('/audit') ? 'audit' : 'overview';
+  const section = ['jobs', 'audit', 'schedules'].find((s) => path.startsWith('/' + s)) || 'overview';
   for (const a of document.querySelectorAll('[data-nav]')) {
     a.classList.toggle('active', a.dataset.nav === section);
   }
   if (path === '/' || path === '') return overview();
   if (path === '/jobs') return jobs(params);
   if (path === '/audit') return audit(params);
+  if (path === '/schedules') return schedules();
   if (path.startsWith('/jobs/')) return job(decodeURIComponent(path.slice('/jobs/'.length)));
   main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the overview')));
   return undefined;
