@@ -42,7 +42,7 @@ pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
 pub use crate::job_transaction::PgJobTransaction;
 pub use crate::key_type::PgKeyType;
-pub use crate::migrate::Migration;
+pub use crate::migrate::{migrate_beside, migrations_beside, Migration};
 pub use crate::options::{
     ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions, StateValues,
 };

@@ -178,3 +178,57 @@ pub(crate) async fn apply(
         .map_err(|e| store_error("committing the migration", e))?;
     Ok(applied_now)
 }
+
+/// The tables the store keeps beside the table `options` describe, each
+/// with its versions: the bookkeeping table (if the options name one), the
+/// kinds table (if the table has the kind column they map) and the audit
+/// table.
+async fn beside(
+    pool: &PgPool,
+    options: &crate::PgStoreOptions,
+) -> Result<Vec<(QualifiedName, Vec<MigrationSql>)>, StoreError> {
+    let mut tables = Vec::new();
+    if let Some(side) = options.bookkeeping() {
+        let key_type = crate::sql::catalog::key_type(pool, options).await?;
+        tables.push((
+            side.clone(),
+            crate::sql::bookkeeping::migrations(side, &key_type),
+        ));
+    }
+    if crate::kinds::has_kinds(pool, options).await? {
+        let kinds = crate::sql::kinds::kinds_table(&options.table);
+        tables.push((kinds.clone(), crate::sql::kinds::migrations(&kinds)));
+    }
+    let audit = crate::sql::audit::audit_table(&options.table);
+    tables.push((audit.clone(), crate::sql::audit::migrations(&audit)));
+    Ok(tables)
+}
+
+/// Creates or upgrades every table the store keeps beside a table of your
+/// own (never that table): the bookkeeping table the options name, the
+/// kinds table if the table has a kind column, and the audit table. Returns
+/// the versions applied now, table by table; tables already up to date
+/// are only read.
+pub async fn migrate_beside(
+    pool: &PgPool,
+    options: &crate::PgStoreOptions,
+) -> Result<Vec<Migration>, StoreError> {
+    let mut applied = Vec::new();
+    for (table, versions) in beside(pool, options).await? {
+        applied.extend(apply(pool, &table, versions).await?);
+    }
+    Ok(applied)
+}
+
+/// Every version of the tables [`migrate_beside`] keeps, applied or
+/// pending.
+pub async fn migrations_beside(
+    pool: &PgPool,
+    options: &crate::PgStoreOptions,
+) -> Result<Vec<Migration>, StoreError> {
+    let mut all = Vec::new();
+    for (table, versions) in beside(pool, options).await? {
+        all.extend(status(pool, &table, versions).await?);
+    }
+    Ok(all)
+}

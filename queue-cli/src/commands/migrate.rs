@@ -8,7 +8,7 @@ use anyhow::{bail, Result};
 use sqlx::PgPool;
 
 use queue_store_postgres::{
-    audit, bookkeeping, kinds, JobTable, Migration, PgStoreOptions, QualifiedName,
+    migrate_beside, migrations_beside, JobTable, Migration, PgStoreOptions, QualifiedName,
 };
 
 use crate::output::{self, Table};
@@ -33,7 +33,7 @@ pub struct MigrateArgs {
 
 /// The tables a migration is for.
 enum Target {
-    /// The default table, and the kinds table beside it.
+    /// The default table, and the kinds and audit tables beside it.
     Default(JobTable),
     /// A table of the user's: the tables the store keeps beside it (the
     /// bookkeeping table, if named; the kinds table, if it has kinds; the
@@ -53,34 +53,14 @@ impl Target {
     async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>> {
         Ok(match self {
             Target::Default(table) => table.migrations(pool).await?,
-            Target::Own(options) => {
-                let mut all = Vec::new();
-                if options.bookkeeping().is_some() {
-                    all.extend(bookkeeping::migrations(pool, options).await?);
-                }
-                if kinds::has_kinds(pool, options).await? {
-                    all.extend(kinds::migrations(pool, options).await?);
-                }
-                all.extend(audit::migrations(pool, options).await?);
-                all
-            }
+            Target::Own(options) => migrations_beside(pool, options).await?,
         })
     }
 
     async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>> {
         Ok(match self {
             Target::Default(table) => table.migrate(pool).await?,
-            Target::Own(options) => {
-                let mut applied = Vec::new();
-                if options.bookkeeping().is_some() {
-                    applied.extend(bookkeeping::migrate(pool, options).await?);
-                }
-                if kinds::has_kinds(pool, options).await? {
-                    applied.extend(kinds::migrate(pool, options).await?);
-                }
-                applied.extend(audit::migrate(pool, options).await?);
-                applied
-            }
+            Target::Own(options) => migrate_beside(pool, options).await?,
         })
     }
 }
