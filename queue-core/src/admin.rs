@@ -354,14 +354,17 @@ pub fn json_contains(whole: &serde_json::Value, part: &serde_json::Value) -> boo
     }
 }
 
-/// In which order [`Admin::list`] returns jobs: by key.
+/// In which order [`Admin::list`] returns jobs: by when they were queued.
+/// A store whose keys come from a sequence orders by key, which is the
+/// same order; one whose keys say nothing of order (uuid, text) orders by
+/// its queued time, then key.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum ListOrder {
-    /// Highest key first: for the default table, newest first.
+    /// Most recently queued first.
     #[default]
     NewestFirst,
-    /// Lowest key first.
+    /// Longest queued first.
     OldestFirst,
 }
 
@@ -811,7 +814,10 @@ pub trait Admin: Send + Sync + 'static {
     /// The job with key `id`, or `None` if there is none.
     async fn get(&self, id: &Self::Id) -> Result<Option<JobView<Self::Id>>, StoreError>;
 
-    /// One page of the jobs matching `params.filter`, by key.
+    /// One page of the jobs matching `params.filter`, in
+    /// [`ListParams::order`]. A page after a job that no longer exists is
+    /// refused ([`StoreError::Refused`]) where the store cannot tell where
+    /// it would start.
     async fn list(&self, params: &ListParams<Self::Id>) -> Result<JobPage<Self::Id>, StoreError>;
 
     /// How many jobs match `filter`.

@@ -8,8 +8,8 @@ mod support;
 
 use chrono::{TimeDelta, Utc};
 use queue_core::{
-    Admin, JobFilter, JobState, ListParams, NewJob, PurgeParams, RetryParams, StatsParams,
-    StoreError, Targets,
+    Admin, JobFilter, JobState, ListOrder, ListParams, NewJob, PurgeParams, RetryParams,
+    StatsParams, StoreError, Targets,
 };
 use queue_store_postgres::{Column, PgAdmin, PgStoreOptions};
 use sqlx::PgPool;
@@ -349,4 +349,96 @@ async fn what_a_table_lacks_is_a_clear_error_not_a_silent_loss() {
         (job.kind, job.payload),
         (None, Some(serde_json::json!({"to": "x"})))
     );
+}
+
+/// A uuid key says nothing of when a job came: lists run by queued time
+/// (then key), newest or oldest first, and page by it; a page after a job
+/// that has gone says so instead of reading as the end.
+#[tokio::test]
+async fn a_uuid_table_lists_by_queued_time() {
+    let Some(pool) = pool("a_uuid_table_lists_by_queued_time").await else {
+        return;
+    };
+    let schema = awkward_schema();
+    let s = create(&pool, &schema).await;
+    let admin = PgAdmin::<Uuid>::new(pool.clone(), options(&schema))
+        .await
+        .expect("an admin");
+    // Five jobs queued a minute apart (the third and fourth at the same
+    // time), inserted in another order.
+    let mut queued: Vec<(i32, Uuid)> = Vec::new();
+    for minutes in [3, 1, 5, 2, 2] {
+        let id: Uuid = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "INSERT INTO {s}.tasks (job_type, enqueued) VALUES ('k', timestamptz '2026-01-01 12:00:00+00' - make_interval(mins => $1)) RETURNING task_id"
+        )))
+        .bind(minutes)
+        .fetch_one(&pool)
+        .await
+        .expect("a job");
+        queued.push((minutes, id));
+    }
+    // Newest first: fewest minutes ago first, the key breaking the tie
+    // (descending too).
+    let mut newest = queued.clone();
+    newest.sort_by(|a, b| a.0.cmp(&b.0).then(b.1.cmp(&a.1)));
+    let expected: Vec<Uuid> = newest.iter().map(|(_, id)| *id).collect();
+    let pages = |order| {
+        let admin = admin.clone();
+        async move {
+            let mut seen = Vec::new();
+            let mut after = None;
+            loop {
+                let page = admin
+                    .list(
+                        &ListParams::first(JobFilter::default(), 2)
+                            .order(order)
+                            .after(after),
+                    )
+                    .await
+                    .expect("a page");
+                seen.extend(page.jobs.iter().map(|j| j.id));
+                match page.next {
+                    Some(next) => after = Some(next),
+                    None => return seen,
+                }
+            }
+        }
+    };
+    assert_eq!(
+        pages(ListOrder::NewestFirst).await,
+        expected,
+        "newest first, in pages of 2"
+    );
+    let mut oldest = expected.clone();
+    oldest.reverse();
+    assert_eq!(
+        pages(ListOrder::OldestFirst).await,
+        oldest,
+        "oldest first, in pages of 2"
+    );
+
+    let first = admin
+        .list(&ListParams::first(JobFilter::default(), 2))
+        .await
+        .expect("a page");
+    let anchor = first.next.expect("more pages");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DELETE FROM {s}.tasks WHERE task_id = $1"
+    )))
+    .bind(anchor)
+    .execute(&pool)
+    .await
+    .expect("deleted");
+    match admin
+        .list(&ListParams::first(JobFilter::default(), 2).after(Some(anchor)))
+        .await
+    {
+        Err(StoreError::Refused(message)) => {
+            assert!(
+                message.contains("start again from the first page"),
+                "{message}"
+            )
+        }
+        other => panic!("a page after a job that is gone: {other:?}"),
+    }
 }

@@ -32,7 +32,7 @@ pub struct ListArgs {
     /// Start after this key (the `next` of the previous page).
     #[arg(long, value_name = "ID")]
     pub after: Option<String>,
-    /// Lowest key first instead of newest first.
+    /// Longest queued first instead of most recently queued first.
     #[arg(long)]
     pub oldest_first: bool,
 }

@@ -155,6 +155,28 @@ impl<K: PgKey> PgAdmin<K> {
         .fetch_all(&mut *read)
         .await
         .map_err(|e| self.read_error(context, e))?;
+        if let (true, Some(after)) = (
+            rows.is_empty() && self.inner.sql.list_by_queued_time().is_some(),
+            &params.after,
+        ) {
+            // By queued time, a page starts where its anchor stands: one
+            // that is gone would read as the end of the list.
+            let gone = !query(&self.inner.sql.anchor_exists(), |p| match p {
+                Param::After => Some(Value::Key(after.clone())),
+                _ => None,
+            })?
+            .fetch_one(&mut *read)
+            .await
+            .map_err(|e| self.read_error(context, e))?
+            .try_get::<bool, _>(0)
+            .map_err(|e| store_error(context, e))?;
+            if gone {
+                return Err(StoreError::Refused(
+                    "the job this page starts after is gone (deleted or purged since the page before): start again from the first page"
+                        .into(),
+                ));
+            }
+        }
         self.end_read(read, context).await?;
         let mut jobs = rows
             .iter()

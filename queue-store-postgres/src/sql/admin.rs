@@ -586,8 +586,25 @@ impl AdminStatements {
         Ok(parts.join(" AND "))
     }
 
-    /// A page of jobs matching `filter`, by key (`newest_first`: highest
-    /// first), after [`Param::After`] if `after`, at most [`Param::Limit`].
+    /// The queued-time column lists are ordered by, then the key: where
+    /// the table has one and its key is not an integer. An integer key
+    /// comes from a sequence, so its order is the order jobs were queued
+    /// in, read from the primary key; a uuid or text key says nothing of
+    /// when a job came.
+    pub(crate) fn list_by_queued_time(&self) -> Option<String> {
+        let integer = matches!(self.key_type.as_str(), "bigint" | "integer" | "smallint");
+        self.names.at(Column::QueuedAt).filter(|_| !integer)
+    }
+
+    /// A page of jobs matching `filter`, newest first (or oldest, without
+    /// `newest_first`): by queued time then key
+    /// ([`AdminStatements::list_by_queued_time`]), else by key; after the
+    /// job [`Param::After`] if `after`, at most [`Param::Limit`]. With the
+    /// queued time, the page after a job starts where that job stands (its
+    /// time read by key; the statement returns nothing if it is gone, which
+    /// [`AdminStatements::anchor_exists`] tells apart). Jobs without a
+    /// queued time come first when newest first, last when oldest first,
+    /// as Postgres orders NULLs.
     pub(crate) fn list(
         &self,
         filter: &JobFilter,
@@ -602,18 +619,72 @@ impl AdminStatements {
         } else {
             (">", "ASC")
         };
-        let after = if after {
-            format!(" AND {id} {op} {}", b.p(Param::After))
-        } else {
-            String::new()
-        };
-        let limit = b.p(Param::Limit);
-        b.push(&format!(
-            "SELECT {view} FROM {from} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
-            view = self.view,
-            from = self.from(),
-        ));
+        let limit;
+        match self.list_by_queued_time() {
+            None => {
+                let after = if after {
+                    format!(" AND {id} {op} {}", b.p(Param::After))
+                } else {
+                    String::new()
+                };
+                limit = b.p(Param::Limit);
+                b.push(&format!(
+                    "SELECT {view} FROM {from} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
+                    view = self.view,
+                    from = self.from(),
+                ));
+            }
+            Some(q) => {
+                let (anchor, after) = if after {
+                    let (qa, ia) = ("\"__queue_anchor\".\"q\"", "\"__queue_anchor\".\"id\"");
+                    let key = b.p(Param::After);
+                    let anchor = format!(
+                        ", (SELECT {q} AS \"q\", {id} AS \"id\" FROM {table} AS {alias} WHERE {id} = {key}) \
+                         AS \"__queue_anchor\"",
+                        table = self.table,
+                        alias = self.alias,
+                    );
+                    // Where the jobs after the anchor are, NULL times
+                    // included (first when descending, last ascending).
+                    let after = if newest_first {
+                        format!(
+                            " AND (({qa} IS NULL AND ({q} IS NOT NULL OR {id} < {ia})) \
+                             OR {q} < {qa} OR ({q} = {qa} AND {id} < {ia}))"
+                        )
+                    } else {
+                        format!(
+                            " AND (({qa} IS NULL AND {q} IS NULL AND {id} > {ia}) \
+                             OR ({qa} IS NOT NULL AND ({q} > {qa} OR ({q} = {qa} AND {id} > {ia}) OR {q} IS NULL)))"
+                        )
+                    };
+                    (anchor, after)
+                } else {
+                    (String::new(), String::new())
+                };
+                limit = b.p(Param::Limit);
+                b.push(&format!(
+                    "SELECT {view} FROM {from}{anchor} WHERE {condition}{after} \
+                     ORDER BY {q} {order}, {id} {order} LIMIT {limit}",
+                    view = self.view,
+                    from = self.from(),
+                ));
+            }
+        }
         Ok(b.build())
+    }
+
+    /// Whether the job [`Param::After`] exists: a page after a job that
+    /// is gone cannot say where it starts.
+    pub(crate) fn anchor_exists(&self) -> Statement {
+        let mut b = Builder::default();
+        let key = b.p(Param::After);
+        b.push(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {table} AS {alias} WHERE {id} = {key})",
+            table = self.table,
+            alias = self.alias,
+            id = self.names.must(Column::Id),
+        ));
+        b.build()
     }
 
     /// How many jobs match `filter`.
