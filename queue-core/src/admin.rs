@@ -913,6 +913,14 @@ pub trait Admin: Send + Sync + 'static {
     /// Entries of the audit log, newest first.
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError>;
 
+    /// The workers whose last beat ([`Store::beat`](crate::Store::beat))
+    /// came at or after `seen_since`, by name. A worker that stopped
+    /// beating before then is taken for dead and left out.
+    async fn workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<crate::WorkerInfo>, StoreError>;
+
     /// Resets stalled jobs once, as the resetter does on each tick (see
     /// [`resetter`](crate::resetter)).
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<Self::Id>, StoreError>;

@@ -205,6 +205,12 @@ impl JobContext {
 /// ```
 #[async_trait]
 pub trait Handler<S: Store>: Send + Sync + 'static {
+    /// The kinds this handler runs, as the worker registry shows them;
+    /// empty (the default) for any.
+    fn kinds(&self) -> Vec<String> {
+        Vec::new()
+    }
+
     /// Hook 1, before each claim: `NotNow` to wait, or `Go` with optional
     /// extra conditions (the basis of worker budgets). An error is logged and
     /// treated as `NotNow`.
@@ -238,6 +244,10 @@ pub trait Handler<S: Store>: Send + Sync + 'static {
 
 #[async_trait]
 impl<S: Store, H: Handler<S> + ?Sized> Handler<S> for Arc<H> {
+    fn kinds(&self) -> Vec<String> {
+        (**self).kinds()
+    }
+
     async fn pre_dequeue(
         &self,
         ctx: &DequeueContext<'_>,

@@ -16,6 +16,7 @@ mod retry;
 mod store;
 #[cfg(feature = "testkit")]
 pub mod testkit;
+mod workers;
 
 pub use crate::admin::{
     distinct_retryable_states, json_contains, ActionReport, Admin, FinishedBucket, JobFilter,
@@ -37,6 +38,7 @@ pub use crate::resetter::{Delivery, ResetParams, ResetReport};
 pub use crate::retention::{prune, PruneReport, Retention};
 pub use crate::retry::{Backoff, RetryDecision, RetryPolicy};
 pub use crate::store::{ClaimParams, Claimed, HeartbeatReport, Store, Transition, WriteResult};
+pub use crate::workers::{WorkerBeat, WorkerInfo};
 
 /// Re-exported so handlers can name the cancellation token type.
 pub use tokio_util::sync::CancellationToken;

@@ -279,6 +279,15 @@ pub trait Store: Send + Sync + 'static {
     async fn reset_stalled(&self, params: ResetParams)
         -> Result<ResetReport<Self::Id>, StoreError>;
 
+    /// Records `beat` in the registry of live workers (see
+    /// [`Admin::workers`](crate::Admin::workers)); a worker beats once per
+    /// heartbeat interval. A store without a registry keeps nothing: the
+    /// default.
+    async fn beat(&self, beat: &crate::WorkerBeat) -> Result<(), StoreError> {
+        let _ = beat;
+        Ok(())
+    }
+
     /// Waits until jobs may have become available (a notification) or
     /// `max_wait` has passed, whichever comes first. Stores without
     /// notifications simply sleep.

@@ -409,6 +409,19 @@ impl Admin for MemoryStore {
         Ok(())
     }
 
+    async fn workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<queue_core::WorkerInfo>, StoreError> {
+        Ok(self
+            .lock()
+            .workers
+            .values()
+            .filter(|w| w.last_seen_at >= seen_since)
+            .cloned()
+            .collect())
+    }
+
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
         let state = self.lock();
         Ok(state

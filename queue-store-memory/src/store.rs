@@ -67,6 +67,8 @@ pub(crate) struct State {
     pub(crate) paused: BTreeMap<String, PausedKind>,
     /// The audit log, oldest first.
     pub(crate) audit: Vec<queue_core::AuditEntry>,
+    /// The worker registry: each worker's last beat, by name.
+    pub(crate) workers: BTreeMap<String, queue_core::WorkerInfo>,
     next_id: i64,
     next_token: i64,
 }
@@ -557,6 +559,20 @@ impl Store for MemoryStore {
             self.wake_workers();
         }
         Ok(report)
+    }
+
+    async fn beat(&self, beat: &queue_core::WorkerBeat) -> Result<(), StoreError> {
+        let now = self.shared.clock.now();
+        let mut state = self.lock();
+        // Workers silent for an hour are gone for good.
+        state
+            .workers
+            .retain(|_, w| now - w.last_seen_at < chrono::TimeDelta::hours(1));
+        state.workers.insert(
+            beat.name.clone(),
+            queue_core::WorkerInfo::new(beat.clone(), now),
+        );
+        Ok(())
     }
 
     async fn wait_for_jobs(&self, max_wait: Duration) {

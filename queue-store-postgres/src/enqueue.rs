@@ -169,10 +169,11 @@ impl JobTable {
     }
 
     /// The tables migrations keep, each with its versions: the table, then
-    /// the kinds and audit tables beside it.
+    /// the kinds, audit and workers tables beside it.
     fn owned_tables(&self) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
         let kinds = crate::sql::kinds::kinds_table(&self.table);
         let audit = crate::sql::audit::audit_table(&self.table);
+        let workers = crate::sql::workers::workers_table(&self.table);
         vec![
             (
                 self.table.clone(),
@@ -180,6 +181,7 @@ impl JobTable {
             ),
             (kinds.clone(), crate::sql::kinds::migrations(&kinds)),
             (audit.clone(), crate::sql::audit::migrations(&audit)),
+            (workers.clone(), crate::sql::workers::migrations(&workers)),
         ]
     }
 

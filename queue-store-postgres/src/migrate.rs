@@ -181,8 +181,8 @@ pub(crate) async fn apply(
 
 /// The tables the store keeps beside the table `options` describe, each
 /// with its versions: the bookkeeping table (if the options name one), the
-/// kinds table (if the table has the kind column they map) and the audit
-/// table.
+/// kinds table (if the table has the kind column they map), the audit
+/// table and the workers table.
 async fn beside(
     pool: &PgPool,
     options: &crate::PgStoreOptions,
@@ -201,12 +201,15 @@ async fn beside(
     }
     let audit = crate::sql::audit::audit_table(&options.table);
     tables.push((audit.clone(), crate::sql::audit::migrations(&audit)));
+    let workers = crate::sql::workers::workers_table(&options.table);
+    tables.push((workers.clone(), crate::sql::workers::migrations(&workers)));
     Ok(tables)
 }
 
 /// Creates or upgrades every table the store keeps beside a table of your
 /// own (never that table): the bookkeeping table the options name, the
-/// kinds table if the table has a kind column, and the audit table. Returns
+/// kinds table if the table has a kind column, the audit table and the
+/// workers table. Returns
 /// the versions applied now, table by table; tables already up to date
 /// are only read.
 pub async fn migrate_beside(

@@ -834,6 +834,10 @@ where
         self.inner.admin.reset(params).await
     }
 
+    async fn beat(&self, beat: &queue_core::WorkerBeat) -> Result<(), StoreError> {
+        self.inner.admin.record_beat(beat).await
+    }
+
     async fn wait_for_jobs(&self, max_wait: Duration) {
         let _ = tokio::time::timeout(max_wait, self.inner.wake.notified()).await;
     }
@@ -968,6 +972,13 @@ where
         params: &queue_core::AuditParams,
     ) -> Result<Vec<queue_core::AuditEntry>, StoreError> {
         self.inner.admin.audit(params).await
+    }
+
+    async fn workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<queue_core::WorkerInfo>, StoreError> {
+        self.inner.admin.workers(seen_since).await
     }
 
     async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {

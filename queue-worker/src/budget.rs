@@ -84,6 +84,10 @@ impl<S: Store, H: Handler<S>> Budget<S, H> {
 
 #[async_trait]
 impl<S: Store, H: Handler<S>> Handler<S> for Budget<S, H> {
+    fn kinds(&self) -> Vec<String> {
+        self.inner.kinds()
+    }
+
     async fn pre_dequeue(
         &self,
         ctx: &DequeueContext<'_>,

@@ -203,6 +203,10 @@ where
 
 #[async_trait]
 impl<S: Store> Handler<S> for Router<S> {
+    fn kinds(&self) -> Vec<String> {
+        self.handlers.keys().cloned().collect()
+    }
+
     async fn pre_handle(&self, ctx: &JobContext, record: &S::Record) {
         if let Some(handler) = self.handler_for(record) {
             handler.pre_handle(ctx, record).await;

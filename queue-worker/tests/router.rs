@@ -139,3 +139,51 @@ async fn a_typed_handler_gets_decoded_arguments_and_a_bad_payload_fails_with_the
         "{message}"
     );
 }
+
+/// A running worker is in the registry from its start, with its router's
+/// kinds, its handler slots and its name, and keeps beating.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_beats_into_the_registry_with_its_kinds() {
+    use queue_core::Admin;
+    struct Done;
+    #[async_trait]
+    impl Handler<MemoryStore> for Done {
+        async fn handle(
+            &self,
+            _: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            Ok(())
+        }
+    }
+    let store = MemoryStore::new();
+    let router = Router::<MemoryStore>::new()
+        .route("email", Done)
+        .route("report", Done);
+    let mut options = fast_options().handlers(3);
+    options.name = "registry-test".into();
+    let running = start(&store, router, options);
+    let since = chrono::Utc::now() - chrono::TimeDelta::minutes(1);
+    let seen = Arc::new(Mutex::new(std::collections::BTreeSet::new()));
+    common::eventually("the worker beat twice", || {
+        let (store, seen) = (store.clone(), seen.clone());
+        async move {
+            let workers = Admin::workers(&store, since).await.expect("workers");
+            let mut seen = seen.lock().expect("not poisoned");
+            if let Some(w) = workers.first() {
+                seen.insert(w.last_seen_at);
+            }
+            seen.len() >= 2
+        }
+    })
+    .await;
+    let workers = Admin::workers(&store, since).await.expect("workers");
+    assert_eq!(workers.len(), 1, "{workers:?}");
+    let w = &workers[0].beat;
+    assert_eq!(w.name, "registry-test");
+    assert_eq!(w.kinds, vec!["email".to_owned(), "report".to_owned()]);
+    assert_eq!((w.handlers, w.in_flight), (3, 0));
+    assert_eq!(w.pid, std::process::id());
+    running.shutdown.cancel();
+}

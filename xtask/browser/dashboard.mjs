@@ -209,6 +209,17 @@ try {
     check((await page.locator('h1').textContent()).includes('Job'), 'the last run links to its job');
   });
 
+  await run('the workers page shows the live worker: host, pid, kinds, load and last beat', async () => {
+    await page.goto(BASE + '/#/workers');
+    const row = page.locator('#workers tr[data-worker="dashboard-beats"]');
+    await row.waitFor();
+    check((await row.locator('.kinds').textContent()) === 'heartbeat', 'the kinds its handler runs');
+    check(/^\d+ \/ 2$/.test(await row.locator('.in-flight').textContent()), 'in flight out of its 2 handlers');
+    const seen = Date.parse((await row.locator('.last-seen').textContent()).replace(' UTC', 'Z').replace(' ', 'T'));
+    check(Math.abs(Date.now() - seen) < 30000, 'seen within the last seconds');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-workers.png'), fullPage: true });
+  });
+
   await run('the audit page lists the writes made above, newest first, with who made them', async () => {
     await page.goto(BASE + '/#/audit');
     await page.locator('#audit tbody tr').first().waitFor();

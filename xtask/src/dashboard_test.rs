@@ -54,6 +54,35 @@ impl Handler<Store> for Shop {
     }
 }
 
+/// Runs the `heartbeat` schedule's jobs, and claims no other kind: the
+/// live worker of the workers page.
+struct Beats;
+
+#[async_trait]
+impl Handler<Store> for Beats {
+    fn kinds(&self) -> Vec<String> {
+        vec!["heartbeat".to_owned()]
+    }
+
+    async fn pre_dequeue(
+        &self,
+        _: &queue_core::DequeueContext<'_>,
+    ) -> Result<queue_core::Dequeue<queue_store_postgres::PgConditions>, queue_core::BoxError> {
+        Ok(queue_core::Dequeue::with_conditions(vec![
+            queue_store_postgres::PgCondition::new("kind = {}").bind("heartbeat"),
+        ]))
+    }
+
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        _: &Job,
+    ) -> Result<(), JobError> {
+        Ok(())
+    }
+}
+
 /// The jobs: mostly ones that complete, some that fail, one whose payload
 /// and failure are HTML meant to run, and a few scheduled an hour ahead.
 fn jobs() -> (Vec<NewJob>, NewJob, Vec<NewJob>) {
@@ -163,12 +192,23 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         ],
     )?;
     let foreign_server = served::start(&queue, url, &foreign, &[])?;
+    // A worker alive through the walk, beating into the registry.
+    let mut options = WorkerOptions::default().handlers(2);
+    options.name = "dashboard-beats".into();
+    options.heartbeat_interval = Duration::from_secs(1);
+    let beats = Worker::new(
+        PgStore::default_table(pool.clone(), table.store_options()).await?,
+        Beats,
+        options,
+    )?;
+    let stop_beats = CancellationToken::new();
+    let beating = tokio::spawn(beats.run(stop_beats.clone()));
     let hostile_id = hostile_id
         .first()
         .context("the hostile job's key")?
         .to_string();
-    let status = Command::new("node")
-        .arg(node_dir.join("dashboard.mjs"))
+    let mut node = Command::new("node");
+    node.arg(node_dir.join("dashboard.mjs"))
         .current_dir(&node_dir)
         .env("BASE", &server.base)
         .env("FOREIGN_BASE", &foreign_server.base)
@@ -178,9 +218,13 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .env("HOSTILE_ID", &hostile_id)
         .env("FAILED_COUNT", failed_count.to_string())
         .env("SHOTS", absolute(shots)?)
-        .env("CHROMIUM", chromium)
-        .status()
+        .env("CHROMIUM", chromium);
+    // Off the runtime's threads: the worker runs beside it.
+    let status = tokio::task::spawn_blocking(move || node.status())
+        .await?
         .context("running node (install Node.js 20 or later)")?;
+    stop_beats.cancel();
+    beating.await??;
     drop(server);
     drop(foreign_server);
     sqlx::query(sqlx::AssertSqlSafe(format!(

@@ -215,6 +215,13 @@ where
         self.0.paused().await
     }
 
+    async fn workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<queue_core::WorkerInfo>, StoreError> {
+        self.0.workers(seen_since).await
+    }
+
     async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {
         self.0.append_audit(entry).await
     }

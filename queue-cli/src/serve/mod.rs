@@ -87,6 +87,7 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/kinds/{kind}/resume", post(pauses::resume))
         .route("/api/audit", get(audit::audit))
         .route("/api/schedules", get(schedules::schedules))
+        .route("/api/workers", get(schedules::workers))
         .route("/api/timeline", get(timeline::timeline))
         .with_state(api.clone())
         .merge(

@@ -29,6 +29,7 @@ use super::{api, audit, pauses, schedules, timeline};
         pauses::resume,
         audit::audit,
         schedules::schedules,
+        schedules::workers,
         timeline::timeline
     ),
     components(schemas(
@@ -50,6 +51,7 @@ use super::{api, audit, pauses, schedules, timeline};
         audit::AuditPage,
         schedules::ScheduleView,
         schedules::LastRun,
+        schedules::WorkerView,
         timeline::Timeline,
         timeline::TimelinePoint
     )),

@@ -1,5 +1,6 @@
-//! `/api/schedules`: the periodic jobs this server enqueues (the config's
-//! `[[schedules]]`), each with its next occurrence and its last one's job.
+//! `/api/schedules` and `/api/workers`: the periodic jobs this server
+//! enqueues (the config's `[[schedules]]`), each with its next occurrence
+//! and its last one's job; and the worker processes alive now.
 
 use axum::extract::State;
 use axum::Json;
@@ -78,4 +79,55 @@ pub async fn schedules(State(api): State<Api>) -> Result<Json<Vec<ScheduleView>>
         });
     }
     Ok(Json(views))
+}
+
+/// A live worker process.
+#[derive(Debug, Serialize, Deserialize, ToSchema)]
+pub struct WorkerView {
+    /// Its name (by default host and pid).
+    pub name: String,
+    pub host: String,
+    pub pid: u32,
+    /// The kinds its handler runs; empty for any.
+    pub kinds: Vec<String>,
+    /// How many jobs it runs at once at most.
+    pub handlers: u32,
+    /// How many jobs it holds now.
+    pub in_flight: u32,
+    pub started_at: DateTime<Utc>,
+    /// Its last beat, by the database's clock.
+    pub last_seen_at: DateTime<Utc>,
+}
+
+/// The worker processes that beat within the stalled age (as the
+/// resetter judges a silent job): a worker silent for longer is taken for
+/// dead and left out.
+#[utoipa::path(
+    get, path = "/api/workers", tag = "queue",
+    responses(
+        (status = 200, description = "The live workers, by name", body = Vec<WorkerView>),
+        (status = 400, description = "The workers table does not exist", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn workers(State(api): State<Api>) -> Result<Json<Vec<WorkerView>>, ApiError> {
+    let max_age = chrono::TimeDelta::from_std(api.stalled_max_age)
+        .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
+    let live = api.admin.workers(Utc::now() - max_age).await?;
+    Ok(Json(
+        live.into_iter()
+            .map(|w| WorkerView {
+                name: w.beat.name,
+                host: w.beat.host,
+                pid: w.beat.pid,
+                kinds: w.beat.kinds,
+                handlers: w.beat.handlers,
+                in_flight: w.beat.in_flight,
+                started_at: w.beat.started_at,
+                last_seen_at: w.last_seen_at,
+            })
+            .collect(),
+    ))
 }

@@ -1677,6 +1677,43 @@ pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
     assert_eq!(alice, vec![all[0].clone(), all[2].clone()], "one actor's");
 }
 
+/// The worker registry keeps each worker's last beat by name, at the
+/// store's time, and lists those seen since a time: a worker that stopped
+/// beating ages out.
+pub async fn workers_beat_into_the_registry_and_age_out<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let beat = |name: &str, in_flight| {
+        crate::WorkerBeat::new(name, "host-a", 41)
+            .kinds(vec!["mail".into()])
+            .load(4, in_flight)
+    };
+    store.beat(&beat("w1", 1)).await.expect("a beat");
+    store.beat(&beat("w2", 0)).await.expect("a beat");
+    store.beat(&beat("w1", 3)).await.expect("a second beat");
+    let long_ago = Utc::now() - TimeDelta::hours(1);
+    let live = Admin::workers(&store, long_ago).await.expect("workers");
+    assert_eq!(
+        live.iter()
+            .map(|w| (w.beat.name.as_str(), w.beat.in_flight))
+            .collect::<Vec<_>>(),
+        vec![("w1", 3), ("w2", 0)],
+        "by name, each with its last beat"
+    );
+    assert_eq!(live[0].beat.kinds, vec!["mail".to_owned()]);
+    assert_eq!(
+        (live[0].beat.host.as_str(), live[0].beat.pid),
+        ("host-a", 41)
+    );
+    let cutoff = live.iter().map(|w| w.last_seen_at).max().expect("two") + TimeDelta::seconds(1);
+    assert!(
+        Admin::workers(&store, cutoff)
+            .await
+            .expect("workers")
+            .is_empty(),
+        "none beat after the cutoff: aged out"
+    );
+}
+
 /// `cancel` ends waiting jobs at once, asks running ones to stop, and
 /// leaves finished ones alone; a bulk cancel picks a running job only once.
 pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h: &H) {
@@ -2413,6 +2450,7 @@ macro_rules! conformance_tests {
             admin_force_fail_fences_the_running_attempt_out,
             admin_pause_holds_a_kind_until_resumed,
             admin_audit_log_reads_newest_first,
+            workers_beat_into_the_registry_and_age_out,
             admin_delete_removes_jobs_by_key_and_in_batches,
             admin_purge_deletes_old_finished_jobs_in_batches,
             prune_removes_finished_jobs_past_their_states_age,

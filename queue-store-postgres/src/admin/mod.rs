@@ -1,7 +1,8 @@
 //! [`PgAdmin`]: the admin contract on any Postgres table the options
 //! describe. The contract's methods live by idea: reads in `read`,
 //! operators' writes in `write`, the enqueue in `enqueue`, pauses in
-//! `pauses`, the audit log in `audit`, and the store's own sweeps
+//! `pauses`, the audit log in `audit`, the worker registry in `workers`,
+//! and the store's own sweeps
 //! (expiry, stalled jobs) in `sweeps`.
 
 use std::marker::PhantomData;
@@ -27,6 +28,7 @@ mod enqueue;
 mod pauses;
 mod read;
 mod sweeps;
+mod workers;
 mod write;
 
 struct Inner {
@@ -38,6 +40,8 @@ struct Inner {
     unique_unenforced: Option<String>,
     /// The database's clock minus the callers'.
     offset: ClockOffset,
+    /// When a beat last found the workers table missing.
+    workers_missing: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// The admin contract ([`Admin`]) on a Postgres table: read, count, retry,
@@ -151,6 +155,7 @@ impl<K: PgKey> PgAdmin<K> {
                 absent,
                 unique_unenforced: shape.unique_unenforced.clone(),
                 offset: ClockOffset::default(),
+                workers_missing: std::sync::Mutex::new(None),
             }),
             key: PhantomData,
         }
@@ -286,5 +291,12 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
         self.read_audit(params).await
+    }
+
+    async fn workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<queue_core::WorkerInfo>, StoreError> {
+        self.live_workers(seen_since).await
     }
 }

@@ -17,6 +17,7 @@ pub(crate) mod kinds;
 #[cfg(test)]
 mod plans;
 pub(crate) mod prepared;
+pub(crate) mod workers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;

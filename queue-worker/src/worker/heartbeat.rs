@@ -3,23 +3,46 @@
 
 use std::sync::Arc;
 
-use queue_core::{CancellationToken, Lease, Store};
+use queue_core::{CancellationToken, Handler, Lease, Store, WorkerBeat};
 
 use super::job::StopReason;
+use super::options::host_name;
 use super::Shared;
 
 /// Heartbeats running jobs and stops those cancelled or gone.
-pub(super) async fn heartbeat_loop<S: Store, H>(
+pub(super) async fn heartbeat_loop<S: Store, H: Handler<S>>(
     shared: Arc<Shared<S, H>>,
     stop: CancellationToken,
 ) {
     let mut ticks = tokio::time::interval(shared.options.heartbeat_interval);
     ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    ticks.tick().await;
+    let started_at = shared.options.clock.now();
+    let kinds = shared.handler.kinds();
+    let mut beat_failed = false;
     loop {
+        // The first tick is at once: the worker is in the registry from
+        // its start.
         tokio::select! {
             _ = ticks.tick() => {}
             _ = stop.cancelled() => return,
+        }
+        let in_flight = u32::try_from(shared.running().len()).unwrap_or(u32::MAX);
+        let beat = WorkerBeat::new(shared.name.to_string(), host_name(), std::process::id())
+            .kinds(kinds.clone())
+            .load(
+                u32::try_from(shared.options.num_handlers).unwrap_or(u32::MAX),
+                in_flight,
+            )
+            .started_at(started_at);
+        match shared.store.beat(&beat).await {
+            Ok(()) => beat_failed = false,
+            // Said once per run of failures: the registry is for operators,
+            // and the jobs go on without it.
+            Err(error) if !beat_failed => {
+                beat_failed = true;
+                tracing::warn!(error = %error.chain(), "the worker registry did not take this worker's beat; its jobs go on")
+            }
+            Err(_) => {}
         }
         let leases: Vec<Lease<S::Id>> = shared
             .running()

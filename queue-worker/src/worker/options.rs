@@ -165,7 +165,12 @@ impl WorkerOptions {
 
 /// `host-pid`, from the system's host name (or `$HOSTNAME`).
 pub fn default_worker_name() -> String {
-    let host = Some(
+    format!("{}-{}", host_name(), std::process::id())
+}
+
+/// The system's host name (or `$HOSTNAME`, or `localhost`).
+pub(crate) fn host_name() -> String {
+    Some(
         gethostname::gethostname()
             .to_string_lossy()
             .trim()
@@ -173,6 +178,5 @@ pub fn default_worker_name() -> String {
     )
     .filter(|h| !h.is_empty())
     .or_else(|| std::env::var("HOSTNAME").ok())
-    .unwrap_or_else(|| "localhost".to_owned());
-    format!("{host}-{}", std::process::id())
+    .unwrap_or_else(|| "localhost".to_owned())
 }

@@ -538,6 +538,35 @@ async function schedules() {
   if (mine === shown) refreshTimer = setInterval(() => guarded(load), 5000);
 }
 
+// --- Workers -------------------------------------------------------------
+
+// The worker processes alive now (beat within the stalled age).
+async function workers() {
+  const mine = shown;
+  main.replaceChildren(h('h1', {}, 'Workers'), h('p', { class: 'muted' }, 'Loading…'));
+  const load = async () => {
+    const list = await api('GET', '/api/workers');
+    if (mine !== shown) return;
+    main.replaceChildren(
+      h('h1', {}, 'Workers'),
+      list.length
+        ? h('table', { id: 'workers' },
+          h('thead', {}, h('tr', {}, h('th', {}, 'Name'), h('th', {}, 'Host'), h('th', { class: 'num' }, 'PID'),
+            h('th', {}, 'Kinds'), h('th', { class: 'num' }, 'In flight'), h('th', {}, 'Started'), h('th', {}, 'Last seen'))),
+          h('tbody', {}, list.map((w) => h('tr', { 'data-worker': w.name },
+            h('td', {}, w.name),
+            h('td', {}, w.host),
+            h('td', { class: 'num' }, w.pid),
+            h('td', { class: 'kinds' }, w.kinds.length ? w.kinds.join(', ') : h('span', { class: 'muted' }, 'any')),
+            h('td', { class: 'num in-flight' }, w.in_flight + ' / ' + w.handlers),
+            h('td', {}, time(w.started_at)),
+            h('td', { class: 'last-seen' }, time(w.last_seen_at))))))
+        : h('p', { class: 'muted' }, 'No worker has beaten within the stalled age.'));
+  };
+  await guarded(load);
+  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 5000);
+}
+
 // --- Audit log -----------------------------------------------------------
 
 // Every write through the API and the CLI, newest first, a page at a time.
@@ -577,7 +606,7 @@ function route() {
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const params = new URLSearchParams(query || '');
-  const section = ['jobs', 'audit', 'schedules'].find((s) => path.startsWith('/' + s)) || 'overview';
+  const section = ['jobs', 'audit', 'schedules', 'workers'].find((s) => path.startsWith('/' + s)) || 'overview';
   for (const a of document.querySelectorAll('[data-nav]')) {
     a.classList.toggle('active', a.dataset.nav === section);
   }
@@ -585,6 +614,7 @@ function route() {
   if (path === '/jobs') return jobs(params);
   if (path === '/audit') return audit(params);
   if (path === '/schedules') return schedules();
+  if (path === '/workers') return workers();
   if (path.startsWith('/jobs/')) return job(decodeURIComponent(path.slice('/jobs/'.length)));
   main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the overview')));
   return undefined;

@@ -1,0 +1,100 @@
+//! The worker registry, in the workers table beside the job table
+//! ([`crate::sql::workers`]).
+
+use std::time::{Duration, Instant};
+
+use chrono::{DateTime, Utc};
+use queue_core::{StoreError, WorkerBeat, WorkerInfo};
+use sqlx::Row;
+
+use super::PgAdmin;
+use crate::error::store_error;
+use crate::record::PgKey;
+use crate::sql::workers;
+
+/// How long a beat goes on the last finding that the workers table is
+/// missing before it looks again (so that a missing table costs no error
+/// in the server's log on every beat).
+const RECHECK_MISSING: Duration = Duration::from_secs(60);
+
+impl<K: PgKey> PgAdmin<K> {
+    /// The workers table, or why the registry cannot be kept: it was never
+    /// created.
+    fn missing(&self, table: &crate::QualifiedName) -> StoreError {
+        StoreError::Refused(format!(
+            "the workers table {table} does not exist: run `queue migrate` \
+             (or queue_store_postgres::migrate_beside) to create it"
+        ))
+    }
+
+    pub(crate) async fn record_beat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+        let table = workers::workers_table(&self.inner.options.table);
+        let known_missing = self
+            .inner
+            .workers_missing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .is_some_and(|at| at.elapsed() < RECHECK_MISSING);
+        if known_missing {
+            return Err(self.missing(&table));
+        }
+        let mut conn = self.connection("recording a worker's beat").await?;
+        if !self.exists(&mut conn, &table).await? {
+            *self
+                .inner
+                .workers_missing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+            return Err(self.missing(&table));
+        }
+        sqlx::query(sqlx::AssertSqlSafe(workers::beat(&table)))
+            .bind(&beat.name)
+            .bind(&beat.host)
+            .bind(i64::from(beat.pid))
+            .bind(&beat.kinds)
+            .bind(i64::from(beat.handlers))
+            .bind(i64::from(beat.in_flight))
+            .bind(beat.started_at)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store_error("recording a worker's beat", e))?;
+        Ok(())
+    }
+
+    pub(super) async fn live_workers(
+        &self,
+        seen_since: DateTime<Utc>,
+    ) -> Result<Vec<WorkerInfo>, StoreError> {
+        let table = workers::workers_table(&self.inner.options.table);
+        let mut conn = self.connection("reading the workers").await?;
+        if !self.exists(&mut conn, &table).await? {
+            return Err(self.missing(&table));
+        }
+        let rows = sqlx::query(sqlx::AssertSqlSafe(workers::read(&table)))
+            .bind(seen_since)
+            .fetch_all(&mut *conn)
+            .await
+            .map_err(|e| store_error("reading the workers", e))?;
+        rows.iter()
+            .map(|row| {
+                let get = |e| store_error("reading the workers", e);
+                let count = |name: &str| -> Result<u32, StoreError> {
+                    let n: i64 = row.try_get(name).map_err(get)?;
+                    Ok(u32::try_from(n).unwrap_or(u32::MAX))
+                };
+                let beat = WorkerBeat::new(
+                    row.try_get::<String, _>("name").map_err(get)?,
+                    row.try_get::<String, _>("host").map_err(get)?,
+                    count("pid")?,
+                )
+                .kinds(row.try_get("kinds").map_err(get)?)
+                .load(count("handlers")?, count("in_flight")?)
+                .started_at(row.try_get("started_at").map_err(get)?);
+                Ok(WorkerInfo::new(
+                    beat,
+                    row.try_get("last_seen_at").map_err(get)?,
+                ))
+            })
+            .collect()
+    }
+}
