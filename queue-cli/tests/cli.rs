@@ -253,13 +253,14 @@ canceled = "dropped"
     };
 
     // The table is the user's: migrate creates only the tables beside it,
-    // where pauses (the config maps a kind column) and the audit log are
-    // kept.
+    // where pauses (the config maps a kind column), the audit log and the
+    // worker registry are kept.
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
         migrated.contains("tasks_kinds\": applied version 1")
             && migrated.contains("tasks_audit\": applied version 1")
-            && migrated.lines().count() == 2,
+            && migrated.contains("tasks_workers\": applied version 1")
+            && migrated.lines().count() == 3,
         "{migrated}"
     );
     let err = fails(&mut q(&["migrate", "--table", "other"]));
@@ -386,10 +387,12 @@ canceled = "dead"
     );
     let q = |args: &[&str]| t.queue(&config, args);
     // No bookkeeping table named, no kind column: migrate creates the
-    // audit table beside it, and there is no kind to pause.
+    // audit and workers tables beside it, and there is no kind to pause.
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
-        migrated.contains("jobs_audit\": applied version 1") && migrated.lines().count() == 1,
+        migrated.contains("jobs_audit\": applied version 1")
+            && migrated.contains("jobs_workers\": applied version 1")
+            && migrated.lines().count() == 2,
         "{migrated}"
     );
     let paused = fails(&mut q(&["pause", "email"]));
