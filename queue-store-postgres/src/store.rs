@@ -835,7 +835,20 @@ where
     }
 
     async fn beat(&self, beat: &queue_core::WorkerBeat) -> Result<(), StoreError> {
-        self.inner.admin.record_beat(beat).await
+        if let Some(missing) = self.inner.admin.workers_table_missing() {
+            return Err(missing);
+        }
+        // As the heartbeat: a connection whose backend died is closed
+        // quietly and the beat sent on another, never handed back to a
+        // pool that would warn about it.
+        let mut tries = OnLiveConnection::new(&self.inner.pool, "recording a worker's beat");
+        loop {
+            let mut conn = tries.connection().await?;
+            let done = self.inner.admin.record_beat_on(&mut conn, beat).await;
+            if let Some(done) = tries.settle(conn, done) {
+                return done;
+            }
+        }
     }
 
     async fn wait_for_jobs(&self, max_wait: Duration) {

@@ -27,19 +27,27 @@ impl<K: PgKey> PgAdmin<K> {
         ))
     }
 
-    pub(crate) async fn record_beat(&self, beat: &WorkerBeat) -> Result<(), StoreError> {
+    /// Why a beat cannot be recorded, if a beat found the workers table
+    /// missing within the last minute: the beat then sends nothing.
+    pub(crate) fn workers_table_missing(&self) -> Option<StoreError> {
         let table = workers::workers_table(&self.inner.options.table);
-        let known_missing = self
-            .inner
+        self.inner
             .workers_missing
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .is_some_and(|at| at.elapsed() < RECHECK_MISSING);
-        if known_missing {
-            return Err(self.missing(&table));
-        }
-        let mut conn = self.connection("recording a worker's beat").await?;
-        if !self.exists(&mut conn, &table).await? {
+            .is_some_and(|at| at.elapsed() < RECHECK_MISSING)
+            .then(|| self.missing(&table))
+    }
+
+    /// Records `beat` on `conn` (the store's: a connection that died is
+    /// closed quietly and the beat sent again on another).
+    pub(crate) async fn record_beat_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        beat: &WorkerBeat,
+    ) -> Result<(), StoreError> {
+        let table = workers::workers_table(&self.inner.options.table);
+        if !self.exists(&mut *conn, &table).await? {
             *self
                 .inner
                 .workers_missing
