@@ -288,6 +288,14 @@ pub trait Store: Send + Sync + 'static {
         Ok(())
     }
 
+    /// Removes the worker `name` from the registry: it stopped on purpose,
+    /// so an operator sees it gone at once instead of after the stalled
+    /// age. A store without a registry has nothing to remove: the default.
+    async fn leave(&self, name: &str) -> Result<(), StoreError> {
+        let _ = name;
+        Ok(())
+    }
+
     /// Waits until jobs may have become available (a notification) or
     /// `max_wait` has passed, whichever comes first. Stores without
     /// notifications simply sleep.

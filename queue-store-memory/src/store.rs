@@ -561,6 +561,11 @@ impl Store for MemoryStore {
         Ok(report)
     }
 
+    async fn leave(&self, name: &str) -> Result<(), StoreError> {
+        self.lock().workers.remove(name);
+        Ok(())
+    }
+
     async fn beat(&self, beat: &queue_core::WorkerBeat) -> Result<(), StoreError> {
         let now = self.shared.clock.now();
         let mut state = self.lock();

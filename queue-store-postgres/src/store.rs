@@ -834,6 +834,21 @@ where
         self.inner.admin.reset(params).await
     }
 
+    async fn leave(&self, name: &str) -> Result<(), StoreError> {
+        if let Some(missing) = self.inner.admin.workers_table_missing() {
+            return Err(missing);
+        }
+        let mut tries =
+            OnLiveConnection::new(&self.inner.pool, "removing a worker from the registry");
+        loop {
+            let mut conn = tries.connection().await?;
+            let done = self.inner.admin.remove_worker_on(&mut conn, name).await;
+            if let Some(done) = tries.settle(conn, done) {
+                return done;
+            }
+        }
+    }
+
     async fn beat(&self, beat: &queue_core::WorkerBeat) -> Result<(), StoreError> {
         if let Some(missing) = self.inner.admin.workers_table_missing() {
             return Err(missing);

@@ -141,7 +141,8 @@ async fn a_typed_handler_gets_decoded_arguments_and_a_bad_payload_fails_with_the
 }
 
 /// A running worker is in the registry from its start, with its router's
-/// kinds, its handler slots and its name, and keeps beating.
+/// kinds, its handler slots and its name, keeps beating, and leaves the
+/// registry when it stops.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_worker_beats_into_the_registry_with_its_kinds() {
     use queue_core::Admin;
@@ -186,4 +187,12 @@ async fn a_worker_beats_into_the_registry_with_its_kinds() {
     assert_eq!((w.handlers, w.in_flight), (3, 0));
     assert_eq!(w.pid, std::process::id());
     running.shutdown.cancel();
+    running.task.await.expect("joined").expect("a clean stop");
+    assert!(
+        Admin::workers(&store, since)
+            .await
+            .expect("workers")
+            .is_empty(),
+        "a worker that stopped on purpose leaves the registry"
+    );
 }

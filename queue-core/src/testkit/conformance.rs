@@ -1679,7 +1679,7 @@ pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
 
 /// The worker registry keeps each worker's last beat by name, at the
 /// store's time, and lists those seen since a time: a worker that stopped
-/// beating ages out.
+/// beating ages out, and one that left is gone at once.
 pub async fn workers_beat_into_the_registry_and_age_out<H: Harness>(h: &H) {
     let store = h.store().await;
     let beat = |name: &str, in_flight| {
@@ -1711,6 +1711,15 @@ pub async fn workers_beat_into_the_registry_and_age_out<H: Harness>(h: &H) {
             .expect("workers")
             .is_empty(),
         "none beat after the cutoff: aged out"
+    );
+    store.leave("w1").await.expect("w1 leaves");
+    let left = Admin::workers(&store, long_ago).await.expect("workers");
+    assert_eq!(
+        left.iter()
+            .map(|w| w.beat.name.as_str())
+            .collect::<Vec<_>>(),
+        vec!["w2"],
+        "a worker that left is gone at once"
     );
 }
 

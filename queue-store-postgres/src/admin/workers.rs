@@ -69,6 +69,24 @@ impl<K: PgKey> PgAdmin<K> {
         Ok(())
     }
 
+    /// Removes worker `name` on `conn` (the store's, as for a beat).
+    pub(crate) async fn remove_worker_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        name: &str,
+    ) -> Result<(), StoreError> {
+        let table = workers::workers_table(&self.inner.options.table);
+        if !self.exists(&mut *conn, &table).await? {
+            return Err(self.missing(&table));
+        }
+        sqlx::query(sqlx::AssertSqlSafe(workers::leave(&table)))
+            .bind(name)
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store_error("removing a worker from the registry", e))?;
+        Ok(())
+    }
+
     pub(super) async fn live_workers(
         &self,
         seen_since: DateTime<Utc>,

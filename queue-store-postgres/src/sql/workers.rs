@@ -61,3 +61,8 @@ pub(crate) fn read(workers: &QualifiedName) -> String {
         workers.quoted()
     )
 }
+
+/// Removes worker `$1`.
+pub(crate) fn leave(workers: &QualifiedName) -> String {
+    format!("DELETE FROM {} WHERE \"name\" = $1", workers.quoted())
+}

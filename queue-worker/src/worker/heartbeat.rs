@@ -24,7 +24,20 @@ pub(super) async fn heartbeat_loop<S: Store, H: Handler<S>>(
         // its start.
         tokio::select! {
             _ = ticks.tick() => {}
-            _ = stop.cancelled() => return,
+            _ = stop.cancelled() => {
+                // Stopped on purpose (after the drain): out of the
+                // registry now, not after the stalled age. Bounded, so that
+                // a database that is down does not hold the shutdown up.
+                let leave = shared.store.leave(&shared.name);
+                match tokio::time::timeout(std::time::Duration::from_secs(2), leave).await {
+                    Ok(Ok(())) => {}
+                    Ok(Err(error)) => {
+                        tracing::debug!(error = %error.chain(), "the worker registry kept this worker; it ages out")
+                    }
+                    Err(_) => tracing::debug!("the worker registry did not answer in 2 s; this worker ages out"),
+                }
+                return;
+            }
         }
         let in_flight = u32::try_from(shared.running().len()).unwrap_or(u32::MAX);
         let beat = WorkerBeat::new(shared.name.to_string(), host_name(), std::process::id())
