@@ -171,27 +171,22 @@ impl JobTable {
     /// The tables migrations keep, each with its versions: the table, then
     /// the kinds, audit and workers tables beside it.
     fn owned_tables(&self) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
-        let kinds = crate::sql::kinds::kinds_table(&self.table);
-        let audit = crate::sql::audit::audit_table(&self.table);
-        let workers = crate::sql::workers::workers_table(&self.table);
-        vec![
-            (
-                self.table.clone(),
-                crate::migrate::default_table(&self.table),
-            ),
-            (kinds.clone(), crate::sql::kinds::migrations(&kinds)),
-            (audit.clone(), crate::sql::audit::migrations(&audit)),
-            (workers.clone(), crate::sql::workers::migrations(&workers)),
-        ]
+        let mut tables = vec![(
+            self.table.clone(),
+            crate::migrate::default_table(&self.table),
+        )];
+        // The default table has a kind column.
+        tables.extend(crate::migrate::operator_tables(&self.table, true));
+        tables
     }
 
     /// Brings the table to the newest version of its schema: creates the
     /// schema, table, indexes and notify trigger where missing, then each
     /// later version in order (see [`Migration`]); then the same for the
-    /// kinds table ([`kinds`](crate::kinds): the paused kinds) and the
-    /// audit table ([`audit`](crate::audit)) beside it.
-    /// Returns the versions it applied, the table's first; none when both
-    /// are up to date, in which case it only reads, so it is safe to call
+    /// tables beside it: the kinds table ([`kinds`](crate::kinds): the
+    /// paused kinds), the audit table and the workers table (see
+    /// [`migrate_beside`](crate::migrate_beside)). Returns the versions it
+    /// applied, the table's first; none when all are up to date, in which case it only reads, so it is safe to call
     /// on every start-up, from several processes at once, beside running
     /// workers.
     pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {

@@ -156,7 +156,9 @@ impl PausedKinds {
                 Ok(paused) => paused,
                 // Dropped since it was seen: no pauses, and ask again next
                 // time.
-                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P01") => {
+                Err(sqlx::Error::Database(e))
+                    if e.code().as_deref() == Some(crate::admin::UNDEFINED_TABLE) =>
+                {
                     exists = false;
                     Vec::new()
                 }

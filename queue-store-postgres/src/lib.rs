@@ -2,7 +2,6 @@
 #![warn(missing_docs)]
 
 mod admin;
-pub mod audit;
 mod bind;
 pub mod bookkeeping;
 mod clock_offset;

@@ -195,15 +195,29 @@ async fn beside(
             crate::sql::bookkeeping::migrations(side, &key_type),
         ));
     }
-    if crate::kinds::has_kinds(pool, options).await? {
-        let kinds = crate::sql::kinds::kinds_table(&options.table);
+    let kinds = crate::kinds::has_kinds(pool, options).await?;
+    tables.extend(operator_tables(&options.table, kinds));
+    Ok(tables)
+}
+
+/// The tables the store keeps beside `table` for its operators, each with
+/// its versions: the kinds table (if `kinds`: the table has a kind column),
+/// the audit table and the workers table. The one list, for the default
+/// table and for a table of your own.
+pub(crate) fn operator_tables(
+    table: &QualifiedName,
+    kinds: bool,
+) -> Vec<(QualifiedName, Vec<MigrationSql>)> {
+    let mut tables = Vec::new();
+    if kinds {
+        let kinds = crate::sql::kinds::kinds_table(table);
         tables.push((kinds.clone(), crate::sql::kinds::migrations(&kinds)));
     }
-    let audit = crate::sql::audit::audit_table(&options.table);
+    let audit = crate::sql::audit::audit_table(table);
     tables.push((audit.clone(), crate::sql::audit::migrations(&audit)));
-    let workers = crate::sql::workers::workers_table(&options.table);
+    let workers = crate::sql::workers::workers_table(table);
     tables.push((workers.clone(), crate::sql::workers::migrations(&workers)));
-    Ok(tables)
+    tables
 }
 
 /// Creates or upgrades every table the store keeps beside a table of your

@@ -1,34 +1,18 @@
 //! The audit log, in the audit table beside the job table
-//! ([`crate::audit`]).
+//! ([`crate::sql::audit`]).
 
 use queue_core::{AuditEntry, AuditParams, NewAuditEntry, StoreError};
 use sqlx::Row;
 
-use super::PgAdmin;
+use super::{beside_error, PgAdmin};
 use crate::error::store_error;
 use crate::record::PgKey;
 use crate::sql::audit;
 
 impl<K: PgKey> PgAdmin<K> {
-    /// The audit table, or why the log cannot be kept: it was never
-    /// created.
-    async fn audit_table(
-        &self,
-        conn: &mut sqlx::PgConnection,
-    ) -> Result<crate::QualifiedName, StoreError> {
-        let table = audit::audit_table(&self.inner.options.table);
-        if !self.exists(conn, &table).await? {
-            return Err(StoreError::Refused(format!(
-                "the audit table {table} does not exist: run `queue migrate` \
-                 (or queue_store_postgres::audit::migrate) to create it"
-            )));
-        }
-        Ok(table)
-    }
-
     pub(super) async fn append_entry(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+        let table = audit::audit_table(&self.inner.options.table);
         let mut conn = self.connection("appending to the audit log").await?;
-        let table = self.audit_table(&mut conn).await?;
         sqlx::query(sqlx::AssertSqlSafe(audit::append(&table)))
             .bind(&entry.actor)
             .bind(&entry.action)
@@ -37,7 +21,7 @@ impl<K: PgKey> PgAdmin<K> {
             .bind(entry.ok)
             .execute(&mut *conn)
             .await
-            .map_err(|e| store_error("appending to the audit log", e))?;
+            .map_err(|e| beside_error(&table, "audit entries", "appending to the audit log", e))?;
         Ok(())
     }
 
@@ -45,15 +29,15 @@ impl<K: PgKey> PgAdmin<K> {
         &self,
         params: &AuditParams,
     ) -> Result<Vec<AuditEntry>, StoreError> {
+        let table = audit::audit_table(&self.inner.options.table);
         let mut conn = self.connection("reading the audit log").await?;
-        let table = self.audit_table(&mut conn).await?;
         let rows = sqlx::query(sqlx::AssertSqlSafe(audit::read(&table)))
             .bind(params.before)
             .bind(params.actor.as_deref())
             .bind(i64::try_from(params.limit.min(queue_core::MAX_AUDIT_PAGE)).unwrap_or(0))
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| store_error("reading the audit log", e))?;
+            .map_err(|e| beside_error(&table, "audit entries", "reading the audit log", e))?;
         rows.iter()
             .map(|row| {
                 let get = |e| store_error("reading the audit log", e);

@@ -18,6 +18,7 @@ use queue_core::{
 use sqlx::PgPool;
 
 use crate::clock_offset::ClockOffset;
+use crate::error::store_error;
 use crate::options::{Column, PgStoreOptions};
 use crate::record::PgKey;
 use crate::sql::admin::AdminStatements;
@@ -187,6 +188,63 @@ impl<K: PgKey> PgAdmin<K> {
         !self.inner.absent.contains(&column)
     }
 
+    /// A connection from the pool, for an operator's statement.
+    pub(super) async fn connection(
+        &self,
+        context: &str,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        self.inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(context, e))
+    }
+
+    /// Whether `table`, one the store keeps beside the job table (kinds,
+    /// audit, workers), exists: for a read inside a transaction, which a
+    /// failed statement would end.
+    pub(super) async fn exists(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        table: &crate::QualifiedName,
+    ) -> Result<bool, StoreError> {
+        sqlx::query_scalar(crate::sql::default_table::RELATION_EXISTS)
+            .bind(table.quoted())
+            .fetch_one(conn)
+            .await
+            .map_err(|e| store_error(&format!("looking for {table}"), e))
+    }
+}
+
+/// The error of a statement on `table`, one the store keeps beside the job
+/// table to hold `what`: a table the database says does not exist is
+/// refused, saying how to create it; anything else is the store's error.
+pub(crate) fn beside_error(
+    table: &crate::QualifiedName,
+    what: &str,
+    context: &str,
+    error: sqlx::Error,
+) -> StoreError {
+    match &error {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some(UNDEFINED_TABLE) => {
+            missing_table(table, what)
+        }
+        _ => store_error(context, error),
+    }
+}
+
+/// Postgres' SQLSTATE for a relation that does not exist.
+pub(crate) const UNDEFINED_TABLE: &str = "42P01";
+
+/// `table`, which holds `what`, does not exist.
+pub(crate) fn missing_table(table: &crate::QualifiedName, what: &str) -> StoreError {
+    StoreError::Refused(format!(
+        "the table {table}, where {what} are kept, does not exist: run `queue migrate` \
+         (or queue_store_postgres::migrate_beside) to create it"
+    ))
+}
+
+impl<K: PgKey> PgAdmin<K> {
     /// The standard state a stored value stands for: the first state
     /// mapped to it (errored sharing queued's value reads as queued); the
     /// expired jobs' own value, if the table has one, reads as failed.

@@ -7,26 +7,20 @@ use chrono::{DateTime, Utc};
 use queue_core::{StoreError, WorkerBeat, WorkerInfo};
 use sqlx::Row;
 
-use super::PgAdmin;
+use super::{beside_error, missing_table, PgAdmin};
 use crate::error::store_error;
 use crate::record::PgKey;
 use crate::sql::workers;
 
+/// What the workers table holds, as its missing-table error says.
+const WHAT: &str = "the live workers";
+
 /// How long a beat goes on the last finding that the workers table is
-/// missing before it looks again (so that a missing table costs no error
-/// in the server's log on every beat).
+/// missing before it tries again (so that a missing table costs the
+/// server's log one error a minute, not one a beat).
 const RECHECK_MISSING: Duration = Duration::from_secs(60);
 
 impl<K: PgKey> PgAdmin<K> {
-    /// The workers table, or why the registry cannot be kept: it was never
-    /// created.
-    fn missing(&self, table: &crate::QualifiedName) -> StoreError {
-        StoreError::Refused(format!(
-            "the workers table {table} does not exist: run `queue migrate` \
-             (or queue_store_postgres::migrate_beside) to create it"
-        ))
-    }
-
     /// Why a beat cannot be recorded, if a beat found the workers table
     /// missing within the last minute: the beat then sends nothing.
     pub(crate) fn workers_table_missing(&self) -> Option<StoreError> {
@@ -36,7 +30,26 @@ impl<K: PgKey> PgAdmin<K> {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .is_some_and(|at| at.elapsed() < RECHECK_MISSING)
-            .then(|| self.missing(&table))
+            .then(|| missing_table(&table, WHAT))
+    }
+
+    /// The error of a registry statement; one that found the workers table
+    /// missing is remembered ([`PgAdmin::workers_table_missing`]).
+    fn registry_error(
+        &self,
+        table: &crate::QualifiedName,
+        context: &str,
+        e: sqlx::Error,
+    ) -> StoreError {
+        let error = beside_error(table, WHAT, context, e);
+        if matches!(error, StoreError::Refused(_)) {
+            *self
+                .inner
+                .workers_missing
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
+        }
+        error
     }
 
     /// Records `beat` on `conn` (the store's: a connection that died is
@@ -47,14 +60,6 @@ impl<K: PgKey> PgAdmin<K> {
         beat: &WorkerBeat,
     ) -> Result<(), StoreError> {
         let table = workers::workers_table(&self.inner.options.table);
-        if !self.exists(&mut *conn, &table).await? {
-            *self
-                .inner
-                .workers_missing
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(Instant::now());
-            return Err(self.missing(&table));
-        }
         sqlx::query(sqlx::AssertSqlSafe(workers::beat(&table)))
             .bind(&beat.name)
             .bind(&beat.host)
@@ -65,7 +70,7 @@ impl<K: PgKey> PgAdmin<K> {
             .bind(beat.started_at)
             .execute(&mut *conn)
             .await
-            .map_err(|e| store_error("recording a worker's beat", e))?;
+            .map_err(|e| self.registry_error(&table, "recording a worker's beat", e))?;
         Ok(())
     }
 
@@ -76,14 +81,11 @@ impl<K: PgKey> PgAdmin<K> {
         name: &str,
     ) -> Result<(), StoreError> {
         let table = workers::workers_table(&self.inner.options.table);
-        if !self.exists(&mut *conn, &table).await? {
-            return Err(self.missing(&table));
-        }
         sqlx::query(sqlx::AssertSqlSafe(workers::leave(&table)))
             .bind(name)
             .execute(&mut *conn)
             .await
-            .map_err(|e| store_error("removing a worker from the registry", e))?;
+            .map_err(|e| self.registry_error(&table, "removing a worker from the registry", e))?;
         Ok(())
     }
 
@@ -93,14 +95,11 @@ impl<K: PgKey> PgAdmin<K> {
     ) -> Result<Vec<WorkerInfo>, StoreError> {
         let table = workers::workers_table(&self.inner.options.table);
         let mut conn = self.connection("reading the workers").await?;
-        if !self.exists(&mut conn, &table).await? {
-            return Err(self.missing(&table));
-        }
         let rows = sqlx::query(sqlx::AssertSqlSafe(workers::read(&table)))
             .bind(seen_since)
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| store_error("reading the workers", e))?;
+            .map_err(|e| beside_error(&table, WHAT, "reading the workers", e))?;
         rows.iter()
             .map(|row| {
                 let get = |e| store_error("reading the workers", e);
