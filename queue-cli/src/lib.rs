@@ -25,7 +25,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
 
 pub use crate::args::FilterArgs;
-use crate::commands::{audit, bulk, enqueue, maintenance, migrate, pause, read};
+use crate::commands::{audit, bulk, enqueue, maintenance, migrate, ops, pause, read};
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
@@ -102,6 +102,9 @@ pub enum Command {
     /// The audit log, newest first: every write of the CLI and the HTTP
     /// API, who made it, on which jobs, and how it ended.
     Audit(audit::AuditArgs),
+    /// Bulk operations by filter (retry, cancel, fail, delete, purge):
+    /// list them, show or follow one, abort one, or resume one here.
+    Ops(ops::OpsArgs),
     /// Create or upgrade the default jobs table, or the tables the store
     /// keeps beside a table of your own (the bookkeeping table a config
     /// file names, the kinds table where pauses are kept): versioned
@@ -298,6 +301,7 @@ async fn run_admin_command(
         Command::Resume(args) => pause::resume(admin, context, &args, out).await,
         Command::Paused => pause::paused(admin, context, out).await,
         Command::Audit(args) => audit::read(admin, context, &args, out).await,
+        Command::Ops(args) => ops::run(admin, context, &args, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {
             anyhow::bail!("this command does not run over the admin contract")
         }

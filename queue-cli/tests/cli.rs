@@ -168,9 +168,17 @@ async fn an_operator_session_on_the_default_table() {
         "--yes",
         "--json",
     ]));
-    // The pruner's pass, state by state: completed took two batches of
-    // two, failed and canceled one (empty) batch each.
-    assert_eq!(purged, serde_json::json!({"purged": 3, "batches": 4}));
+    // One tracked operation over the three finished states: a batch of
+    // two, then the last one.
+    assert_eq!(
+        (&purged["purged"], &purged["batches"]),
+        (&serde_json::json!(3), &serde_json::json!(2)),
+        "{purged}"
+    );
+    assert!(
+        purged["operation"].as_i64().is_some_and(|id| id > 0),
+        "{purged}"
+    );
     let stats = json(&mut q(&["stats", "--json"]));
     let left: Vec<(String, String)> = stats["counts"]
         .as_array()
@@ -253,14 +261,15 @@ canceled = "dropped"
     };
 
     // The table is the user's: migrate creates only the tables beside it,
-    // where pauses (the config maps a kind column), the audit log and the
-    // worker registry are kept.
+    // where pauses (the config maps a kind column), the audit log, the
+    // worker registry and bulk operations are kept.
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
         migrated.contains("tasks_kinds\": applied version 1")
             && migrated.contains("tasks_audit\": applied version 1")
             && migrated.contains("tasks_workers\": applied version 1")
-            && migrated.lines().count() == 3,
+            && migrated.contains("tasks_operations\": applied version 1")
+            && migrated.lines().count() == 4,
         "{migrated}"
     );
     let err = fails(&mut q(&["migrate", "--table", "other"]));
@@ -387,12 +396,14 @@ canceled = "dead"
     );
     let q = |args: &[&str]| t.queue(&config, args);
     // No bookkeeping table named, no kind column: migrate creates the
-    // audit and workers tables beside it, and there is no kind to pause.
+    // audit, workers and operations tables beside it, and there is no kind
+    // to pause.
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
         migrated.contains("jobs_audit\": applied version 1")
             && migrated.contains("jobs_workers\": applied version 1")
-            && migrated.lines().count() == 2,
+            && migrated.contains("jobs_operations\": applied version 1")
+            && migrated.lines().count() == 3,
         "{migrated}"
     );
     let paused = fails(&mut q(&["pause", "email"]));

@@ -21,6 +21,9 @@ use serde::{Deserialize, Serialize};
 use crate::audit::{AuditEntry, AuditParams, NewAuditEntry};
 use crate::error::StoreError;
 use crate::job::{Enqueued, Job, JobId, JobState, NewJob};
+use crate::operations::{
+    AbortOutcome, NewOperation, Operation, OperationParams, OperationStep, TakeOperation,
+};
 use crate::pause::PausedKind;
 use crate::resetter::{ResetParams, ResetReport};
 
@@ -605,6 +608,11 @@ pub enum Targets<Id> {
         filter: JobFilter,
         /// At most this many per call.
         limit: usize,
+        /// Only jobs whose key comes after this one, in the store's key
+        /// order: the [`ActionReport::last`] of the call before, so that a
+        /// long run of calls walks the table once instead of from its start
+        /// each time.
+        after: Option<Id>,
     },
 }
 
@@ -612,6 +620,15 @@ impl<Id> Targets<Id> {
     /// The one job `id`.
     pub fn id(id: Id) -> Self {
         Targets::Ids(vec![id])
+    }
+
+    /// Up to `limit` jobs matching `filter`, from the lowest key.
+    pub fn matching(filter: JobFilter, limit: usize) -> Self {
+        Targets::Matching {
+            filter,
+            limit,
+            after: None,
+        }
     }
 }
 
@@ -713,6 +730,11 @@ pub struct ActionReport<Id> {
     pub stop_requested: u64,
     /// The jobs named by [`Targets::Ids`] that were left alone.
     pub skipped: Vec<Skipped<Id>>,
+    /// A [`Targets::Matching`] call: the key up to which every matching
+    /// job has been dealt with, where the next call may start
+    /// ([`Targets::Matching::after`]). `None` where the store cannot say
+    /// (the next call then starts where this one did).
+    pub last: Option<Id>,
 }
 
 impl<Id> ActionReport<Id> {
@@ -723,7 +745,14 @@ impl<Id> ActionReport<Id> {
             changed,
             stop_requested,
             skipped,
+            last: None,
         }
+    }
+
+    /// The same report, saying the next call may start after `last`.
+    pub fn last(mut self, last: Option<Id>) -> Self {
+        self.last = last;
+        self
     }
 }
 
@@ -733,6 +762,7 @@ impl<Id> Default for ActionReport<Id> {
             changed: 0,
             stop_requested: 0,
             skipped: Vec::new(),
+            last: None,
         }
     }
 }
@@ -921,6 +951,52 @@ pub trait Admin: Send + Sync + 'static {
         seen_since: DateTime<Utc>,
     ) -> Result<Vec<crate::WorkerInfo>, StoreError>;
 
+    /// Records a bulk operation, pending: a runner
+    /// ([`run_operation`](crate::run_operation)) carries it out. Refused
+    /// ([`StoreError::Refused`]) if [`NewOperation::check`] refuses it, or
+    /// where the store keeps no operations (its table not created). See
+    /// [`operations`](crate::operations).
+    async fn create_operation(&self, new: &NewOperation)
+        -> Result<Operation<Self::Id>, StoreError>;
+
+    /// Operation `id`, or `None` if there is none.
+    async fn operation(&self, id: i64) -> Result<Option<Operation<Self::Id>>, StoreError>;
+
+    /// Operations, newest first.
+    async fn operations(
+        &self,
+        params: &OperationParams,
+    ) -> Result<Vec<Operation<Self::Id>>, StoreError>;
+
+    /// Gives `take.runner` an operation to carry out, now running and its
+    /// own: the one `take.id` names (pending, interrupted, or running with
+    /// a runner silent for `take.silent_for`), or else the oldest pending
+    /// one or the oldest whose runner went silent. `None` if there is none.
+    /// Two runners never get the same operation.
+    async fn take_operation(
+        &self,
+        take: &TakeOperation,
+    ) -> Result<Option<Operation<Self::Id>>, StoreError>;
+
+    /// Records a batch of an operation and, with `step.end`, its end, at
+    /// the store's time ([`OperationStep::apply`]). Returns the operation
+    /// as recorded; `None` (nothing recorded) if it is not `step.runner`'s
+    /// any more.
+    async fn step_operation(
+        &self,
+        step: &OperationStep<Self::Id>,
+    ) -> Result<Option<Operation<Self::Id>>, StoreError>;
+
+    /// Aborts operation `id` at once if it has not ended (its runner stops
+    /// after the batch under way; the jobs changed stay changed), with the
+    /// message `aborted by <by>`. Says whether this call aborted it or it
+    /// had ended before; `None` if there is no such operation.
+    async fn abort_operation(
+        &self,
+        id: i64,
+        by: &str,
+    ) -> Result<Option<AbortOutcome<Self::Id>>, StoreError>;
+
     /// Resets stalled jobs once, as the resetter does on each tick (see
     /// [`resetter`](crate::resetter)).
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<Self::Id>, StoreError>;
@@ -933,10 +1009,7 @@ pub trait Admin: Send + Sync + 'static {
             return Ok(0);
         };
         let report = self
-            .delete(&Targets::Matching {
-                filter,
-                limit: params.limit,
-            })
+            .delete(&Targets::matching(filter, params.limit))
             .await?;
         Ok(report.changed)
     }

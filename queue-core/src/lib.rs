@@ -8,6 +8,7 @@ mod clock;
 mod error;
 mod handler;
 mod job;
+pub mod operations;
 mod outcome;
 mod pause;
 pub mod resetter;
@@ -31,6 +32,11 @@ pub use crate::handler::{Dequeue, DequeueContext, Handler, JobContext, LogSink};
 pub use crate::job::{
     Enqueued, Job, JobId, JobLimits, JobRecord, JobState, Lease, LogEntry, NewJob, UniqueKey,
     UniqueScope, CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
+};
+pub use crate::operations::{
+    purge_params, run_operation, AbortOutcome, NewOperation, Operation, OperationAction,
+    OperationParams, OperationState, OperationStep, RunOptions, StopAs, TakeOperation,
+    DEFAULT_OPERATION_BATCH, MAX_OPERATION_BATCH, MAX_OPERATION_PAGE, OPERATION_SILENT_AFTER,
 };
 pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
 pub use crate::pause::{check_kind, check_pause, PausedKind, MAX_KIND_LEN};

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, Job, JobFilter,
-    JobPage, JobState, JobView, ListOrder, ListParams, NewAuditEntry, NewJob, PausedKind,
-    QueueStats, ResetParams, ResetReport, RetryParams, SkipReason, Skipped, StateCount,
-    StatsParams, Store, StoreError, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
+    AbortOutcome, ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, Job,
+    JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, NewAuditEntry, NewJob,
+    NewOperation, Operation, OperationParams, OperationStep, PausedKind, QueueStats, ResetParams,
+    ResetReport, RetryParams, SkipReason, Skipped, StateCount, StatsParams, Store, StoreError,
+    TakeOperation, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
 };
 
 use crate::store::{eligible, Extras, MemoryStore, State};
@@ -44,6 +45,10 @@ impl MemoryStore {
         let mut state = self.lock();
         let mut report = ActionReport::default();
         let ids = picked(&state, targets, eligible_for)?;
+        // Every matching job up to the last one picked is dealt with.
+        if let Targets::Matching { .. } = targets {
+            report.last = ids.last().copied();
+        }
         let mut woke = false;
         for id in ids {
             let State { jobs, extras, .. } = &mut *state;
@@ -87,7 +92,12 @@ fn picked(
 ) -> Result<Vec<i64>, StoreError> {
     Ok(match targets {
         Targets::Ids(ids) => ids.clone(),
-        Targets::Matching { filter, limit } => matching(state, filter)
+        Targets::Matching {
+            filter,
+            limit,
+            after,
+        } => matching(state, filter)
+            .filter(|job| after.is_none_or(|after| job.id > after))
             .filter(|job| eligible(job))
             .take(*limit)
             .map(|job| job.id)
@@ -360,6 +370,9 @@ impl Admin for MemoryStore {
         let mut state = self.lock();
         let ids = picked(&state, targets, |_| true)?;
         let mut report = ActionReport::default();
+        if let Targets::Matching { .. } = targets {
+            report.last = ids.last().copied();
+        }
         for id in ids {
             match state.jobs.remove(&id) {
                 Some(job) => {
@@ -420,6 +433,43 @@ impl Admin for MemoryStore {
             .filter(|w| w.last_seen_at >= seen_since)
             .cloned()
             .collect())
+    }
+
+    async fn create_operation(&self, new: &NewOperation) -> Result<Operation<i64>, StoreError> {
+        self.create_op(new)
+    }
+
+    async fn operation(&self, id: i64) -> Result<Option<Operation<i64>>, StoreError> {
+        Ok(self.read_op(id))
+    }
+
+    async fn operations(
+        &self,
+        params: &OperationParams,
+    ) -> Result<Vec<Operation<i64>>, StoreError> {
+        Ok(self.read_ops(params))
+    }
+
+    async fn take_operation(
+        &self,
+        take: &TakeOperation,
+    ) -> Result<Option<Operation<i64>>, StoreError> {
+        Ok(self.take_op(take))
+    }
+
+    async fn step_operation(
+        &self,
+        step: &OperationStep<i64>,
+    ) -> Result<Option<Operation<i64>>, StoreError> {
+        Ok(self.step_op(step))
+    }
+
+    async fn abort_operation(
+        &self,
+        id: i64,
+        by: &str,
+    ) -> Result<Option<AbortOutcome<i64>>, StoreError> {
+        Ok(self.abort_op(id, by))
     }
 
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {

@@ -3,6 +3,7 @@
 
 mod admin;
 mod clock;
+mod operations;
 mod store;
 
 pub use crate::clock::ManualClock;

@@ -69,6 +69,8 @@ pub(crate) struct State {
     pub(crate) audit: Vec<queue_core::AuditEntry>,
     /// The worker registry: each worker's last beat, by name.
     pub(crate) workers: BTreeMap<String, queue_core::WorkerInfo>,
+    /// Bulk operations, by id.
+    pub(crate) operations: BTreeMap<i64, queue_core::Operation<i64>>,
     next_id: i64,
     next_token: i64,
 }

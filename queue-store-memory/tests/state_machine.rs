@@ -441,10 +441,7 @@ impl Run {
                 }
                 let report = Admin::retry(
                     &self.store,
-                    &Targets::Matching {
-                        filter: JobFilter::default().states([JobState::Failed]),
-                        limit,
-                    },
+                    &Targets::matching(JobFilter::default().states([JobState::Failed]), limit),
                     RetryParams::default(),
                     self.now,
                 )

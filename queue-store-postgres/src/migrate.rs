@@ -217,6 +217,11 @@ pub(crate) fn operator_tables(
     tables.push((audit.clone(), crate::sql::audit::migrations(&audit)));
     let workers = crate::sql::workers::workers_table(table);
     tables.push((workers.clone(), crate::sql::workers::migrations(&workers)));
+    let operations = crate::sql::operations::operations_table(table);
+    tables.push((
+        operations.clone(),
+        crate::sql::operations::migrations(&operations),
+    ));
     tables
 }
 

@@ -1002,6 +1002,46 @@ where
         self.inner.admin.audit(params).await
     }
 
+    async fn create_operation(
+        &self,
+        new: &queue_core::NewOperation,
+    ) -> Result<queue_core::Operation<R::Id>, StoreError> {
+        self.inner.admin.create_operation(new).await
+    }
+
+    async fn operation(&self, id: i64) -> Result<Option<queue_core::Operation<R::Id>>, StoreError> {
+        self.inner.admin.operation(id).await
+    }
+
+    async fn operations(
+        &self,
+        params: &queue_core::OperationParams,
+    ) -> Result<Vec<queue_core::Operation<R::Id>>, StoreError> {
+        self.inner.admin.operations(params).await
+    }
+
+    async fn take_operation(
+        &self,
+        take: &queue_core::TakeOperation,
+    ) -> Result<Option<queue_core::Operation<R::Id>>, StoreError> {
+        self.inner.admin.take_operation(take).await
+    }
+
+    async fn step_operation(
+        &self,
+        step: &queue_core::OperationStep<R::Id>,
+    ) -> Result<Option<queue_core::Operation<R::Id>>, StoreError> {
+        self.inner.admin.step_operation(step).await
+    }
+
+    async fn abort_operation(
+        &self,
+        id: i64,
+        by: &str,
+    ) -> Result<Option<queue_core::AbortOutcome<R::Id>>, StoreError> {
+        self.inner.admin.abort_operation(id, by).await
+    }
+
     async fn workers(
         &self,
         seen_since: DateTime<Utc>,

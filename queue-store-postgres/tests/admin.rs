@@ -254,10 +254,7 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
         .await
         .unwrap()[0]
         .id;
-    let everything = Targets::Matching {
-        filter: JobFilter::default(),
-        limit: 100,
-    };
+    let everything = Targets::matching(JobFilter::default(), 100);
     let report = admin
         .retry(&everything, RetryParams::default(), Utc::now())
         .await

@@ -86,7 +86,7 @@ pub async fn read(
 pub(crate) fn target(command: &Command) -> Option<(&'static str, Value)> {
     let jobs = |bulk: &super::bulk::BulkArgs| {
         if bulk.ids.is_empty() {
-            json!({ "filter": bulk.filter.describe() })
+            json!({ "filter": bulk.filter.describe(), "detach": bulk.detach })
         } else {
             json!({ "ids": bulk.ids })
         }
@@ -118,10 +118,21 @@ pub(crate) fn target(command: &Command) -> Option<(&'static str, Value)> {
         ),
         Command::Purge(a) => (
             "purge",
-            json!({ "older_than_secs": a.older_than.num_seconds(), "states": a.states }),
+            json!({
+                "older_than_secs": a.older_than.num_seconds(),
+                "states": a.states,
+                "detach": a.detach,
+            }),
         ),
         Command::Pause(a) => ("pause", json!({ "kind": a.kind })),
         Command::Resume(a) => ("resume", json!({ "kind": a.kind })),
+        Command::Ops(a) => match a.command {
+            Some(super::ops::OpsCommand::Abort { id }) => ("abort-operation", json!({ "id": id })),
+            Some(super::ops::OpsCommand::Resume { id }) => {
+                ("resume-operation", json!({ "id": id }))
+            }
+            _ => return None,
+        },
         _ => return None,
     })
 }

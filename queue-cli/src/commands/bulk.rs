@@ -5,10 +5,11 @@ use std::io::Write;
 
 use anyhow::{bail, Result};
 use chrono::Utc;
-use queue_core::{ActionReport, JobFilter, JobState, RetryParams, Targets};
+use queue_core::{ActionReport, JobFilter, NewOperation, OperationAction, RetryParams, Targets};
 
 use crate::args::FilterArgs;
-use crate::output::{self, jobs, printable_line, progress};
+use crate::commands::ops::{self, Started};
+use crate::output::{self, jobs, printable_line};
 
 /// `n running jobs`, or `1 running job`.
 fn running(n: u64) -> String {
@@ -29,6 +30,10 @@ pub struct BulkArgs {
     /// one short transaction.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub batch: usize,
+    /// By filter: record the operation and return at once; a running
+    /// `queue serve` carries it out (follow it with `queue ops`).
+    #[arg(long)]
+    pub detach: bool,
 }
 
 /// `queue retry`.
@@ -84,16 +89,17 @@ impl Action<'_> {
         }
     }
 
-    /// The states the write applies to; `None` for any.
-    fn states(self, admin: &TextAdmin) -> Option<Vec<JobState>> {
+    /// The same write as a bulk operation's action.
+    fn operation(self) -> OperationAction {
         match self {
-            Action::Retry(_) => Some(admin.retryable_states()),
-            Action::Cancel | Action::Fail(_) => Some(vec![
-                JobState::Queued,
-                JobState::Errored,
-                JobState::Processing,
-            ]),
-            Action::Delete => None,
+            Action::Retry(params) => OperationAction::Retry {
+                reset_attempts: params.reset_attempts,
+            },
+            Action::Cancel => OperationAction::Cancel,
+            Action::Fail(reason) => OperationAction::Fail {
+                reason: reason.to_owned(),
+            },
+            Action::Delete => OperationAction::Delete,
         }
     }
 
@@ -153,22 +159,15 @@ pub async fn run(
     if args.batch == 0 {
         bail!("--batch must be at least 1");
     }
-    let report = if args.ids.is_empty() {
+    if args.detach && !args.ids.is_empty() {
+        bail!("--detach applies to a write by filter; a write by key is done at once");
+    }
+    if args.ids.is_empty() {
         let filter = args.filter.to_filter(admin)?;
-        match by_filter(admin, context, filter, args.batch, action).await? {
-            Some(report) => report,
-            None => {
-                if context.json {
-                    return output::json(out, &ActionReport::<String>::default());
-                }
-                writeln!(out, "no jobs match; nothing {}", action.done())?;
-                return Ok(());
-            }
-        }
-    } else {
-        let ids = keys::<String>(&args.ids)?;
-        action.apply(admin, &Targets::Ids(ids)).await?
-    };
+        return by_filter(admin, context, filter, args, action, out).await;
+    }
+    let ids = keys::<String>(&args.ids)?;
+    let report = action.apply(admin, &Targets::Ids(ids)).await?;
     if context.json {
         output::json(out, &report)?;
     } else {
@@ -195,32 +194,28 @@ pub async fn run(
     }
 }
 
-/// Applies `action` to the jobs matching `filter`, `batch` at a time, after
-/// a confirmation naming how many; `None` if none match.
+/// Applies `action` to the jobs matching `filter` as a bulk operation
+/// ([`ops::start`]), after a confirmation naming how many: carried out
+/// here, `batch` at a time, or left to `queue serve` with `--detach`.
 async fn by_filter(
     admin: &TextAdmin,
     context: &Context,
-    mut filter: JobFilter,
-    batch: usize,
+    filter: JobFilter,
+    args: &BulkArgs,
     action: Action<'_>,
-) -> Result<Option<ActionReport<String>>> {
+    out: &mut impl Write,
+) -> Result<()> {
+    let operation = action.operation();
     // Count what the write can apply to: the filter's states within the
     // action's.
-    let mut counted = filter.clone();
-    if let Some(states) = action.states(admin) {
-        let within: Vec<JobState> = match &filter.states {
-            Some(chosen) => chosen
-                .iter()
-                .copied()
-                .filter(|s| states.contains(s))
-                .collect(),
-            None => states.to_vec(),
-        };
-        counted.states = Some(within);
-    }
+    let counted = operation.narrow(filter, &admin.retryable_states());
     let total = admin.count(&counted).await?;
     if total == 0 {
-        return Ok(None);
+        if context.json {
+            return output::json(out, &ActionReport::<String>::default());
+        }
+        writeln!(out, "no jobs match; nothing {}", action.done())?;
+        return Ok(());
     }
     let described = describe(admin, &counted);
     if !context.confirm(&format!(
@@ -230,31 +225,22 @@ async fn by_filter(
     ))? {
         bail!("nothing {}: not confirmed", action.done());
     }
-    filter.states = counted.states;
-    let bar = progress(total, action.verb(), !context.json);
-    let mut report = ActionReport::default();
-    let targets = |limit| Targets::Matching {
-        filter: filter.clone(),
-        limit,
-    };
-    // Never more than was confirmed, even if matching jobs keep coming.
-    while report.changed + report.stop_requested < total {
-        let left = usize::try_from(total - report.changed - report.stop_requested).unwrap_or(batch);
-        let limit = batch.min(left);
-        let done = action.apply(admin, &targets(limit)).await?;
-        let moved = done.changed + done.stop_requested;
-        report.changed += done.changed;
-        report.stop_requested += done.stop_requested;
-        bar.inc(moved);
-        // Only an empty batch ends it: a retry's batch can come back short
-        // while more jobs match (of two jobs with one unique key it queues
-        // one, and the next batch passes over the other, now held).
-        if moved == 0 {
-            break;
+    let batch = u32::try_from(args.batch).unwrap_or(u32::MAX);
+    let new = NewOperation::new(operation, counted, context.actor.clone(), total).batch(batch);
+    match ops::start(admin, context, new, args.detach).await? {
+        Started::Detached(op) => ops::print_detached(out, context, &op),
+        Started::Done(op, _) => {
+            if context.json {
+                return output::json(out, &op);
+            }
+            write!(out, "{} {}", action.done(), jobs(op.done))?;
+            if let Action::Cancel = action {
+                write!(out, " (running ones asked to stop)")?;
+            }
+            writeln!(out)?;
+            Ok(())
         }
     }
-    bar.finish_and_clear();
-    Ok(Some(report))
 }
 
 fn capitalised(verb: &str) -> String {
@@ -266,7 +252,7 @@ fn capitalised(verb: &str) -> String {
 }
 
 /// The filter in words, with the store's state names.
-fn describe(admin: &TextAdmin, filter: &JobFilter) -> String {
+pub(crate) fn describe(admin: &TextAdmin, filter: &JobFilter) -> String {
     let mut parts = Vec::new();
     if let Some(states) = &filter.states {
         let names: Vec<String> = states.iter().map(|s| admin.stored_state(*s)).collect();

@@ -6,11 +6,12 @@ use std::time::Duration;
 
 use anyhow::{bail, Result};
 use chrono::{TimeDelta, Utc};
-use queue_core::{prune, Delivery, JobFilter, JobState, ResetParams, Retention};
+use queue_core::{Delivery, JobFilter, JobState, NewOperation, OperationAction, ResetParams};
 
 use crate::args::{age, states_named};
+use crate::commands::ops::{self, Started};
 use crate::commands::read::stalled_max_age;
-use crate::output::{self, jobs, printable_line, progress};
+use crate::output::{self, jobs, printable_line};
 use crate::serve::TextAdmin;
 use crate::Context;
 
@@ -44,6 +45,10 @@ pub struct PurgeArgs {
     /// claims never wait on a purge for long.
     #[arg(long, default_value_t = 1000, value_name = "N")]
     pub batch: usize,
+    /// Record the purge and return at once; a running `queue serve`
+    /// carries it out (follow it with `queue ops`).
+    #[arg(long)]
+    pub detach: bool,
 }
 
 pub async fn reset(
@@ -134,25 +139,25 @@ pub async fn purge(
             bail!("nothing purged: not confirmed");
         }
     }
-    let bar = progress(total, "purging", !context.json);
-    // The pruner's own pass (queue_core::prune), with the one age for each
-    // state chosen, and no pause between batches: an operator is waiting.
-    let age = args.older_than.to_std().unwrap_or_default();
-    let chosen = |state| states.contains(&state).then_some(age);
-    let retention = Retention {
-        completed: chosen(JobState::Completed),
-        failed: chosen(JobState::Failed),
-        canceled: chosen(JobState::Canceled),
-        batch: args.batch,
-        pause: Duration::ZERO,
+    if total == 0 {
+        if context.json {
+            return output::json(out, &serde_json::json!({ "purged": 0, "batches": 0 }));
+        }
+        writeln!(out, "no jobs match; nothing purged")?;
+        return Ok(());
+    }
+    let batch = u32::try_from(args.batch).unwrap_or(u32::MAX);
+    let new = NewOperation::new(OperationAction::Purge, filter, context.actor.clone(), total)
+        .batch(batch);
+    let (op, batches) = match ops::start(admin, context, new, args.detach).await? {
+        Started::Detached(op) => return ops::print_detached(out, context, &op),
+        Started::Done(op, batches) => (op, batches),
     };
-    let report = prune(admin, &retention, now, |_, n| bar.inc(n)).await?;
-    let (purged, batches) = (report.total(), report.batches);
-    bar.finish_and_clear();
+    let purged = op.done;
     if context.json {
         return output::json(
             out,
-            &serde_json::json!({ "purged": purged, "batches": batches }),
+            &serde_json::json!({ "purged": purged, "batches": batches, "operation": op.id }),
         );
     }
     writeln!(out, "purged {} in {batches} batches", jobs(purged))?;

@@ -5,5 +5,6 @@ pub mod bulk;
 pub mod enqueue;
 pub mod maintenance;
 pub mod migrate;
+pub mod ops;
 pub mod pause;
 pub mod read;

@@ -42,6 +42,8 @@ pub struct Api {
     stats_reads: Arc<std::sync::atomic::AtomicU64>,
     /// The schedules this server runs (the config's `[[schedules]]`).
     pub schedules: Arc<Vec<queue_worker::Schedule>>,
+    /// Wakes this server's operation runner when an operation is started.
+    pub operations: Arc<tokio::sync::Notify>,
 }
 
 /// How long the queue's figures serve every caller (`/api/stats`, every
@@ -65,6 +67,7 @@ impl Api {
             stats: Arc::default(),
             stats_reads: Arc::default(),
             schedules: Arc::default(),
+            operations: Arc::default(),
         }
     }
 
@@ -403,7 +406,8 @@ pub struct Stats {
 }
 
 impl Api {
-    fn filter(&self, query: &ListQuery) -> Result<JobFilter, ApiError> {
+    /// The jobs `query` chooses.
+    pub(crate) fn filter(&self, query: &ListQuery) -> Result<JobFilter, ApiError> {
         let split = |text: &Option<String>| {
             text.as_deref().map(|t| {
                 t.split(',')

@@ -240,7 +240,10 @@ pub fn needed(method: &Method, route: &str) -> Access {
         | ("POST", "/api/jobs/{id}/retry")
         | ("POST", "/api/jobs/{id}/cancel")
         | ("POST", "/api/kinds/{kind}/pause")
-        | ("POST", "/api/kinds/{kind}/resume") => Access::Operate,
+        | ("POST", "/api/kinds/{kind}/resume")
+        | ("POST", "/api/operations/retry")
+        | ("POST", "/api/operations/cancel")
+        | ("POST", "/api/operations/{id}/abort") => Access::Operate,
         _ => Access::Admin,
     }
 }

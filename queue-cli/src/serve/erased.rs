@@ -11,8 +11,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, Enqueued, FinishedBucket, JobFilter, JobPage, JobState, JobView,
-    ListParams, NewJob, PausedKind, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
-    Skipped, StatsParams, StoreError, Targets, TimelineParams,
+    ListParams, NewJob, NewOperation, Operation, OperationParams, OperationStep, PausedKind,
+    PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams, Skipped, StatsParams,
+    StoreError, TakeOperation, Targets, TimelineParams,
 };
 use queue_store_postgres::{PgAdmin, PgKeyType, PgStoreOptions};
 use sqlx::PgPool;
@@ -51,6 +52,13 @@ where
         Arc::new(Erased(admin))
     }
 
+    /// The key `text` names; refused if it is none (a position no batch
+    /// of this table could have reported).
+    fn key(text: &str) -> Result<A::Id, StoreError> {
+        A::Id::from_str(text)
+            .map_err(|_| StoreError::Refused(format!("{text:?} is not a key of this table")))
+    }
+
     /// The targets with keys parsed; texts that are no key come back apart
     /// (no job can have them).
     fn targets(targets: &Targets<String>) -> Result<(Targets<A::Id>, Vec<String>), StoreError> {
@@ -66,10 +74,15 @@ where
                 }
                 (Targets::Ids(keys), not_keys)
             }
-            Targets::Matching { filter, limit } => (
+            Targets::Matching {
+                filter,
+                limit,
+                after,
+            } => (
                 Targets::Matching {
                     filter: filter.clone(),
                     limit: *limit,
+                    after: after.as_deref().map(Self::key).transpose()?,
                 },
                 Vec::new(),
             ),
@@ -87,7 +100,7 @@ fn report<Id: ToString>(report: ActionReport<Id>, not_keys: Vec<String>) -> Acti
     let mut skipped: Vec<Skipped<String>> =
         report.skipped.into_iter().map(|s| s.map_id(text)).collect();
     skipped.extend(not_keys.into_iter().map(Skipped::missing));
-    ActionReport::new(report.changed, report.stop_requested, skipped)
+    ActionReport::new(report.changed, report.stop_requested, skipped).last(report.last.map(text))
 }
 
 #[async_trait]
@@ -231,5 +244,65 @@ where
         params: &queue_core::AuditParams,
     ) -> Result<Vec<queue_core::AuditEntry>, StoreError> {
         self.0.audit(params).await
+    }
+
+    async fn create_operation(&self, new: &NewOperation) -> Result<Operation<String>, StoreError> {
+        Ok(self.0.create_operation(new).await?.map_id(text))
+    }
+
+    async fn operation(&self, id: i64) -> Result<Option<Operation<String>>, StoreError> {
+        Ok(self.0.operation(id).await?.map(|op| op.map_id(text)))
+    }
+
+    async fn operations(
+        &self,
+        params: &OperationParams,
+    ) -> Result<Vec<Operation<String>>, StoreError> {
+        Ok(self
+            .0
+            .operations(params)
+            .await?
+            .into_iter()
+            .map(|op| op.map_id(text))
+            .collect())
+    }
+
+    async fn take_operation(
+        &self,
+        take: &TakeOperation,
+    ) -> Result<Option<Operation<String>>, StoreError> {
+        Ok(self.0.take_operation(take).await?.map(|op| op.map_id(text)))
+    }
+
+    async fn step_operation(
+        &self,
+        step: &OperationStep<String>,
+    ) -> Result<Option<Operation<String>>, StoreError> {
+        let mut keyed = OperationStep::batch(
+            step.id,
+            step.runner.clone(),
+            step.done,
+            step.cursor.as_deref().map(Self::key).transpose()?,
+        );
+        if let Some(end) = step.end {
+            keyed = keyed.ending(end, step.message.clone());
+        }
+        Ok(self
+            .0
+            .step_operation(&keyed)
+            .await?
+            .map(|op| op.map_id(text)))
+    }
+
+    async fn abort_operation(
+        &self,
+        id: i64,
+        by: &str,
+    ) -> Result<Option<queue_core::AbortOutcome<String>>, StoreError> {
+        Ok(self
+            .0
+            .abort_operation(id, by)
+            .await?
+            .map(|op| op.map_id(text)))
     }
 }

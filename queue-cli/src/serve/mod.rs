@@ -12,6 +12,7 @@ mod error;
 mod health;
 mod metrics;
 mod openapi;
+mod operations;
 mod pauses;
 mod schedules;
 mod timeline;
@@ -86,6 +87,14 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/kinds/{kind}/pause", post(pauses::pause))
         .route("/api/kinds/{kind}/resume", post(pauses::resume))
         .route("/api/audit", get(audit::audit))
+        .route("/api/operations", get(operations::list))
+        .route("/api/operations/retry", post(operations::start_retry))
+        .route("/api/operations/cancel", post(operations::start_cancel))
+        .route("/api/operations/fail", post(operations::start_fail))
+        .route("/api/operations/delete", post(operations::start_delete))
+        .route("/api/operations/purge", post(operations::start_purge))
+        .route("/api/operations/{id}", get(operations::get))
+        .route("/api/operations/{id}/abort", post(operations::abort))
         .route("/api/schedules", get(schedules::schedules))
         .route("/api/workers", get(schedules::workers))
         .route("/api/timeline", get(timeline::timeline))
@@ -213,6 +222,13 @@ pub(crate) async fn run(
     api.schedules = listed;
     let sampler = tokio::spawn(sample_depth(api.clone()));
     api.health.watch("depth sampler", sampler.abort_handle());
+    let stop_running = CancellationToken::new();
+    let running = operations::spawn_runner(
+        api.admin.clone(),
+        api.operations.clone(),
+        stop_running.clone(),
+    );
+    api.health.watch("operation runner", running.abort_handle());
     if let Some(scheduling) = &scheduling {
         api.health.watch("scheduler", scheduling.abort_handle());
     }
@@ -232,6 +248,10 @@ pub(crate) async fn run(
         .await
         .context("serving")?;
     sampler.abort();
+    // The operation under way is handed back after its batch, for the
+    // next server to carry on.
+    stop_running.cancel();
+    let _ = running.await;
     stop_scheduling.cancel();
     if let Some(scheduling) = scheduling {
         let _ = scheduling.await;

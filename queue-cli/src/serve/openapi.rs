@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::{api, audit, pauses, schedules, timeline};
+use super::{api, audit, operations, pauses, schedules, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -28,6 +28,14 @@ use super::{api, audit, pauses, schedules, timeline};
         pauses::pause,
         pauses::resume,
         audit::audit,
+        operations::start_retry,
+        operations::start_cancel,
+        operations::start_fail,
+        operations::start_delete,
+        operations::start_purge,
+        operations::list,
+        operations::get,
+        operations::abort,
         schedules::schedules,
         schedules::workers,
         timeline::timeline
@@ -49,6 +57,8 @@ use super::{api, audit, pauses, schedules, timeline};
         pauses::Resumed,
         audit::AuditEntry,
         audit::AuditPage,
+        operations::OperationView,
+        operations::OperationRequest,
         schedules::ScheduleView,
         schedules::LastRun,
         schedules::WorkerView,

@@ -1420,10 +1420,7 @@ pub async fn admin_bulk_retry_works_in_batches<H: Harness>(h: &H) {
     for c in claim::<H>(&store, 10, t).await {
         end::<H>(&store, c, fail("down"), at(t, 1)).await;
     }
-    let targets = Targets::Matching {
-        filter: JobFilter::default().kinds(["x"]),
-        limit: 2,
-    };
+    let targets = Targets::matching(JobFilter::default().kinds(["x"]), 2);
     let mut batches = Vec::new();
     loop {
         let report = Admin::retry(&store, &targets, RetryParams::default(), at(t, 2))
@@ -1450,6 +1447,244 @@ pub async fn admin_bulk_retry_works_in_batches<H: Harness>(h: &H) {
             .await
             .len(),
         5
+    );
+}
+
+/// A bulk operation is recorded pending, taken by one runner at a time,
+/// carried out in batches that each add to its count, and ends done; an
+/// abort stops its runner after the batch under way; a runner gone silent
+/// loses it to another, whose batches carry it on; a stopped runner leaves
+/// it interrupted, resumable by id alone; a batch after the last position
+/// passes over the jobs before it.
+pub async fn admin_operations_run_in_batches_abort_and_resume<H: Harness>(h: &H) {
+    use crate::operations::{
+        run_operation, NewOperation, OperationAction, OperationParams, OperationState,
+        OperationStep, RunOptions, StopAs, TakeOperation,
+    };
+    use std::time::Duration;
+    use tokio_util::sync::CancellationToken;
+
+    let store = h.store().await;
+    let t = t0();
+    for n in 0..7 {
+        h.enqueue(&store, NewJob::new("x", serde_json::json!(n)))
+            .await;
+    }
+    let other = h
+        .enqueue(&store, NewJob::new("y", serde_json::json!(0)))
+        .await;
+    for c in claim::<H>(&store, 10, t).await {
+        end::<H>(&store, c, fail("down"), at(t, 1)).await;
+    }
+    let xs = JobFilter::default().kinds(["x"]);
+    // Jobs of kind x in `states` (in any, for none).
+    let count = |states: &[JobState]| {
+        let mut filter = xs.clone();
+        if !states.is_empty() {
+            filter = filter.states(states.iter().copied());
+        }
+        let store = &store;
+        async move { Admin::count(store, &filter).await.expect("count failed") }
+    };
+    let go = CancellationToken::new();
+    let options = RunOptions::new(Duration::ZERO, StopAs::Interrupted);
+    let new = |action, total| NewOperation::new(action, xs.clone(), "alice", total).batch(2);
+    let retry = OperationAction::Retry {
+        reset_attempts: false,
+    };
+
+    // Carried out in batches of 2, each one counted, until done.
+    let first = Admin::create_operation(&store, &new(retry.clone(), 7))
+        .await
+        .expect("create failed");
+    assert_eq!(
+        (first.state, first.done, first.total),
+        (OperationState::Pending, 0, 7)
+    );
+    let taken = Admin::take_operation(&store, &TakeOperation::next("r1"))
+        .await
+        .expect("take failed")
+        .expect("the pending operation is taken");
+    assert_eq!((taken.id, taken.state), (first.id, OperationState::Running));
+    assert_eq!(taken.runner.as_deref(), Some("r1"));
+    assert!(
+        Admin::take_operation(&store, &TakeOperation::next("r2"))
+            .await
+            .expect("take failed")
+            .is_none(),
+        "a running operation with a live runner is not taken twice"
+    );
+    let mut seen = Vec::new();
+    let ran = run_operation(&store, taken, "r1", &go, options, |op| seen.push(op.done))
+        .await
+        .expect("run failed");
+    assert_eq!((ran.state, ran.done), (OperationState::Done, 7));
+    assert_eq!(seen, vec![2, 4, 6, 7], "each batch is recorded as it ends");
+    assert!(
+        ran.cursor.is_some(),
+        "the position after the last batch is kept"
+    );
+    assert!(ran.finished_at.is_some());
+    assert_eq!(count(&[JobState::Queued]).await, 7, "every x job retried");
+    assert_eq!(snapshot(h, &store, &other).await.state, JobState::Failed);
+
+    // A batch after a position passes over the jobs up to it.
+    let report = Admin::force_fail(
+        &store,
+        &Targets::Matching {
+            filter: xs.clone(),
+            limit: 3,
+            after: None,
+        },
+        "by hand",
+    )
+    .await
+    .expect("force-fail failed");
+    assert_eq!(report.changed, 3);
+    let after = report
+        .last
+        .clone()
+        .expect("a filtered write says where it ended");
+    let rest = Admin::retry(
+        &store,
+        &Targets::Matching {
+            filter: JobFilter::default(),
+            limit: 10,
+            after: Some(after),
+        },
+        RetryParams::default(),
+        at(t, 3),
+    )
+    .await
+    .expect("retry failed");
+    assert_eq!(
+        rest.changed, 1,
+        "only the failed y job lies after the position; the failed x jobs lie before it"
+    );
+    assert_eq!(count(&[JobState::Failed]).await, 3);
+
+    // An abort stands: the runner stops after the batch under way.
+    let doomed = Admin::create_operation(&store, &new(OperationAction::Delete, 8))
+        .await
+        .expect("create failed");
+    let taken = Admin::take_operation(&store, &TakeOperation::id("r1", doomed.id))
+        .await
+        .expect("take failed")
+        .expect("taken by id");
+    let Some(crate::operations::AbortOutcome::Aborted(aborted)) =
+        Admin::abort_operation(&store, doomed.id, "bob")
+            .await
+            .expect("abort failed")
+    else {
+        panic!("a running operation is aborted");
+    };
+    assert_eq!(aborted.state, OperationState::Aborted);
+    assert_eq!(aborted.message.as_deref(), Some("aborted by bob"));
+    let ran = run_operation(&store, taken, "r1", &go, options, |_| {})
+        .await
+        .expect("run failed");
+    assert_eq!((ran.state, ran.done), (OperationState::Aborted, 2));
+    assert_eq!(count(&[]).await, 5, "only the batch under way deleted jobs");
+    let Some(crate::operations::AbortOutcome::Ended(again)) =
+        Admin::abort_operation(&store, doomed.id, "carol")
+            .await
+            .expect("abort failed")
+    else {
+        panic!("an ended operation is not aborted again");
+    };
+    assert_eq!(
+        again.message.as_deref(),
+        Some("aborted by bob"),
+        "ended stays ended"
+    );
+
+    // A silent runner loses the operation; the next carries it on.
+    let cancel = Admin::create_operation(&store, &new(OperationAction::Cancel, 5))
+        .await
+        .expect("create failed");
+    let held = Admin::take_operation(&store, &TakeOperation::next("r1"))
+        .await
+        .expect("take failed")
+        .expect("taken");
+    assert_eq!(held.id, cancel.id);
+    let taken_over = Admin::take_operation(
+        &store,
+        &TakeOperation::next("r2").silent_for(Duration::ZERO),
+    )
+    .await
+    .expect("take failed")
+    .expect("a silent runner's operation is taken over");
+    assert_eq!(taken_over.runner.as_deref(), Some("r2"));
+    assert!(
+        Admin::step_operation(&store, &OperationStep::batch(cancel.id, "r1", 1, None))
+            .await
+            .expect("step failed")
+            .is_none(),
+        "the silent runner's late batch is not counted"
+    );
+    let ran = run_operation(&store, taken_over, "r2", &go, options, |_| {})
+        .await
+        .expect("run failed");
+    assert_eq!(
+        (ran.state, ran.done),
+        (OperationState::Done, 4),
+        "the four queued x jobs; the one failed before is final"
+    );
+    assert_eq!(count(&[JobState::Canceled]).await, 4);
+
+    // A stopped runner leaves it interrupted, taken again by id alone.
+    let resumable = Admin::create_operation(&store, &new(retry, 5))
+        .await
+        .expect("create failed");
+    let taken = Admin::take_operation(&store, &TakeOperation::next("r1"))
+        .await
+        .expect("take failed")
+        .expect("taken");
+    let stopped = CancellationToken::new();
+    stopped.cancel();
+    let ran = run_operation(&store, taken, "r1", &stopped, options, |_| {})
+        .await
+        .expect("run failed");
+    assert_eq!((ran.state, ran.done), (OperationState::Interrupted, 0));
+    assert!(ran
+        .message
+        .as_deref()
+        .is_some_and(|m| m.contains("interrupted")));
+    assert!(Admin::take_operation(&store, &TakeOperation::next("r2"))
+        .await
+        .expect("take failed")
+        .is_none());
+    let resumed = Admin::take_operation(&store, &TakeOperation::id("r2", resumable.id))
+        .await
+        .expect("take failed")
+        .expect("resumed by id");
+    let ran = run_operation(&store, resumed, "r2", &go, options, |_| {})
+        .await
+        .expect("run failed");
+    assert_eq!((ran.state, ran.done), (OperationState::Done, 5));
+
+    // Read back newest first, by state, and refused when bad.
+    let all = Admin::operations(&store, &OperationParams::newest(10))
+        .await
+        .expect("read failed");
+    let ids: Vec<i64> = all.iter().map(|op| op.id).collect();
+    assert_eq!(ids, vec![resumable.id, cancel.id, doomed.id, first.id]);
+    let aborted = Admin::operations(
+        &store,
+        &OperationParams::newest(10).states([OperationState::Aborted]),
+    )
+    .await
+    .expect("read failed");
+    assert_eq!(aborted.len(), 1);
+    assert_eq!(aborted[0].id, doomed.id);
+    assert!(Admin::operation(&store, i64::MAX)
+        .await
+        .expect("read failed")
+        .is_none());
+    let refused = Admin::create_operation(&store, &new(OperationAction::Delete, 1).batch(0)).await;
+    assert!(
+        matches!(refused, Err(StoreError::Refused(_))),
+        "{refused:?}"
     );
 }
 
@@ -1784,10 +2019,7 @@ pub async fn admin_cancel_ends_waiting_jobs_and_flags_running_ones<H: Harness>(h
     );
     let again = Admin::cancel(
         &store,
-        &Targets::Matching {
-            filter: JobFilter::default(),
-            limit: 10,
-        },
+        &Targets::matching(JobFilter::default(), 10),
         at(t, 4),
     )
     .await
@@ -1827,10 +2059,7 @@ pub async fn admin_delete_removes_jobs_by_key_and_in_batches<H: Harness>(h: &H) 
         (gone, None)
     );
     assert!(h.inspect(&store, &ids[0]).await.is_none());
-    let targets = Targets::Matching {
-        filter: JobFilter::default().kinds(["k"]),
-        limit: 3,
-    };
+    let targets = Targets::matching(JobFilter::default().kinds(["k"]), 3);
     let mut batches = Vec::new();
     for _ in 0..3 {
         batches.push(
@@ -2178,10 +2407,7 @@ pub async fn admin_retry_passes_over_jobs_whose_key_is_held<H: Harness>(h: &H) {
     );
     let bulk = Admin::retry(
         &store,
-        &Targets::Matching {
-            filter: JobFilter::default().states([JobState::Failed]),
-            limit: 10,
-        },
+        &Targets::matching(JobFilter::default().states([JobState::Failed]), 10),
         RetryParams::default(),
         t,
     )
@@ -2455,6 +2681,7 @@ macro_rules! conformance_tests {
             admin_stats_count_states_and_kinds,
             admin_retry_requeues_failed_errored_and_canceled_jobs,
             admin_bulk_retry_works_in_batches,
+            admin_operations_run_in_batches_abort_and_resume,
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
             admin_force_fail_fences_the_running_attempt_out,
             admin_pause_holds_a_kind_until_resumed,

@@ -12,8 +12,9 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, JobFilter, JobPage,
-    JobState, JobView, ListParams, NewAuditEntry, NewJob, PausedKind, PurgeParams, QueueStats,
-    ResetParams, ResetReport, RetryParams, StatsParams, StoreError, Targets, TimelineParams,
+    JobState, JobView, ListParams, NewAuditEntry, NewJob, NewOperation, Operation, OperationParams,
+    OperationStep, PausedKind, PurgeParams, QueueStats, ResetParams, ResetReport, RetryParams,
+    StatsParams, StoreError, TakeOperation, Targets, TimelineParams,
 };
 use sqlx::PgPool;
 
@@ -26,6 +27,7 @@ use crate::sql::{catalog, TableShape};
 
 mod audit;
 mod enqueue;
+mod operations;
 mod pauses;
 mod read;
 mod sweeps;
@@ -349,6 +351,40 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
         self.read_audit(params).await
+    }
+
+    async fn create_operation(&self, new: &NewOperation) -> Result<Operation<K>, StoreError> {
+        self.create_op(new).await
+    }
+
+    async fn operation(&self, id: i64) -> Result<Option<Operation<K>>, StoreError> {
+        self.read_op(id).await
+    }
+
+    async fn operations(&self, params: &OperationParams) -> Result<Vec<Operation<K>>, StoreError> {
+        self.read_ops(params).await
+    }
+
+    async fn take_operation(
+        &self,
+        take: &TakeOperation,
+    ) -> Result<Option<Operation<K>>, StoreError> {
+        self.take_op(take).await
+    }
+
+    async fn step_operation(
+        &self,
+        step: &OperationStep<K>,
+    ) -> Result<Option<Operation<K>>, StoreError> {
+        self.step_op(step).await
+    }
+
+    async fn abort_operation(
+        &self,
+        id: i64,
+        by: &str,
+    ) -> Result<Option<queue_core::AbortOutcome<K>>, StoreError> {
+        self.abort_op(id, by).await
     }
 
     async fn workers(

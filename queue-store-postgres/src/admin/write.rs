@@ -64,7 +64,9 @@ impl<K: PgKey> PgAdmin<K> {
             Targets::Ids(ids) if ids.is_empty() => return Ok(Vec::new()),
             Targets::Ids(_) => (Pick::Ids, None),
             Targets::Matching { .. } if limit == 0 => return Ok(Vec::new()),
-            Targets::Matching { filter, .. } => (Pick::Matching(filter), Some(filter)),
+            Targets::Matching { filter, after, .. } => {
+                (Pick::Matching(filter, after.is_some()), Some(filter))
+            }
             other => {
                 return Err(StoreError::Refused(format!(
                     "the Postgres store does not know the targets {other:?}"
@@ -78,9 +80,14 @@ impl<K: PgKey> PgAdmin<K> {
             Targets::Ids(ids) => Some(ids.clone()),
             _ => None,
         };
+        let mut after = match targets {
+            Targets::Matching { after, .. } => after.clone(),
+            _ => None,
+        };
         let context = write_context(write);
         let rows = query(&statement, |p| match p {
             Param::Ids => ids.take().map(Value::Keys),
+            Param::After => after.take().map(Value::Key),
             Param::Limit => Some(Value::Int(i64::try_from(limit).unwrap_or(i64::MAX))),
             Param::Message => Some(Value::Text(CANCELED_BEFORE_RUN_MESSAGE.to_owned())),
             Param::Reason => reason.map(|r| Value::Text(r.to_owned())),
@@ -94,6 +101,26 @@ impl<K: PgKey> PgAdmin<K> {
         rows.iter()
             .map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
             .collect()
+    }
+
+    /// Where the call after a [`Targets::Matching`] call that changed
+    /// `changed` starts: the highest of them, in the key column's order
+    /// (every matching job below it was picked). `None` for keys.
+    async fn last_of(&self, targets: &Targets<K>, changed: &[K]) -> Result<Option<K>, StoreError> {
+        if !matches!(targets, Targets::Matching { .. }) || changed.is_empty() {
+            return Ok(None);
+        }
+        let context = "reading where the next batch starts";
+        let mut keys = Some(changed.to_vec());
+        let row = query(&self.inner.sql.highest_key(), |p| match p {
+            Param::Ids => keys.take().map(Value::Keys),
+            _ => None,
+        })?
+        .fetch_optional(&self.inner.pool)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        row.map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
+            .transpose()
     }
 
     /// The keys of `targets` none of `changed` holds, each with why: no
@@ -214,7 +241,8 @@ impl<K: PgKey> PgAdmin<K> {
             changed.len() as u64,
             0,
             self.skipped(targets, &changed, &[write]).await?,
-        ))
+        )
+        .last(self.last_of(targets, &changed).await?))
     }
 
     pub(super) async fn cancel_jobs(
@@ -226,16 +254,24 @@ impl<K: PgKey> PgAdmin<K> {
         let canceled = self
             .write(AdminWrite::CancelWaiting, targets, limit, now)
             .await?;
+        let stop_limit = limit.saturating_sub(canceled.len());
         let flagged = self
-            .write(
-                AdminWrite::RequestStop,
-                targets,
-                limit.saturating_sub(canceled.len()),
-                now,
-            )
+            .write(AdminWrite::RequestStop, targets, stop_limit, now)
             .await?;
         let mut changed = canceled.clone();
         changed.extend(flagged.iter().cloned());
+        // The two writes pick apart. With the waiting jobs' write full,
+        // running jobs below its highest key may not have been reached: the
+        // next call starts where this one did. With it short, every
+        // waiting job was reached, and the running ones up to the highest
+        // flagged (all of them, if that write was short too).
+        let last = if canceled.len() >= limit {
+            None
+        } else if flagged.len() >= stop_limit {
+            self.last_of(targets, &flagged).await?
+        } else {
+            self.last_of(targets, &changed).await?
+        };
         Ok(ActionReport::new(
             canceled.len() as u64,
             flagged.len() as u64,
@@ -245,7 +281,8 @@ impl<K: PgKey> PgAdmin<K> {
                 &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
             )
             .await?,
-        ))
+        )
+        .last(last))
     }
 
     pub(super) async fn force_fail_jobs(
@@ -262,7 +299,8 @@ impl<K: PgKey> PgAdmin<K> {
             failed.len() as u64,
             0,
             self.skipped(targets, &failed, &[write]).await?,
-        ))
+        )
+        .last(self.last_of(targets, &failed).await?))
     }
 
     pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<u64, StoreError> {
@@ -275,10 +313,7 @@ impl<K: PgKey> PgAdmin<K> {
         } else {
             AdminWrite::Delete
         };
-        let targets = Targets::Matching {
-            filter,
-            limit: params.limit,
-        };
+        let targets = Targets::matching(filter, params.limit);
         let moved = self
             .write(write, &targets, params.limit, Utc::now())
             .await?;
@@ -297,7 +332,8 @@ impl<K: PgKey> PgAdmin<K> {
             0,
             self.skipped(targets, &deleted, &[AdminWrite::Delete])
                 .await?,
-        ))
+        )
+        .last(self.last_of(targets, &deleted).await?))
     }
 }
 

@@ -43,8 +43,9 @@ fn notified(b: &mut Builder) -> String {
 pub(crate) enum Pick<'a> {
     /// The keys bound as [`Param::Ids`].
     Ids,
-    /// Up to [`Param::Limit`] rows matching the filter, lowest key first.
-    Matching(&'a JobFilter),
+    /// Up to [`Param::Limit`] rows matching the filter, lowest key first;
+    /// with `true`, only keys above [`Param::After`].
+    Matching(&'a JobFilter, bool),
 }
 
 /// The admin contract's statements for one table.
@@ -698,6 +699,23 @@ impl AdminStatements {
         Ok(b.build())
     }
 
+    /// The SQL type of the key column.
+    pub(crate) fn key_type(&self) -> &str {
+        &self.key_type
+    }
+
+    /// The highest of the keys bound as [`Param::Ids`], in the key
+    /// column's own order (a text key's collation, not Rust's).
+    pub(crate) fn highest_key(&self) -> Statement {
+        let mut b = Builder::default();
+        let ids = b.p(Param::Ids);
+        b.push(&format!(
+            "SELECT \"k\" FROM unnest(CAST({ids} AS {kt}[])) AS \"k\" ORDER BY \"k\" DESC LIMIT 1",
+            kt = self.key_type
+        ));
+        b.build()
+    }
+
     /// The states `write` moves a row out of (none: any state). A retry
     /// leaves alone a retryable state stored as a state that is not
     /// (errored sharing queued's value).
@@ -781,7 +799,7 @@ impl AdminStatements {
             let Some(cancel) = names.at(Column::Cancel) else {
                 return Ok(None);
             };
-            if matches!(pick, Pick::Matching(_)) {
+            if matches!(pick, Pick::Matching(..)) {
                 // Each running job once: calls until a short one end.
                 conditions.push(format!("{cancel} IS NOT TRUE"));
             }
@@ -792,12 +810,17 @@ impl AdminStatements {
                 b.p(Param::Ids),
                 kt = self.key_type
             ),
-            Pick::Matching(filter) => self.filter(b, filter)?,
+            Pick::Matching(filter, after) => {
+                if after {
+                    conditions.push(format!("{id} > {}", b.p(Param::After)));
+                }
+                self.filter(b, filter)?
+            }
         };
         conditions.push(picked);
         let limit = match pick {
             Pick::Ids => String::new(),
-            Pick::Matching(_) => format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit)),
+            Pick::Matching(..) => format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit)),
         };
         let lock = if matches!(write, AdminWrite::Delete | AdminWrite::Archive) {
             "FOR UPDATE"

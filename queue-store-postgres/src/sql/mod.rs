@@ -14,6 +14,7 @@ mod finish;
 mod heartbeat;
 mod job_transaction;
 pub(crate) mod kinds;
+pub(crate) mod operations;
 #[cfg(test)]
 mod plans;
 pub(crate) mod prepared;

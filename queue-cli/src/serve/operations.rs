@@ -1,0 +1,387 @@
+//! `/api/operations`: bulk operations by filter as tracked background
+//! work. A start records the operation and returns at once; this server's
+//! runner ([`spawn_runner`]) carries it out in batches, as it does those
+//! started by `queue ... --detach` and those whose runner died, and hands
+//! its own back when the server stops.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::Bytes;
+use axum::extract::{Path, State};
+use axum::http::StatusCode;
+use axum::{Extension, Json};
+use chrono::{DateTime, Utc};
+use queue_core::{
+    run_operation, AbortOutcome, CancellationToken, NewOperation, Operation, OperationAction,
+    OperationParams, OperationState, RunOptions, StopAs, StoreError, TakeOperation,
+    MAX_OPERATION_BATCH, MAX_OPERATION_PAGE,
+};
+use serde::{Deserialize, Serialize};
+use tokio::sync::Notify;
+use utoipa::{IntoParams, ToSchema};
+
+use super::api::{Api, ApiQuery, ErrorBody, ListQuery};
+use super::auth::Actor;
+use super::erased::TextAdmin;
+use super::error::ApiError;
+
+/// How often the runner looks for operations nobody runs, when nothing
+/// wakes it sooner.
+const LOOK_EVERY: Duration = Duration::from_secs(1);
+
+/// The pause between a background operation's batches: room for the
+/// workers' claims. Measured by `cargo xtask bench --only bulk-retry`.
+pub const BATCH_PACE: Duration = Duration::from_millis(5);
+
+/// A bulk operation.
+#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
+pub struct OperationView {
+    /// Its id.
+    pub id: i64,
+    /// `retry`, `cancel`, `fail`, `delete` or `purge`.
+    pub action: String,
+    /// A retry's: whether each job gets its whole retry budget again.
+    pub reset_attempts: Option<bool>,
+    /// A force-fail's reason.
+    pub reason: Option<String>,
+    /// Which jobs, as the store's filter (standard state names).
+    #[schema(value_type = Object)]
+    pub filter: serde_json::Value,
+    /// Who started it: a token's name, or an operator's.
+    pub by: String,
+    /// `pending`, `running`, `done`, `aborted`, `interrupted` or `failed`.
+    pub state: String,
+    /// Jobs it changes at most: those that matched when it started.
+    pub total: u64,
+    /// Jobs changed so far.
+    pub done: u64,
+    /// `done` as a share of `total`, from 0 to 1.
+    pub progress: f64,
+    /// Jobs per batch.
+    pub batch: u32,
+    /// The process carrying it out, or that last did.
+    pub runner: Option<String>,
+    /// Why it failed, was aborted or interrupted.
+    pub message: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub started_at: Option<DateTime<Utc>>,
+    /// Its last batch.
+    pub updated_at: DateTime<Utc>,
+    pub finished_at: Option<DateTime<Utc>>,
+}
+
+impl From<Operation<String>> for OperationView {
+    fn from(op: Operation<String>) -> Self {
+        let progress = op.progress();
+        let (reset_attempts, reason) = match &op.action {
+            OperationAction::Retry { reset_attempts } => (Some(*reset_attempts), None),
+            OperationAction::Fail { reason } => (None, Some(reason.clone())),
+            _ => (None, None),
+        };
+        OperationView {
+            id: op.id,
+            action: op.action.name().to_owned(),
+            reset_attempts,
+            reason,
+            filter: serde_json::to_value(&op.filter).unwrap_or_default(),
+            by: op.by,
+            state: op.state.to_string(),
+            total: op.total,
+            done: op.done,
+            progress,
+            batch: op.batch,
+            runner: op.runner,
+            message: op.message,
+            created_at: op.created_at,
+            started_at: op.started_at,
+            updated_at: op.updated_at,
+            finished_at: op.finished_at,
+        }
+    }
+}
+
+/// An operation's options, beside the filter in the query.
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct OperationRequest {
+    /// Jobs per batch, 1 to 10000 (default 1000).
+    #[schema(minimum = 1, maximum = 10000)]
+    pub batch: Option<u32>,
+    /// Retry: also set the failure and reset counts back to zero.
+    pub reset_attempts: Option<bool>,
+    /// Fail: the failure message the jobs end with (required).
+    #[schema(min_length = 1, max_length = 10000)]
+    pub reason: Option<String>,
+}
+
+/// Which operations to list.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct OperationsQuery {
+    /// Operations per page, 1 to 200 (default 20), newest first.
+    #[param(minimum = 1, maximum = 200)]
+    pub limit: Option<u32>,
+    /// Operations before this id (the last id of the previous page).
+    pub before: Option<i64>,
+    /// Only those that have not ended (pending, running, interrupted).
+    pub open: Option<bool>,
+}
+
+/// The options in a request's body: none if it is empty.
+fn options(body: &[u8]) -> Result<Option<OperationRequest>, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(None);
+    }
+    serde_json::from_slice(body)
+        .map(Some)
+        .map_err(|e| ApiError::bad_request(format!("the body is not the operation's options: {e}")))
+}
+
+/// Starts `action` on the jobs `query` matches.
+async fn start(
+    api: &Api,
+    actor: &Actor,
+    query: &ListQuery,
+    options: Option<OperationRequest>,
+    action: impl FnOnce(&OperationRequest) -> Result<OperationAction, ApiError>,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    if query.limit.is_some() || query.after.is_some() || query.order.is_some() {
+        return Err(ApiError::bad_request(
+            "limit, after and order choose a page of a list; an operation takes every matching job",
+        ));
+    }
+    let options = options.unwrap_or_default();
+    let action = action(&options)?;
+    let batch = options.batch.unwrap_or(queue_core::DEFAULT_OPERATION_BATCH);
+    if batch == 0 || batch > MAX_OPERATION_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "batch must be between 1 and {MAX_OPERATION_BATCH}"
+        )));
+    }
+    let filter = action.narrow(api.filter(query)?, &api.admin.retryable_states());
+    let new = NewOperation::new(action, filter, actor.0.clone(), 0).batch(batch);
+    // Refused before anything is counted.
+    new.check()?;
+    let total = api.admin.count(&new.filter).await?;
+    let mut new = new;
+    new.total = total;
+    let op = api.admin.create_operation(&new).await?;
+    api.operations.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(op.into())))
+}
+
+macro_rules! start_route {
+    ($name:ident, $path:literal, $what:literal, $action:expr) => {
+        #[doc = $what]
+        #[utoipa::path(
+            post, path = $path, tag = "operations",
+            params(ListQuery),
+            request_body(content = Option<OperationRequest>, description = "Options"),
+            responses(
+                (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+                (status = 400, description = "Bad filter or options, or no operations table", body = ErrorBody),
+                (status = 401, description = "No valid token", body = ErrorBody),
+                (status = 403, description = "A token without the role", body = ErrorBody),
+                (status = 503, description = "The database is unavailable", body = ErrorBody),
+            ),
+            security((), ("bearer" = []))
+        )]
+        pub async fn $name(
+            State(api): State<Api>,
+            Extension(actor): Extension<Actor>,
+            ApiQuery(query): ApiQuery<ListQuery>,
+            body: Bytes,
+        ) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+            start(&api, &actor, &query, options(&body)?, $action).await
+        }
+    };
+}
+
+start_route!(
+    start_retry,
+    "/api/operations/retry",
+    "Retries every failed, errored and canceled job the filter matches, as a tracked operation.",
+    |o: &OperationRequest| Ok(OperationAction::Retry {
+        reset_attempts: o.reset_attempts.unwrap_or(false)
+    })
+);
+start_route!(
+    start_cancel,
+    "/api/operations/cancel",
+    "Cancels every waiting job the filter matches and asks running ones to stop, as a tracked operation.",
+    |_: &OperationRequest| Ok(OperationAction::Cancel)
+);
+start_route!(
+    start_fail,
+    "/api/operations/fail",
+    "Fails every unfinished job the filter matches with a reason, fencing running attempts out, as a tracked operation.",
+    |o: &OperationRequest| match &o.reason {
+        Some(reason) => Ok(OperationAction::Fail {
+            reason: reason.clone()
+        }),
+        None => Err(ApiError::bad_request("a fail needs a reason in the body")),
+    }
+);
+start_route!(
+    start_delete,
+    "/api/operations/delete",
+    "Deletes every job the filter matches, as a tracked operation.",
+    |_: &OperationRequest| Ok(OperationAction::Delete)
+);
+start_route!(
+    start_purge,
+    "/api/operations/purge",
+    "Purges finished jobs (state and finished_before only), as a tracked operation.",
+    |_: &OperationRequest| Ok(OperationAction::Purge)
+);
+
+/// Operations, newest first.
+#[utoipa::path(
+    get, path = "/api/operations", tag = "operations",
+    params(OperationsQuery),
+    responses(
+        (status = 200, description = "Operations, newest first", body = Vec<OperationView>),
+        (status = 400, description = "Bad input, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn list(
+    State(api): State<Api>,
+    ApiQuery(query): ApiQuery<OperationsQuery>,
+) -> Result<Json<Vec<OperationView>>, ApiError> {
+    let limit = query.limit.unwrap_or(20);
+    if limit == 0 || limit as usize > MAX_OPERATION_PAGE {
+        return Err(ApiError::bad_request(format!(
+            "limit must be between 1 and {MAX_OPERATION_PAGE}"
+        )));
+    }
+    let mut params = OperationParams::newest(limit as usize).before(query.before);
+    if query.open == Some(true) {
+        params = params.states([
+            OperationState::Pending,
+            OperationState::Running,
+            OperationState::Interrupted,
+        ]);
+    }
+    let ops = api.admin.operations(&params).await?;
+    Ok(Json(ops.into_iter().map(OperationView::from).collect()))
+}
+
+/// One operation: poll it for its progress.
+#[utoipa::path(
+    get, path = "/api/operations/{id}", tag = "operations",
+    params(("id" = i64, Path, description = "The operation's id")),
+    responses(
+        (status = 200, description = "The operation", body = OperationView),
+        (status = 400, description = "Bad input, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 404, description = "No such operation", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn get(
+    State(api): State<Api>,
+    Path(id): Path<i64>,
+) -> Result<Json<OperationView>, ApiError> {
+    match api.admin.operation(id).await? {
+        Some(op) => Ok(Json(op.into())),
+        None => Err(ApiError::not_found(format!("there is no operation {id}"))),
+    }
+}
+
+/// Aborts an operation: its runner stops after the batch under way; the
+/// jobs already changed stay changed. 409 if it had already ended.
+#[utoipa::path(
+    post, path = "/api/operations/{id}/abort", tag = "operations",
+    params(("id" = i64, Path, description = "The operation's id")),
+    responses(
+        (status = 200, description = "Aborted", body = OperationView),
+        (status = 400, description = "Bad input, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 404, description = "No such operation", body = ErrorBody),
+        (status = 409, description = "It had already ended", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn abort(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    Path(id): Path<i64>,
+) -> Result<Json<OperationView>, ApiError> {
+    match api.admin.abort_operation(id, &actor.0).await? {
+        None => Err(ApiError::not_found(format!("there is no operation {id}"))),
+        Some(AbortOutcome::Aborted(op)) => Ok(Json(op.into())),
+        Some(outcome) => Err(ApiError::new(
+            StatusCode::CONFLICT,
+            "conflict",
+            format!(
+                "operation {id} had already ended: it is {}",
+                outcome.operation().state
+            ),
+        )),
+    }
+}
+
+/// Runs, until `stop`, the operations nobody runs: recorded by this
+/// server's API or by `queue ... --detach`, handed back by a server that
+/// stopped, or left by a runner that died (silent for
+/// [`queue_core::OPERATION_SILENT_AFTER`]). One at a time; `wake` starts a
+/// look at once. On `stop` the operation under way is handed back after
+/// its batch, for the next runner.
+pub fn spawn_runner(
+    admin: Arc<TextAdmin>,
+    wake: Arc<Notify>,
+    stop: CancellationToken,
+) -> tokio::task::JoinHandle<()> {
+    let runner = format!("queue-serve:{}", queue_worker::default_worker_name());
+    tokio::spawn(async move {
+        let mut missing_table_said = false;
+        while !stop.is_cancelled() {
+            match admin
+                .take_operation(&TakeOperation::next(runner.clone()))
+                .await
+            {
+                Ok(Some(op)) => {
+                    let id = op.id;
+                    tracing::info!(
+                        operation = id,
+                        action = op.action.name(),
+                        "running a bulk operation"
+                    );
+                    let options = RunOptions::new(BATCH_PACE, StopAs::HandedBack);
+                    match run_operation(&*admin, op, &runner, &stop, options, |_| {}).await {
+                        Ok(op) => tracing::info!(
+                            operation = id,
+                            state = %op.state,
+                            done = op.done,
+                            "bulk operation ended"
+                        ),
+                        Err(error) => {
+                            tracing::warn!(operation = id, %error, "a bulk operation's batch could not be recorded")
+                        }
+                    }
+                    continue;
+                }
+                Ok(None) => {}
+                Err(StoreError::Refused(why)) => {
+                    if !missing_table_said {
+                        tracing::warn!("bulk operations cannot run here: {why}");
+                        missing_table_said = true;
+                    }
+                }
+                Err(error) => tracing::debug!(%error, "looking for bulk operations failed"),
+            }
+            tokio::select! {
+                _ = stop.cancelled() => {}
+                _ = wake.notified() => {}
+                _ = tokio::time::sleep(LOOK_EVERY) => {}
+            }
+        }
+    })
+}
