@@ -6,6 +6,8 @@
 //   OPERATE_TOKEN one with the operate role, named on-call
 //   HOSTILE_ID    the key of a failed job whose payload and failure hold HTML
 //   FAILED_COUNT  how many jobs failed
+//   BULK_COUNT    how many canceled jobs of kind bulk_import wait for a
+//                 retry by filter
 //   FOREIGN_BASE  a second server, over a foreign table whose failed state
 //                 is stored as "broken"
 //   SHOTS         where the screenshots go
@@ -31,6 +33,7 @@ const ADMIN_TOKEN = env('ADMIN_TOKEN');
 const OPERATE_TOKEN = env('OPERATE_TOKEN');
 const HOSTILE_ID = env('HOSTILE_ID');
 const FAILED_COUNT = Number(env('FAILED_COUNT'));
+const BULK_COUNT = Number(env('BULK_COUNT'));
 const SHOTS = env('SHOTS');
 mkdirSync(SHOTS, { recursive: true });
 
@@ -233,6 +236,69 @@ try {
     check(await page.locator('a[data-nav=audit].active').count() === 1, 'the nav shows where we are');
     check(!/null|undefined/.test(await page.locator('main').textContent()), 'nothing reads null or undefined');
     await page.screenshot({ path: join(SHOTS, 'dashboard-audit.png'), fullPage: true });
+  });
+
+  // The figures the API gives for one kind in one state (read fresh).
+  const countOf = async (kind, state) => {
+    await page.waitForTimeout(1100);
+    const stats = await page.evaluate(async (token) =>
+      (await fetch('/api/stats', { headers: { Authorization: 'Bearer ' + token } })).json(), READ_TOKEN);
+    return stats.counts.filter((c) => c.kind === kind && c.state === state).reduce((n, c) => n + c.count, 0);
+  };
+
+  await run(`"retry all matching" retries ${BULK_COUNT} jobs as an operation whose progress bar fills`, async () => {
+    await page.goto(BASE + '/#/jobs?state=canceled&kind=bulk_import');
+    await page.locator('#jobs tbody tr').first().waitFor();
+    check(await page.locator('#jobs tbody tr').count() === 25, 'one page of the matching jobs is shown');
+    await page.screenshot({ path: join(SHOTS, 'dashboard-bulk-select.png'), fullPage: true });
+    await page.click('#bulk-retry');
+    await page.waitForFunction(() => /^#\/operations\/\d+$/.test(location.hash));
+    await page.locator('#op-progress').waitFor();
+    check(/started over 10000 jobs/.test(await page.locator('#notice').textContent()), 'the notice says how many jobs it covers');
+    await page.waitForFunction(() => document.querySelector('#op-state')?.textContent === 'done', null, { timeout: 60000 });
+    const label = await page.locator('#op-progress .label').textContent();
+    check(label === `${BULK_COUNT} / ${BULK_COUNT} (100%)`, `the bar is full: ${label}`);
+    await page.screenshot({ path: join(SHOTS, 'dashboard-operation-done.png'), fullPage: true });
+    check(await countOf('bulk_import', 'queued') === BULK_COUNT, 'every matching job is queued again');
+    check(await countOf('bulk_import', 'canceled') === 0, 'none is left canceled');
+  });
+
+  await run('an operation is aborted part way from the operations page; the jobs it changed stay changed, no more', async () => {
+    // Ten jobs a batch, so that it is still running when the abort comes.
+    const started = await page.evaluate(async (token) => {
+      const response = await fetch('/api/operations/cancel?kind=bulk_import&state=queued', {
+        method: 'POST',
+        headers: { Authorization: 'Bearer ' + token, 'Content-Type': 'application/json' },
+        body: JSON.stringify({ batch: 10 }),
+      });
+      return [response.status, await response.json()];
+    }, OPERATE_TOKEN);
+    check(started[0] === 202 && started[1].total === BULK_COUNT && started[1].by === 'on-call',
+      `an operate token starts a cancel of every queued one: ${JSON.stringify(started)}`);
+    const id = started[1].id;
+    await page.goto(BASE + '/#/operations');
+    const row = page.locator(`#operations tr[data-operation="${id}"]`);
+    await row.waitFor();
+    await page.waitForFunction((id) => {
+      const row = document.querySelector(`#operations tr[data-operation="${id}"]`);
+      const done = Number(row?.querySelector('[role=progressbar]')?.getAttribute('aria-valuenow'));
+      return row?.querySelector('.op-state')?.textContent === 'running' && done > 0;
+    }, id, { timeout: 30000 });
+    await page.screenshot({ path: join(SHOTS, 'dashboard-operations.png'), fullPage: true });
+    await row.locator('button[data-abort]').click();
+    await page.waitForFunction((id) =>
+      document.querySelector(`#operations tr[data-operation="${id}"] .op-state`)?.textContent === 'aborted', id);
+    check(await row.locator('button[data-abort]').count() === 0, 'an aborted operation offers no abort');
+    const read = async () => page.evaluate(async ([id, token]) =>
+      (await fetch('/api/operations/' + id, { headers: { Authorization: 'Bearer ' + token } })).json(), [id, READ_TOKEN]);
+    const aborted = await read();
+    check(aborted.message === 'aborted by QUEUE_ADMIN_TOKENS entry 1', `it says who aborted it: ${aborted.message}`);
+    await page.waitForTimeout(1500);
+    const later = await read();
+    check(later.done < BULK_COUNT, `it stopped part way: ${later.done} of ${BULK_COUNT}`);
+    check(later.done - aborted.done <= 10, `at most the batch under way ran after the abort: ${aborted.done}, then ${later.done}`);
+    check(await countOf('bulk_import', 'canceled') === later.done, 'the jobs canceled are the ones it counted');
+    check(await countOf('bulk_import', 'queued') === BULK_COUNT - later.done, 'the rest were left queued');
   });
 
   await run('a foreign table shows its own state values beside the standard ones', async () => {

@@ -3,8 +3,10 @@
 //! jobs (some fail, one with HTML in its payload and failure message),
 //! `queue serve` serves the table with a read and an admin token, and the
 //! script loads the overview, filters to failed jobs, opens the hostile
-//! one, retries it and sees it move; then a second server over a foreign
-//! table shows that table's own state values.
+//! one, retries it and sees it move; retries 10,000 jobs by filter as a
+//! tracked operation and watches its progress bar, aborts a second one part
+//! way; then a second server over a foreign table shows that table's own
+//! state values.
 //!
 //! `cargo xtask dashboard --screenshots docs` refreshes the README's
 //! screenshots; under `test-pg` they go to `target/dashboard-shots`.
@@ -28,6 +30,9 @@ const READ_TOKEN: &str = "dashboard-read-token";
 const ADMIN_TOKEN: &str = "dashboard-admin-token";
 const OPERATE_TOKEN: &str = "dashboard-operate-token";
 const CHROMIUM: &str = "/usr/bin/chromium";
+/// The canceled jobs retried by filter from the jobs page, then canceled
+/// again by an operation that is aborted part way.
+const BULK_COUNT: u32 = 10_000;
 
 type Store = PgStore<Job>;
 
@@ -167,6 +172,16 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
     table.enqueue_many(&pool, &later).await?;
     drain(&pool, &table, ids.len()).await?;
     past_hour(&pool, &table).await?;
+    // Canceled two hours ago, out of the chart's hour: the jobs a bulk
+    // retry from the jobs page brings back.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (kind, state, finished_at, failure_message) \
+         SELECT 'bulk_import', 'canceled', now() - interval '2 hours', 'canceled before it ran' \
+         FROM generate_series(1, {BULK_COUNT})",
+        t = table.name().quoted()
+    )))
+    .execute(&pool)
+    .await?;
 
     let foreign = foreign_table(&pool, &schema).await?;
     let target = served::target_dir();
@@ -217,6 +232,7 @@ pub async fn run(url: &str, shots: &Path) -> Result<()> {
         .env("OPERATE_TOKEN", OPERATE_TOKEN)
         .env("HOSTILE_ID", &hostile_id)
         .env("FAILED_COUNT", failed_count.to_string())
+        .env("BULK_COUNT", BULK_COUNT.to_string())
         .env("SHOTS", absolute(shots)?)
         .env("CHROMIUM", chromium);
     // Off the runtime's threads: the worker runs beside it.

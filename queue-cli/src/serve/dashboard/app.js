@@ -383,8 +383,143 @@ async function jobs(params) {
     const pager = h('div', { class: 'pager' },
       params.get('after') ? h('a', { href: '#/jobs?' + first }, '← First page') : null,
       page.next !== null ? h('a', { href: '#/jobs?' + next, id: 'next-page' }, 'Next page →') : null);
-    main.replaceChildren(h('h1', {}, 'Jobs'), filters, table, pager);
+    main.replaceChildren(h('h1', {}, 'Jobs'), filters, bulkBar(params, page.jobs.length > 0), table, pager);
   });
+}
+
+// "All matching" writes: each starts a tracked operation over every job the
+// filter matches (not only this page), then shows its progress.
+function bulkBar(params, any) {
+  if (!any) return null;
+  const filter = new URLSearchParams();
+  for (const name of ['state', 'kind', 'failure_contains']) {
+    if (params.get(name)) filter.set(name, params.get(name));
+  }
+  const described = filter.toString() ? [...filter].map(([k, v]) => k + ' ' + v).join(', ') : 'every job';
+  const start = (label, action, question, body, cls) => h('button', {
+    class: cls,
+    id: 'bulk-' + action,
+    onclick: async () => {
+      if (!window.confirm(question + ' (' + described + ')? It runs in the background, in batches; you can abort it.')) return;
+      try {
+        const op = await api('POST', '/api/operations/' + action + (filter.toString() ? '?' + filter : ''), body);
+        say(label + ': operation ' + op.id + ' started over ' + op.total + ' jobs.', 'ok');
+        keepNotice = true;
+        location.hash = '#/operations/' + op.id;
+      } catch (error) {
+        if (!(error instanceof ApiError)) throw error;
+        say(explain(error), 'error');
+      }
+    },
+  }, label);
+  return h('div', { class: 'actions bulk' },
+    h('span', { class: 'muted' }, 'All jobs matching the filter, on every page:'),
+    start('Retry all matching', 'retry', 'Retry every failed, errored and canceled job matching', undefined, 'primary'),
+    start('Cancel all matching', 'cancel', 'Cancel every waiting job matching, and ask running ones to stop', undefined, ''),
+    start('Delete all matching', 'delete', 'Delete every job matching; this cannot be undone', undefined, 'danger'));
+}
+
+// --- Operations ----------------------------------------------------------
+
+const OPEN = ['pending', 'running', 'interrupted'];
+
+function progressBar(op) {
+  const percent = Math.round(op.progress * 1000) / 10;
+  const fill = h('div', { class: 'fill ' + op.state });
+  // Through the CSSOM: the policy allows no style attribute.
+  fill.style.width = percent + '%';
+  return h('div', { class: 'progress', role: 'progressbar', 'aria-valuemin': 0, 'aria-valuemax': op.total, 'aria-valuenow': op.done },
+    fill,
+    h('span', { class: 'label' }, op.done + ' / ' + op.total + ' (' + percent + '%)'));
+}
+
+function abortButton(op, after) {
+  if (!OPEN.includes(op.state)) return null;
+  return h('button', {
+    class: 'danger',
+    'data-abort': op.id,
+    onclick: async () => {
+      if (!window.confirm('Abort operation ' + op.id + '? Its runner stops after the batch under way; jobs already changed stay changed.')) return;
+      try {
+        await api('POST', '/api/operations/' + op.id + '/abort');
+        say('Operation ' + op.id + ' aborted.', 'ok');
+        await after();
+      } catch (error) {
+        if (!(error instanceof ApiError)) throw error;
+        say(explain(error), 'error');
+      }
+    },
+  }, 'Abort');
+}
+
+function filterText(filter) {
+  const parts = [];
+  for (const [name, value] of Object.entries(filter || {})) {
+    if (value === null || value === undefined) continue;
+    parts.push(name + ' ' + (Array.isArray(value) ? value.join(' or ') : typeof value === 'object' ? JSON.stringify(value) : value));
+  }
+  return parts.length ? parts.join(', ') : 'every job';
+}
+
+// Bulk operations, newest first; refreshed every second while one is open.
+async function operations() {
+  const mine = shown;
+  main.replaceChildren(h('h1', {}, 'Operations'), h('p', { class: 'muted' }, 'Loading…'));
+  const load = async () => {
+    const list = await api('GET', '/api/operations?limit=50');
+    if (mine !== shown) return;
+    main.replaceChildren(
+      h('h1', {}, 'Operations'),
+      list.length
+        ? h('table', { id: 'operations' },
+          h('thead', {}, h('tr', {}, ['#', 'Action', 'State', 'Progress', 'By', 'Started', 'Jobs', ''].map((t) => h('th', {}, t)))),
+          h('tbody', {}, list.map((op) => h('tr', { 'data-operation': op.id },
+            h('td', { class: 'num' }, h('a', { href: '#/operations/' + op.id }, op.id)),
+            h('td', {}, h('b', {}, op.action)),
+            h('td', {}, h('span', { class: 'op-state ' + op.state }, op.state)),
+            h('td', { class: 'progress-cell' }, progressBar(op)),
+            h('td', {}, op.by),
+            h('td', {}, time(op.created_at)),
+            h('td', { class: 'op-filter' }, filterText(op.filter)),
+            h('td', {}, abortButton(op, load))))))
+        : h('p', { class: 'muted' }, 'No operations yet: start one with "Retry all matching" on the Jobs page, or queue retry … --detach.'));
+  };
+  await guarded(load);
+  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 1000);
+}
+
+// One operation, its progress refreshed every second until it ends.
+async function operation(id) {
+  const mine = shown;
+  main.replaceChildren(h('h1', {}, 'Operation ', id), h('p', { class: 'muted' }, 'Loading…'));
+  const load = async () => {
+    const op = await api('GET', '/api/operations/' + encodeURIComponent(id));
+    if (mine !== shown) return;
+    const field = (name, value) => [h('dt', {}, name), h('dd', {}, value === null || value === undefined ? '—' : value)];
+    main.replaceChildren(
+      h('h1', {}, 'Operation ', h('span', { class: 'mono' }, op.id), h('span', { class: 'op-state ' + op.state, id: 'op-state' }, op.state)),
+      h('div', { class: 'panel', id: 'op-progress' }, progressBar(op)),
+      h('div', { class: 'actions op-actions' }, abortButton(op, load)),
+      h('dl', { class: 'fields panel' },
+        field('Action', op.action + (op.reset_attempts ? ' (attempts reset)' : '')),
+        op.reason ? field('Reason', op.reason) : null,
+        field('Jobs', filterText(op.filter)),
+        field('Done', op.done + ' of ' + op.total),
+        field('Batch', op.batch),
+        field('Started by', op.by),
+        field('Runner', op.runner),
+        field('Recorded', time(op.created_at)),
+        field('Started', time(op.started_at)),
+        field('Last batch', time(op.updated_at)),
+        field('Ended', time(op.finished_at)),
+        field('Note', op.message)));
+    if (!OPEN.includes(op.state)) {
+      clearInterval(refreshTimer);
+      refreshTimer = null;
+    }
+  };
+  await guarded(load);
+  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 1000);
 }
 
 function filterForm(params) {
@@ -606,7 +741,7 @@ function route() {
   const hash = location.hash.replace(/^#/, '') || '/';
   const [path, query] = hash.split('?');
   const params = new URLSearchParams(query || '');
-  const section = ['jobs', 'audit', 'schedules', 'workers'].find((s) => path.startsWith('/' + s)) || 'overview';
+  const section = ['jobs', 'operations', 'audit', 'schedules', 'workers'].find((s) => path.startsWith('/' + s)) || 'overview';
   for (const a of document.querySelectorAll('[data-nav]')) {
     a.classList.toggle('active', a.dataset.nav === section);
   }
@@ -615,6 +750,8 @@ function route() {
   if (path === '/audit') return audit(params);
   if (path === '/schedules') return schedules();
   if (path === '/workers') return workers();
+  if (path === '/operations') return operations();
+  if (path.startsWith('/operations/')) return operation(decodeURIComponent(path.slice('/operations/'.length)));
   if (path.startsWith('/jobs/')) return job(decodeURIComponent(path.slice('/jobs/'.length)));
   main.replaceChildren(h('h1', {}, 'Not found'), h('p', {}, h('a', { href: '#/' }, 'Back to the overview')));
   return undefined;
