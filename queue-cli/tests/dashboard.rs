@@ -352,6 +352,11 @@ async fn the_timeline_counts_finished_jobs_per_minute_and_samples_the_depth() {
         (Some(2), Some(1))
     );
     assert_eq!(
+        last["completed_by_kind"],
+        serde_json::json!({"k": 2}),
+        "each kind's completions: its throughput"
+    );
+    assert_eq!(
         last["waiting"],
         Value::Null,
         "no depth sample yet: the server has not counted the jobs"

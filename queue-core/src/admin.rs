@@ -556,18 +556,14 @@ impl TimelineParams {
     /// Empty intervals, to be counted into.
     pub fn empty(&self) -> Vec<FinishedBucket> {
         (0..self.buckets)
-            .map(|i| FinishedBucket {
-                start: self.since + self.bucket * i as i32,
-                completed: 0,
-                failed: 0,
-                canceled: 0,
-            })
+            .map(|i| FinishedBucket::new(self.since + self.bucket * i as i32))
             .collect()
     }
 }
 
 /// How many jobs finished, per end state, in one interval.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct FinishedBucket {
     /// Where the interval starts.
     pub start: DateTime<Utc>,
@@ -577,9 +573,23 @@ pub struct FinishedBucket {
     pub failed: u64,
     /// Jobs canceled in it.
     pub canceled: u64,
+    /// Jobs that completed in it, per kind (empty where the store keeps
+    /// no kind): each kind's throughput.
+    pub completed_by_kind: std::collections::BTreeMap<String, u64>,
 }
 
 impl FinishedBucket {
+    /// An interval from `start` with nothing counted yet.
+    pub fn new(start: DateTime<Utc>) -> Self {
+        FinishedBucket {
+            start,
+            completed: 0,
+            failed: 0,
+            canceled: 0,
+            completed_by_kind: Default::default(),
+        }
+    }
+
     /// Counts `count` jobs that ended in `state` (a state that is not an end
     /// state is not counted).
     pub fn add(&mut self, state: JobState, count: u64) {
@@ -588,6 +598,15 @@ impl FinishedBucket {
             JobState::Failed => self.failed += count,
             JobState::Canceled => self.canceled += count,
             _ => {}
+        }
+    }
+
+    /// Counts `count` jobs of `kind` (if the store keeps one) that ended in
+    /// `state`.
+    pub fn add_of_kind(&mut self, kind: Option<&str>, state: JobState, count: u64) {
+        self.add(state, count);
+        if let (Some(kind), JobState::Completed) = (kind, state) {
+            *self.completed_by_kind.entry(kind.to_owned()).or_default() += count;
         }
     }
 }

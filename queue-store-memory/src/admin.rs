@@ -228,7 +228,7 @@ impl Admin for MemoryStore {
         for job in self.lock().jobs.values() {
             let at = job.finished_at.and_then(|at| params.bucket_of(at));
             if let Some(bucket) = at.and_then(|i| buckets.get_mut(i)) {
-                bucket.add(job.state, 1);
+                bucket.add_of_kind(Some(&job.kind), job.state, 1);
             }
         }
         Ok(Some(buckets))

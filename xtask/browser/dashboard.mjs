@@ -83,6 +83,8 @@ try {
     check(await page.locator('#counts tbody tr').count() >= 3, 'the counts table has a row per state and kind');
     check(await page.locator('.chart svg rect').count() > 0, 'the chart draws the finished jobs as bars');
     await page.waitForSelector('.chart svg circle');
+    const throughput = Number(await page.locator('#kinds tr[data-kind="send_email"] .throughput').textContent());
+    check(throughput > 0, `the kinds table shows send_email's completions per minute: ${throughput}`);
     await page.screenshot({ path: join(SHOTS, 'dashboard-overview.png'), fullPage: true });
   });
 

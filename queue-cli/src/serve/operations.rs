@@ -15,7 +15,7 @@ use chrono::{DateTime, Utc};
 use queue_core::{
     run_operation, AbortOutcome, CancellationToken, NewOperation, Operation, OperationAction,
     OperationParams, OperationState, RunOptions, StopAs, StoreError, TakeOperation,
-    MAX_OPERATION_BATCH, MAX_OPERATION_PAGE,
+    BACKGROUND_PACE, BACKGROUND_YIELD, MAX_OPERATION_BATCH, MAX_OPERATION_PAGE,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
@@ -29,10 +29,6 @@ use super::error::ApiError;
 /// How often the runner looks for operations nobody runs, when nothing
 /// wakes it sooner.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
-
-/// The pause between a background operation's batches: room for the
-/// workers' claims. Measured by `cargo xtask bench --only bulk-retry`.
-pub const BATCH_PACE: Duration = Duration::from_millis(5);
 
 /// A bulk operation.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
@@ -354,7 +350,8 @@ pub fn spawn_runner(
                         action = op.action.name(),
                         "running a bulk operation"
                     );
-                    let options = RunOptions::new(BATCH_PACE, StopAs::HandedBack);
+                    let options = RunOptions::new(BACKGROUND_PACE, StopAs::HandedBack)
+                        .yielding(BACKGROUND_YIELD);
                     match run_operation(&*admin, op, &runner, &stop, options, |_| {}).await {
                         Ok(op) => tracing::info!(
                             operation = id,

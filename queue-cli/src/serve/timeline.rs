@@ -93,6 +93,9 @@ pub struct TimelinePoint {
     pub failed: u64,
     /// Jobs canceled in it.
     pub canceled: u64,
+    /// Jobs that completed in it, per kind: each kind's throughput (empty
+    /// for a table without a kind column).
+    pub completed_by_kind: std::collections::BTreeMap<String, u64>,
     /// Jobs waiting (queued, or errored and waiting to be retried) at the
     /// minute's last sample; `null` when the server took none in it.
     pub waiting: Option<u64>,
@@ -149,6 +152,7 @@ pub async fn timeline(
                 completed: bucket.completed,
                 failed: bucket.failed,
                 canceled: bucket.canceled,
+                completed_by_kind: bucket.completed_by_kind,
                 waiting: depth.map(|d| d.waiting),
                 processing: depth.map(|d| d.processing),
             }

@@ -47,6 +47,17 @@ pub const MAX_OPERATION_PAGE: usize = 200;
 /// The longest reason a force-fail operation takes, in bytes.
 pub const MAX_REASON_LEN: usize = 10_000;
 
+/// The pause a background runner (`queue serve`'s) leaves between an
+/// operation's batches: room for the workers' claims. Measured by `cargo
+/// xtask bench --only bulk`.
+pub const BACKGROUND_PACE: Duration = Duration::from_millis(5);
+
+/// The further pause a background runner leaves after each batch, as a
+/// share of the time the batch took ([`RunOptions::yielding`]): as long
+/// again, so that the operation keeps the database busy half the time at
+/// most. Measured by `cargo xtask bench --only bulk`.
+pub const BACKGROUND_YIELD: f64 = 1.0;
+
 /// How long a running operation's runner may stay silent (no batch
 /// recorded) before another runner takes it for dead and resumes it.
 pub const OPERATION_SILENT_AFTER: Duration = Duration::from_secs(60);

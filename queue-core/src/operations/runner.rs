@@ -12,12 +12,16 @@ use crate::admin::{Admin, JobFilter, RetryParams, Targets};
 use crate::error::StoreError;
 
 /// How [`run_operation`] runs.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 #[non_exhaustive]
 pub struct RunOptions {
     /// A pause after each batch, so that a large operation leaves the
     /// database to the workers' claims between its batches.
     pub pace: Duration,
+    /// A further pause after each batch, as a share of the time the batch
+    /// took: 1.0 leaves the database idle (of this operation) as long as it
+    /// kept it busy, on any machine and table.
+    pub yield_share: f64,
     /// What a stop makes of the operation.
     pub stop_as: StopAs,
     /// Whether the store keeps the operation: each batch is recorded
@@ -32,9 +36,16 @@ impl RunOptions {
     pub fn new(pace: Duration, stop_as: StopAs) -> Self {
         RunOptions {
             pace,
+            yield_share: 0.0,
             stop_as,
             tracked: true,
         }
+    }
+
+    /// After each batch, also pause `share` of the time it took.
+    pub fn yielding(mut self, share: f64) -> Self {
+        self.yield_share = share.max(0.0);
+        self
     }
 
     /// The operation kept by the runner alone, not recorded in the store.
@@ -83,6 +94,7 @@ where
         .action
         .narrow(op.filter.clone(), &admin.retryable_states());
     let mut failures = 0;
+    let mut took = Duration::ZERO;
     while op.state == OperationState::Running {
         let step = if stop.is_cancelled() {
             let (state, message) = match options.stop_as {
@@ -99,7 +111,10 @@ where
         } else {
             let left = op.total.saturating_sub(op.done);
             let limit = usize::try_from(left.min(u64::from(op.batch))).unwrap_or(usize::MAX);
-            match batch(admin, &op, &filter, limit).await {
+            let started = std::time::Instant::now();
+            let ran = batch(admin, &op, &filter, limit).await;
+            took = started.elapsed();
+            match ran {
                 Ok((moved, cursor)) => {
                     failures = 0;
                     let step = OperationStep::batch(op.id, runner, moved, cursor);
@@ -130,8 +145,9 @@ where
             kept
         };
         progress(&op);
-        if paced && !options.pace.is_zero() {
-            wait(stop, options.pace).await;
+        let pause = options.pace + took.mul_f64(options.yield_share);
+        if paced && !pause.is_zero() {
+            wait(stop, pause).await;
         }
     }
     Ok(op)

@@ -2274,6 +2274,15 @@ pub async fn admin_timeline_counts_finished_jobs_per_interval<H: Harness>(h: &H)
         "per minute: two completions, then a failure, then a completion; the \
          hour-old completion and the running job are not counted"
     );
+    let by_kind: Vec<Option<u64>> = buckets
+        .iter()
+        .map(|b| b.completed_by_kind.get("k").copied())
+        .collect();
+    assert_eq!(
+        by_kind,
+        vec![Some(2), None, Some(1)],
+        "completions are counted per kind too"
+    );
     drop(running);
 }
 

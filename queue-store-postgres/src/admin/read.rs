@@ -300,11 +300,12 @@ impl<K: PgKey> PgAdmin<K> {
             let bucket: i64 = row.try_get("bucket").map_err(read)?;
             let stored: String = row.try_get("state").map_err(read)?;
             let count: i64 = row.try_get("count").map_err(read)?;
+            let kind: Option<String> = row.try_get("kind").map_err(read)?;
             let slot = usize::try_from(bucket)
                 .ok()
                 .and_then(|i| buckets.get_mut(i));
             if let (Some(slot), Some(state)) = (slot, self.state_of(&stored)) {
-                slot.add(state, u64::try_from(count).unwrap_or(0));
+                slot.add_of_kind(kind.as_deref(), state, u64::try_from(count).unwrap_or(0));
             }
         }
         Ok(Some(buckets))

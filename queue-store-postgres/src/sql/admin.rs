@@ -285,10 +285,16 @@ impl AdminStatements {
                 .map(|v| format!("CAST({} AS {st})", literal(v)))
                 .collect::<Vec<_>>()
                 .join(", ");
+            // Per kind too, where the table keeps one: each kind's
+            // throughput, from the same rows.
+            let kind = names
+                .at(Column::Kind)
+                .map(|k| format!("CAST({k} AS text)"))
+                .unwrap_or_else(|| "CAST(NULL AS text)".to_owned());
             b.push(&format!(
                 "SELECT CAST(floor(extract(epoch FROM ({finished} - {from})) / {seconds}) AS int8) AS \"bucket\", \
-                 CAST({state} AS text) AS \"state\", count(*) AS \"count\" FROM {table} AS {a} \
-                 WHERE {finished} >= {from} AND {finished} < {before} AND {state} IN ({ended}) GROUP BY 1, 2"
+                 CAST({state} AS text) AS \"state\", {kind} AS \"kind\", count(*) AS \"count\" FROM {table} AS {a} \
+                 WHERE {finished} >= {from} AND {finished} < {before} AND {state} IN ({ended}) GROUP BY 1, 2, 3"
             ));
             b.build()
         });

@@ -6,11 +6,12 @@
 //! each job ran exactly once and fails loudly otherwise.
 //!
 //! One module per idea: the cluster and its ceiling ([`cluster`]), each
-//! scenario ([`drain`], [`bookkeeping`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
+//! scenario ([`drain`], [`bookkeeping`], [`bulk`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
 //! [`claims`], [`peers`], [`cold`]), and the report ([`report`]).
 
 mod alternating;
 mod bookkeeping;
+mod bulk;
 mod claims;
 mod cluster;
 mod cold;
@@ -58,6 +59,10 @@ pub(crate) struct Sizes {
     /// Rounds of the alternating scenarios (ceiling with drains, the
     /// head-to-heads with graphile_worker).
     rounds: usize,
+    /// Failed jobs a bulk operation retries beside a drain, and the queued
+    /// jobs of that drain.
+    bulk_rows: u64,
+    bulk_drain_jobs: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -73,6 +78,8 @@ const FULL: Sizes = Sizes {
     http_enqueues: 16_000,
     cold_jobs: &[20_000, 100_000],
     rounds: 5,
+    bulk_rows: 1_000_000,
+    bulk_drain_jobs: 2_000_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -88,17 +95,20 @@ const QUICK: Sizes = Sizes {
     http_enqueues: 800,
     cold_jobs: &[2_000],
     rounds: 1,
+    bulk_rows: 20_000,
+    bulk_drain_jobs: 40_000,
 };
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
 /// `versus` and `cold` need the peer queues, so a run without `--only` has
 /// them only with `--peers`.
-const SCENARIOS: [&str; 15] = [
+const SCENARIOS: [&str; 16] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
     "bookkeeping",
     "retention",
+    "bulk",
     "alternating",
     "enqueue",
     "wake",
@@ -124,7 +134,7 @@ pub struct Args {
     peers: bool,
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
-    /// drain-transactional, bookkeeping, retention, alternating, enqueue, wake, memory,
+    /// drain-transactional, bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, peers, versus, cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
@@ -218,6 +228,10 @@ pub async fn run(args: Args) -> Result<()> {
 
     if args.runs("retention") {
         retention(&pool, sizes, &mut results).await?;
+    }
+
+    if args.runs("bulk") {
+        bulk::beside_a_drain(&pool, sizes, &mut results).await?;
     }
 
     if args.runs("alternating") {

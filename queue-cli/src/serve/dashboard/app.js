@@ -197,7 +197,7 @@ async function overview() {
       h('h2', {}, 'Last hour'),
       h('div', { class: 'panel chart' }, chart(timeline)),
       h('h2', {}, 'Kinds'),
-      kindsTable(stats, () => guarded(load)),
+      kindsTable(stats, timeline, () => guarded(load)),
       h('h2', {}, 'Jobs by state and kind'),
       countsTable(stats));
   };
@@ -236,12 +236,19 @@ function stateCards(stats) {
 
 // Each kind's waiting, running and failed jobs, whether it is paused (since
 // when, by whom), and the button that pauses or resumes it.
-function kindsTable(stats, reload) {
+// Per kind: jobs waiting, running and failed, completions per minute over
+// the last five whole minutes, and the pause toggle.
+function kindsTable(stats, timeline, reload) {
   const kinds = new Map();
   const of = (kind) => {
-    if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0 });
+    if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0, done: 0 });
     return kinds.get(kind);
   };
+  // The points before the current (partial) minute.
+  const recent = timeline.points.slice(-6, -1);
+  for (const point of recent) {
+    for (const [kind, n] of Object.entries(point.completed_by_kind || {})) of(kind).done += n;
+  }
   for (const c of stats.counts) {
     if (c.kind === null) continue;
     const k = of(c.kind);
@@ -267,13 +274,16 @@ function kindsTable(stats, reload) {
   const num = (n) => h('td', { class: 'num' }, n.toLocaleString('en'));
   return h('table', { id: 'kinds' },
     h('thead', {}, h('tr', {}, h('th', {}, 'Kind'), h('th', { class: 'num' }, 'Waiting'),
-      h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Failed'), h('th', {}, 'Status'), h('th', {}))),
+      h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Failed'),
+      h('th', { class: 'num', title: 'completed per minute, over the last five whole minutes' }, 'Done / min'),
+      h('th', {}, 'Status'), h('th', {}))),
     h('tbody', {}, [...kinds.keys()].sort().map((kind) => {
       const k = kinds.get(kind);
       const p = paused.get(kind);
       return h('tr', { 'data-kind': kind },
         h('td', {}, h('a', { href: '#/jobs?' + new URLSearchParams({ kind }) }, kind)),
         num(k.waiting), num(k.running), num(k.failed),
+        h('td', { class: 'num throughput' }, recent.length ? (Math.round(k.done / recent.length * 10) / 10).toLocaleString('en') : '—'),
         h('td', { class: 'pause-state' }, p
           ? h('span', { class: 'badge paused' }, 'paused ', time(p.since), ' by ', p.by)
           : h('span', { class: 'muted' }, 'running')),

@@ -1,0 +1,260 @@
+//! A bulk retry beside a drain: does an operator's "retry all matching"
+//! over a million failed jobs hold up the workers' claims?
+//!
+//! Two phases on the same table shape: queued jobs to drain (lowest keys,
+//! so the drain claims them first) and failed jobs behind them. In each, a
+//! 16-handler lease worker drains while a prober claims one job at a time
+//! beside it and times each claim. In the first phase a bulk operation
+//! retries every failed job meanwhile, run as `queue serve` runs it (the
+//! one runner, [`queue_core::run_operation`], with its background pace),
+//! and the claims are timed while both the retry and the drain of the
+//! queued jobs go on; the second phase is the drain alone, timed as long
+//! (or until its queued jobs are drained). The figure is the claim p99 of
+//! each, and their ratio.
+
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use queue_core::testkit::probe_claims;
+use queue_core::{
+    run_operation, Admin, CancellationToken, Handler, Job, JobContext, JobError, JobFilter,
+    JobState, NewOperation, OperationAction, OperationState, RunOptions, StopAs, TakeOperation,
+    BACKGROUND_PACE, BACKGROUND_YIELD,
+};
+use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgJobTransaction, PgStore};
+use queue_worker::Worker;
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
+
+use super::cluster::{fresh_table, thousands};
+use super::drain::drain_options;
+use super::report::Results;
+use super::wake::percentiles;
+use super::Sizes;
+
+/// Completes every job, counting those of the drain (kind `noop`).
+struct Counting(Arc<AtomicUsize>);
+
+#[async_trait::async_trait]
+impl Handler<PgStore<Job>> for Counting {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        _: &mut PgJobTransaction,
+        job: &Job,
+    ) -> Result<(), JobError> {
+        if job.kind == "noop" {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(())
+    }
+}
+
+/// What one phase measured.
+struct Phase {
+    /// The prober's claims, in ms.
+    claims: Vec<f64>,
+    /// How long the phase measured.
+    window: Duration,
+    /// The jobs the retry changed, and in how long.
+    retried: u64,
+    retry_time: Duration,
+}
+
+/// Both phases, into `results`.
+pub(super) async fn beside_a_drain(
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let failed = sizes.bulk_rows;
+    let retrying = phase(pool, sizes, None).await?;
+    ensure!(
+        retrying.retried == failed,
+        "the bulk retry changed {} of {failed} failed jobs",
+        retrying.retried
+    );
+    let alone = phase(pool, sizes, Some(retrying.window)).await?;
+    let during = percentiles(retrying.claims.clone());
+    let without = percentiles(alone.claims.clone());
+    let rate = failed as f64 / retrying.retry_time.as_secs_f64();
+    let note = format!(
+        "{} failed jobs behind {} queued ones; lease, 16 handlers, a prober claiming one at a time",
+        thousands(failed),
+        thousands(sizes.bulk_drain_jobs as u64)
+    );
+    results.add(
+        "bulk",
+        "bulk retry by filter beside a drain",
+        rate,
+        "jobs/s",
+        format!(
+            "{} jobs in {:.1} s, batches of 1,000, each followed by a pause of {} ms and as long again as it took",
+            thousands(failed),
+            retrying.retry_time.as_secs_f64(),
+            BACKGROUND_PACE.as_millis()
+        ),
+    );
+    results.add("bulk", "claim p99, drain alone", without.p99, "ms", note);
+    results.add(
+        "bulk",
+        "claim p99, drain beside the bulk retry",
+        during.p99,
+        "ms",
+        format!(
+            "{} claims over {:.1} s; alone {} claims over {:.1} s",
+            retrying.claims.len(),
+            retrying.window.as_secs_f64(),
+            alone.claims.len(),
+            alone.window.as_secs_f64()
+        ),
+    );
+    results.add(
+        "bulk",
+        "claim p99 beside the bulk retry / alone",
+        during.p99 / without.p99,
+        "x",
+        "target ≤ 1.2",
+    );
+    results.add("bulk", "claim p50, drain alone", without.p50, "ms", "");
+    results.add(
+        "bulk",
+        "claim p50, drain beside the bulk retry",
+        during.p50,
+        "ms",
+        "",
+    );
+    Ok(())
+}
+
+/// One phase: with `window` `None`, the drain beside a bulk retry of
+/// every failed job, measured until the retry ends; with a window, the
+/// drain alone for that long.
+async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result<Phase> {
+    let table = fresh_table(pool, "bulk").await?;
+    let t = table.name().quoted();
+    // The drain's jobs first (lowest keys, claimed first), the failed
+    // ones behind them.
+    for statement in [
+        format!(
+            "INSERT INTO {t} (kind) SELECT 'noop' FROM generate_series(1, {})",
+            sizes.bulk_drain_jobs
+        ),
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at, failure_message, num_failures) \
+             SELECT 'import', 'failed', now() - interval '1 day', 'upstream down', 1 \
+             FROM generate_series(1, {})",
+            sizes.bulk_rows
+        ),
+        format!("VACUUM ANALYZE {t}"),
+        "CHECKPOINT".to_owned(),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await?;
+    }
+    let store_pool = PgPoolOptions::new()
+        .test_before_acquire(false)
+        .max_connections(16 + 12)
+        .connect_with((*pool.connect_options()).clone())
+        .await?;
+    let store = PgStore::default_table(
+        store_pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await?;
+    tokio::time::sleep(Duration::from_millis(1100)).await; // let statistics settle
+    let shutdown = CancellationToken::new();
+    let drained = Arc::new(AtomicUsize::new(0));
+    let worker = Worker::new(store.clone(), Counting(drained.clone()), drain_options(16))?;
+    let probing = Arc::new(AtomicBool::new(true));
+    let started = Instant::now();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
+    let retrying = match window {
+        Some(_) => None,
+        None => {
+            let (pool, table) = (store_pool.clone(), table.clone());
+            Some(tokio::spawn(async move { retry_all(&pool, &table).await }))
+        }
+    };
+    // Timed while the drain's queued jobs last, and the retry runs (or for
+    // the retry's window).
+    let limit = Duration::from_secs(600);
+    loop {
+        let drain_over = drained.load(Ordering::Relaxed) >= sizes.bulk_drain_jobs;
+        let over = match (&retrying, window) {
+            (Some(retry), _) => retry.is_finished(),
+            (None, Some(window)) => started.elapsed() >= window,
+            (None, None) => true,
+        };
+        if drain_over || over {
+            break;
+        }
+        ensure!(started.elapsed() < limit, "the phase took over 10 minutes");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let window = started.elapsed();
+    probing.store(false, Ordering::SeqCst);
+    let claims = prober.await.context("the prober")?;
+    let (retried, retry_time) = match retrying {
+        Some(retry) => {
+            let retried = retry.await.context("the retry")??;
+            (retried, started.elapsed())
+        }
+        None => (0, Duration::ZERO),
+    };
+    ensure!(
+        !running.is_finished(),
+        "the worker stopped during the phase"
+    );
+    shutdown.cancel();
+    running.await??;
+    store_pool.close().await;
+    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
+        .execute(pool)
+        .await?;
+    Ok(Phase {
+        claims: claims.iter().map(|d| d.as_secs_f64() * 1000.0).collect(),
+        window,
+        retried,
+        retry_time,
+    })
+}
+
+/// Retries every failed job of `table` as one operation, run as `queue
+/// serve` runs one; returns how many it retried.
+async fn retry_all(pool: &PgPool, table: &JobTable) -> Result<u64> {
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options()).await?;
+    let filter = JobFilter::default().states([JobState::Failed]);
+    let total = admin.count(&filter).await?;
+    let action = OperationAction::Retry {
+        reset_attempts: false,
+    };
+    let op = admin
+        .create_operation(&NewOperation::new(action, filter, "bench", total))
+        .await?;
+    let taken = admin
+        .take_operation(&TakeOperation::id("bench", op.id))
+        .await?
+        .context("the operation is taken")?;
+    let options = RunOptions::new(BACKGROUND_PACE, StopAs::HandedBack).yielding(BACKGROUND_YIELD);
+    let done = run_operation(
+        &admin,
+        taken,
+        "bench",
+        &CancellationToken::new(),
+        options,
+        |_| {},
+    )
+    .await?;
+    ensure!(
+        done.state == OperationState::Done,
+        "the bulk retry ended {}: {:?}",
+        done.state,
+        done.message
+    );
+    Ok(done.done)
+}
