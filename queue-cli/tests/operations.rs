@@ -305,16 +305,33 @@ async fn the_api_starts_polls_and_aborts_operations_by_role() {
     assert_eq!(status, StatusCode::CONFLICT, "{again}");
     let (status, _) = call(&app, Method::GET, "/api/operations/999", read, None).await;
     assert_eq!(status, StatusCode::NOT_FOUND);
+    let (status, error) = call(&app, Method::GET, "/api/operations/%C2%84", read, None).await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "a JSON error for a path that is no id: {error}"
+    );
+    assert!(error["error"]["message"]
+        .as_str()
+        .is_some_and(|m| m.contains("is not an operation id")));
 
     for (uri, body, says) in [
-        ("/api/operations/fail?kind=x", None, "needs a reason"),
+        (
+            "/api/operations/fail?kind=x",
+            None,
+            "not the operation's options",
+        ),
         (
             "/api/operations/fail?kind=x",
             Some(r#"{"reason": " "}"#),
             "must say why",
         ),
-        ("/api/operations/purge?kind=x", None, "purge"),
-        ("/api/operations/retry?limit=5", None, "every matching job"),
+        ("/api/operations/purge?kind=x", None, "state"),
+        (
+            "/api/operations/purge?state=queued&finished_before=2026-01-01T00:00:00Z",
+            None,
+            "only finished jobs",
+        ),
         (
             "/api/operations/retry",
             Some(r#"{"batch": 0}"#),

@@ -238,10 +238,10 @@ pub struct JobList {
     pub next: Option<String>,
 }
 
-/// Which jobs to list, and how.
+/// Which jobs: a list's filter, and a bulk operation's.
 #[derive(Debug, Default, Deserialize, IntoParams)]
 #[into_params(parameter_in = Query)]
-pub struct ListQuery {
+pub struct FilterQuery {
     /// States, comma-separated: standard names or the table's own values.
     pub state: Option<String>,
     /// Kinds, comma-separated.
@@ -266,6 +266,12 @@ pub struct ListQuery {
     pub finished_after: Option<DateTime<Utc>>,
     /// Finished before.
     pub finished_before: Option<DateTime<Utc>>,
+}
+
+/// Which page of a list, in which order.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PageQuery {
     /// `newest` (default) or `oldest` first.
     pub order: Option<Order>,
     /// Jobs per page, 1 to 1000 (default 50).
@@ -407,7 +413,7 @@ pub struct Stats {
 
 impl Api {
     /// The jobs `query` chooses.
-    pub(crate) fn filter(&self, query: &ListQuery) -> Result<JobFilter, ApiError> {
+    pub(crate) fn filter(&self, query: &FilterQuery) -> Result<JobFilter, ApiError> {
         let split = |text: &Option<String>| {
             text.as_deref().map(|t| {
                 t.split(',')
@@ -512,7 +518,7 @@ pub async fn get_job(
 /// A page of jobs matching the filter, by key.
 #[utoipa::path(
     get, path = "/api/jobs", tag = "jobs",
-    params(ListQuery),
+    params(FilterQuery, PageQuery),
     responses(
         (status = 200, description = "A page", body = JobList),
         (status = 400, description = "A bad filter value", body = ErrorBody),
@@ -523,18 +529,19 @@ pub async fn get_job(
 )]
 pub async fn list_jobs(
     State(api): State<Api>,
-    ApiQuery(query): ApiQuery<ListQuery>,
+    ApiQuery(filter): ApiQuery<FilterQuery>,
+    ApiQuery(page): ApiQuery<PageQuery>,
 ) -> Result<Json<JobList>, ApiError> {
-    let limit = query.limit.unwrap_or(50);
+    let limit = page.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {
         return Err(ApiError::bad_request("limit must be between 1 and 1000"));
     }
-    let params = ListParams::first(api.filter(&query)?, limit as usize)
-        .order(match query.order {
+    let params = ListParams::first(api.filter(&filter)?, limit as usize)
+        .order(match page.order {
             Some(Order::Oldest) => ListOrder::OldestFirst,
             _ => ListOrder::NewestFirst,
         })
-        .after(query.after.clone());
+        .after(page.after.clone());
     let page = api.admin.list(&params).await?;
     Ok(Json(JobList {
         jobs: page.jobs.into_iter().map(Job::from).collect(),

@@ -13,15 +13,15 @@ use axum::http::StatusCode;
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
 use queue_core::{
-    run_operation, AbortOutcome, CancellationToken, NewOperation, Operation, OperationAction,
-    OperationParams, OperationState, RunOptions, StopAs, StoreError, TakeOperation,
-    BACKGROUND_PACE, BACKGROUND_YIELD, MAX_OPERATION_BATCH, MAX_OPERATION_PAGE,
+    purge_params, run_operation, AbortOutcome, CancellationToken, JobFilter, NewOperation,
+    Operation, OperationAction, OperationParams, OperationState, RunOptions, StopAs, StoreError,
+    TakeOperation, BACKGROUND_PACE, BACKGROUND_YIELD, MAX_OPERATION_BATCH, MAX_OPERATION_PAGE,
 };
 use serde::{Deserialize, Serialize};
 use tokio::sync::Notify;
 use utoipa::{IntoParams, ToSchema};
 
-use super::api::{Api, ApiQuery, ErrorBody, ListQuery};
+use super::api::{Api, ApiQuery, ErrorBody, FilterQuery};
 use super::auth::Actor;
 use super::erased::TextAdmin;
 use super::error::ApiError;
@@ -97,18 +97,229 @@ impl From<Operation<String>> for OperationView {
     }
 }
 
-/// An operation's options, beside the filter in the query.
+/// A bulk operation's options (all optional; the body may be left out).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
-pub struct OperationRequest {
+pub struct OperationOptions {
     /// Jobs per batch, 1 to 10000 (default 1000).
     #[schema(minimum = 1, maximum = 10000)]
     pub batch: Option<u32>,
-    /// Retry: also set the failure and reset counts back to zero.
+}
+
+/// A bulk retry's options (all optional; the body may be left out).
+#[derive(Debug, Default, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct RetryOptions {
+    /// Jobs per batch, 1 to 10000 (default 1000).
+    #[schema(minimum = 1, maximum = 10000)]
+    pub batch: Option<u32>,
+    /// Also set the failure and reset counts back to zero.
     pub reset_attempts: Option<bool>,
-    /// Fail: the failure message the jobs end with (required).
+}
+
+/// A bulk force-fail's options.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FailOptions {
+    /// Jobs per batch, 1 to 10000 (default 1000).
+    #[schema(minimum = 1, maximum = 10000)]
+    pub batch: Option<u32>,
+    /// The failure message the jobs end with.
     #[schema(min_length = 1, max_length = 10000)]
-    pub reason: Option<String>,
+    pub reason: String,
+}
+
+/// Which finished jobs a purge removes.
+#[derive(Debug, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct PurgeQuery {
+    /// Final states, comma-separated: completed, failed, canceled (or the
+    /// table's own values for them).
+    pub state: String,
+    /// Jobs that finished before this time (RFC 3339).
+    pub finished_before: DateTime<Utc>,
+}
+
+/// The options in a request's body; `T`'s default if it is empty.
+fn options<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return Ok(T::default());
+    }
+    required(body)
+}
+
+/// The options in a request's body, which must hold them.
+fn required<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
+    serde_json::from_slice(body)
+        .map_err(|e| ApiError::bad_request(format!("the body is not the operation's options: {e}")))
+}
+
+/// Starts `action` on the jobs `filter` matches, `batch` at a time.
+async fn start(
+    api: &Api,
+    actor: &Actor,
+    filter: JobFilter,
+    batch: Option<u32>,
+    action: OperationAction,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let batch = batch.unwrap_or(queue_core::DEFAULT_OPERATION_BATCH);
+    if batch == 0 || batch > MAX_OPERATION_BATCH {
+        return Err(ApiError::bad_request(format!(
+            "batch must be between 1 and {MAX_OPERATION_BATCH}"
+        )));
+    }
+    if action == OperationAction::Purge {
+        // Before narrowing, which would drop a state that has not finished
+        // instead of refusing it.
+        purge_params(&filter, 1)?;
+    }
+    let filter = action.narrow(filter, &api.admin.retryable_states());
+    let mut new = NewOperation::new(action, filter, actor.0.clone(), 0).batch(batch);
+    // Refused before anything is counted.
+    new.check()?;
+    new.total = api.admin.count(&new.filter).await?;
+    let op = api.admin.create_operation(&new).await?;
+    api.operations.notify_one();
+    Ok((StatusCode::ACCEPTED, Json(op.into())))
+}
+
+/// Retries every failed, errored and canceled job the filter matches, as a
+/// tracked operation that this server carries out.
+#[utoipa::path(
+    post, path = "/api/operations/retry", tag = "operations",
+    params(FilterQuery),
+    request_body(content = Option<RetryOptions>, description = "Options"),
+    responses(
+        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn start_retry(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    ApiQuery(query): ApiQuery<FilterQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: RetryOptions = options(&body)?;
+    let action = OperationAction::Retry {
+        reset_attempts: options.reset_attempts.unwrap_or(false),
+    };
+    start(&api, &actor, api.filter(&query)?, options.batch, action).await
+}
+
+/// Cancels every waiting job the filter matches and asks running ones to
+/// stop, as a tracked operation that this server carries out.
+#[utoipa::path(
+    post, path = "/api/operations/cancel", tag = "operations",
+    params(FilterQuery),
+    request_body(content = Option<OperationOptions>, description = "Options"),
+    responses(
+        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A read-only token", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn start_cancel(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    ApiQuery(query): ApiQuery<FilterQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: OperationOptions = options(&body)?;
+    let filter = api.filter(&query)?;
+    start(&api, &actor, filter, options.batch, OperationAction::Cancel).await
+}
+
+/// Fails every unfinished job the filter matches with a reason, fencing
+/// running attempts out, as a tracked operation that this server carries
+/// out.
+#[utoipa::path(
+    post, path = "/api/operations/fail", tag = "operations",
+    params(FilterQuery),
+    request_body(content = FailOptions, description = "The reason, and options"),
+    responses(
+        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A token without the admin role", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn start_fail(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    ApiQuery(query): ApiQuery<FilterQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: FailOptions = required(&body)?;
+    let action = OperationAction::Fail {
+        reason: options.reason,
+    };
+    start(&api, &actor, api.filter(&query)?, options.batch, action).await
+}
+
+/// Deletes every job the filter matches, as a tracked operation that this
+/// server carries out.
+#[utoipa::path(
+    post, path = "/api/operations/delete", tag = "operations",
+    params(FilterQuery),
+    request_body(content = Option<OperationOptions>, description = "Options"),
+    responses(
+        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A token without the admin role", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn start_delete(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    ApiQuery(query): ApiQuery<FilterQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: OperationOptions = options(&body)?;
+    let filter = api.filter(&query)?;
+    start(&api, &actor, filter, options.batch, OperationAction::Delete).await
+}
+
+/// Purges finished jobs (moves them to the archive where the table has
+/// one), as a tracked operation that this server carries out.
+#[utoipa::path(
+    post, path = "/api/operations/purge", tag = "operations",
+    params(PurgeQuery),
+    request_body(content = Option<OperationOptions>, description = "Options"),
+    responses(
+        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
+        (status = 400, description = "A state that has not finished, a bad option, or no operations table", body = ErrorBody),
+        (status = 401, description = "No valid token", body = ErrorBody),
+        (status = 403, description = "A token without the admin role", body = ErrorBody),
+        (status = 503, description = "The database is unavailable", body = ErrorBody),
+    ),
+    security((), ("bearer" = []))
+)]
+pub async fn start_purge(
+    State(api): State<Api>,
+    Extension(actor): Extension<Actor>,
+    ApiQuery(query): ApiQuery<PurgeQuery>,
+    body: Bytes,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: OperationOptions = options(&body)?;
+    let filter = api.filter(&FilterQuery {
+        state: Some(query.state),
+        finished_before: Some(query.finished_before),
+        ..FilterQuery::default()
+    })?;
+    start(&api, &actor, filter, options.batch, OperationAction::Purge).await
 }
 
 /// Which operations to list.
@@ -124,113 +335,11 @@ pub struct OperationsQuery {
     pub open: Option<bool>,
 }
 
-/// The options in a request's body: none if it is empty.
-fn options(body: &[u8]) -> Result<Option<OperationRequest>, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
-        return Ok(None);
-    }
-    serde_json::from_slice(body)
-        .map(Some)
-        .map_err(|e| ApiError::bad_request(format!("the body is not the operation's options: {e}")))
+/// The operation id in a path; refused if it is none.
+fn operation_id(text: &str) -> Result<i64, ApiError> {
+    text.parse()
+        .map_err(|_| ApiError::bad_request(format!("{text:?} is not an operation id")))
 }
-
-/// Starts `action` on the jobs `query` matches.
-async fn start(
-    api: &Api,
-    actor: &Actor,
-    query: &ListQuery,
-    options: Option<OperationRequest>,
-    action: impl FnOnce(&OperationRequest) -> Result<OperationAction, ApiError>,
-) -> Result<(StatusCode, Json<OperationView>), ApiError> {
-    if query.limit.is_some() || query.after.is_some() || query.order.is_some() {
-        return Err(ApiError::bad_request(
-            "limit, after and order choose a page of a list; an operation takes every matching job",
-        ));
-    }
-    let options = options.unwrap_or_default();
-    let action = action(&options)?;
-    let batch = options.batch.unwrap_or(queue_core::DEFAULT_OPERATION_BATCH);
-    if batch == 0 || batch > MAX_OPERATION_BATCH {
-        return Err(ApiError::bad_request(format!(
-            "batch must be between 1 and {MAX_OPERATION_BATCH}"
-        )));
-    }
-    let filter = action.narrow(api.filter(query)?, &api.admin.retryable_states());
-    let new = NewOperation::new(action, filter, actor.0.clone(), 0).batch(batch);
-    // Refused before anything is counted.
-    new.check()?;
-    let total = api.admin.count(&new.filter).await?;
-    let mut new = new;
-    new.total = total;
-    let op = api.admin.create_operation(&new).await?;
-    api.operations.notify_one();
-    Ok((StatusCode::ACCEPTED, Json(op.into())))
-}
-
-macro_rules! start_route {
-    ($name:ident, $path:literal, $what:literal, $action:expr) => {
-        #[doc = $what]
-        #[utoipa::path(
-            post, path = $path, tag = "operations",
-            params(ListQuery),
-            request_body(content = Option<OperationRequest>, description = "Options"),
-            responses(
-                (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-                (status = 400, description = "Bad filter or options, or no operations table", body = ErrorBody),
-                (status = 401, description = "No valid token", body = ErrorBody),
-                (status = 403, description = "A token without the role", body = ErrorBody),
-                (status = 503, description = "The database is unavailable", body = ErrorBody),
-            ),
-            security((), ("bearer" = []))
-        )]
-        pub async fn $name(
-            State(api): State<Api>,
-            Extension(actor): Extension<Actor>,
-            ApiQuery(query): ApiQuery<ListQuery>,
-            body: Bytes,
-        ) -> Result<(StatusCode, Json<OperationView>), ApiError> {
-            start(&api, &actor, &query, options(&body)?, $action).await
-        }
-    };
-}
-
-start_route!(
-    start_retry,
-    "/api/operations/retry",
-    "Retries every failed, errored and canceled job the filter matches, as a tracked operation.",
-    |o: &OperationRequest| Ok(OperationAction::Retry {
-        reset_attempts: o.reset_attempts.unwrap_or(false)
-    })
-);
-start_route!(
-    start_cancel,
-    "/api/operations/cancel",
-    "Cancels every waiting job the filter matches and asks running ones to stop, as a tracked operation.",
-    |_: &OperationRequest| Ok(OperationAction::Cancel)
-);
-start_route!(
-    start_fail,
-    "/api/operations/fail",
-    "Fails every unfinished job the filter matches with a reason, fencing running attempts out, as a tracked operation.",
-    |o: &OperationRequest| match &o.reason {
-        Some(reason) => Ok(OperationAction::Fail {
-            reason: reason.clone()
-        }),
-        None => Err(ApiError::bad_request("a fail needs a reason in the body")),
-    }
-);
-start_route!(
-    start_delete,
-    "/api/operations/delete",
-    "Deletes every job the filter matches, as a tracked operation.",
-    |_: &OperationRequest| Ok(OperationAction::Delete)
-);
-start_route!(
-    start_purge,
-    "/api/operations/purge",
-    "Purges finished jobs (state and finished_before only), as a tracked operation.",
-    |_: &OperationRequest| Ok(OperationAction::Purge)
-);
 
 /// Operations, newest first.
 #[utoipa::path(
@@ -272,7 +381,7 @@ pub async fn list(
     params(("id" = i64, Path, description = "The operation's id")),
     responses(
         (status = 200, description = "The operation", body = OperationView),
-        (status = 400, description = "Bad input, or no operations table", body = ErrorBody),
+        (status = 400, description = "Not an operation id, or no operations table", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 404, description = "No such operation", body = ErrorBody),
         (status = 503, description = "The database is unavailable", body = ErrorBody),
@@ -281,8 +390,9 @@ pub async fn list(
 )]
 pub async fn get(
     State(api): State<Api>,
-    Path(id): Path<i64>,
+    Path(id): Path<String>,
 ) -> Result<Json<OperationView>, ApiError> {
+    let id = operation_id(&id)?;
     match api.admin.operation(id).await? {
         Some(op) => Ok(Json(op.into())),
         None => Err(ApiError::not_found(format!("there is no operation {id}"))),
@@ -308,8 +418,9 @@ pub async fn get(
 pub async fn abort(
     State(api): State<Api>,
     Extension(actor): Extension<Actor>,
-    Path(id): Path<i64>,
+    Path(id): Path<String>,
 ) -> Result<Json<OperationView>, ApiError> {
+    let id = operation_id(&id)?;
     match api.admin.abort_operation(id, &actor.0).await? {
         None => Err(ApiError::not_found(format!("there is no operation {id}"))),
         Some(AbortOutcome::Aborted(op)) => Ok(Json(op.into())),

@@ -311,6 +311,11 @@ pub fn purge_params(filter: &JobFilter, limit: usize) -> Result<crate::PurgePara
             "a purge needs the final states to purge and a finished-before time".into(),
         ));
     };
+    if states.is_empty() {
+        return Err(StoreError::Refused(
+            "a purge needs the final states to purge: completed, failed or canceled".into(),
+        ));
+    }
     let bare = JobFilter::default()
         .states(states.iter().copied())
         .finished_before(finished_before);
