@@ -266,10 +266,11 @@ canceled = "dropped"
     let migrated = ok(&mut q(&["migrate"]));
     assert!(
         migrated.contains("tasks_kinds\": applied version 1")
+            && migrated.contains("tasks_kinds\": applied version 2")
             && migrated.contains("tasks_audit\": applied version 1")
             && migrated.contains("tasks_workers\": applied version 1")
             && migrated.contains("tasks_operations\": applied version 1")
-            && migrated.lines().count() == 4,
+            && migrated.lines().count() == 5,
         "{migrated}"
     );
     let err = fails(&mut q(&["migrate", "--table", "other"]));

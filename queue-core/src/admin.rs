@@ -21,6 +21,7 @@ use serde::{Deserialize, Serialize};
 use crate::audit::{AuditEntry, AuditParams, NewAuditEntry};
 use crate::error::StoreError;
 use crate::job::{Enqueued, Job, JobId, JobState, NewJob};
+use crate::limits::{KindLimit, KindLimits};
 use crate::operations::{
     AbortOutcome, NewOperation, Operation, OperationParams, OperationStep, TakeOperation,
 };
@@ -953,6 +954,22 @@ pub trait Admin: Send + Sync + 'static {
 
     /// The kinds paused now, by kind.
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError>;
+
+    /// Sets `kind`'s limits, for every process claiming from the store
+    /// (within a second for a store that workers read them from), saying
+    /// `by` whom; limits with none set clear them. Returns the limits in
+    /// force, `None` once cleared. Refused ([`StoreError::Refused`]) for
+    /// limits [`KindLimits::check`] refuses, an empty kind or `by`, or
+    /// where the store keeps no kind. See [`limits`](crate::limits).
+    async fn set_limits(
+        &self,
+        kind: &str,
+        limits: &KindLimits,
+        by: &str,
+    ) -> Result<Option<KindLimit>, StoreError>;
+
+    /// The kinds with limits, by kind.
+    async fn limits(&self) -> Result<Vec<KindLimit>, StoreError>;
 
     /// Appends `entry` to the audit log, at the store's time. Refused
     /// ([`StoreError::Refused`]) where the store keeps no audit log (its

@@ -8,6 +8,7 @@ mod clock;
 mod error;
 mod handler;
 mod job;
+pub mod limits;
 pub mod operations;
 mod outcome;
 mod pause;
@@ -33,6 +34,7 @@ pub use crate::job::{
     Enqueued, Job, JobId, JobLimits, JobRecord, JobState, Lease, LogEntry, NewJob, UniqueKey,
     UniqueScope, CANCELED_BEFORE_RUN_MESSAGE, EXPIRED_MESSAGE,
 };
+pub use crate::limits::{KindLimit, KindLimits};
 pub use crate::operations::{
     purge_params, run_operation, AbortOutcome, NewOperation, Operation, OperationAction,
     OperationParams, OperationState, OperationStep, RunOptions, StopAs, TakeOperation,

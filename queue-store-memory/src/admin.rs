@@ -7,10 +7,11 @@ use async_trait::async_trait;
 use chrono::{DateTime, Utc};
 use queue_core::{
     AbortOutcome, ActionReport, Admin, AuditEntry, AuditParams, Enqueued, FinishedBucket, Job,
-    JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, NewAuditEntry, NewJob,
-    NewOperation, Operation, OperationParams, OperationStep, PausedKind, QueueStats, ResetParams,
-    ResetReport, RetryParams, SkipReason, Skipped, StateCount, StatsParams, Store, StoreError,
-    TakeOperation, Targets, TimelineParams, CANCELED_BEFORE_RUN_MESSAGE,
+    JobFilter, JobPage, JobState, JobView, KindLimit, KindLimits, ListOrder, ListParams,
+    NewAuditEntry, NewJob, NewOperation, Operation, OperationParams, OperationStep, PausedKind,
+    QueueStats, ResetParams, ResetReport, RetryParams, SkipReason, Skipped, StateCount,
+    StatsParams, Store, StoreError, TakeOperation, Targets, TimelineParams,
+    CANCELED_BEFORE_RUN_MESSAGE,
 };
 
 use crate::store::{eligible, Extras, MemoryStore, State};
@@ -412,6 +413,39 @@ impl Admin for MemoryStore {
 
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
         Ok(self.lock().paused.values().cloned().collect())
+    }
+
+    async fn set_limits(
+        &self,
+        kind: &str,
+        limits: &KindLimits,
+        by: &str,
+    ) -> Result<Option<KindLimit>, StoreError> {
+        queue_core::check_pause(kind, by)?;
+        limits.check()?;
+        let now = self.clock().now();
+        let mut state = self.lock();
+        if !limits.any() {
+            state.limits.remove(kind);
+            drop(state);
+            self.wake_workers();
+            return Ok(None);
+        }
+        let limit = KindLimit::new(kind, *limits, now, by);
+        // A new limit starts with a full bucket.
+        state.limits.insert(kind.to_owned(), (limit.clone(), None));
+        drop(state);
+        self.wake_workers();
+        Ok(Some(limit))
+    }
+
+    async fn limits(&self) -> Result<Vec<KindLimit>, StoreError> {
+        Ok(self
+            .lock()
+            .limits
+            .values()
+            .map(|(limit, _)| limit.clone())
+            .collect())
     }
 
     async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {

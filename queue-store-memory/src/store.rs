@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use chrono::{DateTime, Utc};
+use queue_core::limits::Tokens;
 use queue_core::resetter::{AT_MOST_ONCE_MESSAGE, MAX_RESETS_MESSAGE};
 use queue_core::{
     ClaimParams, Claimed, Clock, DecodeError, Delivery, Enqueued, HeartbeatReport, Job, JobLimits,
@@ -71,6 +72,9 @@ pub(crate) struct State {
     pub(crate) workers: BTreeMap<String, queue_core::WorkerInfo>,
     /// Bulk operations, by id.
     pub(crate) operations: BTreeMap<i64, queue_core::Operation<i64>>,
+    /// The kinds with limits, and each one's token bucket.
+    pub(crate) limits:
+        BTreeMap<String, (queue_core::KindLimit, Option<queue_core::limits::Tokens>)>,
     next_id: i64,
     next_token: i64,
 }
@@ -342,6 +346,21 @@ impl Store for MemoryStore {
         params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
         let mut state = self.lock();
+        // What each limited kind may still start in this claim, and its
+        // bucket after (read once per claim, as the Postgres store does).
+        let mut budgets: BTreeMap<String, (u64, Option<Tokens>)> = BTreeMap::new();
+        for (kind, (limit, tokens)) in &state.limits {
+            let running = state
+                .jobs
+                .values()
+                .filter(|j| j.state == JobState::Processing && &j.kind == kind)
+                .count() as u64;
+            budgets.insert(
+                kind.clone(),
+                queue_core::limits::budget(&limit.limits, running, *tokens, params.now),
+            );
+        }
+        let mut taken: BTreeMap<String, u64> = BTreeMap::new();
         let chosen: Vec<(Reverse<i32>, i64)> = state
             .claimable
             .iter()
@@ -351,11 +370,26 @@ impl Store for MemoryStore {
                         eligible(job, params.now)
                             && !state.paused.contains_key(&job.kind)
                             && params.conditions.is_none_or(|c| c.matches(job))
+                            && match budgets.get(&job.kind) {
+                                None => true,
+                                Some((room, _)) => {
+                                    let n = taken.entry(job.kind.clone()).or_default();
+                                    let fits = *n < *room;
+                                    *n += u64::from(fits);
+                                    fits
+                                }
+                            }
                     })
             })
             .take(params.limit)
             .copied()
             .collect();
+        for (kind, (_, tokens)) in budgets {
+            let spent = taken.get(&kind).copied().unwrap_or(0);
+            if let Some(entry) = state.limits.get_mut(&kind) {
+                entry.1 = queue_core::limits::spend(tokens, spent);
+            }
+        }
         let mut claimed = Vec::with_capacity(chosen.len());
         for key in chosen {
             state.claimable.remove(&key);

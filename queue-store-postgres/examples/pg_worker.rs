@@ -8,8 +8,9 @@
 //!     --schema app --table jobs --mode lease --handlers 16 --sleep-ms 0 --until-drained
 //! ```
 //!
-//! The runs table is `<schema>.runs (job_id bigint, pid int)`; it is created
-//! if missing. With `--schedule-every-ms N`, the process also runs a
+//! The runs table is `<schema>.runs (job_id bigint, pid int, started_at,
+//! ended_at)`, each run's start and end by the database's clock; it is
+//! created if missing. With `--schedule-every-ms N`, the process also runs a
 //! scheduler that enqueues a `tick` job every N ms (schedule `ticks`), as
 //! every process does: the scheduler tests start three and kill one.
 
@@ -107,6 +108,19 @@ impl Handler<PgStore<Job>> for Record {
                 _ = ctx.cancelled() => return Err(JobError::cancel("stopped while sleeping")),
             }
         }
+        let ended = format!(
+            "UPDATE {} SET ended_at = clock_timestamp() WHERE job_id = $1 AND pid = $2 AND ended_at IS NULL",
+            self.runs
+        );
+        let ended = sqlx::query(sqlx::AssertSqlSafe(ended))
+            .bind(job.id)
+            .bind(pid);
+        if self.transactional {
+            let conn = store.transaction().await.map_err(JobError::retry)?;
+            ended.execute(conn).await?;
+        } else {
+            ended.execute(store.pool()).await?;
+        }
         Ok(())
     }
 }
@@ -124,7 +138,8 @@ async fn main() -> Result<()> {
     let table = JobTable::new(&args.schema, &args.table)?;
     let runs = format!("{}.\"runs\"", table.name().schema.quoted());
     sqlx::query(sqlx::AssertSqlSafe(format!(
-        "CREATE TABLE IF NOT EXISTS {runs} (job_id bigint NOT NULL, pid integer NOT NULL)"
+        "CREATE TABLE IF NOT EXISTS {runs} (job_id bigint NOT NULL, pid integer NOT NULL, \
+         started_at timestamptz NOT NULL DEFAULT clock_timestamp(), ended_at timestamptz)"
     )))
     .execute(&pool)
     .await?;

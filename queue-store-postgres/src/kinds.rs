@@ -24,7 +24,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use queue_core::StoreError;
-use sqlx::{PgConnection, PgPool};
+use sqlx::{PgConnection, PgPool, Row};
 
 use crate::error::store_error;
 use crate::migrate::Migration;
@@ -32,8 +32,13 @@ use crate::options::{Column, PgStoreOptions};
 use crate::sql::{default_table, kinds};
 use crate::QualifiedName;
 
-/// How long claims go on the paused kinds they read last: a pause holds
-/// for every worker within this time (the pause's promise is a second).
+/// SQLSTATE undefined_column: a kinds table before the version with
+/// limits.
+const UNDEFINED_COLUMN: &str = "42703";
+
+/// How long claims go on the paused and limited kinds they read last: a
+/// pause or a limit holds for every worker within this time (the promise
+/// is a second).
 pub(crate) const PAUSES_REFRESH: Duration = Duration::from_millis(500);
 
 /// Creates or upgrades the kinds table beside the table `options` describe;
@@ -94,11 +99,37 @@ async fn named(pool: &PgPool, options: &PgStoreOptions) -> Result<QualifiedName,
     Ok(kinds::kinds_table(&options.table))
 }
 
-/// The paused kinds as claims see them: read from the kinds table at most
-/// every [`PAUSES_REFRESH`], on the claim's own connection.
-pub(crate) struct PausedKinds {
+/// What claims heed, per kind: which kinds are paused, and which have
+/// limits (claimed apart, each under its row's lock).
+#[derive(Debug, Default)]
+pub(crate) struct KindRules {
+    pub(crate) paused: Vec<String>,
+    pub(crate) limited: Vec<String>,
+}
+
+impl KindRules {
+    /// The kinds the claim of everything else passes over: paused or
+    /// limited.
+    pub(crate) fn set_apart(&self) -> Vec<String> {
+        let mut apart = self.paused.clone();
+        apart.extend(
+            self.limited
+                .iter()
+                .filter(|k| !self.paused.contains(k))
+                .cloned(),
+        );
+        apart
+    }
+}
+
+/// The pauses and limits as claims see them: read from the kinds table at
+/// most every [`PAUSES_REFRESH`], on the claim's own connection.
+pub(crate) struct ClaimRules {
     table: QualifiedName,
+    /// Pauses and limits.
     read: String,
+    /// Pauses alone, for a kinds table not yet at the version with limits.
+    read_paused: String,
     last: Mutex<Option<Reading>>,
 }
 
@@ -109,26 +140,31 @@ struct Reading {
     /// Whether the kinds table existed: once it does, the next reading
     /// reads it without asking again.
     exists: bool,
-    paused: Arc<Vec<String>>,
+    /// Whether it has the limits' columns, as last found; asked again a
+    /// minute after it had not (`queue migrate` may add them meanwhile).
+    limits: bool,
+    limits_seen: Instant,
+    rules: Arc<KindRules>,
 }
 
-impl PausedKinds {
-    /// The pauses of the kinds table beside `table`.
+impl ClaimRules {
+    /// The rules of the kinds table beside `table`.
     pub(crate) fn new(table: &QualifiedName) -> Self {
         let kinds = kinds::kinds_table(table);
-        PausedKinds {
-            read: kinds::paused_kinds(&kinds),
+        ClaimRules {
+            read: kinds::rules(&kinds),
+            read_paused: kinds::paused_kinds(&kinds),
             table: kinds,
             last: Mutex::new(None),
         }
     }
 
-    /// The kinds paused now (as of at most [`PAUSES_REFRESH`] ago); none
+    /// The rules in force now (as of at most [`PAUSES_REFRESH`] ago); none
     /// while the kinds table does not exist.
     pub(crate) async fn current(
         &self,
         conn: &mut PgConnection,
-    ) -> Result<Arc<Vec<String>>, StoreError> {
+    ) -> Result<Arc<KindRules>, StoreError> {
         let last = self
             .last
             .lock()
@@ -136,11 +172,15 @@ impl PausedKinds {
             .clone();
         if let Some(reading) = &last {
             if reading.at.elapsed() < PAUSES_REFRESH {
-                return Ok(reading.paused.clone());
+                return Ok(reading.rules.clone());
             }
         }
-        let context = || format!("reading the paused kinds from {}", self.table);
+        let context = || format!("reading the paused and limited kinds from {}", self.table);
         let mut exists = last.as_ref().is_some_and(|r| r.exists);
+        let mut limits = last
+            .as_ref()
+            .is_none_or(|r| r.limits || r.limits_seen.elapsed() > Duration::from_secs(60));
+        let mut limits_seen = last.as_ref().map_or_else(Instant::now, |r| r.limits_seen);
         if !exists {
             exists = sqlx::query_scalar(default_table::RELATION_EXISTS)
                 .bind(self.table.quoted())
@@ -148,32 +188,70 @@ impl PausedKinds {
                 .await
                 .map_err(|e| store_error(&context(), e))?;
         }
-        let paused = if exists {
-            match sqlx::query_scalar::<_, String>(sqlx::AssertSqlSafe(self.read.as_str()))
+        let mut rules = KindRules::default();
+        if exists {
+            let read = if limits {
+                &self.read
+            } else {
+                &self.read_paused
+            };
+            match sqlx::query(sqlx::AssertSqlSafe(read.as_str()))
                 .fetch_all(&mut *conn)
                 .await
             {
-                Ok(paused) => paused,
-                // Dropped since it was seen: no pauses, and ask again next
+                Ok(rows) => {
+                    for row in rows {
+                        let get = |e| store_error(&context(), e);
+                        let kind: String = row.try_get("kind").map_err(get)?;
+                        let (paused, limited) = if limits {
+                            (
+                                row.try_get("paused").map_err(get)?,
+                                row.try_get("limited").map_err(get)?,
+                            )
+                        } else {
+                            (true, false)
+                        };
+                        if paused {
+                            rules.paused.push(kind.clone());
+                        }
+                        if limited {
+                            rules.limited.push(kind);
+                        }
+                    }
+                }
+                // Dropped since it was seen: no rules, and ask again next
                 // time.
                 Err(sqlx::Error::Database(e))
                     if e.code().as_deref() == Some(crate::admin::UNDEFINED_TABLE) =>
                 {
                     exists = false;
-                    Vec::new()
+                }
+                // Not yet at the version with limits (queue migrate adds
+                // them): pauses alone.
+                Err(sqlx::Error::Database(e))
+                    if limits && e.code().as_deref() == Some(UNDEFINED_COLUMN) =>
+                {
+                    limits = false;
+                    limits_seen = Instant::now();
+                    let paused: Vec<String> =
+                        sqlx::query_scalar(sqlx::AssertSqlSafe(self.read_paused.as_str()))
+                            .fetch_all(&mut *conn)
+                            .await
+                            .map_err(|e| store_error(&context(), e))?;
+                    rules.paused = paused;
                 }
                 Err(e) => return Err(store_error(&context(), e)),
             }
-        } else {
-            Vec::new()
-        };
+        }
         let reading = Reading {
             at: Instant::now(),
             exists,
-            paused: Arc::new(paused),
+            limits,
+            limits_seen,
+            rules: Arc::new(rules),
         };
         *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading.clone());
-        Ok(reading.paused)
+        Ok(reading.rules)
     }
 
     /// Forgets the last reading: the next claim reads the table again (a

@@ -25,7 +25,7 @@ use crate::conditions::{PgCondition, PgConditions};
 use crate::cursor::{ClaimCursor, Position};
 use crate::error::store_error;
 use crate::job_transaction::{JobClaim, PgJobTransaction, PreparedStatements};
-use crate::kinds::PausedKinds;
+use crate::kinds::ClaimRules;
 use crate::listen;
 use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{
@@ -64,8 +64,12 @@ struct Inner<R: JobRecord> {
     enums_as_text: AtomicBool,
     /// Keeps the claim's plan on the claim index (see [`Statistics`]).
     statistics: Statistics,
-    /// The paused kinds, whose jobs claims pass over.
-    paused: PausedKinds,
+    /// The paused kinds, whose jobs claims pass over, and the limited
+    /// ones, claimed apart.
+    rules: ClaimRules,
+    /// When a limited kind held back by its limits may start more jobs
+    /// (this process's clock): an idle worker looks again then.
+    limited_due: std::sync::Mutex<Option<DateTime<Utc>>>,
 }
 
 impl<R: JobRecord> Drop for Inner<R> {
@@ -247,7 +251,8 @@ where
                 admin,
                 enums_as_text: AtomicBool::new(false),
                 statistics,
-                paused: PausedKinds::new(&options_table),
+                rules: ClaimRules::new(&options_table),
+                limited_due: std::sync::Mutex::new(None),
             }),
         })
     }
@@ -385,14 +390,32 @@ where
         &self,
         conn: &mut PgConnection,
         params: &ClaimParams<'_, PgConditions>,
+        limit: usize,
         conditions: &[PgCondition],
         paused: &[String],
         after: Option<&Position<R::Id>>,
     ) -> Result<Vec<PgRow>, StoreError> {
         let statement = after
-            .and_then(|_| self.inner.sql.claim_after_cursor(params.limit))
-            .unwrap_or_else(|| self.inner.sql.claim(conditions, paused, params.limit));
-        let mut q = query(&statement, |p| match p {
+            .and_then(|_| self.inner.sql.claim_after_cursor(limit))
+            .unwrap_or_else(|| self.inner.sql.claim(conditions, paused, limit));
+        self.run_claim(conn, &statement, params, conditions, paused, after, None)
+            .await
+    }
+
+    /// Runs a claim `statement` (bound as `params`, `paused`, the cursor
+    /// `after` and the kind `only` ask) on `conn`; its rows in claim order.
+    #[allow(clippy::too_many_arguments)]
+    async fn run_claim(
+        &self,
+        conn: &mut PgConnection,
+        statement: &crate::sql::Statement,
+        params: &ClaimParams<'_, PgConditions>,
+        conditions: &[PgCondition],
+        paused: &[String],
+        after: Option<&Position<R::Id>>,
+        only: Option<&str>,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        let mut q = query(statement, |p| match p {
             Param::State(s) => Some(state::<R::Id>(self.states(), s)),
             Param::Now => Some(Value::Time(self.inner.admin.to_db(params.now))),
             Param::Worker => Some(Value::Text(params.worker.to_owned())),
@@ -401,6 +424,7 @@ where
             Param::PausedKinds => Some(Value::Texts(
                 paused.iter().map(|k| Some(k.clone())).collect(),
             )),
+            Param::OnlyKind => only.map(|k| Value::Text(k.to_owned())),
             _ => None,
         })?;
         for c in conditions {
@@ -414,6 +438,113 @@ where
             .map_err(|e| store_error("claiming jobs", e))?;
         // Back into claim order (the update returns rows in key order).
         rows.sort_by_cached_key(|row| read_at::<i32>(row, RANK).unwrap_or(i32::MAX));
+        Ok(rows)
+    }
+
+    /// Up to `want` jobs of limited kind `kind`, as many as its limits
+    /// allow now, on `conn` in one transaction: the kind's row in the kinds
+    /// table locked first (claims of the kind take turns, in every
+    /// process), its running jobs counted, its bucket read, the jobs
+    /// claimed and the bucket spent. If the limits held it back, notes
+    /// when to look again.
+    async fn claim_limited(
+        &self,
+        conn: &mut PgConnection,
+        params: &ClaimParams<'_, PgConditions>,
+        conditions: &[PgCondition],
+        kind: &str,
+        want: usize,
+    ) -> Result<Vec<PgRow>, StoreError> {
+        use queue_core::limits::{budget, spend, Tokens};
+        let context = "claiming jobs of a limited kind";
+        let kinds = crate::sql::kinds::kinds_table(&self.inner.options.table);
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(|e| store_error(context, e))?;
+        let row = sqlx::query(sqlx::AssertSqlSafe(crate::sql::kinds::lock_limits(&kinds)))
+            .bind(kind)
+            .fetch_optional(&mut *tx)
+            .await
+            .map_err(|e| store_error(context, e))?;
+        // Paused or no longer limited since the rules were read: the next
+        // reading puts it where it belongs.
+        let Some(row) = row else {
+            tx.commit().await.map_err(|e| store_error(context, e))?;
+            return Ok(Vec::new());
+        };
+        let get = |e| store_error(context, e);
+        let max_running: Option<i32> = row.try_get("max_running").map_err(get)?;
+        let per_second: Option<f64> = row.try_get("per_second").map_err(get)?;
+        let burst: Option<i32> = row.try_get("burst").map_err(get)?;
+        let tokens: Option<f64> = row.try_get("tokens").map_err(get)?;
+        let tokens_at: Option<DateTime<Utc>> = row.try_get("tokens_at").map_err(get)?;
+        let mut limits = queue_core::KindLimits::default();
+        if let Some(max) = max_running {
+            limits = limits.max_running(u32::try_from(max).unwrap_or(1));
+        }
+        if let Some(rate) = per_second {
+            limits = limits.per_second(rate, burst.and_then(|b| u32::try_from(b).ok()));
+        }
+        let running = if limits.max_running.is_some() {
+            let filter = JobFilter::default()
+                .states([queue_core::JobState::Processing])
+                .kinds([kind]);
+            self.inner.admin.count_on(&mut tx, &filter).await?
+        } else {
+            0
+        };
+        // On the database's clock, as every process's claims are.
+        let now = self.inner.admin.to_db(params.now);
+        let bucket = match (tokens, tokens_at) {
+            (Some(available), Some(at)) => Some(Tokens { available, at }),
+            _ => None,
+        };
+        let (allowed, bucket) = budget(&limits, running, bucket, now);
+        let take = usize::try_from(allowed).unwrap_or(usize::MAX).min(want);
+        let rows = match (take, self.inner.sql.claim_of_kind(conditions, take)) {
+            (0, _) | (_, None) => Vec::new(),
+            (_, Some(statement)) => {
+                self.run_claim(
+                    &mut tx,
+                    &statement,
+                    params,
+                    conditions,
+                    &[],
+                    None,
+                    Some(kind),
+                )
+                .await?
+            }
+        };
+        if let Some(left) = spend(bucket, rows.len() as u64) {
+            sqlx::query(sqlx::AssertSqlSafe(crate::sql::kinds::spend(&kinds)))
+                .bind(kind)
+                .bind(left.available)
+                .bind(left.at)
+                .execute(&mut *tx)
+                .await
+                .map_err(|e| store_error(context, e))?;
+        }
+        tx.commit().await.map_err(|e| store_error(context, e))?;
+        // Held back while it may have more waiting: look again when a
+        // token comes (or a slot may have freed, after a short while).
+        if rows.len() == take && take < want {
+            let taken = rows.len() as f64;
+            let left = bucket.map(|b| b.available - taken);
+            let wait = match (limits.bucket(), left) {
+                (Some((rate, _)), Some(left)) if left < 1.0 => {
+                    std::time::Duration::from_secs_f64(((1.0 - left) / rate).clamp(0.001, 5.0))
+                }
+                _ => LIMITED_RECHECK,
+            };
+            let due = params.now + chrono::TimeDelta::from_std(wait).unwrap_or_default();
+            let mut noted = self
+                .inner
+                .limited_due
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            *noted = Some(noted.map_or(due, |d| d.min(due)));
+        }
         Ok(rows)
     }
 
@@ -436,6 +567,10 @@ where
 // Where a claimed row carries what the store itself reads: the claim
 // statement returns these four columns first, in this order (read by
 // position: thousands of rows a second share one column list).
+/// How soon an idle worker looks again at a kind its concurrency limit
+/// held back: a slot frees when a job of the kind ends, in any process.
+const LIMITED_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
 const ID: (usize, &str) = (0, "__queue_id");
 const TOKEN: (usize, &str) = (1, "__queue_token");
 const FAILURES: (usize, &str) = (2, "__queue_failures");
@@ -484,18 +619,43 @@ where
             }
         }
         let mut on = self.inner.stash.lend("claiming jobs").await?;
-        let paused = if self.inner.sql.claims_read_kind() {
-            match self.inner.paused.current(on.conn()).await {
-                Ok(paused) => paused,
+        let rules = if self.inner.sql.claims_read_kind() {
+            match self.inner.rules.current(on.conn()).await {
+                Ok(rules) => rules,
                 // A connection that died while stashed: read on a new one.
                 Err(error) => {
                     on = on.replace_after(error).await?;
-                    self.inner.paused.current(on.conn()).await?
+                    self.inner.rules.current(on.conn()).await?
                 }
             }
         } else {
             Default::default()
         };
+        // Limited kinds first, each as far as its limits allow; the claim
+        // of everything else passes over them (and over paused kinds).
+        let mut limited = Vec::new();
+        for kind in rules.limited.iter().filter(|k| !rules.paused.contains(k)) {
+            let want = params.limit.saturating_sub(limited.len());
+            if want == 0 {
+                break;
+            }
+            let rows = loop {
+                match self
+                    .claim_limited(on.conn(), &params, conditions, kind, want)
+                    .await
+                {
+                    Ok(rows) => break rows,
+                    // A connection that died while stashed: again on a new
+                    // one. Otherwise the error stands (jobs claimed for an
+                    // earlier kind are left to the resetter, as a crash
+                    // leaves them).
+                    Err(error) => on = on.replace_after(error).await?,
+                }
+            };
+            limited.extend(rows);
+        }
+        let paused = rules.set_apart();
+        let main_limit = params.limit - limited.len();
         // Claims with extra conditions, or passing over paused kinds,
         // neither use nor move the cursor: what they pass over may be
         // claimable for the others, or again soon.
@@ -507,15 +667,25 @@ where
         let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
         let started = std::time::Instant::now();
         let claimed = loop {
+            if main_limit == 0 {
+                break Ok((on, Vec::new()));
+            }
             let mut rows = self
-                .claim_rows(on.conn(), &params, conditions, &paused, after.as_ref())
+                .claim_rows(
+                    on.conn(),
+                    &params,
+                    main_limit,
+                    conditions,
+                    &paused,
+                    after.as_ref(),
+                )
                 .await;
             if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
                 // Nothing after the cursor: the backlog is over, and jobs
                 // that became claimable before it must not wait for the
                 // worker's next poll.
                 rows = self
-                    .claim_rows(on.conn(), &params, conditions, &paused, None)
+                    .claim_rows(on.conn(), &params, main_limit, conditions, &paused, None)
                     .await;
             }
             match rows {
@@ -535,9 +705,7 @@ where
         }
         if let Some(cursor) = cursor {
             match &claimed {
-                Ok((_, rows)) => {
-                    cursor.ended(self.position(rows.last()), rows.len() >= params.limit)
-                }
+                Ok((_, rows)) => cursor.ended(self.position(rows.last()), rows.len() >= main_limit),
                 Err(_) => cursor.ended(None, false),
             }
         }
@@ -551,6 +719,11 @@ where
                 )))
             }
             claimed => claimed?,
+        };
+        let rows = if limited.is_empty() {
+            rows
+        } else {
+            limited.into_iter().chain(rows).collect()
         };
         if rows.is_empty() {
             on.put_back();
@@ -871,8 +1044,16 @@ where
     }
 
     async fn next_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, StoreError> {
+        // A limited kind held back: when it may start more.
+        let limited = self
+            .inner
+            .limited_due
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .take()
+            .filter(|due| *due > after);
         let Some(statement) = &self.inner.sql.next_due else {
-            return Ok(None);
+            return Ok(limited);
         };
         let context = "reading when the next scheduled job comes due";
         let after = self.inner.admin.to_db(after);
@@ -897,7 +1078,11 @@ where
             }
         };
         // Back on this process's clock.
-        Ok(due.map(|at| self.inner.admin.to_local(at)))
+        let due = due.map(|at| self.inner.admin.to_local(at));
+        Ok(match (due, limited) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        })
     }
 }
 
@@ -977,18 +1162,34 @@ where
     async fn pause(&self, kind: &str, by: &str) -> Result<queue_core::PausedKind, StoreError> {
         let pause = self.inner.admin.pause(kind, by).await?;
         // This process's own claims heed it at once.
-        self.inner.paused.forget();
+        self.inner.rules.forget();
         Ok(pause)
     }
 
     async fn resume(&self, kind: &str) -> Result<Option<queue_core::PausedKind>, StoreError> {
         let ended = self.inner.admin.resume(kind).await?;
-        self.inner.paused.forget();
+        self.inner.rules.forget();
         Ok(ended)
     }
 
     async fn paused(&self) -> Result<Vec<queue_core::PausedKind>, StoreError> {
         self.inner.admin.paused().await
+    }
+
+    async fn set_limits(
+        &self,
+        kind: &str,
+        limits: &queue_core::KindLimits,
+        by: &str,
+    ) -> Result<Option<queue_core::KindLimit>, StoreError> {
+        let set = self.inner.admin.set_limits(kind, limits, by).await;
+        // This store's claims heed it at once.
+        self.inner.rules.forget();
+        set
+    }
+
+    async fn limits(&self) -> Result<Vec<queue_core::KindLimit>, StoreError> {
+        self.inner.admin.limits().await
     }
 
     async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {

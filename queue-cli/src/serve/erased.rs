@@ -228,6 +228,19 @@ where
         self.0.paused().await
     }
 
+    async fn set_limits(
+        &self,
+        kind: &str,
+        limits: &queue_core::KindLimits,
+        by: &str,
+    ) -> Result<Option<queue_core::KindLimit>, StoreError> {
+        self.0.set_limits(kind, limits, by).await
+    }
+
+    async fn limits(&self) -> Result<Vec<queue_core::KindLimit>, StoreError> {
+        self.0.limits().await
+    }
+
     async fn workers(
         &self,
         seen_since: DateTime<Utc>,

@@ -1688,6 +1688,110 @@ pub async fn admin_operations_run_in_batches_abort_and_resume<H: Harness>(h: &H)
     );
 }
 
+/// A kind's limits hold in claims: no more of its jobs running at once
+/// than its concurrency limit (a slot frees when one ends), no more
+/// started than its rate allows (a burst at first, then as tokens come, by
+/// the claims' time), other kinds claimed as usual; cleared, they no
+/// longer hold. Limits no store could hold are refused.
+pub async fn claims_hold_a_kinds_limits<H: Harness>(h: &H) {
+    use crate::limits::KindLimits;
+    let store = h.store().await;
+    let t = t0();
+    let kinds_of = |claimed: &[Claimed<H::Store>]| {
+        let mut kinds: Vec<String> = claimed
+            .iter()
+            .map(|c| match &c.record {
+                Ok(record) => crate::job::JobRecord::kind(record).to_owned(),
+                Err(e) => panic!("undecodable: {e}"),
+            })
+            .collect();
+        kinds.sort();
+        kinds
+    };
+    let set = |kind: &'static str, limits: KindLimits| {
+        let store = &store;
+        async move {
+            Admin::set_limits(store, kind, &limits, "alice")
+                .await
+                .expect("set_limits failed")
+        }
+    };
+    let set_slow = set("slow", KindLimits::default().max_running(2)).await;
+    assert!(set_slow.is_some_and(|l| l.limits.max_running == Some(2) && l.set_by == "alice"));
+    for n in 0..5 {
+        h.enqueue(&store, NewJob::new("slow", serde_json::json!(n)))
+            .await;
+    }
+    for n in 0..2 {
+        h.enqueue(&store, NewJob::new("fast", serde_json::json!(n)))
+            .await;
+    }
+    let first = claim::<H>(&store, 10, t).await;
+    assert_eq!(
+        kinds_of(&first),
+        vec!["fast", "fast", "slow", "slow"],
+        "two slow jobs at most, the others as usual"
+    );
+    assert!(
+        claim::<H>(&store, 10, at(t, 1)).await.is_empty(),
+        "no slot left"
+    );
+    let mut first = first.into_iter();
+    let one_slow = first
+        .find(|c| {
+            c.record
+                .as_ref()
+                .is_ok_and(|r| crate::job::JobRecord::kind(r) == "slow")
+        })
+        .expect("a slow job");
+    end::<H>(&store, one_slow, Transition::Complete, at(t, 2)).await;
+    assert_eq!(
+        kinds_of(&claim::<H>(&store, 10, at(t, 3)).await),
+        vec!["slow"],
+        "a finished job frees its slot"
+    );
+    assert!(
+        set("slow", KindLimits::default()).await.is_none(),
+        "cleared"
+    );
+    assert_eq!(
+        kinds_of(&claim::<H>(&store, 10, at(t, 4)).await),
+        vec!["slow", "slow"],
+        "cleared, the limit no longer holds"
+    );
+
+    set("paced", KindLimits::default().per_second(2.0, Some(3))).await;
+    for n in 0..12 {
+        h.enqueue(&store, NewJob::new("paced", serde_json::json!(n)))
+            .await;
+    }
+    let mut counts = Vec::new();
+    for ms in [10_000, 10_000, 11_000, 11_500, 30_000] {
+        let now = t + TimeDelta::milliseconds(ms);
+        counts.push(claim::<H>(&store, 10, now).await.len());
+    }
+    assert_eq!(
+        counts,
+        vec![3, 0, 2, 1, 3],
+        "a burst of 3, then 2 a second, never more than the burst"
+    );
+    let limits = Admin::limits(&store).await.expect("limits failed");
+    let kinds: Vec<&str> = limits.iter().map(|l| l.kind.as_str()).collect();
+    assert_eq!(kinds, vec!["paced"]);
+    for bad in [
+        KindLimits::default().max_running(0),
+        KindLimits::default().per_second(0.0, None),
+        KindLimits::default().per_second(f64::NAN, None),
+        KindLimits::default().per_second(5.0, Some(0)),
+    ] {
+        let refused = Admin::set_limits(&store, "paced", &bad, "alice").await;
+        assert!(
+            matches!(refused, Err(StoreError::Refused(_))),
+            "{bad:?}: {refused:?}"
+        );
+    }
+}
+
 /// Force-fail ends a running job and a waiting one at once with the
 /// operator's reason; the running attempt is fenced out: its completion,
 /// heartbeat and log entry are stale, and the job stays failed. A finished
@@ -2694,6 +2798,7 @@ macro_rules! conformance_tests {
             admin_cancel_ends_waiting_jobs_and_flags_running_ones,
             admin_force_fail_fences_the_running_attempt_out,
             admin_pause_holds_a_kind_until_resumed,
+            claims_hold_a_kinds_limits,
             admin_audit_log_reads_newest_first,
             workers_beat_into_the_registry_and_age_out,
             admin_delete_removes_jobs_by_key_and_in_batches,

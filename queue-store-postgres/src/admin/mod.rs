@@ -27,6 +27,7 @@ use crate::sql::{catalog, TableShape};
 
 mod audit;
 mod enqueue;
+mod limits;
 mod operations;
 mod pauses;
 mod read;
@@ -343,6 +344,19 @@ impl<K: PgKey> Admin for PgAdmin<K> {
 
     async fn paused(&self) -> Result<Vec<PausedKind>, StoreError> {
         self.fetch_pauses().await
+    }
+
+    async fn set_limits(
+        &self,
+        kind: &str,
+        limits: &queue_core::KindLimits,
+        by: &str,
+    ) -> Result<Option<queue_core::KindLimit>, StoreError> {
+        self.set_kind_limits(kind, limits, by).await
+    }
+
+    async fn limits(&self) -> Result<Vec<queue_core::KindLimit>, StoreError> {
+        self.read_limits().await
     }
 
     async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {

@@ -14,7 +14,7 @@ use crate::sql::kinds;
 impl<K: PgKey> PgAdmin<K> {
     /// The kinds table, or why a pause cannot be kept: the table keeps no
     /// kind.
-    fn kinds_table(&self) -> Result<crate::QualifiedName, StoreError> {
+    pub(super) fn kinds_table(&self) -> Result<crate::QualifiedName, StoreError> {
         if !self.has(Column::Kind) {
             return Err(StoreError::Refused(format!(
                 "table {} has no kind column, so it has no kinds to pause",

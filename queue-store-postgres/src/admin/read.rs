@@ -205,6 +205,24 @@ impl<K: PgKey> PgAdmin<K> {
         Ok(u64::try_from(count).unwrap_or(0))
     }
 
+    /// How many jobs match `filter`, read on `conn` (a limited kind's
+    /// claim counts its running jobs inside its own transaction).
+    pub(crate) async fn count_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        filter: &JobFilter,
+    ) -> Result<u64, StoreError> {
+        let statement = self.inner.sql.count(filter)?;
+        let context = "counting a limited kind's running jobs";
+        let count: i64 = query(&statement, |p| self.filter_value(filter, p))?
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| store_error(context, e))?
+            .try_get(0)
+            .map_err(|e| store_error(context, e))?;
+        Ok(u64::try_from(count).unwrap_or(0))
+    }
+
     pub(super) async fn fetch_stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
         // The clock first: the read's transaction holds a connection.
         self.inner.offset.refresh(&self.inner.pool).await?;

@@ -83,9 +83,36 @@ impl ClaimStatements {
         paused: &[String],
         limit: usize,
     ) -> Statement {
+        self.spliced(conditions, paused, false, limit)
+    }
+
+    /// The claim of up to `limit` jobs of one kind alone, bound to
+    /// [`Param::OnlyKind`], with `conditions`: a limited kind's claim.
+    /// `None` without a kind column.
+    pub(super) fn claim_of_kind(
+        &self,
+        conditions: &[PgCondition],
+        limit: usize,
+    ) -> Option<Statement> {
+        self.kind.as_ref()?;
+        Some(self.spliced(conditions, &[], true, limit))
+    }
+
+    fn spliced(
+        &self,
+        conditions: &[PgCondition],
+        paused: &[String],
+        only_kind: bool,
+        limit: usize,
+    ) -> Statement {
         let mut next = self.from_start.params.len() + 1;
         let mut spliced = String::new();
         let mut params = self.from_start.params.clone();
+        if let (true, Some(kind)) = (only_kind, &self.kind) {
+            spliced.push_str(&format!(" AND ({kind}::text = ${next}::text)"));
+            params.push(Param::OnlyKind);
+            next += 1;
+        }
         if let (false, Some(kind)) = (paused.is_empty(), &self.kind) {
             // An expression the planner has no statistics for, so that it
             // reads it as passing most jobs. On the column itself, a cached

@@ -1,8 +1,10 @@
 //! The kinds table: what the store keeps per kind across every process
-//! (which kinds are paused, since when and by whom), beside the job table
-//! as `<table>_kinds`, versioned like the default table.
+//! (which kinds are paused, since when and by whom; each kind's limits and
+//! its rate limit's token bucket), beside the job table as
+//! `<table>_kinds`, versioned like the default table.
 //!
-//! Its DDL, and the statements that pause, resume and read the pauses.
+//! Its DDL, and the statements that pause, resume, set limits and read
+//! them.
 //! Times are the database's own (`now()`): a pause is the store's record,
 //! not a caller's claim about the time.
 
@@ -34,7 +36,84 @@ pub(crate) fn migrations(kinds: &QualifiedName) -> Vec<MigrationSql> {
                  CHECK ((\"paused_at\" IS NULL) = (\"paused_by\" IS NULL)))"
             ),
         ],
+    }, MigrationSql {
+        version: 2,
+        name: "limits per kind: how many run at once, how many start per second, and the rate's token bucket",
+        statements: vec![format!(
+            "ALTER TABLE {k} \
+             ADD COLUMN \"max_running\" integer CHECK (\"max_running\" > 0), \
+             ADD COLUMN \"per_second\" double precision CHECK (\"per_second\" > 0), \
+             ADD COLUMN \"burst\" integer CHECK (\"burst\" > 0), \
+             ADD COLUMN \"limits_set_at\" timestamptz, \
+             ADD COLUMN \"limits_set_by\" text, \
+             ADD COLUMN \"tokens\" double precision, \
+             ADD COLUMN \"tokens_at\" timestamptz"
+        )],
     }]
+}
+
+/// What claims heed, for each kind paused or limited: `kind`, `paused`,
+/// `limited`.
+pub(crate) fn rules(kinds: &QualifiedName) -> String {
+    format!(
+        "SELECT \"kind\", \"paused_at\" IS NOT NULL AS \"paused\", \
+         (\"max_running\" IS NOT NULL OR \"per_second\" IS NOT NULL) AS \"limited\" FROM {} \
+         WHERE \"paused_at\" IS NOT NULL OR \"max_running\" IS NOT NULL OR \"per_second\" IS NOT NULL",
+        kinds.quoted()
+    )
+}
+
+/// The columns of a kind's limits.
+const LIMITS: &str =
+    "\"kind\", \"max_running\", \"per_second\", \"burst\", \"limits_set_at\", \"limits_set_by\"";
+
+/// The kinds with limits, by kind.
+pub(crate) fn limits(kinds: &QualifiedName) -> String {
+    format!(
+        "SELECT {LIMITS} FROM {} WHERE \"max_running\" IS NOT NULL OR \"per_second\" IS NOT NULL \
+         ORDER BY \"kind\"",
+        kinds.quoted()
+    )
+}
+
+/// Sets kind `$1`'s limits (`$2` max running, `$3` per second, `$4` burst;
+/// all null: cleared) by `$5`, with a full bucket, and wakes the workers
+/// listening on channel `$6`; returns the limits.
+pub(crate) fn set_limits(kinds: &QualifiedName) -> String {
+    format!(
+        "WITH set AS (INSERT INTO {} AS k (\"kind\", \"max_running\", \"per_second\", \"burst\", \
+         \"limits_set_at\", \"limits_set_by\") \
+         VALUES ($1, $2, $3, $4, CASE WHEN $2::int4 IS NULL AND $3::float8 IS NULL THEN NULL ELSE now() END, \
+         CASE WHEN $2::int4 IS NULL AND $3::float8 IS NULL THEN NULL ELSE $5::text END) \
+         ON CONFLICT (\"kind\") DO UPDATE SET \"max_running\" = EXCLUDED.\"max_running\", \
+         \"per_second\" = EXCLUDED.\"per_second\", \"burst\" = EXCLUDED.\"burst\", \
+         \"limits_set_at\" = EXCLUDED.\"limits_set_at\", \"limits_set_by\" = EXCLUDED.\"limits_set_by\", \
+         \"tokens\" = NULL, \"tokens_at\" = NULL \
+         RETURNING {LIMITS}) \
+         SELECT set.*, (SELECT 1 FROM pg_notify($6, '')) AS \"__queue_notified\" FROM set",
+        kinds.quoted()
+    )
+}
+
+/// Kind `$1`'s limits and bucket, its row locked until the claim that
+/// reads them commits (claims of the kind take turns): `max_running`,
+/// `per_second`, `burst`, `tokens`, `tokens_at`; no row if the kind is
+/// paused or has no limits now.
+pub(crate) fn lock_limits(kinds: &QualifiedName) -> String {
+    format!(
+        "SELECT \"max_running\", \"per_second\", \"burst\", \"tokens\", \"tokens_at\" FROM {} \
+         WHERE \"kind\" = $1 AND \"paused_at\" IS NULL \
+         AND (\"max_running\" IS NOT NULL OR \"per_second\" IS NOT NULL) FOR NO KEY UPDATE",
+        kinds.quoted()
+    )
+}
+
+/// Kind `$1`'s bucket after a claim: `$2` tokens as of `$3`.
+pub(crate) fn spend(kinds: &QualifiedName) -> String {
+    format!(
+        "UPDATE {} SET \"tokens\" = $2, \"tokens_at\" = $3 WHERE \"kind\" = $1",
+        kinds.quoted()
+    )
 }
 
 /// The paused kinds alone, for claims: `kind`.

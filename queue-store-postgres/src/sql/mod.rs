@@ -68,6 +68,8 @@ pub(crate) enum Param {
     CursorKey,
     /// The paused kinds a claim passes over (text[]).
     PausedKinds,
+    /// The one kind a limited kind's claim takes (text).
+    OnlyKind,
     /// The admin contract's inputs: a notification channel, a filter's
     /// fields, a page's size and start, and an enqueue's arrays.
     Channel,
@@ -512,6 +514,16 @@ impl Statements {
         limit: usize,
     ) -> Statement {
         self.claim.claim(conditions, paused, limit)
+    }
+
+    /// The claim of up to `limit` jobs of one kind alone
+    /// ([`Param::OnlyKind`]); `None` without a kind column.
+    pub(crate) fn claim_of_kind(
+        &self,
+        conditions: &[PgCondition],
+        limit: usize,
+    ) -> Option<Statement> {
+        self.claim.claim_of_kind(conditions, limit)
     }
 
     /// Whether claims can pass over paused kinds: the table has a kind

@@ -220,3 +220,80 @@ impl Harness for PgHarness {
         job_store.abandon().await;
     }
 }
+
+/// The `pg_worker` example, which `cargo test` builds next to this test
+/// binary; built here when only this test target was compiled.
+pub fn worker_binary() -> std::path::PathBuf {
+    let exe = std::env::current_exe().expect("test binary path");
+    let debug = exe
+        .parent()
+        .and_then(|deps| deps.parent())
+        .expect("target directory");
+    let path = debug.join("examples").join("pg_worker");
+    if !path.exists() {
+        let status = std::process::Command::new(env!("CARGO"))
+            .args([
+                "build",
+                "--quiet",
+                "-p",
+                "queue-store-postgres",
+                "--example",
+                "pg_worker",
+            ])
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the pg_worker example failed");
+    }
+    assert!(
+        path.exists(),
+        "{} is missing after building it",
+        path.display()
+    );
+    path
+}
+
+/// Starts a worker process and waits until it is ready.
+pub async fn spawn_worker(
+    table: &JobTable,
+    mode: &str,
+    handlers: usize,
+    sleep_ms: u64,
+    extra: &[&str],
+) -> tokio::process::Child {
+    let url = std::env::var("DATABASE_URL").expect("DATABASE_URL");
+    let mut child = tokio::process::Command::new(worker_binary())
+        .args([
+            "--schema",
+            table.name().schema.as_str(),
+            "--table",
+            table.name().name.as_str(),
+        ])
+        .args([
+            "--mode",
+            mode,
+            "--handlers",
+            &handlers.to_string(),
+            "--sleep-ms",
+            &sleep_ms.to_string(),
+        ])
+        .args(extra)
+        .env("DATABASE_URL", url)
+        .stdout(std::process::Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("start the worker process");
+    let stdout = child.stdout.take().expect("piped stdout");
+    let mut lines = tokio::io::AsyncBufReadExt::lines(tokio::io::BufReader::new(stdout));
+    let ready = tokio::time::timeout(std::time::Duration::from_secs(30), lines.next_line()).await;
+    let line = ready
+        .expect("worker ready within 30 s")
+        .expect("read stdout")
+        .unwrap_or_default();
+    assert!(
+        line.starts_with("ready"),
+        "unexpected first line from the worker: {line:?}"
+    );
+    // Keep draining its output so it never blocks on a full pipe.
+    tokio::spawn(async move { while let Ok(Some(_)) = lines.next_line().await {} });
+    child
+}
