@@ -25,7 +25,7 @@ use sqlx::ConnectOptions as _;
 use sqlx::PgPool;
 
 pub use crate::args::FilterArgs;
-use crate::commands::{audit, bulk, enqueue, maintenance, migrate, ops, pause, read};
+use crate::commands::{audit, bulk, enqueue, limits, maintenance, migrate, ops, pause, read};
 
 /// Operate a job queue.
 #[derive(Debug, Parser)]
@@ -99,6 +99,12 @@ pub enum Command {
     Resume(pause::ResumeArgs),
     /// The paused kinds: since when, and by whom.
     Paused,
+    /// Limit a kind, in every worker process together: how many of its
+    /// jobs run at once (--concurrency), how many start per second (--rate,
+    /// --burst); or --clear its limits.
+    Limit(limits::LimitArgs),
+    /// The kinds with limits.
+    Limits,
     /// The audit log, newest first: every write of the CLI and the HTTP
     /// API, who made it, on which jobs, and how it ended.
     Audit(audit::AuditArgs),
@@ -300,6 +306,8 @@ async fn run_admin_command(
         Command::Pause(args) => pause::pause(admin, context, &args, out).await,
         Command::Resume(args) => pause::resume(admin, context, &args, out).await,
         Command::Paused => pause::paused(admin, context, out).await,
+        Command::Limit(args) => limits::limit(admin, context, &args, out).await,
+        Command::Limits => limits::limits(admin, context, out).await,
         Command::Audit(args) => audit::read(admin, context, &args, out).await,
         Command::Ops(args) => ops::run(admin, context, &args, out).await,
         Command::Migrate(_) | Command::Version | Command::Serve(_) => {

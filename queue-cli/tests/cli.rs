@@ -989,3 +989,81 @@ async fn a_kind_is_paused_and_resumed_by_a_named_operator() {
         "{mine}"
     );
 }
+
+#[tokio::test]
+async fn a_kinds_limits_are_set_listed_and_cleared_by_a_named_operator() {
+    let Some(t) = Setup::new("a_kinds_limits_are_set_listed_and_cleared_by_a_named_operator").await
+    else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| {
+        let mut command = t.queue(&config, args);
+        command.env("QUEUE_ACTOR", "alice");
+        command
+    };
+    ok(&mut q(&["migrate"]));
+    assert_eq!(ok(&mut q(&["limits"])), "no kind has limits\n");
+    assert_eq!(
+        ok(&mut q(&[
+            "limit",
+            "api",
+            "--concurrency",
+            "4",
+            "--rate",
+            "50",
+            "--burst",
+            "5"
+        ])),
+        "limited api to 4 at once, 50 a second (bursts of 5), in every worker process from within a second\n"
+    );
+    let listed = ok(&mut q(&["limits"]));
+    assert!(
+        listed.contains("api") && listed.contains("4 at once") && listed.contains("alice"),
+        "{listed}"
+    );
+    let as_json = json(&mut q(&["limits", "--json"]));
+    assert_eq!(as_json[0]["limits"]["max_running"], 4, "{as_json}");
+    for (args, says) in [
+        (&["limit", "api"][..], "give --concurrency"),
+        (
+            &["limit", "api", "--concurrency", "0"],
+            "pause the kind instead",
+        ),
+        (&["limit", "api", "--rate=-1"], "a positive number"),
+    ] {
+        let err = fails(&mut q(args));
+        assert!(err.contains(says), "{args:?}: {err}");
+    }
+    // Refused by the argument parser, with its usage.
+    for (args, says) in [
+        (&["limit", "api", "--burst", "3"][..], "--rate"),
+        (
+            &["limit", "api", "--clear", "--concurrency", "2"],
+            "cannot be used with",
+        ),
+    ] {
+        let output = q(args).output().expect("it runs");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(
+            !output.status.success() && stderr.contains(says),
+            "{args:?}: {stderr}"
+        );
+    }
+    assert_eq!(
+        ok(&mut q(&["limit", "api", "--clear"])),
+        "api has no limits now\n"
+    );
+    assert_eq!(ok(&mut q(&["limits"])), "no kind has limits\n");
+    let audit = json(&mut q(&["audit", "--json"]));
+    let limits: Vec<&serde_json::Value> = audit
+        .as_array()
+        .expect("entries")
+        .iter()
+        .filter(|e| e["action"] == "limit")
+        .collect();
+    assert!(
+        limits.len() >= 2 && limits.iter().all(|e| e["actor"] == "alice"),
+        "{audit}"
+    );
+}

@@ -1042,3 +1042,55 @@ async fn queue_serve_refuses_a_schedule_the_table_cannot_hold() {
         "{err}"
     );
 }
+
+/// `PUT /api/kinds/{kind}/limits` sets a kind's limits and clears them
+/// with an empty body; `GET /api/limits` lists them; limits no store could
+/// hold are a 400.
+#[tokio::test]
+async fn the_api_sets_lists_and_clears_a_kinds_limits() {
+    let Some(t) = Setup::new("the_api_sets_lists_and_clears_a_kinds_limits").await else {
+        return;
+    };
+    let app = default_table(&t).await;
+    let (status, set) = call(
+        &app,
+        Method::PUT,
+        "/api/kinds/api/limits",
+        None,
+        Some((
+            "application/json",
+            r#"{"max_running": 4, "per_second": 50, "burst": 5}"#,
+        )),
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK, "{set}");
+    assert_eq!(
+        set["limits"]["description"],
+        "4 at once, 50 a second (bursts of 5)"
+    );
+    assert_eq!(set["limits"]["set_by"], "api");
+    let (status, listed) = get(&app, "/api/limits").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(listed.as_array().map(Vec::len), Some(1), "{listed}");
+    assert_eq!(listed[0]["max_running"], 4);
+    for bad in [
+        r#"{"max_running": 0}"#,
+        r#"{"burst": 3}"#,
+        r#"{"per_second": -2}"#,
+        r#"{"bogus": 1}"#,
+    ] {
+        let (status, body) = call(
+            &app,
+            Method::PUT,
+            "/api/kinds/api/limits",
+            None,
+            Some(("application/json", bad)),
+        )
+        .await;
+        assert_eq!(status, StatusCode::BAD_REQUEST, "{bad}: {body}");
+    }
+    let (status, cleared) = call(&app, Method::PUT, "/api/kinds/api/limits", None, None).await;
+    assert_eq!((status, &cleared["limits"]), (StatusCode::OK, &Value::Null));
+    let (_, listed) = get(&app, "/api/limits").await;
+    assert_eq!(listed, json!([]));
+}

@@ -968,7 +968,8 @@ pub trait Admin: Send + Sync + 'static {
         by: &str,
     ) -> Result<Option<KindLimit>, StoreError>;
 
-    /// The kinds with limits, by kind.
+    /// The kinds with limits, by kind; none where the store keeps no
+    /// kind.
     async fn limits(&self) -> Result<Vec<KindLimit>, StoreError>;
 
     /// Appends `entry` to the audit log, at the store's time. Refused

@@ -53,6 +53,23 @@ impl KindLimits {
         self
     }
 
+    /// The limits in words: `4 at once, 50 a second (bursts of 10)`, or
+    /// `no limit`.
+    pub fn describe(&self) -> String {
+        let mut parts = Vec::new();
+        if let Some(n) = self.max_running {
+            parts.push(format!("{n} at once"));
+        }
+        if let Some((rate, size)) = self.bucket() {
+            parts.push(format!("{rate} a second (bursts of {size})"));
+        }
+        if parts.is_empty() {
+            "no limit".to_owned()
+        } else {
+            parts.join(", ")
+        }
+    }
+
     /// Whether any limit is set.
     pub fn any(&self) -> bool {
         self.max_running.is_some() || self.per_second.is_some()

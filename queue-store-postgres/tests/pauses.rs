@@ -1,6 +1,7 @@
-//! Pauses on Postgres beyond the conformance suite: a pause made by another
-//! process (an operator's `queue pause`) holds for a running store within
-//! a second, and is lifted as fast; a missing kinds table or kind column
+//! Pauses and limits on Postgres beyond the conformance suite: a pause or a
+//! limit made by another process (an operator's `queue pause` or `queue
+//! limit`) holds for a running store within a second, and is lifted as
+//! fast; a missing kinds table or kind column
 //! refuses a pause, naming what to do, and never stops claims.
 
 mod support;
@@ -176,4 +177,56 @@ async fn a_table_without_a_kind_column_has_nothing_to_pause() {
         }
         other => panic!("a kinds table without kinds: {other:?}"),
     }
+}
+
+/// A limit set by another process (an operator's `queue limit`) holds for
+/// a running store within a second, and its clearing as fast.
+#[tokio::test]
+async fn a_limit_by_another_process_holds_and_lifts_within_a_second() {
+    let Some(pool) = pool("a_limit_by_another_process_holds_and_lifts_within_a_second").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, &table).await;
+    // The store has read the rules (none) before the operator limits.
+    assert!(claim_now(&store, 10).await.is_empty());
+    operator(&pool, &table)
+        .await
+        .set_limits(
+            "mail",
+            &queue_core::KindLimits::default().max_running(1),
+            "on-call",
+        )
+        .await
+        .expect("the limit");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    for n in 0..3 {
+        table
+            .enqueue(&pool, &NewJob::new("mail", serde_json::json!(n)))
+            .await
+            .expect("enqueued");
+    }
+    let held = claim_now(&store, 10).await;
+    assert_eq!(
+        held.len(),
+        1,
+        "a second after the limit, one mail at a time"
+    );
+    assert!(
+        claim_now(&store, 10).await.is_empty(),
+        "its one slot is taken"
+    );
+    operator(&pool, &table)
+        .await
+        .set_limits("mail", &queue_core::KindLimits::default(), "on-call")
+        .await
+        .expect("cleared");
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        claim_now(&store, 10).await.len(),
+        2,
+        "a second after the clearing, the rest at once"
+    );
+    drop(held);
 }

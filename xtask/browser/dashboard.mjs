@@ -240,6 +240,44 @@ try {
     await page.screenshot({ path: join(SHOTS, 'dashboard-audit.png'), fullPage: true });
   });
 
+  await run('a kind\'s limits are set from the Kinds table, listed by the API, refused to a read token, and cleared', async () => {
+    await page.goto(BASE + '/#/');
+    const cell = page.locator('#kinds tr[data-kind="send_email"] td.limits');
+    await cell.waitFor();
+    check((await cell.locator('summary').textContent()) === 'none', 'no limits at first');
+    await cell.locator('summary').click();
+    const form = cell.locator('form[data-limits="send_email"]');
+    await form.locator('input[name=max_running]').fill('4');
+    await form.locator('input[name=per_second]').fill('50');
+    await form.locator('input[name=burst]').fill('5');
+    await form.locator('button[type=submit]').click();
+    await page.waitForFunction(() =>
+      /4 at once, 50 a second \(bursts of 5\)/.test(document.querySelector('#kinds tr[data-kind="send_email"] td.limits summary')?.textContent || ''));
+    await page.locator('#kinds tr[data-kind="send_email"] td.limits summary').click();
+    await page.screenshot({ path: join(SHOTS, 'dashboard-kind-limits.png'), fullPage: true });
+    const listed = await page.evaluate(async (token) =>
+      (await fetch('/api/limits', { headers: { Authorization: 'Bearer ' + token } })).json(), READ_TOKEN);
+    check(listed.length === 1 && listed[0].kind === 'send_email' && listed[0].max_running === 4
+      && listed[0].per_second === 50 && listed[0].burst === 5 && listed[0].set_by === 'QUEUE_ADMIN_TOKENS entry 1',
+    `the API lists the limits and who set them: ${JSON.stringify(listed)}`);
+    const refused = await page.evaluate(async (token) => (await fetch('/api/kinds/send_email/limits', {
+      method: 'PUT', headers: { Authorization: 'Bearer ' + token, 'Content-Type': 'application/json' }, body: '{}',
+    })).status, READ_TOKEN);
+    check(refused === 403, `a read token cannot change limits: ${refused}`);
+    const again = page.locator('#kinds tr[data-kind="send_email"] td.limits form');
+    // Half typed: the overview's 5 s refresh must not wipe it.
+    await again.locator('input[name=max_running]').fill('7');
+    await page.waitForTimeout(5500);
+    check(await again.locator('input[name=max_running]').inputValue() === '7',
+      'the refresh left the open limits form as typed');
+    await again.locator('input[name=max_running]').fill('');
+    await again.locator('input[name=per_second]').fill('');
+    await again.locator('input[name=burst]').fill('');
+    await again.locator('button[type=submit]').click();
+    await page.waitForFunction(() =>
+      document.querySelector('#kinds tr[data-kind="send_email"] td.limits summary')?.textContent === 'none');
+  });
+
   // The figures the API gives for one kind in one state (read fresh).
   const countOf = async (kind, state) => {
     await page.waitForTimeout(1100);

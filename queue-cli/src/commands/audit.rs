@@ -126,6 +126,16 @@ pub(crate) fn target(command: &Command) -> Option<(&'static str, Value)> {
         ),
         Command::Pause(a) => ("pause", json!({ "kind": a.kind })),
         Command::Resume(a) => ("resume", json!({ "kind": a.kind })),
+        Command::Limit(a) => (
+            "limit",
+            json!({
+                "kind": a.kind,
+                "concurrency": a.concurrency,
+                "rate": a.rate,
+                "burst": a.burst,
+                "clear": a.clear,
+            }),
+        ),
         Command::Ops(a) => match a.command {
             Some(super::ops::OpsCommand::Abort { id }) => ("abort-operation", json!({ "id": id })),
             Some(super::ops::OpsCommand::Resume { id }) => {

@@ -3,6 +3,7 @@
 pub mod audit;
 pub mod bulk;
 pub mod enqueue;
+pub mod limits;
 pub mod maintenance;
 pub mod migrate;
 pub mod ops;

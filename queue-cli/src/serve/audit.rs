@@ -92,6 +92,15 @@ fn describe(method: &Method, matched: &str, params: &HashMap<String, String>) ->
         ("DELETE", "/api/jobs/{id}") => ("delete".into(), id()),
         ("POST", "/api/kinds/{kind}/pause") => ("pause".into(), kind()),
         ("POST", "/api/kinds/{kind}/resume") => ("resume".into(), kind()),
+        ("PUT", "/api/kinds/{kind}/limits") => ("limit".into(), kind()),
+        ("POST", "/api/operations/{id}/abort") => {
+            ("abort-operation".into(), json!({ "id": params.get("id") }))
+        }
+        ("POST", route) if route.starts_with("/api/operations/") => {
+            // The filter is the request's query, recorded beside.
+            let action = route.trim_start_matches("/api/operations/");
+            (action.into(), json!({ "operation": true }))
+        }
         (method, route) => (format!("{method} {route}"), json!(params)),
     }
 }

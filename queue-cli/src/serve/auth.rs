@@ -241,6 +241,7 @@ pub fn needed(method: &Method, route: &str) -> Access {
         | ("POST", "/api/jobs/{id}/cancel")
         | ("POST", "/api/kinds/{kind}/pause")
         | ("POST", "/api/kinds/{kind}/resume")
+        | ("PUT", "/api/kinds/{kind}/limits")
         | ("POST", "/api/operations/retry")
         | ("POST", "/api/operations/cancel")
         | ("POST", "/api/operations/{id}/abort") => Access::Operate,

@@ -10,6 +10,7 @@ mod dashboard;
 mod erased;
 mod error;
 mod health;
+mod limits;
 mod metrics;
 mod openapi;
 mod operations;
@@ -26,7 +27,7 @@ use axum::extract::DefaultBodyLimit;
 use axum::http::{header, StatusCode};
 use axum::middleware::{from_fn, from_fn_with_state};
 use axum::response::IntoResponse;
-use axum::routing::{get, post};
+use axum::routing::{get, post, put};
 use axum::Router;
 use queue_core::CancellationToken;
 use queue_store_postgres::{PgKeyType, PgStoreOptions};
@@ -86,6 +87,8 @@ pub fn router(api: Api, tokens: Tokens, max_body: usize) -> Router {
         .route("/api/pauses", get(pauses::paused))
         .route("/api/kinds/{kind}/pause", post(pauses::pause))
         .route("/api/kinds/{kind}/resume", post(pauses::resume))
+        .route("/api/limits", get(limits::limits))
+        .route("/api/kinds/{kind}/limits", put(limits::set_limits))
         .route("/api/audit", get(audit::audit))
         .route("/api/operations", get(operations::list))
         .route("/api/operations/retry", post(operations::start_retry))

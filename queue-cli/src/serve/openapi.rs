@@ -6,7 +6,7 @@ use utoipa::openapi::security::{HttpAuthScheme, HttpBuilder, SecurityScheme};
 use utoipa::openapi::{RefOr, Schema};
 use utoipa::{Modify, OpenApi};
 
-use super::{api, audit, operations, pauses, schedules, timeline};
+use super::{api, audit, limits, operations, pauses, schedules, timeline};
 
 /// The API's description.
 #[derive(OpenApi)]
@@ -27,6 +27,8 @@ use super::{api, audit, operations, pauses, schedules, timeline};
         pauses::paused,
         pauses::pause,
         pauses::resume,
+        limits::limits,
+        limits::set_limits,
         audit::audit,
         operations::start_retry,
         operations::start_cancel,
@@ -55,6 +57,10 @@ use super::{api, audit, operations, pauses, schedules, timeline};
         api::ErrorDetail,
         pauses::Pause,
         pauses::Resumed,
+        limits::Limits,
+        limits::KindLimitView,
+        limits::LimitsSet,
+        limits::LimitsRequest,
         audit::AuditEntry,
         audit::AuditPage,
         operations::OperationView,

@@ -40,14 +40,26 @@ impl<K: PgKey> PgAdmin<K> {
         Ok(limit.filter(|l| l.limits.any()))
     }
 
+    /// The kinds' limits; none where the table keeps no kind, or its kinds
+    /// table does not exist or predates limits (as no pause is read there).
     pub(super) async fn read_limits(&self) -> Result<Vec<KindLimit>, StoreError> {
-        let table = self.kinds_table()?;
+        let Ok(table) = self.kinds_table() else {
+            return Ok(Vec::new());
+        };
         let context = "reading the kinds' limits";
         let mut conn = self.connection(context).await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(kinds::limits(&table)))
+        let rows = match sqlx::query(sqlx::AssertSqlSafe(kinds::limits(&table)))
             .fetch_all(&mut *conn)
             .await
-            .map_err(|e| limits_error(&table, context, e))?;
+        {
+            Ok(rows) => rows,
+            Err(sqlx::Error::Database(db))
+                if matches!(db.code().as_deref(), Some(super::UNDEFINED_TABLE | "42703")) =>
+            {
+                return Ok(Vec::new())
+            }
+            Err(e) => return Err(limits_error(&table, context, e)),
+        };
         let mut limits = Vec::with_capacity(rows.len());
         for row in &rows {
             limits.extend(kind_limit(row, context)?);

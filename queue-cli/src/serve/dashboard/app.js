@@ -181,12 +181,16 @@ document.getElementById('token-forget').addEventListener('click', () => {
 async function overview() {
   const mine = shown;
   main.replaceChildren(h('h1', {}, 'Overview'), h('p', { class: 'muted' }, 'Loading…'));
-  const load = async () => {
-    const [stats, timeline] = await Promise.all([
+  // The timer's refresh leaves the page alone while a kind's limits are
+  // being edited; a write's own reload repaints it.
+  const load = async (force) => {
+    const [stats, timeline, limits] = await Promise.all([
       api('GET', '/api/stats'),
       api('GET', '/api/timeline?minutes=60'),
+      api('GET', '/api/limits'),
     ]);
     if (mine !== shown) return;
+    if (!force && main.querySelector('#kinds details[open]')) return;
     main.replaceChildren(
       h('h1', {}, 'Overview'),
       stateCards(stats),
@@ -197,14 +201,14 @@ async function overview() {
       h('h2', {}, 'Last hour'),
       h('div', { class: 'panel chart' }, chart(timeline)),
       h('h2', {}, 'Kinds'),
-      kindsTable(stats, timeline, () => guarded(load)),
+      kindsTable(stats, timeline, limits, () => guarded(() => load(true))),
       h('h2', {}, 'Jobs by state and kind'),
       countsTable(stats));
   };
-  await guarded(load);
+  await guarded(() => load(true));
   // Only if the overview is still what is shown: route() cleared the
   // timer of the last page when it navigated away, maybe before this.
-  if (mine === shown) refreshTimer = setInterval(() => guarded(load), 5000);
+  if (mine === shown) refreshTimer = setInterval(() => guarded(() => load(false)), 5000);
 }
 
 function stateCards(stats) {
@@ -238,7 +242,7 @@ function stateCards(stats) {
 // when, by whom), and the button that pauses or resumes it.
 // Per kind: jobs waiting, running and failed, completions per minute over
 // the last five whole minutes, and the pause toggle.
-function kindsTable(stats, timeline, reload) {
+function kindsTable(stats, timeline, limits, reload) {
   const kinds = new Map();
   const of = (kind) => {
     if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0, done: 0 });
@@ -258,6 +262,8 @@ function kindsTable(stats, timeline, reload) {
   }
   const paused = new Map((stats.paused || []).map((p) => [p.kind, p]));
   for (const kind of paused.keys()) of(kind);
+  const limited = new Map(limits.map((l) => [l.kind, l]));
+  for (const kind of limited.keys()) of(kind);
   if (!kinds.size) return h('p', { class: 'muted' }, 'No kinds.');
   const toggle = (kind, pause) => h('button', {
     type: 'button',
@@ -276,7 +282,7 @@ function kindsTable(stats, timeline, reload) {
     h('thead', {}, h('tr', {}, h('th', {}, 'Kind'), h('th', { class: 'num' }, 'Waiting'),
       h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Failed'),
       h('th', { class: 'num', title: 'completed per minute, over the last five whole minutes' }, 'Done / min'),
-      h('th', {}, 'Status'), h('th', {}))),
+      h('th', {}, 'Limits'), h('th', {}, 'Status'), h('th', {}))),
     h('tbody', {}, [...kinds.keys()].sort().map((kind) => {
       const k = kinds.get(kind);
       const p = paused.get(kind);
@@ -284,11 +290,41 @@ function kindsTable(stats, timeline, reload) {
         h('td', {}, h('a', { href: '#/jobs?' + new URLSearchParams({ kind }) }, kind)),
         num(k.waiting), num(k.running), num(k.failed),
         h('td', { class: 'num throughput' }, recent.length ? (Math.round(k.done / recent.length * 10) / 10).toLocaleString('en') : '—'),
+        h('td', { class: 'limits' }, limitsEditor(kind, limited.get(kind), reload)),
         h('td', { class: 'pause-state' }, p
           ? h('span', { class: 'badge paused' }, 'paused ', time(p.since), ' by ', p.by)
           : h('span', { class: 'muted' }, 'running')),
         h('td', {}, toggle(kind, !p)));
     })));
+}
+
+// A kind's limits in words, and a form to change them (every process heeds
+// a change within a second).
+function limitsEditor(kind, limit, reload) {
+  const field = (name, label, value, step) => h('label', {}, label,
+    h('input', { name, type: 'number', min: step === 'any' ? '0' : '1', step, value: value ?? '', placeholder: 'none' }));
+  const form = h('form', {
+    class: 'limits-form',
+    'data-limits': kind,
+    onsubmit: async (event) => {
+      event.preventDefault();
+      const data = new FormData(form);
+      const number = (name) => (data.get(name) === '' ? null : Number(data.get(name)));
+      const body = { max_running: number('max_running'), per_second: number('per_second'), burst: number('burst') };
+      await guarded(async () => {
+        const set = await api('PUT', '/api/kinds/' + encodeURIComponent(kind) + '/limits', body);
+        say(set.limits ? 'Limited ' + kind + ': ' + set.limits.description + '.' : kind + ' has no limits now.', 'ok');
+        await reload();
+      });
+    },
+  },
+  field('max_running', 'At once', limit?.max_running, '1'),
+  field('per_second', 'Per second', limit?.per_second, 'any'),
+  field('burst', 'Burst', limit?.burst, '1'),
+  h('button', { type: 'submit', class: 'primary' }, 'Save'));
+  return h('details', {},
+    h('summary', {}, limit ? limit.description : h('span', { class: 'muted' }, 'none')),
+    form);
 }
 
 function countsTable(stats) {
