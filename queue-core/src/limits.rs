@@ -25,6 +25,12 @@ use crate::error::StoreError;
 /// The most jobs per second a rate limit takes.
 pub const MAX_PER_SECOND: f64 = 1_000_000.0;
 
+/// The fewest jobs per second a rate limit takes: one every 1,000 s.
+pub const MIN_PER_SECOND: f64 = 0.001;
+
+/// The largest concurrency limit or burst taken.
+pub const MAX_COUNT: u32 = 1_000_000;
+
 /// A kind's limits; `None` for no limit of that sort.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Serialize, Deserialize)]
 #[non_exhaustive]
@@ -87,19 +93,25 @@ impl KindLimits {
     }
 
     /// Refuses limits no store could hold ([`StoreError::Refused`]): a
-    /// concurrency of 0 (pause the kind instead), a rate that is not a
-    /// positive number up to [`MAX_PER_SECOND`], a burst of 0 or without
-    /// a rate.
+    /// concurrency of 0 (pause the kind instead) or over [`MAX_COUNT`], a
+    /// rate that is not a number from [`MIN_PER_SECOND`] to
+    /// [`MAX_PER_SECOND`], a burst of 0, over [`MAX_COUNT`] or without a
+    /// rate.
     pub fn check(&self) -> Result<(), StoreError> {
         if self.max_running == Some(0) {
             return Err(StoreError::Refused(
                 "a concurrency limit of 0 runs nothing: pause the kind instead".into(),
             ));
         }
+        if let Some(n) = self.max_running.filter(|n| *n > MAX_COUNT) {
+            return Err(StoreError::Refused(format!(
+                "a concurrency limit of {n}: the largest taken is {MAX_COUNT}"
+            )));
+        }
         if let Some(rate) = self.per_second {
-            if !(rate.is_finite() && rate > 0.0 && rate <= MAX_PER_SECOND) {
+            if !(rate.is_finite() && (MIN_PER_SECOND..=MAX_PER_SECOND).contains(&rate)) {
                 return Err(StoreError::Refused(format!(
-                    "a rate of {rate} jobs per second: give a positive number up to {MAX_PER_SECOND}"
+                    "a rate of {rate} jobs per second: give a positive number from {MIN_PER_SECOND} to {MAX_PER_SECOND}"
                 )));
             }
         }
@@ -107,6 +119,9 @@ impl KindLimits {
             (Some(0), _) => Err(StoreError::Refused(
                 "a burst of 0 starts nothing: give at least 1".into(),
             )),
+            (Some(n), _) if n > MAX_COUNT => Err(StoreError::Refused(format!(
+                "a burst of {n}: the largest taken is {MAX_COUNT}"
+            ))),
             (Some(_), None) => Err(StoreError::Refused(
                 "a burst belongs to a rate limit: give the rate too".into(),
             )),
@@ -188,4 +203,83 @@ pub fn spend(tokens: Option<Tokens>, taken: u64) -> Option<Tokens> {
         available: t.available - taken as f64,
         at: t.at,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(ms: i64) -> DateTime<Utc> {
+        DateTime::UNIX_EPOCH + chrono::TimeDelta::milliseconds(ms)
+    }
+
+    #[test]
+    fn a_bucket_starts_full_refills_at_its_rate_and_never_past_its_size() {
+        let limits = KindLimits::default().per_second(2.0, Some(3));
+        let (n, bucket) = budget(&limits, 0, None, at(0));
+        assert_eq!(n, 3, "a full bucket: the burst");
+        let bucket = spend(bucket, 3);
+        let (n, _) = budget(&limits, 0, bucket, at(0));
+        assert_eq!(n, 0, "spent");
+        let (n, _) = budget(&limits, 0, bucket, at(1_250));
+        assert_eq!(
+            n, 2,
+            "2.5 tokens a second and a quarter later: 2 whole ones"
+        );
+        let (n, _) = budget(&limits, 0, bucket, at(60_000));
+        assert_eq!(n, 3, "never more than the burst");
+    }
+
+    #[test]
+    fn the_tighter_of_the_two_limits_holds() {
+        let limits = KindLimits::default().max_running(4).per_second(50.0, None);
+        assert_eq!(budget(&limits, 3, None, at(0)).0, 1, "one slot left");
+        assert_eq!(
+            budget(&limits, 0, None, at(0)).0,
+            4,
+            "four slots, 50 tokens"
+        );
+        let only_slots = KindLimits::default().max_running(2);
+        assert_eq!(budget(&only_slots, 5, None, at(0)), (0, None));
+    }
+
+    #[test]
+    fn limits_no_store_could_hold_are_refused_saying_why() {
+        assert!(KindLimits::default().max_running(4).check().is_ok());
+        for (limits, says) in [
+            (KindLimits::default().max_running(0), "pause the kind"),
+            (KindLimits::default().max_running(MAX_COUNT + 1), "largest"),
+            (
+                KindLimits::default().per_second(0.0, None),
+                "positive number",
+            ),
+            (KindLimits::default().per_second(5e-324, None), "from 0.001"),
+            (
+                KindLimits::default().per_second(f64::INFINITY, None),
+                "positive",
+            ),
+            (KindLimits::default().per_second(5.0, Some(0)), "burst of 0"),
+            (
+                KindLimits::default().per_second(5.0, Some(MAX_COUNT + 1)),
+                "largest",
+            ),
+            (
+                KindLimits {
+                    burst: Some(3),
+                    ..KindLimits::default()
+                },
+                "give the rate",
+            ),
+        ] {
+            let error = limits.check().expect_err("refused").to_string();
+            assert!(error.contains(says), "{limits:?}: {error}");
+        }
+        assert_eq!(
+            KindLimits::default()
+                .max_running(4)
+                .per_second(0.5, None)
+                .describe(),
+            "4 at once, 0.5 a second (bursts of 1)"
+        );
+    }
 }

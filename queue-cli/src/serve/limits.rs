@@ -69,14 +69,14 @@ pub struct LimitsSet {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct LimitsRequest {
-    /// At most this many run at once (at least 1).
-    #[schema(minimum = 1)]
+    /// At most this many run at once (1 to 1000000).
+    #[schema(minimum = 1, maximum = 1000000)]
     pub max_running: Option<u32>,
-    /// At most this many start per second (more than 0, at most 1000000).
-    #[schema(exclusive_minimum = 0, maximum = 1000000)]
+    /// At most this many start per second (0.001 to 1000000).
+    #[schema(minimum = 0.001, maximum = 1000000)]
     pub per_second: Option<f64>,
-    /// A burst, with a rate (at least 1).
-    #[schema(minimum = 1)]
+    /// A burst, with a rate (1 to 1000000).
+    #[schema(minimum = 1, maximum = 1000000)]
     pub burst: Option<u32>,
 }
 
