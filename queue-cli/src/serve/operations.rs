@@ -97,6 +97,30 @@ impl From<Operation<String>> for OperationView {
     }
 }
 
+/// What starting an operation answers (only the OpenAPI document reads
+/// this type: the handlers answer with [`OperationView`] or [`ApiError`]).
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)]
+pub enum Started {
+    /// Recorded; this server carries it out.
+    #[response(status = 202)]
+    Recorded(OperationView),
+    /// A bad filter or option (a purge's state that has not finished, a
+    /// fail without a reason), or no operations table.
+    #[response(status = 400)]
+    BadRequest(ErrorBody),
+    /// No valid token.
+    #[response(status = 401)]
+    Unauthorized(ErrorBody),
+    /// A token without the role: operate for a retry or a cancel, admin
+    /// for the rest.
+    #[response(status = 403)]
+    Forbidden(ErrorBody),
+    /// The database is unavailable.
+    #[response(status = 503)]
+    Unavailable(ErrorBody),
+}
+
 /// A bulk operation's options (all optional; the body may be left out).
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
@@ -189,13 +213,7 @@ async fn start(
     post, path = "/api/operations/retry", tag = "operations",
     params(FilterQuery),
     request_body(content = Option<RetryOptions>, description = "Options"),
-    responses(
-        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "A read-only token", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
-    ),
+    responses(Started),
     security((), ("bearer" = []))
 )]
 pub async fn start_retry(
@@ -217,13 +235,7 @@ pub async fn start_retry(
     post, path = "/api/operations/cancel", tag = "operations",
     params(FilterQuery),
     request_body(content = Option<OperationOptions>, description = "Options"),
-    responses(
-        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "A read-only token", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
-    ),
+    responses(Started),
     security((), ("bearer" = []))
 )]
 pub async fn start_cancel(
@@ -244,13 +256,7 @@ pub async fn start_cancel(
     post, path = "/api/operations/fail", tag = "operations",
     params(FilterQuery),
     request_body(content = FailOptions, description = "The reason, and options"),
-    responses(
-        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "A token without the admin role", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
-    ),
+    responses(Started),
     security((), ("bearer" = []))
 )]
 pub async fn start_fail(
@@ -272,13 +278,7 @@ pub async fn start_fail(
     post, path = "/api/operations/delete", tag = "operations",
     params(FilterQuery),
     request_body(content = Option<OperationOptions>, description = "Options"),
-    responses(
-        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-        (status = 400, description = "A bad filter or option, or no operations table", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "A token without the admin role", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
-    ),
+    responses(Started),
     security((), ("bearer" = []))
 )]
 pub async fn start_delete(
@@ -298,13 +298,7 @@ pub async fn start_delete(
     post, path = "/api/operations/purge", tag = "operations",
     params(PurgeQuery),
     request_body(content = Option<OperationOptions>, description = "Options"),
-    responses(
-        (status = 202, description = "Recorded; this server carries it out", body = OperationView),
-        (status = 400, description = "A state that has not finished, a bad option, or no operations table", body = ErrorBody),
-        (status = 401, description = "No valid token", body = ErrorBody),
-        (status = 403, description = "A token without the admin role", body = ErrorBody),
-        (status = 503, description = "The database is unavailable", body = ErrorBody),
-    ),
+    responses(Started),
     security((), ("bearer" = []))
 )]
 pub async fn start_purge(
