@@ -1034,6 +1034,11 @@ pub trait Admin: Send + Sync + 'static {
         by: &str,
     ) -> Result<Option<AbortOutcome<Self::Id>>, StoreError>;
 
+    /// Removes the operations that ended (done, aborted, failed) longer
+    /// than `older_than` ago, by the store's clock; returns how many.
+    /// Running, pending and interrupted ones stay, however old.
+    async fn prune_operations(&self, older_than: std::time::Duration) -> Result<u64, StoreError>;
+
     /// Resets stalled jobs once, as the resetter does on each tick (see
     /// [`resetter`](crate::resetter)).
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<Self::Id>, StoreError>;

@@ -498,6 +498,10 @@ impl Admin for MemoryStore {
         Ok(self.step_op(step))
     }
 
+    async fn prune_operations(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
+        Ok(self.prune_ops(older_than))
+    }
+
     async fn abort_operation(
         &self,
         id: i64,

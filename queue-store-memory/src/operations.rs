@@ -69,6 +69,22 @@ impl MemoryStore {
         Some(op.clone())
     }
 
+    pub(crate) fn prune_ops(&self, older_than: std::time::Duration) -> u64 {
+        // So far back that nothing ended before it: none to remove.
+        let Some(before) = TimeDelta::from_std(older_than)
+            .ok()
+            .and_then(|age| self.clock().now().checked_sub_signed(age))
+        else {
+            return 0;
+        };
+        let mut state = self.lock();
+        let count = state.operations.len();
+        state
+            .operations
+            .retain(|_, op| !(op.state.is_final() && op.finished_at.is_some_and(|at| at < before)));
+        (count - state.operations.len()) as u64
+    }
+
     pub(crate) fn abort_op(&self, id: i64, by: &str) -> Option<AbortOutcome<i64>> {
         let now = self.clock().now();
         let mut state = self.lock();

@@ -1235,6 +1235,10 @@ where
         self.inner.admin.step_operation(step).await
     }
 
+    async fn prune_operations(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
+        self.inner.admin.prune_operations(older_than).await
+    }
+
     async fn abort_operation(
         &self,
         id: i64,

@@ -307,6 +307,10 @@ where
             .map(|op| op.map_id(text)))
     }
 
+    async fn prune_operations(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
+        self.0.prune_operations(older_than).await
+    }
+
     async fn abort_operation(
         &self,
         id: i64,

@@ -30,6 +30,13 @@ use super::error::ApiError;
 /// wakes it sooner.
 const LOOK_EVERY: Duration = Duration::from_secs(1);
 
+/// How long ended operations are kept before the runner removes them.
+pub const KEEP_OPERATIONS: Duration = Duration::from_secs(30 * 24 * 3600);
+
+/// How often the runner removes ended operations older than
+/// [`KEEP_OPERATIONS`].
+const PRUNE_OPERATIONS_EVERY: Duration = Duration::from_secs(3600);
+
 /// A bulk operation.
 #[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
 pub struct OperationView {
@@ -443,7 +450,19 @@ pub fn spawn_runner(
     let runner = format!("queue-serve:{}", queue_worker::default_worker_name());
     tokio::spawn(async move {
         let mut missing_table_said = false;
+        let mut pruned_at: Option<std::time::Instant> = None;
         while !stop.is_cancelled() {
+            if pruned_at.is_none_or(|at| at.elapsed() >= PRUNE_OPERATIONS_EVERY) {
+                pruned_at = Some(std::time::Instant::now());
+                match admin.prune_operations(KEEP_OPERATIONS).await {
+                    Ok(0) => {}
+                    Ok(n) => tracing::info!(
+                        removed = n,
+                        "removed bulk operations ended over 30 days ago"
+                    ),
+                    Err(error) => tracing::debug!(%error, "removing old bulk operations failed"),
+                }
+            }
             match admin
                 .take_operation(&TakeOperation::next(runner.clone()))
                 .await

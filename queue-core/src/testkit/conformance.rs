@@ -1686,6 +1686,31 @@ pub async fn admin_operations_run_in_batches_abort_and_resume<H: Harness>(h: &H)
         matches!(refused, Err(StoreError::Refused(_))),
         "{refused:?}"
     );
+
+    // Ended operations are removed once old enough; open ones stay.
+    let open = Admin::create_operation(&store, &new(OperationAction::Delete, 1))
+        .await
+        .expect("create failed");
+    let kept = Admin::prune_operations(&store, Duration::from_secs(3600))
+        .await
+        .expect("prune failed");
+    assert_eq!(kept, 0, "none ended an hour ago");
+    tokio::time::sleep(Duration::from_millis(5)).await;
+    let removed = Admin::prune_operations(&store, Duration::ZERO)
+        .await
+        .expect("prune failed");
+    assert_eq!(removed, 4, "the four that ended");
+    let left: Vec<i64> = Admin::operations(&store, &OperationParams::newest(10))
+        .await
+        .expect("read failed")
+        .iter()
+        .map(|op| op.id)
+        .collect();
+    assert_eq!(left, vec![open.id], "the pending one stays");
+    let far = Admin::prune_operations(&store, Duration::MAX)
+        .await
+        .expect("a very long age is no error");
+    assert_eq!(far, 0);
 }
 
 /// A kind's limits hold in claims: no more of its jobs running at once

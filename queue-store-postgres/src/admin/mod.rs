@@ -393,6 +393,10 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         self.step_op(step).await
     }
 
+    async fn prune_operations(&self, older_than: std::time::Duration) -> Result<u64, StoreError> {
+        self.prune_ops(older_than).await
+    }
+
     async fn abort_operation(
         &self,
         id: i64,

@@ -17,6 +17,10 @@ use crate::sql::operations;
 /// What an operation's errors call the table.
 const WHAT: &str = "bulk operations";
 
+/// The longest age the statements take (a thousand years): a longer one
+/// reaches before any time the database keeps, and means "never".
+const LONGEST_AGE: std::time::Duration = std::time::Duration::from_secs(1000 * 365 * 24 * 3600);
+
 impl<K: PgKey> PgAdmin<K> {
     fn operations_table(&self) -> QualifiedName {
         operations::operations_table(&self.inner.options.table)
@@ -99,7 +103,7 @@ impl<K: PgKey> PgAdmin<K> {
             .operation_rows(sql, "taking a bulk operation to run", |q| {
                 q.bind(take.runner.clone())
                     .bind(take.id)
-                    .bind(take.silent_for.as_secs_f64())
+                    .bind(take.silent_for.min(LONGEST_AGE).as_secs_f64())
             })
             .await?
             .pop())
@@ -123,6 +127,24 @@ impl<K: PgKey> PgAdmin<K> {
             })
             .await?
             .pop())
+    }
+
+    pub(super) async fn prune_ops(
+        &self,
+        older_than: std::time::Duration,
+    ) -> Result<u64, StoreError> {
+        if older_than > LONGEST_AGE {
+            return Ok(0);
+        }
+        let table = self.operations_table();
+        let context = "removing old bulk operations";
+        let mut conn = self.connection(context).await?;
+        let done = sqlx::query(sqlx::AssertSqlSafe(operations::prune(&table)))
+            .bind(older_than.as_secs_f64())
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| beside_error(&table, WHAT, context, e))?;
+        Ok(done.rows_affected())
     }
 
     pub(super) async fn abort_op(

@@ -139,6 +139,15 @@ pub(crate) fn step(ops: &QualifiedName, kt: &str) -> String {
     )
 }
 
+/// Removes the operations that ended more than `$1` seconds ago.
+pub(crate) fn prune(ops: &QualifiedName) -> String {
+    format!(
+        "DELETE FROM {} WHERE \"state\" IN ('done', 'aborted', 'failed') \
+         AND \"finished_at\" < now() - make_interval(secs => $1)",
+        ops.quoted()
+    )
+}
+
 /// Aborts operation `$1` if it has not ended, with message `$2`.
 pub(crate) fn abort(ops: &QualifiedName, kt: &str) -> String {
     format!(
