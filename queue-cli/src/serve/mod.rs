@@ -252,9 +252,13 @@ pub(crate) async fn run(
         .context("serving")?;
     sampler.abort();
     // The operation under way is handed back after its batch, for the
-    // next server to carry on.
+    // next server to carry on. A database that does not answer must not
+    // hold the shutdown up: after 10 s the runner is left, and the next
+    // runner takes its operation over once it has been silent for
+    // OPERATION_SILENT_AFTER (a batch done but not yet counted is then
+    // done again, over jobs it no longer matches).
     stop_running.cancel();
-    let _ = running.await;
+    let _ = tokio::time::timeout(std::time::Duration::from_secs(10), running).await;
     stop_scheduling.cancel();
     if let Some(scheduling) = scheduling {
         let _ = scheduling.await;
