@@ -105,21 +105,9 @@ async fn named(pool: &PgPool, options: &PgStoreOptions) -> Result<QualifiedName,
 pub(crate) struct KindRules {
     pub(crate) paused: Vec<String>,
     pub(crate) limited: Vec<String>,
-}
-
-impl KindRules {
     /// The kinds the claim of everything else passes over: paused or
-    /// limited.
-    pub(crate) fn set_apart(&self) -> Vec<String> {
-        let mut apart = self.paused.clone();
-        apart.extend(
-            self.limited
-                .iter()
-                .filter(|k| !self.paused.contains(k))
-                .cloned(),
-        );
-        apart
-    }
+    /// limited (derived once per reading, not per claim).
+    pub(crate) set_apart: Vec<String>,
 }
 
 /// The pauses and limits as claims see them: read from the kinds table at
@@ -243,6 +231,14 @@ impl ClaimRules {
                 Err(e) => return Err(store_error(&context(), e)),
             }
         }
+        rules.set_apart = rules.paused.clone();
+        rules.set_apart.extend(
+            rules
+                .limited
+                .iter()
+                .filter(|k| !rules.paused.contains(k))
+                .cloned(),
+        );
         let reading = Reading {
             at: Instant::now(),
             exists,

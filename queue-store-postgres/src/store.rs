@@ -478,13 +478,7 @@ where
         let burst: Option<i32> = row.try_get("burst").map_err(get)?;
         let tokens: Option<f64> = row.try_get("tokens").map_err(get)?;
         let tokens_at: Option<DateTime<Utc>> = row.try_get("tokens_at").map_err(get)?;
-        let mut limits = queue_core::KindLimits::default();
-        if let Some(max) = max_running {
-            limits = limits.max_running(u32::try_from(max).unwrap_or(1));
-        }
-        if let Some(rate) = per_second {
-            limits = limits.per_second(rate, burst.and_then(|b| u32::try_from(b).ok()));
-        }
+        let limits = crate::admin::kind_limits(max_running, per_second, burst);
         let running = if limits.max_running.is_some() {
             let filter = JobFilter::default()
                 .states([queue_core::JobState::Processing])
@@ -654,7 +648,7 @@ where
             };
             limited.extend(rows);
         }
-        let paused = rules.set_apart();
+        let paused = &rules.set_apart;
         let main_limit = params.limit - limited.len();
         // Claims with extra conditions, or passing over paused kinds,
         // neither use nor move the cursor: what they pass over may be
@@ -676,7 +670,7 @@ where
                     &params,
                     main_limit,
                     conditions,
-                    &paused,
+                    paused,
                     after.as_ref(),
                 )
                 .await;
@@ -685,7 +679,7 @@ where
                 // that became claimable before it must not wait for the
                 // worker's next poll.
                 rows = self
-                    .claim_rows(on.conn(), &params, main_limit, conditions, &paused, None)
+                    .claim_rows(on.conn(), &params, main_limit, conditions, paused, None)
                     .await;
             }
             match rows {

@@ -251,9 +251,7 @@ pub async fn start_cancel(
     ApiQuery(query): ApiQuery<FilterQuery>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<OperationView>), ApiError> {
-    let options: OperationOptions = options(&body)?;
-    let filter = api.filter(&query)?;
-    start(&api, &actor, filter, options.batch, OperationAction::Cancel).await
+    start_plain(&api, &actor, &query, &body, OperationAction::Cancel).await
 }
 
 /// Fails every unfinished job the filter matches with a reason, fencing
@@ -294,9 +292,20 @@ pub async fn start_delete(
     ApiQuery(query): ApiQuery<FilterQuery>,
     body: Bytes,
 ) -> Result<(StatusCode, Json<OperationView>), ApiError> {
-    let options: OperationOptions = options(&body)?;
-    let filter = api.filter(&query)?;
-    start(&api, &actor, filter, options.batch, OperationAction::Delete).await
+    start_plain(&api, &actor, &query, &body, OperationAction::Delete).await
+}
+
+/// Starts `action`, whose body holds only the batch, on the jobs `query`
+/// matches.
+async fn start_plain(
+    api: &Api,
+    actor: &Actor,
+    query: &FilterQuery,
+    body: &[u8],
+    action: OperationAction,
+) -> Result<(StatusCode, Json<OperationView>), ApiError> {
+    let options: OperationOptions = options(body)?;
+    start(api, actor, api.filter(query)?, options.batch, action).await
 }
 
 /// Purges finished jobs (moves them to the archive where the table has

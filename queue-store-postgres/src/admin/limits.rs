@@ -82,6 +82,17 @@ fn kind_limit(row: &PgRow, context: &str) -> Result<Option<KindLimit>, StoreErro
     ) else {
         return Ok(None);
     };
+    let limits = kind_limits(max_running, per_second, burst);
+    Ok(Some(KindLimit::new(kind, limits, at, by)))
+}
+
+/// A kind's limits from its row's columns (`max_running`, `per_second`,
+/// `burst`): the one reading, for claims and for the admin contract.
+pub(crate) fn kind_limits(
+    max_running: Option<i32>,
+    per_second: Option<f64>,
+    burst: Option<i32>,
+) -> KindLimits {
     let mut limits = KindLimits::default();
     if let Some(max) = max_running {
         limits = limits.max_running(u32::try_from(max).unwrap_or(1));
@@ -89,7 +100,7 @@ fn kind_limit(row: &PgRow, context: &str) -> Result<Option<KindLimit>, StoreErro
     if let Some(rate) = per_second {
         limits = limits.per_second(rate, burst.and_then(|b| u32::try_from(b).ok()));
     }
-    Ok(Some(KindLimit::new(kind, limits, at, by)))
+    limits
 }
 
 /// A limits statement's error: the kinds table missing, or at a version

@@ -28,6 +28,8 @@ use crate::sql::{catalog, TableShape};
 mod audit;
 mod enqueue;
 mod limits;
+
+pub(crate) use limits::kind_limits;
 mod operations;
 mod pauses;
 mod read;
