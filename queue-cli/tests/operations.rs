@@ -343,6 +343,23 @@ async fn the_api_starts_polls_and_aborts_operations_by_role() {
             "unknown field",
         ),
         ("/api/operations/retry?state=lost", None, "unknown state"),
+        // A misspelt filter would otherwise widen the retry to every job.
+        (
+            "/api/operations/retry?knd=x",
+            None,
+            "unknown query parameter \"knd\"",
+        ),
+        (
+            "/api/operations/delete?=0.0",
+            None,
+            "unknown query parameter",
+        ),
+        // A body that is there must be JSON; only no body means defaults.
+        (
+            "/api/operations/retry?kind=x",
+            Some("\n"),
+            "not the operation's options",
+        ),
     ] {
         let (status, error) = call(&app, Method::POST, uri, lead, body).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {error}");

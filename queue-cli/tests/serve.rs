@@ -153,6 +153,7 @@ async fn the_api_on_the_default_table() {
         ("/api/jobs?queued_after=yesterday", "queued_after"),
         ("/api/jobs?order=sideways", "order"),
         ("/api/jobs?state=", "at least one state"),
+        ("/api/jobs?stat=failed", "unknown query parameter \"stat\""),
     ] {
         let (status, body) = get(&app, uri).await;
         assert_eq!(status, StatusCode::BAD_REQUEST, "{uri}: {body}");

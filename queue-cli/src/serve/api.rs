@@ -144,22 +144,76 @@ fn json_rejection(rejection: JsonRejection) -> ApiError {
     }
 }
 
-/// A query string whose rejections are [`ApiError`]s.
+/// A query string whose rejections are [`ApiError`]s. A parameter the
+/// endpoint does not declare is refused, so a misspelt filter cannot widen
+/// a bulk operation to every job.
 pub struct ApiQuery<T>(pub T);
 
 impl<S, T> FromRequestParts<S> for ApiQuery<T>
 where
     S: Send + Sync,
-    T: serde::de::DeserializeOwned,
+    T: serde::de::DeserializeOwned + IntoParams,
 {
     type Rejection = ApiError;
 
-    async fn from_request_parts(parts: &mut Parts, state: &S) -> Result<Self, ApiError> {
-        axum::extract::Query::<T>::from_request_parts(parts, state)
-            .await
-            .map(|q| ApiQuery(q.0))
-            .map_err(|rejection: QueryRejection| ApiError::bad_request(rejection.body_text()))
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        refuse_undeclared(parts, &[&parameter_names::<T>()])?;
+        parse_query(parts).map(ApiQuery)
     }
+}
+
+/// A list's query: which jobs, and which page of them.
+pub struct ListQuery(pub FilterQuery, pub PageQuery);
+
+impl<S: Send + Sync> FromRequestParts<S> for ListQuery {
+    type Rejection = ApiError;
+
+    async fn from_request_parts(parts: &mut Parts, _: &S) -> Result<Self, ApiError> {
+        let filter = parameter_names::<FilterQuery>();
+        let page = parameter_names::<PageQuery>();
+        refuse_undeclared(parts, &[&filter, &page])?;
+        Ok(ListQuery(parse_query(parts)?, parse_query(parts)?))
+    }
+}
+
+/// The query parameters `T` declares in the OpenAPI document.
+fn parameter_names<T: IntoParams>() -> Vec<String> {
+    T::into_params(|| Some(utoipa::openapi::path::ParameterIn::Query))
+        .into_iter()
+        .map(|parameter| parameter.name)
+        .collect()
+}
+
+/// Refuses a query parameter none of `declared` names.
+fn refuse_undeclared(parts: &Parts, declared: &[&[String]]) -> Result<(), ApiError> {
+    let query = parts.uri.query().unwrap_or_default();
+    for (name, _) in form_urlencoded::parse(query.as_bytes()) {
+        if !declared
+            .iter()
+            .any(|names| names.iter().any(|n| *n == name))
+        {
+            let known: Vec<&str> = declared
+                .iter()
+                .flat_map(|names| names.iter().map(String::as_str))
+                .collect();
+            return Err(ApiError::bad_request(format!(
+                "unknown query parameter {name:?}; this endpoint takes: {}",
+                if known.is_empty() {
+                    "none".to_string()
+                } else {
+                    known.join(", ")
+                }
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// `T` from the request's query string.
+fn parse_query<T: serde::de::DeserializeOwned>(parts: &Parts) -> Result<T, ApiError> {
+    axum::extract::Query::<T>::try_from_uri(&parts.uri)
+        .map(|q| q.0)
+        .map_err(|rejection: QueryRejection| ApiError::bad_request(rejection.body_text()))
 }
 
 /// A job: its key, kind, payload, state and every standard column the
@@ -529,8 +583,7 @@ pub async fn get_job(
 )]
 pub async fn list_jobs(
     State(api): State<Api>,
-    ApiQuery(filter): ApiQuery<FilterQuery>,
-    ApiQuery(page): ApiQuery<PageQuery>,
+    ListQuery(filter, page): ListQuery,
 ) -> Result<Json<JobList>, ApiError> {
     let limit = page.limit.unwrap_or(50);
     if !(1..=1000).contains(&limit) {

@@ -118,7 +118,7 @@ pub async fn set_limits(
     Path(kind): Path<String>,
     body: Bytes,
 ) -> Result<Json<LimitsSet>, ApiError> {
-    let request: LimitsRequest = if body.iter().all(u8::is_ascii_whitespace) {
+    let request: LimitsRequest = if body.is_empty() {
         LimitsRequest::default()
     } else {
         serde_json::from_slice(&body)

@@ -171,9 +171,10 @@ pub struct PurgeQuery {
     pub finished_before: DateTime<Utc>,
 }
 
-/// The options in a request's body; `T`'s default if it is empty.
+/// The options in a request's body; `T`'s default if there is no body. A
+/// body that is there must be JSON, so whitespace alone is refused.
 fn options<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    if body.iter().all(u8::is_ascii_whitespace) {
+    if body.is_empty() {
         return Ok(T::default());
     }
     required(body)
