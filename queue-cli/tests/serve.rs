@@ -317,9 +317,15 @@ async fn the_api_on_the_default_table() {
     assert_eq!(status, StatusCode::OK);
     assert_eq!(
         stats["counts"],
-        json!([{"state": "queued", "stored_state": "queued", "kind": "resize", "count": 3}])
+        json!([{"state": "queued", "stored_state": "queued", "kind": "resize", "count": 3, "estimated": false}])
     );
     assert!(stats["oldest_claimable_age_seconds"].is_number());
+    let (status, exact) = get(&app, "/api/stats?exact=true").await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(
+        exact["counts"], stats["counts"],
+        "a small table is counted either way"
+    );
     let (status, metrics) = get(&app, "/metrics").await;
     assert_eq!(status, StatusCode::OK);
     let metrics = metrics.as_str().expect("text").to_owned();

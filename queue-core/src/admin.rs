@@ -435,26 +435,79 @@ pub struct JobPage<Id> {
 
 /// What [`Admin::stats`] needs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct StatsParams {
     /// The current time: which waiting jobs are due.
     pub now: DateTime<Utc>,
     /// Processing jobs whose last heartbeat is older than this count as
     /// stalled (`now - stalled max age`, as the resetter judges).
     pub stalled_before: DateTime<Utc>,
+    /// Count every job, however big the table. Otherwise a store may give
+    /// estimates where an exact count would read too much (a count is
+    /// then [`StateCount::estimated`]); see the store's documentation.
+    pub exact: bool,
+}
+
+impl StatsParams {
+    /// The figures at `now`, with processing jobs silent since before
+    /// `stalled_before` counted stalled; estimates allowed.
+    pub fn new(now: DateTime<Utc>, stalled_before: DateTime<Utc>) -> Self {
+        StatsParams {
+            now,
+            stalled_before,
+            exact: false,
+        }
+    }
+
+    /// The same, every count exact.
+    pub fn exact(mut self) -> Self {
+        self.exact = true;
+        self
+    }
 }
 
 /// How many jobs of one kind are in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct StateCount {
     /// The standard state, or `None` for a stored value the state mapping
     /// does not know.
     pub state: Option<JobState>,
     /// The state as stored.
     pub stored_state: String,
-    /// The kind, if the store keeps one.
+    /// The kind, if the store keeps one (`None` also for an estimate the
+    /// store could not tell apart by kind).
     pub kind: Option<String>,
     /// How many jobs.
     pub count: u64,
+    /// Whether `count` is an estimate rather than a count.
+    #[serde(default)]
+    pub estimated: bool,
+}
+
+impl StateCount {
+    /// `count` jobs of `kind` counted in the state stored as
+    /// `stored_state` (`state` in the standard names).
+    pub fn new(
+        state: Option<JobState>,
+        stored_state: impl Into<String>,
+        kind: Option<String>,
+        count: u64,
+    ) -> Self {
+        StateCount {
+            state,
+            stored_state: stored_state.into(),
+            kind,
+            count,
+            estimated: false,
+        }
+    }
+
+    /// The same figure, marked an estimate.
+    pub fn estimated(mut self) -> Self {
+        self.estimated = true;
+        self
+    }
 }
 
 /// What [`Admin::stats`] found.
@@ -510,6 +563,11 @@ impl QueueStats {
             .filter(|c| c.state == Some(state))
             .map(|c| c.count)
             .sum()
+    }
+
+    /// Whether any count is an estimate.
+    pub fn estimated(&self) -> bool {
+        self.counts.iter().any(|c| c.estimated)
     }
 
     /// How long the longest-waiting claimable job has waited.

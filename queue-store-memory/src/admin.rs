@@ -265,12 +265,7 @@ impl Admin for MemoryStore {
                 .into_iter()
                 .map(|((order, kind), count)| {
                     let state = JobState::ALL[order];
-                    StateCount {
-                        state: Some(state),
-                        stored_state: state.as_str().to_owned(),
-                        kind: Some(kind),
-                        count,
-                    }
+                    StateCount::new(Some(state), state.as_str(), Some(kind), count)
                 })
                 .collect(),
             oldest,

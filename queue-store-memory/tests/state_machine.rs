@@ -557,10 +557,7 @@ impl Run {
         let fail = |e: queue_core::StoreError| TestCaseError::fail(e.to_string());
         let stats = Admin::stats(
             &self.store,
-            StatsParams {
-                now: self.now,
-                stalled_before: self.now - TimeDelta::seconds(STALLED_MAX_AGE),
-            },
+            StatsParams::new(self.now, self.now - TimeDelta::seconds(STALLED_MAX_AGE)),
         )
         .await
         .map_err(fail)?;

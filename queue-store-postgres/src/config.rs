@@ -381,6 +381,9 @@ pub struct PgConfig {
     /// [`PgStoreOptions::admin_read_timeout`].
     #[serde(default, with = "humantime_serde")]
     pub admin_read_timeout: Option<Duration>,
+    /// Where the figures stop counting and estimate; see
+    /// [`PgStoreOptions::exact_counts_below`].
+    pub exact_counts_below: Option<u64>,
     /// `async` or `durable`.
     pub claim_commit: Option<ClaimCommit>,
     /// `keep` or `delete`.
@@ -543,6 +546,9 @@ impl PgConfig {
         }
         if let Some(limit) = self.admin_read_timeout {
             options = options.admin_read_timeout(Some(limit));
+        }
+        if let Some(rows) = self.exact_counts_below {
+            options = options.exact_counts_below(rows);
         }
         if let Some(wait) = self.lock_rides {
             options = options.lock_rides(Some(wait));

@@ -307,6 +307,9 @@ impl StateValues {
     }
 }
 
+/// The default of [`PgStoreOptions::exact_counts_below`].
+pub const DEFAULT_EXACT_COUNTS_BELOW: u64 = 50_000;
+
 /// The default of [`PgStoreOptions::admin_read_timeout`].
 pub const DEFAULT_ADMIN_READ_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
 
@@ -357,6 +360,7 @@ pub struct PgStoreOptions {
     pub(crate) claim_cursor: Option<std::time::Duration>,
     pub(crate) lock_rides: Option<std::time::Duration>,
     pub(crate) admin_read_timeout: Option<std::time::Duration>,
+    pub(crate) exact_counts_below: u64,
     /// Where the message is in a JSON failure column.
     pub(crate) failure_message_path: Vec<String>,
     /// The bookkeeping table, if the store keeps one.
@@ -392,6 +396,7 @@ impl PgStoreOptions {
             claim_cursor: Some(std::time::Duration::from_millis(10)),
             lock_rides: None,
             admin_read_timeout: Some(DEFAULT_ADMIN_READ_TIMEOUT),
+            exact_counts_below: DEFAULT_EXACT_COUNTS_BELOW,
             failure_message_path: vec!["message".to_owned()],
             bookkeeping: None,
         })
@@ -719,6 +724,32 @@ impl PgStoreOptions {
     /// open on a big table then never holds a backend for minutes.
     pub fn admin_read_timeout(mut self, timeout: Option<std::time::Duration>) -> Self {
         self.admin_read_timeout = timeout;
+        self
+    }
+
+    /// Where the figures of [`Admin::stats`](queue_core::Admin::stats)
+    /// stop counting (default 50,000), so that they cost the same on a
+    /// table of ten million rows as on a small one:
+    ///
+    /// - a table the planner's statistics put below this many rows is
+    ///   counted whole, exactly;
+    /// - on a bigger one, waiting and running jobs are counted exactly up
+    ///   to this many in each of the three sets the claim reads (ready,
+    ///   scheduled or retrying, running), through the claim's indexes; a
+    ///   set past it has its states' counts estimated (at least what was
+    ///   counted);
+    /// - finished jobs, and values the state mapping does not know, are
+    ///   estimated from the planner's statistics: the share of each state
+    ///   and kind at the last `ANALYZE` (autovacuum's), times the table's
+    ///   rows now. Per kind where extended statistics on the state and
+    ///   kind columns exist (the default table has them), else per state.
+    ///
+    /// Estimated counts are marked
+    /// [`StateCount::estimated`](queue_core::StateCount::estimated).
+    /// [`StatsParams::exact`](queue_core::StatsParams::exact) counts every
+    /// job instead, and `0` always does.
+    pub fn exact_counts_below(mut self, rows: u64) -> Self {
+        self.exact_counts_below = rows;
         self
     }
 

@@ -149,10 +149,7 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
     set_status(&pool, &s, ids[2], "archived", None).await;
 
     let stats = admin
-        .stats(StatsParams {
-            now: Utc::now(),
-            stalled_before: Utc::now(),
-        })
+        .stats(StatsParams::new(Utc::now(), Utc::now()))
         .await
         .unwrap();
     let counts: Vec<(Option<JobState>, &str, Option<&str>, u64)> = stats

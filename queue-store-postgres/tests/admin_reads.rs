@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use queue_core::{Admin, JobFilter, StatsParams, StoreError};
+use queue_core::{Admin, JobFilter, JobState, StatsParams, StoreError};
 use queue_store_postgres::PgAdmin;
 use support::{fresh_table, pool};
 
@@ -50,12 +50,7 @@ async fn a_read_past_the_admin_read_timeout_is_stopped_and_says_so() {
         "stopped near its limit"
     );
     let now = chrono::Utc::now();
-    let stats = admin
-        .stats(StatsParams {
-            now,
-            stalled_before: now,
-        })
-        .await;
+    let stats = admin.stats(StatsParams::new(now, now)).await;
     assert!(
         matches!(&stats, Err(StoreError::TimedOut { .. })),
         "stats too: {stats:?}"
@@ -71,4 +66,185 @@ async fn a_read_past_the_admin_read_timeout_is_stopped_and_says_so() {
     holder.rollback().await.expect("released");
     let counted = waiting.await.expect("joined").expect("counted");
     assert_eq!(counted, 0);
+}
+
+/// On a table past `exact_counts_below`, the figures count the waiting and
+/// running jobs (through the claim's indexes) and estimate the finished
+/// ones from the planner's statistics of the state and kind columns, each
+/// estimate marked; `StatsParams::exact` counts every job. A backlog past
+/// the cap is estimated too, never below what was counted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_big_tables_figures_count_what_waits_and_estimate_what_finished() {
+    let Some(pool) = pool("a_big_tables_figures_count_what_waits").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    let run = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .expect("the statement runs");
+        }
+    };
+    run(format!(
+        "INSERT INTO {t} (kind, state, queued_at, started_at, finished_at, failure_message) \
+         SELECT CASE WHEN g <= 3000 THEN 'a' ELSE 'b' END, \
+         CASE WHEN g <= 4000 THEN 'completed' ELSE 'failed' END, \
+         now() - interval '2 days', now() - interval '2 days', now() - interval '1 day', \
+         CASE WHEN g > 4000 THEN 'boom' END FROM generate_series(1, 4200) AS g"
+    ))
+    .await;
+    // Ready: 30 of a, 10 of b, the first of them queued an hour ago.
+    run(format!(
+        "INSERT INTO {t} (kind, queued_at) SELECT CASE WHEN g <= 30 THEN 'a' ELSE 'b' END, \
+         now() - interval '1 hour' + g * interval '1 second' FROM generate_series(1, 40) AS g"
+    ))
+    .await;
+    // Scheduled for tomorrow: waiting, not claimable.
+    run(format!(
+        "INSERT INTO {t} (kind, process_after) SELECT 'b', now() + interval '1 day' FROM generate_series(1, 5)"
+    ))
+    .await;
+    // Running: one beating, one silent for ten minutes.
+    run(format!(
+        "INSERT INTO {t} (kind, state, started_at, last_heartbeat_at) VALUES \
+         ('a', 'processing', now(), now()), ('a', 'processing', now() - interval '10 minutes', now() - interval '10 minutes')"
+    ))
+    .await;
+    run(format!("ANALYZE {t}")).await;
+
+    let admin = PgAdmin::<i64>::new(
+        pool.clone(),
+        table.store_options().exact_counts_below(1_000),
+    )
+    .await
+    .expect("an admin");
+    let now = chrono::Utc::now();
+    let params = StatsParams::new(now, now - chrono::TimeDelta::seconds(60));
+    let stats = admin.stats(params).await.expect("the figures");
+    let find = |stats: &queue_core::QueueStats, state: JobState, kind: &str| {
+        stats
+            .counts
+            .iter()
+            .find(|c| c.state == Some(state) && c.kind.as_deref() == Some(kind))
+            .map(|c| (c.count, c.estimated))
+    };
+    assert_eq!(
+        find(&stats, JobState::Queued, "a"),
+        Some((30, false)),
+        "{stats:?}"
+    );
+    assert_eq!(
+        find(&stats, JobState::Queued, "b"),
+        Some((15, false)),
+        "{stats:?}"
+    );
+    assert_eq!(
+        find(&stats, JobState::Processing, "a"),
+        Some((2, false)),
+        "{stats:?}"
+    );
+    // ANALYZE read every row of a table this small: the shares are the
+    // table's own, times its size now.
+    let near = |found: Option<(u64, bool)>, truth: u64| {
+        let (count, estimated) = found.expect("a figure");
+        assert!(estimated, "finished jobs are estimated");
+        assert!(
+            count.abs_diff(truth) * 20 <= truth,
+            "{count} is within 5 % of {truth}"
+        );
+    };
+    near(find(&stats, JobState::Completed, "a"), 3000);
+    near(find(&stats, JobState::Completed, "b"), 1000);
+    near(find(&stats, JobState::Failed, "b"), 200);
+    assert!(stats.estimated());
+    assert_eq!(stats.stalled, Some(1), "the silent one");
+    let first: chrono::DateTime<chrono::Utc> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT min(queued_at) FROM {t} WHERE state = 'queued' AND process_after IS NULL"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the first ready job");
+    assert_eq!(stats.oldest_claimable_since, Some(first));
+
+    let exact = admin.stats(params.exact()).await.expect("the figures");
+    assert!(!exact.estimated(), "{exact:?}");
+    assert_eq!(find(&exact, JobState::Completed, "a"), Some((3000, false)));
+    assert_eq!(find(&exact, JobState::Failed, "b"), Some((200, false)));
+    assert_eq!(exact.oldest_claimable_since, Some(first));
+    assert_eq!(exact.stalled, Some(1));
+
+    // A backlog past the cap: counted up to it, so estimated, and never
+    // below what was counted; after the next ANALYZE, near the truth.
+    run(format!(
+        "INSERT INTO {t} (kind) SELECT 'c' FROM generate_series(1, 1500)"
+    ))
+    .await;
+    let stats = admin.stats(params).await.expect("the figures");
+    let (backlog, estimated) = find(&stats, JobState::Queued, "c").expect("kind c's backlog");
+    assert!(estimated, "{stats:?}");
+    assert!(
+        backlog >= 1_000 - 40,
+        "at least what was counted: {backlog}"
+    );
+    run(format!("ANALYZE {t}")).await;
+    let stats = admin.stats(params).await.expect("the figures");
+    near(find(&stats, JobState::Queued, "c"), 1500);
+
+    // Without statistics of the state and kind columns together (a table
+    // of your own without them), finished jobs are estimated per state.
+    run(format!(
+        "DO $$ DECLARE s text; BEGIN \
+         SELECT stxnamespace::regnamespace::text || '.' || quote_ident(stxname) INTO s \
+         FROM pg_statistic_ext WHERE stxrelid = '{t}'::regclass; \
+         EXECUTE 'DROP STATISTICS ' || s; END $$"
+    ))
+    .await;
+    run(format!("ANALYZE {t}")).await;
+    let stats = admin.stats(params).await.expect("the figures");
+    let completed: Vec<_> = stats
+        .counts
+        .iter()
+        .filter(|c| c.state == Some(JobState::Completed))
+        .collect();
+    assert_eq!(completed.len(), 1, "{stats:?}");
+    assert_eq!(completed[0].kind, None);
+    assert!(completed[0].estimated);
+    assert!(
+        completed[0].count.abs_diff(4000) * 20 <= 4000,
+        "{completed:?}"
+    );
+    assert_eq!(
+        find(&stats, JobState::Processing, "a"),
+        Some((2, false)),
+        "running jobs are still counted"
+    );
+    let queued: Vec<_> = stats
+        .counts
+        .iter()
+        .filter(|c| c.state == Some(JobState::Queued))
+        .collect();
+    assert_eq!(
+        queued.len(),
+        1,
+        "a backlog past the cap is one estimate: {queued:?}"
+    );
+    assert!(
+        queued[0].estimated && queued[0].count >= 1_000,
+        "{queued:?}"
+    );
+
+    // Below the cap, every job is counted.
+    let small = PgAdmin::<i64>::new(
+        pool.clone(),
+        table.store_options().exact_counts_below(100_000),
+    )
+    .await
+    .expect("an admin");
+    let stats = small.stats(params).await.expect("the figures");
+    assert!(!stats.estimated());
+    assert_eq!(find(&stats, JobState::Queued, "c"), Some((1500, false)));
 }

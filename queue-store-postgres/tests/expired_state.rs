@@ -75,13 +75,7 @@ async fn an_expired_job_ends_in_the_tables_own_expired_value() {
         (Some(queue_core::JobState::Failed), "expired"),
         "shown as stored, and read as a failed job"
     );
-    let stats = store
-        .stats(StatsParams {
-            now,
-            stalled_before: now,
-        })
-        .await
-        .unwrap();
+    let stats = store.stats(StatsParams::new(now, now)).await.unwrap();
     assert!(
         stats
             .counts
@@ -153,10 +147,7 @@ async fn expired_jobs_stored_apart_are_listed_retried_and_purged_as_failed() {
         (Some(JobState::Failed), "expired")
     );
     let stats = store
-        .stats(StatsParams {
-            now,
-            stalled_before: now,
-        })
+        .stats(StatsParams::new(now, now))
         .await
         .expect("stats");
     assert_eq!(stats.total(JobState::Failed), 2, "{stats:?}");

@@ -72,10 +72,10 @@ async fn a_pause_by_another_process_holds_and_lifts_within_a_second() {
         "a second after the pause, the store claims no mail"
     );
     let stats = store
-        .stats(queue_core::StatsParams {
-            now: chrono::Utc::now(),
-            stalled_before: chrono::Utc::now(),
-        })
+        .stats(queue_core::StatsParams::new(
+            chrono::Utc::now(),
+            chrono::Utc::now(),
+        ))
         .await
         .expect("stats");
     assert_eq!(stats.paused, vec![pause.clone()], "the store's stats");

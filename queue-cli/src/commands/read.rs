@@ -19,6 +19,11 @@ pub struct StatsArgs {
     /// (default: the config's resetter.stalled_max_age, else 60s).
     #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std)]
     pub stalled_max_age: Option<Duration>,
+    /// Count every job, however big the table. Without it, a big table's
+    /// finished jobs (and a backlog past `exact_counts_below`) are
+    /// estimated from the planner's statistics, shown with `~`.
+    #[arg(long)]
+    pub exact: bool,
 }
 
 /// `queue list`.
@@ -72,12 +77,11 @@ pub async fn stats(
     let now = Utc::now();
     let max_age = stalled_max_age(context, args.stalled_max_age)?;
     let stalled_before = now - chrono::TimeDelta::from_std(max_age)?;
-    let stats = admin
-        .stats(StatsParams {
-            now,
-            stalled_before,
-        })
-        .await?;
+    let mut params = StatsParams::new(now, stalled_before);
+    if args.exact {
+        params = params.exact();
+    }
+    let stats = admin.stats(params).await?;
     if context.json {
         #[derive(serde::Serialize)]
         struct Json<'a> {
@@ -101,11 +105,20 @@ pub async fn stats(
         table.row(vec![
             state_label(&count.stored_state, count.state),
             count.kind.clone().unwrap_or_else(|| "-".into()),
-            count.count.to_string(),
+            if count.estimated {
+                format!("~{}", count.count)
+            } else {
+                count.count.to_string()
+            },
         ]);
     }
     table.print(out)?;
     let total: u64 = stats.counts.iter().map(|c| c.count).sum();
+    let total = if stats.estimated() {
+        format!("~{total}")
+    } else {
+        total.to_string()
+    };
     let waiting = match stats.oldest_claimable_age() {
         Some(age) => format!("the oldest waiting job has waited {}", span(age)),
         None => "no job is waiting".into(),
@@ -118,6 +131,12 @@ pub async fn stats(
         None => "stalled jobs unknown (the table keeps no heartbeat or start time)".into(),
     };
     writeln!(out, "\n{total} jobs; {waiting}; {stalled}")?;
+    if stats.estimated() {
+        writeln!(
+            out,
+            "~ estimated from the planner's statistics (the table is big); --exact counts every job"
+        )?;
+    }
     for pause in &stats.paused {
         writeln!(
             out,

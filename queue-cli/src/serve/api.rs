@@ -38,6 +38,8 @@ pub struct Api {
     pub health: Arc<super::health::Health>,
     /// The figures of the last read, and when it was: one read at a time.
     stats: Arc<tokio::sync::Mutex<Option<(std::time::Instant, queue_core::QueueStats)>>>,
+    /// The same for the figures counted exactly (`/api/stats?exact=true`).
+    exact_stats: Arc<tokio::sync::Mutex<Option<(std::time::Instant, queue_core::QueueStats)>>>,
     /// How many times the figures were read from the store.
     stats_reads: Arc<std::sync::atomic::AtomicU64>,
     /// The schedules this server runs (the config's `[[schedules]]`).
@@ -65,6 +67,7 @@ impl Api {
             depth: Arc::default(),
             health: Arc::default(),
             stats: Arc::default(),
+            exact_stats: Arc::default(),
             stats_reads: Arc::default(),
             schedules: Arc::default(),
             operations: Arc::default(),
@@ -81,13 +84,20 @@ impl Api {
     /// a pause or a resume, which they show).
     pub async fn forget_stats(&self) {
         *self.stats.lock().await = None;
+        *self.exact_stats.lock().await = None;
     }
 
-    /// The queue's figures, at most [`STATS_FRESH`] old. One read at a time
-    /// (single flight): a caller that comes while a read runs waits for it
-    /// and takes its figures. A fresh read is recorded in the depth history.
-    pub async fn stats_now(&self) -> Result<queue_core::QueueStats, StoreError> {
-        let mut last = self.stats.lock().await;
+    /// The queue's figures, at most [`STATS_FRESH`] old (estimated on a big
+    /// table, unless `exact`). One read at a time (single flight): a caller
+    /// that comes while a read runs waits for it and takes its figures. A
+    /// fresh read is recorded in the depth history.
+    pub async fn stats_now(&self, exact: bool) -> Result<queue_core::QueueStats, StoreError> {
+        let slot = if exact {
+            &self.exact_stats
+        } else {
+            &self.stats
+        };
+        let mut last = slot.lock().await;
         if let Some((at, stats)) = last.as_ref() {
             if at.elapsed() < STATS_FRESH {
                 return Ok(stats.clone());
@@ -96,13 +106,11 @@ impl Api {
         let now = Utc::now();
         let max_age = chrono::TimeDelta::from_std(self.stalled_max_age)
             .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
-        let stats = self
-            .admin
-            .stats(StatsParams {
-                now,
-                stalled_before: now - max_age,
-            })
-            .await?;
+        let mut params = StatsParams::new(now, now - max_age);
+        if exact {
+            params = params.exact();
+        }
+        let stats = self.admin.stats(params).await?;
         self.stats_reads
             .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         self.depth.record(&stats);
@@ -446,6 +454,18 @@ pub struct StateCount {
     pub stored_state: String,
     pub kind: Option<String>,
     pub count: u64,
+    /// Whether `count` is estimated from the planner's statistics (a big
+    /// table's finished jobs; see `exact_counts_below`) rather than counted.
+    pub estimated: bool,
+}
+
+/// How the figures are read.
+#[derive(Debug, Default, Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub struct StatsQuery {
+    /// Count every job, however big the table (one such read at a time;
+    /// it may take seconds on millions of rows).
+    pub exact: Option<bool>,
 }
 
 /// The queue at a glance.
@@ -802,6 +822,7 @@ pub async fn delete_job(
 /// Counts per state and kind, the oldest waiting job, the stalled jobs.
 #[utoipa::path(
     get, path = "/api/stats", tag = "queue",
+    params(StatsQuery),
     responses(
         (status = 200, description = "The queue at a glance", body = Stats),
         (status = 401, description = "No valid token", body = ErrorBody),
@@ -809,8 +830,11 @@ pub async fn delete_job(
     ),
     security((), ("bearer" = []))
 )]
-pub async fn stats(State(api): State<Api>) -> Result<Json<Stats>, ApiError> {
-    let stats = api.stats_now().await?;
+pub async fn stats(
+    State(api): State<Api>,
+    ApiQuery(query): ApiQuery<StatsQuery>,
+) -> Result<Json<Stats>, ApiError> {
+    let stats = api.stats_now(query.exact.unwrap_or(false)).await?;
     Ok(Json(Stats {
         oldest_claimable_age_seconds: stats
             .oldest_claimable_age()
@@ -823,6 +847,7 @@ pub async fn stats(State(api): State<Api>) -> Result<Json<Stats>, ApiError> {
                 stored_state: c.stored_state,
                 kind: c.kind,
                 count: c.count,
+                estimated: c.estimated,
             })
             .collect(),
         oldest_claimable_since: stats.oldest_claimable_since,

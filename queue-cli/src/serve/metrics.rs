@@ -48,7 +48,7 @@ pub struct MetricsState {
 /// Reads the queue's figures into gauges.
 async fn refresh(state: &MetricsState) -> Result<(), ApiError> {
     let mut gauges = state.gauges.lock().await;
-    let stats = state.api.stats_now().await?;
+    let stats = state.api.stats_now(false).await?;
     let mut shown = HashSet::new();
     for count in &stats.counts {
         let labels = (

@@ -273,7 +273,7 @@ async fn sample_depth(api: Api) {
     every.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         every.tick().await;
-        if let Err(error) = api.stats_now().await {
+        if let Err(error) = api.stats_now(false).await {
             tracing::debug!(%error, "sampling the queue's depth failed");
         }
     }

@@ -171,12 +171,8 @@ mod tests {
     use queue_core::StateCount;
 
     fn stats(at: DateTime<Utc>, queued: u64, processing: u64) -> QueueStats {
-        let count = |state: JobState, count| StateCount {
-            state: Some(state),
-            stored_state: state.as_str().into(),
-            kind: None,
-            count,
-        };
+        let count =
+            |state: JobState, count| StateCount::new(Some(state), state.as_str(), None, count);
         QueueStats::new(
             vec![
                 count(JobState::Queued, queued),

@@ -1235,15 +1235,9 @@ pub async fn admin_stats_count_states_and_kinds<H: Harness>(h: &H) {
     // Claimed long ago and silent since: stalled.
     let stalled = crash(h, claim::<H>(&store, 1, at(t, -100)).await).await;
     assert_eq!(stalled.len(), 1);
-    let stats = Admin::stats(
-        &store,
-        StatsParams {
-            now: t,
-            stalled_before: at(t, -10),
-        },
-    )
-    .await
-    .expect("stats failed");
+    let stats = Admin::stats(&store, StatsParams::new(t, at(t, -10)))
+        .await
+        .expect("stats failed");
     let counts: Vec<(Option<JobState>, Option<String>, u64)> = stats
         .counts
         .iter()
@@ -1272,15 +1266,9 @@ pub async fn admin_stats_count_states_and_kinds<H: Harness>(h: &H) {
         stats.oldest_claimable_since, second.queued_at,
         "the oldest waiting job is the first one not claimed"
     );
-    let none_stalled = Admin::stats(
-        &store,
-        StatsParams {
-            now: t,
-            stalled_before: at(t, -200),
-        },
-    )
-    .await
-    .expect("stats failed");
+    let none_stalled = Admin::stats(&store, StatsParams::new(t, at(t, -200)))
+        .await
+        .expect("stats failed");
     assert_eq!(
         none_stalled.stalled,
         Some(0),
@@ -1951,15 +1939,9 @@ pub async fn admin_pause_holds_a_kind_until_resumed<H: Harness>(h: &H) {
         assert!(view.started_at.is_none(), "never started: {view:?}");
         assert_eq!(view.num_failures.unwrap_or(0), 0, "{view:?}");
     }
-    let stats = Admin::stats(
-        &store,
-        StatsParams {
-            now: at(t, 2),
-            stalled_before: at(t, -60),
-        },
-    )
-    .await
-    .expect("stats failed");
+    let stats = Admin::stats(&store, StatsParams::new(at(t, 2), at(t, -60)))
+        .await
+        .expect("stats failed");
     assert_eq!(stats.paused, vec![pause.clone()], "stats show the pause");
     assert_eq!(stats.total(JobState::Queued), 2, "{stats:?}");
     assert_eq!(

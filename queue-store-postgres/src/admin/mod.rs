@@ -33,6 +33,7 @@ pub(crate) use limits::kind_limits;
 mod operations;
 mod pauses;
 mod read;
+mod stats;
 mod sweeps;
 mod workers;
 mod write;

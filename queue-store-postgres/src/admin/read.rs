@@ -1,11 +1,7 @@
-//! Reading jobs: one by key, a page, a count, the figures per state and
-//! kind, and the finish timeline.
-
-use std::sync::Arc;
+//! Reading jobs: one by key, a page, a count, and the finish timeline.
 
 use queue_core::{
-    FinishedBucket, JobFilter, JobPage, JobState, JobView, ListOrder, ListParams, QueueStats,
-    StateCount, StatsParams, StoreError, TimelineParams,
+    FinishedBucket, JobFilter, JobPage, JobView, ListOrder, ListParams, StoreError, TimelineParams,
 };
 use sqlx::postgres::PgRow;
 use sqlx::Row;
@@ -18,12 +14,12 @@ use crate::sql::Param;
 
 /// One operator read's connection: a read-only transaction whose
 /// statements the server stops after the admin read timeout.
-type Read = sqlx::Transaction<'static, sqlx::Postgres>;
+pub(super) type Read = sqlx::Transaction<'static, sqlx::Postgres>;
 
 impl<K: PgKey> PgAdmin<K> {
     /// Opens a read for `context`: `BEGIN READ ONLY` and the timeout in one
     /// round trip.
-    async fn begin_read(&self, context: &str) -> Result<Read, StoreError> {
+    pub(super) async fn begin_read(&self, context: &str) -> Result<Read, StoreError> {
         let begin = match self.inner.options.admin_read_timeout {
             Some(limit) => format!(
                 "BEGIN READ ONLY; SET LOCAL statement_timeout = {}",
@@ -39,12 +35,12 @@ impl<K: PgKey> PgAdmin<K> {
     }
 
     /// Ends a read (nothing to keep: it wrote nothing).
-    async fn end_read(&self, read: Read, context: &str) -> Result<(), StoreError> {
+    pub(super) async fn end_read(&self, read: Read, context: &str) -> Result<(), StoreError> {
         read.commit().await.map_err(|e| store_error(context, e))
     }
 
     /// A read's error: one the timeout stopped is [`StoreError::TimedOut`].
-    fn read_error(&self, context: &str, error: sqlx::Error) -> StoreError {
+    pub(super) fn read_error(&self, context: &str, error: sqlx::Error) -> StoreError {
         let cancelled = error
             .as_database_error()
             .and_then(|db| db.code())
@@ -221,66 +217,6 @@ impl<K: PgKey> PgAdmin<K> {
             .try_get(0)
             .map_err(|e| store_error(context, e))?;
         Ok(u64::try_from(count).unwrap_or(0))
-    }
-
-    pub(super) async fn fetch_stats(&self, params: StatsParams) -> Result<QueueStats, StoreError> {
-        // The clock first: the read's transaction holds a connection.
-        self.inner.offset.refresh(&self.inner.pool).await?;
-        let context = "counting jobs";
-        let mut read = self.begin_read(context).await?;
-        let rows = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(&self.inner.sql.counts.text)))
-            .fetch_all(&mut *read)
-            .await
-            .map_err(|e| self.read_error(context, e))?;
-        let mut counts = Vec::with_capacity(rows.len());
-        for row in &rows {
-            let stored_state: String = row
-                .try_get("state")
-                .map_err(|e| store_error("counting jobs", e))?;
-            let count: i64 = row
-                .try_get("count")
-                .map_err(|e| store_error("counting jobs", e))?;
-            counts.push(StateCount {
-                state: self.state_of(&stored_state),
-                stored_state,
-                kind: row
-                    .try_get("kind")
-                    .map_err(|e| store_error("counting jobs", e))?,
-                count: u64::try_from(count).unwrap_or(0),
-            });
-        }
-        // Lifecycle order; values the mapping does not know last, by value.
-        counts.sort_by(|a, b| {
-            let order = |c: &StateCount| {
-                c.state
-                    .and_then(|s| JobState::ALL.iter().position(|x| *x == s))
-                    .unwrap_or(JobState::ALL.len())
-            };
-            (order(a), &a.stored_state, &a.kind).cmp(&(order(b), &b.stored_state, &b.kind))
-        });
-        let now = self.to_db(params.now);
-        let row = query::<K>(&self.inner.sql.waiting, |p| match p {
-            Param::Now => Some(Value::Time(now)),
-            Param::StalledBefore => Some(Value::Time(self.to_db(params.stalled_before))),
-            _ => None,
-        })?
-        .fetch_one(&mut *read)
-        .await
-        .map_err(|e| self.read_error("reading the oldest waiting job", e))?;
-        let paused = self.read_pauses(&mut read).await?;
-        self.end_read(read, context).await?;
-        let stalled: Option<i64> = row
-            .try_get("stalled")
-            .map_err(|e| store_error("counting stalled jobs", e))?;
-        Ok(QueueStats::new(
-            counts,
-            row.try_get("oldest")
-                .map_err(|e| store_error("reading the oldest waiting job", e))?,
-            stalled.map(|n| u64::try_from(n).unwrap_or(0)),
-            // The database's time, which the oldest job's is measured on.
-            now,
-        )
-        .with_paused(paused))
     }
 
     pub(super) async fn fetch_timeline(

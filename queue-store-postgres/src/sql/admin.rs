@@ -72,6 +72,8 @@ pub(crate) struct AdminStatements {
     pub counts: Statement,
     /// The oldest claimable job's since-time and the stalled count.
     pub waiting: Statement,
+    /// The figures of a big table: estimates, and capped counts.
+    pub stats: super::stats::StatsStatements,
     /// Finished jobs per interval and stored state; `None` without a
     /// finish column.
     pub timeline: Option<Statement>,
@@ -271,6 +273,7 @@ impl AdminStatements {
             "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
         ));
         let waiting = b.build();
+        let stats = super::stats::StatsStatements::new(options, &names, &from, &st);
 
         let timeline = names.at(Column::FinishedAt).map(|finished| {
             let mut b = Builder::default();
@@ -442,6 +445,7 @@ impl AdminStatements {
             counts,
             waiting,
             timeline,
+            stats,
             states_of: Statement::default(),
             expire,
             reset,

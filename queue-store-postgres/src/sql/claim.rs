@@ -171,16 +171,9 @@ fn waiting(t: &Target) -> String {
     )
 }
 
-/// The claim's order: the configured one, or priority (highest first) then
-/// key.
+/// The claim's order on `t`.
 fn claim_order(t: &Target) -> String {
-    t.options
-        .order_by
-        .clone()
-        .unwrap_or_else(|| match t.names.at(Column::Priority) {
-            Some(priority) => format!("{priority} DESC, {}", t.id),
-            None => t.id.clone(),
-        })
+    super::claim_order(t.options, t.names.at(Column::Priority), &t.id)
 }
 
 /// Ends the fixed text so far and adds `piece` after it.

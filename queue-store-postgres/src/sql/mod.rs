@@ -18,6 +18,7 @@ pub(crate) mod operations;
 #[cfg(test)]
 mod plans;
 pub(crate) mod prepared;
+pub(crate) mod stats;
 pub(crate) mod workers;
 
 use std::collections::BTreeMap;
@@ -141,6 +142,15 @@ impl Builder {
             params: self.params,
         }
     }
+}
+
+/// The claim's order: the configured one, or `priority` (highest first)
+/// then the key `id`, as the default table's claim index holds jobs.
+fn claim_order(options: &PgStoreOptions, priority: Option<String>, id: &str) -> String {
+    options.order_by.clone().unwrap_or_else(|| match priority {
+        Some(priority) => format!("{priority} DESC, {id}"),
+        None => id.to_owned(),
+    })
 }
 
 /// A string literal for a configured value (a state value, a channel name),

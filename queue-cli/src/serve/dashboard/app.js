@@ -197,7 +197,10 @@ async function overview() {
       h('div', { class: 'facts' },
         h('span', {}, 'Oldest waiting: ', h('b', { id: 'oldest' }, ago(stats.oldest_claimable_age_seconds))),
         h('span', {}, 'Stalled: ', h('b', { id: 'stalled' }, stats.stalled ?? 'unknown')),
-        h('span', {}, 'As of ', time(stats.now))),
+        h('span', {}, 'As of ', time(stats.now)),
+        stats.counts.some((c) => c.estimated)
+          ? h('span', { id: 'estimated-note', class: 'muted' }, '≈ estimated: the table is too big to count every job on each refresh')
+          : null),
       h('h2', {}, 'Last hour'),
       h('div', { class: 'panel chart' }, chart(timeline)),
       h('h2', {}, 'Kinds'),
@@ -211,6 +214,14 @@ async function overview() {
   if (mine === shown) refreshTimer = setInterval(() => guarded(() => load(false)), 5000);
 }
 
+// A count as shown: "≈" before one estimated from the planner's statistics
+// (a big table's finished jobs), with the reason on hover.
+function figure(n, estimated) {
+  if (!estimated) return n.toLocaleString('en');
+  return h('span', { class: 'estimated', title: "estimated from the planner's statistics: the table is too big to count on every refresh" },
+    '≈' + n.toLocaleString('en'));
+}
+
 function stateCards(stats) {
   const cards = [];
   const seen = new Set();
@@ -221,18 +232,18 @@ function stateCards(stats) {
     rows.forEach((c) => seen.add(c.stored_state));
     cards.push(h('a', { class: 'card', href: '#/jobs?state=' + state, 'data-card': state },
       h('div', { class: 'label' }, state),
-      h('div', { class: 'n' }, total.toLocaleString('en')),
+      h('div', { class: 'n' }, figure(total, rows.some((c) => c.estimated))),
       stored.length ? h('div', { class: 'stored' }, 'stored as ', stored.join(', ')) : null));
   }
   // Values the mapping does not know, in the table's own words.
   for (const c of stats.counts.filter((c) => c.state === null)) {
     if (seen.has(c.stored_state)) continue;
     seen.add(c.stored_state);
-    const total = stats.counts.filter((x) => x.stored_state === c.stored_state)
-      .reduce((sum, x) => sum + x.count, 0);
+    const same = stats.counts.filter((x) => x.stored_state === c.stored_state);
+    const total = same.reduce((sum, x) => sum + x.count, 0);
     cards.push(h('div', { class: 'card' },
       h('div', { class: 'label' }, c.stored_state),
-      h('div', { class: 'n' }, total.toLocaleString('en')),
+      h('div', { class: 'n' }, figure(total, same.some((x) => x.estimated))),
       h('div', { class: 'stored' }, 'not a mapped state')));
   }
   return h('div', { class: 'cards' }, cards);
@@ -245,7 +256,7 @@ function stateCards(stats) {
 function kindsTable(stats, timeline, limits, reload) {
   const kinds = new Map();
   const of = (kind) => {
-    if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0, done: 0 });
+    if (!kinds.has(kind)) kinds.set(kind, { waiting: 0, running: 0, failed: 0, done: 0, estimated: new Set() });
     return kinds.get(kind);
   };
   // The points before the current (partial) minute.
@@ -256,9 +267,11 @@ function kindsTable(stats, timeline, limits, reload) {
   for (const c of stats.counts) {
     if (c.kind === null) continue;
     const k = of(c.kind);
-    if (c.state === 'queued' || c.state === 'errored') k.waiting += c.count;
-    else if (c.state === 'processing') k.running += c.count;
-    else if (c.state === 'failed') k.failed += c.count;
+    const column = c.state === 'queued' || c.state === 'errored' ? 'waiting'
+      : c.state === 'processing' ? 'running' : c.state === 'failed' ? 'failed' : null;
+    if (column === null) continue;
+    k[column] += c.count;
+    if (c.estimated) k.estimated.add(column);
   }
   const paused = new Map((stats.paused || []).map((p) => [p.kind, p]));
   for (const kind of paused.keys()) of(kind);
@@ -277,7 +290,7 @@ function kindsTable(stats, timeline, limits, reload) {
       });
     },
   }, pause ? 'Pause' : 'Resume');
-  const num = (n) => h('td', { class: 'num' }, n.toLocaleString('en'));
+  const num = (k, column) => h('td', { class: 'num' }, figure(k[column], k.estimated.has(column)));
   return h('table', { id: 'kinds' },
     h('thead', {}, h('tr', {}, h('th', {}, 'Kind'), h('th', { class: 'num' }, 'Waiting'),
       h('th', { class: 'num' }, 'Running'), h('th', { class: 'num' }, 'Failed'),
@@ -288,7 +301,7 @@ function kindsTable(stats, timeline, limits, reload) {
       const p = paused.get(kind);
       return h('tr', { 'data-kind': kind },
         h('td', {}, h('a', { href: '#/jobs?' + new URLSearchParams({ kind }) }, kind)),
-        num(k.waiting), num(k.running), num(k.failed),
+        num(k, 'waiting'), num(k, 'running'), num(k, 'failed'),
         h('td', { class: 'num throughput' }, recent.length ? (Math.round(k.done / recent.length * 10) / 10).toLocaleString('en') : '—'),
         h('td', { class: 'limits' }, limitsEditor(kind, limited.get(kind), reload)),
         h('td', { class: 'pause-state' }, p
@@ -337,7 +350,7 @@ function countsTable(stats) {
       return h('tr', {},
         h('td', {}, stateBadge(c.state, c.stored_state)),
         h('td', {}, c.kind === null ? h('span', { class: 'muted' }, '—') : h('a', { href: '#/jobs?' + query }, c.kind)),
-        h('td', { class: 'num' }, c.count.toLocaleString('en')));
+        h('td', { class: 'num' }, figure(c.count, c.estimated)));
     })));
 }
 
