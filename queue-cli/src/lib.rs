@@ -245,6 +245,13 @@ async fn connect(url: &str, size: u32) -> Result<PgPool> {
     let options: sqlx::postgres::PgConnectOptions = url
         .parse()
         .context("the database URL is not a valid postgres:// URL")?;
+    // A purge or a migration's index build runs for seconds by design:
+    // sqlx's slow-statement warning would read as a fault. Kept for -vv.
+    let options = sqlx::ConnectOptions::log_slow_statements(
+        options,
+        log::LevelFilter::Debug,
+        Duration::from_secs(1),
+    );
     let target = format!(
         "{}:{}/{}",
         options.get_host(),

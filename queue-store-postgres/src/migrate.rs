@@ -112,71 +112,205 @@ pub(crate) async fn status(
 }
 
 /// Applies the pending versions of `known`; returns them as applied.
+///
+/// A database already up to date is only read. Otherwise one migrator at a
+/// time (a session advisory lock) applies the pending versions in order:
+/// consecutive ordinary versions in one transaction, and each version that
+/// builds indexes concurrently outside any, recorded once its indexes are
+/// valid. An interrupted build leaves an invalid index and its version
+/// unrecorded; the next run drops that index and builds it again.
 pub(crate) async fn apply(
     pool: &PgPool,
     table: &QualifiedName,
     known: Vec<MigrationSql>,
 ) -> Result<Vec<Migration>, StoreError> {
-    let mut tx = pool
-        .begin()
+    let mut conn = pool
+        .acquire()
         .await
         .map_err(|e| store_error("starting the migration", e))?;
-    sqlx::query(default_table::MIGRATION_LOCK)
-        .execute(&mut *tx)
-        .await
-        .map_err(|e| store_error("taking the migration lock", e))?;
-    let done = applied(&mut tx, table).await?;
-    let pending: Vec<MigrationSql> = known
-        .into_iter()
-        .filter(|m| !done.iter().any(|(v, _, _)| *v == m.version))
-        .collect();
-    if pending.is_empty() {
-        // Up to date: read only, nothing locked but the advisory lock.
-        tx.rollback()
-            .await
-            .map_err(|e| store_error("ending the migration", e))?;
+    let done = applied(&mut conn, table).await?;
+    if pending(&known, &done).is_empty() {
         return Ok(Vec::new());
     }
-    for statement in default_table::create_version_table(table) {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_error(&format!("creating the version table of {table}"), e))?;
-    }
-    if done.is_empty() {
-        // Versions recorded for a table dropped since describe nothing.
-        sqlx::query(sqlx::AssertSqlSafe(default_table::forget_versions(table)))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
-    }
-    let mut applied_now = Vec::with_capacity(pending.len());
-    for m in pending {
-        let context = format!("migrating {table} to version {} ({})", m.version, m.name);
-        for statement in &m.statements {
-            sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
-                .execute(&mut *tx)
+    lock(&mut conn).await?;
+    let applied = apply_locked(&mut conn, table, known).await;
+    match &applied {
+        Ok(_) => {
+            sqlx::query(default_table::MIGRATION_UNLOCK)
+                .execute(&mut *conn)
                 .await
-                .map_err(|e| store_error(&context, e))?;
+                .map_err(|e| store_error("releasing the migration lock", e))?;
         }
-        sqlx::query(sqlx::AssertSqlSafe(default_table::record_version(table)))
-            .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
-            .bind(m.name)
-            .execute(&mut *tx)
+        // The session ends with the connection, and the lock with it,
+        // whatever state the failure left it in.
+        Err(_) => drop(conn.detach()),
+    }
+    applied
+}
+
+/// The versions of `known` not in `done`.
+fn pending(known: &[MigrationSql], done: &[(u32, String, DateTime<Utc>)]) -> Vec<u32> {
+    known
+        .iter()
+        .map(|m| m.version)
+        .filter(|v| !done.iter().any(|(d, _, _)| d == v))
+        .collect()
+}
+
+/// Takes the migration lock for this session, waiting while another
+/// migrator holds it.
+async fn lock(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
+    loop {
+        let taken: bool = sqlx::query_scalar(default_table::MIGRATION_LOCK)
+            .fetch_one(&mut *conn)
+            .await
+            .map_err(|e| store_error("taking the migration lock", e))?;
+        if taken {
+            return Ok(());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+}
+
+/// [`apply`] under the lock.
+async fn apply_locked(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    known: Vec<MigrationSql>,
+) -> Result<Vec<Migration>, StoreError> {
+    // Read again: another migrator may have applied them meanwhile.
+    let done = applied(conn, table).await?;
+    let pending = pending(&known, &done);
+    if pending.is_empty() {
+        return Ok(Vec::new());
+    }
+    // A table created by this run is empty: its indexes are built in the
+    // transaction that creates it, with nothing to wait for.
+    let fresh = !exists(conn, table).await?;
+    let mut versions = known
+        .into_iter()
+        .filter(|m| pending.contains(&m.version))
+        .peekable();
+    let mut applied_now = Vec::new();
+    let mut first = true;
+    while versions.peek().is_some() {
+        let concurrent = versions
+            .peek()
+            .is_some_and(|m| !fresh && !m.concurrent_indexes.is_empty());
+        if concurrent {
+            let Some(m) = versions.next() else { break };
+            build_concurrently(conn, table, &m).await?;
+            record(&mut *conn, table, &m).await?;
+            applied_now.push(migration(table, m));
+            continue;
+        }
+        // The ordinary versions up to the next concurrent one, in one
+        // transaction.
+        let mut tx = sqlx::Connection::begin(&mut *conn)
+            .await
+            .map_err(|e| store_error("starting the migration", e))?;
+        if first {
+            for statement in default_table::create_version_table(table) {
+                sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| {
+                        store_error(&format!("creating the version table of {table}"), e)
+                    })?;
+            }
+            if done.is_empty() {
+                // Versions recorded for a table dropped since describe
+                // nothing.
+                sqlx::query(sqlx::AssertSqlSafe(default_table::forget_versions(table)))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
+            }
+            first = false;
+        }
+        while let Some(m) = versions.next_if(|m| fresh || m.concurrent_indexes.is_empty()) {
+            let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+            for statement in &m.statements {
+                let statement = if m.concurrent_indexes.is_empty() {
+                    statement.clone()
+                } else {
+                    // In the transaction that created the table.
+                    statement.replacen(" CONCURRENTLY", "", 1)
+                };
+                sqlx::query(sqlx::AssertSqlSafe(statement))
+                    .execute(&mut *tx)
+                    .await
+                    .map_err(|e| store_error(&context, e))?;
+            }
+            record(&mut *tx, table, &m).await?;
+            applied_now.push(migration(table, m));
+        }
+        tx.commit()
+            .await
+            .map_err(|e| store_error("committing the migration", e))?;
+    }
+    Ok(applied_now)
+}
+
+/// Builds the indexes of `m` concurrently, each after dropping an invalid
+/// one of its name.
+async fn build_concurrently(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    m: &MigrationSql,
+) -> Result<(), StoreError> {
+    let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+    for (index, create) in m.concurrent_indexes.iter().zip(&m.statements) {
+        let invalid: bool = sqlx::query_scalar(default_table::INVALID_INDEX)
+            .bind(index)
+            .fetch_one(&mut *conn)
             .await
             .map_err(|e| store_error(&context, e))?;
-        applied_now.push(Migration {
-            table: table.clone(),
-            version: m.version,
-            name: m.name.to_owned(),
-            applied_at: Some(Utc::now()),
-            statements: m.statements,
-        });
+        if invalid {
+            tracing::warn!(
+                index = %index,
+                "an earlier build of this index was interrupted; dropping it to build it again"
+            );
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "DROP INDEX CONCURRENTLY IF EXISTS {index}"
+            )))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store_error(&context, e))?;
+        }
+        sqlx::query(sqlx::AssertSqlSafe(create.as_str()))
+            .execute(&mut *conn)
+            .await
+            .map_err(|e| store_error(&context, e))?;
     }
-    tx.commit()
+    Ok(())
+}
+
+/// Records `m` as applied.
+async fn record(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    m: &MigrationSql,
+) -> Result<(), StoreError> {
+    let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+    sqlx::query(sqlx::AssertSqlSafe(default_table::record_version(table)))
+        .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
+        .bind(m.name)
+        .execute(&mut *conn)
         .await
-        .map_err(|e| store_error("committing the migration", e))?;
-    Ok(applied_now)
+        .map_err(|e| store_error(&context, e))?;
+    Ok(())
+}
+
+/// `m`, applied now.
+fn migration(table: &QualifiedName, m: MigrationSql) -> Migration {
+    Migration {
+        table: table.clone(),
+        version: m.version,
+        name: m.name.to_owned(),
+        applied_at: Some(Utc::now()),
+        statements: m.statements,
+    }
 }
 
 /// The tables the store keeps beside the table `options` describe, each

@@ -195,3 +195,112 @@ async fn a_table_from_before_versions_is_recorded_at_version_1() {
     .expect("the job is still there");
     assert_eq!(payload, serde_json::json!({"kept": true}));
 }
+
+/// Version 8 builds its indexes concurrently, outside a transaction. A
+/// build killed half-way leaves an invalid index and the version
+/// unrecorded; the next run drops that index, builds it again and records
+/// the version, and every index is valid.
+#[tokio::test]
+async fn an_interrupted_index_build_is_repaired_by_the_next_run() {
+    let Some(pool) = pool("an_interrupted_index_build_is_repaired").await else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("migration");
+    let t = jobs.name().quoted();
+    let schema = jobs.name().schema.quoted();
+    let run = |sql: String| {
+        let pool = pool.clone();
+        async move {
+            sqlx::query(sqlx::AssertSqlSafe(sql))
+                .execute(&pool)
+                .await
+                .expect("the statement runs");
+        }
+    };
+    run(format!(
+        "INSERT INTO {t} (kind, state, finished_at) SELECT 'k', 'completed', now() FROM generate_series(1, 600000)"
+    ))
+    .await;
+    // Version 8 not applied yet, on a table with rows.
+    let versions = format!(
+        "{}.{}",
+        jobs.name().schema.quoted(),
+        queue_store_postgres::Ident::new(format!("{}_migrations", jobs.name().name.as_str()))
+            .expect("valid")
+            .quoted()
+    );
+    run(format!("DELETE FROM {versions} WHERE version = 8")).await;
+    for index in ["finished_idx", "expires_idx", "kind_idx"] {
+        run(format!(
+            "DROP INDEX {}.{}",
+            jobs.name().schema.quoted(),
+            queue_store_postgres::Ident::new(format!("{}_{index}", jobs.name().name.as_str()))
+                .expect("valid")
+                .quoted()
+        ))
+        .await;
+    }
+
+    let migrating = {
+        let (jobs, pool) = (jobs.clone(), pool.clone());
+        tokio::spawn(async move { jobs.migrate(&pool).await })
+    };
+    // The build, seen in the server's activity once its index is in the
+    // catalog (invalid until the build ends), is killed.
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let killed: Option<bool> = sqlx::query_scalar(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity \
+             WHERE state = 'active' AND query LIKE '%CREATE INDEX CONCURRENTLY%' \
+             AND position($1 IN query) > 0 AND pid <> pg_backend_pid() \
+             AND EXISTS (SELECT 1 FROM pg_index WHERE indrelid = to_regclass($2) AND NOT indisvalid) LIMIT 1",
+        )
+        .bind(&schema)
+        .bind(&t)
+        .fetch_optional(&pool)
+        .await
+        .expect("reading the activity");
+        if killed == Some(true) {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline && !migrating.is_finished(),
+            "the build was never seen"
+        );
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let failed = migrating.await.expect("joined");
+    assert!(
+        failed.is_err(),
+        "the killed build fails the run: {failed:?}"
+    );
+    let status = jobs.migrations(&pool).await.expect("status");
+    assert!(
+        status
+            .iter()
+            .any(|m| m.version == 8 && m.applied_at.is_none()),
+        "version 8 is not recorded: {status:?}"
+    );
+    let invalid: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_index WHERE indrelid = to_regclass($1) AND NOT indisvalid",
+    )
+    .bind(&t)
+    .fetch_one(&pool)
+    .await
+    .expect("the indexes");
+    assert_eq!(invalid, 1, "the interrupted build left its index invalid");
+
+    let applied = jobs.migrate(&pool).await.expect("the next run");
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [8]);
+    let (indexes, invalid): (i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE NOT indisvalid) FROM pg_index WHERE indrelid = to_regclass($1)",
+    )
+    .bind(&t)
+    .fetch_one(&pool)
+    .await
+    .expect("the indexes");
+    assert_eq!(invalid, 0, "every index is valid");
+    assert!(indexes >= 8, "the three of version 8 among them: {indexes}");
+    assert!(jobs.migrate(&pool).await.expect("up to date").is_empty());
+}

@@ -15,6 +15,7 @@ pub(crate) fn audit_table(table: &QualifiedName) -> QualifiedName {
 /// Every version of the audit table's schema, oldest first.
 pub(crate) fn migrations(audit: &QualifiedName) -> Vec<MigrationSql> {
     vec![MigrationSql {
+        concurrent_indexes: Vec::new(),
         version: 1,
         name: "the audit table: who did what to which jobs, when, and how it ended",
         statements: vec![

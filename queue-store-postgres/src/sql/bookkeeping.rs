@@ -72,6 +72,7 @@ impl Side {
 pub(crate) fn migrations(side: &QualifiedName, key_type: &str) -> Vec<MigrationSql> {
     let t = side.quoted();
     vec![MigrationSql {
+        concurrent_indexes: Vec::new(),
         version: 1,
         name: "the bookkeeping table: claim token, claim time, heartbeat, counts, worker, cancel flag and log per job key",
         statements: vec![

@@ -76,6 +76,13 @@ pub(crate) struct MigrationSql {
     pub version: u32,
     pub name: &'static str,
     pub statements: Vec<String>,
+    /// Empty for a version applied in one transaction. Otherwise every
+    /// statement is a `CREATE INDEX CONCURRENTLY` (`IF NOT EXISTS`) of the
+    /// index named here at the same place (schema-qualified, quoted): run
+    /// outside a transaction, so that claims, enqueues and completions go
+    /// on while it builds, each after dropping an invalid index of that
+    /// name (the remains of a build that was interrupted).
+    pub concurrent_indexes: Vec<String>,
 }
 
 /// Every version of the default table's schema, oldest first. A version,
@@ -83,41 +90,94 @@ pub(crate) struct MigrationSql {
 pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationSql> {
     vec![
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 1,
             name: "the jobs table, its claim and processing indexes, and the notify trigger",
             statements: version_1(table, channel),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 2,
             name: "unique jobs: unique_key, unique_forever and the index that keeps keys unique",
             statements: version_2(table),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 3,
             name: "per-job options: max_attempts, expires_at and at_most_once",
             statements: version_3(table),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 4,
             name: "the enqueue function inserts a batch in one statement before it looks at taken keys",
             statements: version_4(table),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 5,
             name: "an index of waiting jobs by the time they come due (scheduled and retrying ones)",
             statements: version_5(table),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 6,
             name: "the claim index holds only jobs ready now; scheduled and retrying jobs are claimed through the due index \
                    (rebuilds the claim index: claims wait while it builds)",
             statements: version_6(table),
         },
         MigrationSql {
+            concurrent_indexes: Vec::new(),
             version: 7,
             name: "statistics of the state and kind columns together, which the figures of a big table are estimated from",
             statements: version_7(table),
         },
+        {
+            let (concurrent_indexes, statements) = version_8(table).into_iter().unzip();
+            MigrationSql {
+                concurrent_indexes,
+                version: 8,
+                name: "indexes of finish time, expiry and kind for the timeline, retention, the expiry sweep and \
+                       lists by kind (built concurrently: claims go on while they build)",
+                statements,
+            }
+        },
+    ]
+}
+
+/// Version 8: the indexes the operator surfaces and the store's sweeps
+/// read on a big table, each built concurrently (`(qualified name,
+/// CREATE)`):
+///
+/// - finished jobs by finish time, then key: the timeline's last hour,
+///   and retention and purges, which walk old finished jobs in this order
+///   from where their last batch stopped;
+/// - waiting jobs with an expiry, by expiry: the expiry sweep reads the
+///   expired ones alone (jobs without an expiry are not in it);
+/// - jobs by kind, then key: a page of one kind's jobs however rare.
+///
+/// Each costs the writes that touch its rows: a completion writes one
+/// entry more, and a job of the kind index one at its enqueue and at each
+/// change of state.
+fn version_8(table: &QualifiedName) -> Vec<(String, String)> {
+    let t = table.quoted();
+    let index = |suffix: &str, definition: &str| {
+        let name = derived(&table.name, suffix);
+        (
+            format!("{}.{name}", table.schema.quoted()),
+            format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} {definition}"),
+        )
+    };
+    vec![
+        index(
+            "finished_idx",
+            "(\"finished_at\", \"id\") WHERE \"finished_at\" IS NOT NULL",
+        ),
+        index(
+            "expires_idx",
+            "(\"expires_at\") WHERE \"state\" IN ('queued', 'errored') AND \"expires_at\" IS NOT NULL",
+        ),
+        index("kind_idx", "(\"kind\", \"id\")"),
     ]
 }
 
@@ -489,8 +549,17 @@ fn truncate(s: &str, max: usize) -> &str {
     &s[..end]
 }
 
-/// Serialises concurrent migrations of the same database.
-pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_advisory_xact_lock(7310575312817441)";
+/// Serialises concurrent migrations of the same database: taken for the
+/// session (concurrent index builds run outside a transaction), tried
+/// rather than waited for, so that a migration waiting for it holds no
+/// snapshot another's index build would wait for in turn.
+pub(crate) const MIGRATION_LOCK: &str = "SELECT pg_try_advisory_lock(7310575312817441)";
+/// Releases [`MIGRATION_LOCK`].
+pub(crate) const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(7310575312817441)";
+/// Whether the index `$1` (quoted, qualified) exists and is invalid: the
+/// remains of a concurrent build that was interrupted.
+pub(crate) const INVALID_INDEX: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index \
+     WHERE indexrelid = to_regclass($1) AND NOT indisvalid)";
 
 /// Enqueues jobs with options (unique keys, attempt limits, expiry,
 /// at-most-once) from parallel arrays ($1 kinds, $2 payloads, $3

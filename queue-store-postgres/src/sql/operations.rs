@@ -25,6 +25,7 @@ pub(crate) fn migrations(operations: &QualifiedName) -> Vec<MigrationSql> {
         .collect();
     let ops = operations.quoted();
     vec![MigrationSql {
+        concurrent_indexes: Vec::new(),
         version: 1,
         name: "the operations table: bulk operations by filter, their progress and who ran them",
         statements: vec![

@@ -16,6 +16,7 @@ pub(crate) fn workers_table(table: &QualifiedName) -> QualifiedName {
 /// Every version of the workers table's schema, oldest first.
 pub(crate) fn migrations(workers: &QualifiedName) -> Vec<MigrationSql> {
     vec![MigrationSql {
+        concurrent_indexes: Vec::new(),
         version: 1,
         name: "the workers table: each live worker's host, pid, kinds, load and last beat",
         statements: vec![
