@@ -857,6 +857,7 @@ pub struct RetryParams {
 
 /// What [`Admin::purge`] needs.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PurgeParams {
     /// Jobs that finished before this time.
     pub finished_before: DateTime<Utc>,
@@ -865,9 +866,53 @@ pub struct PurgeParams {
     pub states: Vec<JobState>,
     /// At most this many per call (see [`Targets::Matching`]).
     pub limit: usize,
+    /// Only jobs that finished at or after this time: where the last
+    /// batch stopped ([`PurgeReport::last_finished`]), so that the next
+    /// one reads on from there instead of from the oldest job again.
+    pub finished_from: Option<DateTime<Utc>>,
+}
+
+/// What one [`Admin::purge`] call did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct PurgeReport {
+    /// Jobs removed.
+    pub purged: u64,
+    /// The latest finish time among them, where a store purges oldest
+    /// first: the next call's [`PurgeParams::finished_from`]. `None` when
+    /// it removed none, or takes jobs in another order.
+    pub last_finished: Option<DateTime<Utc>>,
+}
+
+impl PurgeReport {
+    /// `purged` jobs removed, the latest of them finished at
+    /// `last_finished`.
+    pub fn new(purged: u64, last_finished: Option<DateTime<Utc>>) -> Self {
+        PurgeReport {
+            purged,
+            last_finished,
+        }
+    }
 }
 
 impl PurgeParams {
+    /// Up to `limit` jobs in `states` that finished before
+    /// `finished_before`.
+    pub fn new(states: Vec<JobState>, finished_before: DateTime<Utc>, limit: usize) -> Self {
+        PurgeParams {
+            finished_before,
+            states,
+            limit,
+            finished_from: None,
+        }
+    }
+
+    /// The same, from where the last batch stopped.
+    pub fn from(mut self, finished_from: Option<DateTime<Utc>>) -> Self {
+        self.finished_from = finished_from;
+        self
+    }
+
     /// The jobs these parameters purge, `None` if no state is named;
     /// refused if a state is not a final one.
     pub fn filter(&self) -> Result<Option<JobFilter>, StoreError> {
@@ -879,11 +924,13 @@ impl PurgeParams {
         if self.states.is_empty() {
             return Ok(None);
         }
-        Ok(Some(
-            JobFilter::default()
-                .states(self.states.iter().copied())
-                .finished_before(self.finished_before),
-        ))
+        let filter = JobFilter::default()
+            .states(self.states.iter().copied())
+            .finished_before(self.finished_before);
+        Ok(Some(match self.finished_from {
+            Some(from) => filter.finished_from(from),
+            None => filter,
+        }))
     }
 }
 
@@ -1102,16 +1149,17 @@ pub trait Admin: Send + Sync + 'static {
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<Self::Id>, StoreError>;
 
     /// Deletes up to `params.limit` jobs in `params.states` that finished
-    /// before `params.finished_before`; returns how many. Call again while
-    /// it returns `params.limit`.
-    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+    /// before `params.finished_before` (and at or after
+    /// `params.finished_from`); returns how many, and where the next batch
+    /// starts. Call again, from there, while it purges `params.limit`.
+    async fn purge(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
         let Some(filter) = params.filter()? else {
-            return Ok(0);
+            return Ok(PurgeReport::new(0, None));
         };
         let report = self
             .delete(&Targets::matching(filter, params.limit))
             .await?;
-        Ok(report.changed)
+        Ok(PurgeReport::new(report.changed, None))
     }
 }
 

@@ -22,8 +22,8 @@ mod workers;
 
 pub use crate::admin::{
     distinct_retryable_states, json_contains, ActionReport, Admin, FinishedBucket, JobFilter,
-    JobPage, JobView, ListOrder, ListParams, PurgeParams, QueueStats, RetryParams, SkipReason,
-    Skipped, StateCount, StatsParams, Targets, TimelineParams,
+    JobPage, JobView, ListOrder, ListParams, PurgeParams, PurgeReport, QueueStats, RetryParams,
+    SkipReason, Skipped, StateCount, StatsParams, Targets, TimelineParams,
 };
 pub use crate::args::{decode_args, ArgsHandler, JobArgs, JobHandler, WithPayload};
 pub use crate::audit::{AuditEntry, AuditParams, NewAuditEntry, MAX_AUDIT_PAGE};

@@ -125,23 +125,23 @@ pub async fn prune<A: Admin + ?Sized>(
             report.removed.push((state, 0));
             continue;
         };
-        let params = PurgeParams {
-            finished_before,
-            states: vec![state],
-            limit: retention.batch,
-        };
+        let mut params = PurgeParams::new(vec![state], finished_before, retention.batch);
         let mut removed = 0;
         loop {
             if report.batches > 0 && !retention.pause.is_zero() {
                 tokio::time::sleep(retention.pause).await;
             }
-            let n = admin.purge(&params).await?;
+            let purged = admin.purge(&params).await?;
+            let n = purged.purged;
             report.batches += 1;
             removed += n;
             on_batch(state, n);
             if n < retention.batch as u64 {
                 break;
             }
+            // On from the last batch's latest finish time, where the store
+            // gives one: the oldest jobs are gone.
+            params.finished_from = purged.last_finished.or(params.finished_from);
         }
         report.removed.push((state, removed));
     }

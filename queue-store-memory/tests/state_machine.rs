@@ -458,15 +458,11 @@ impl Run {
                 let expected = self.model.purge(&states, before, limit);
                 let purged = Admin::purge(
                     &self.store,
-                    &PurgeParams {
-                        finished_before: before,
-                        states: states.to_vec(),
-                        limit,
-                    },
+                    &PurgeParams::new(states.to_vec(), before, limit),
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
-                prop_assert_eq!(purged, expected.len() as u64, "purge");
+                prop_assert_eq!(purged.purged, expected.len() as u64, "purge");
                 for job in expected {
                     self.terminal.remove(&job);
                 }

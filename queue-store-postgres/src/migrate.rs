@@ -242,7 +242,7 @@ async fn apply_locked(
                     .await
                     .map_err(|e| store_error(&context, e))?;
             }
-            record(&mut *tx, table, &m).await?;
+            record(&mut tx, table, &m).await?;
             applied_now.push(migration(table, m));
         }
         tx.commit()

@@ -1248,7 +1248,7 @@ where
         self.inner.admin.workers(seen_since).await
     }
 
-    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+    async fn purge(&self, params: &PurgeParams) -> Result<queue_core::PurgeReport, StoreError> {
         self.inner.admin.purge(params).await
     }
 }

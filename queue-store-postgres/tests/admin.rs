@@ -283,14 +283,14 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
     // Purge on the finish-time column `ended`.
     set_status(&pool, &s, ids[3], "done", None).await;
     let purged = admin
-        .purge(&PurgeParams {
-            finished_before: Utc::now() - TimeDelta::hours(1),
-            states: vec![JobState::Completed],
-            limit: 10,
-        })
+        .purge(&PurgeParams::new(
+            vec![JobState::Completed],
+            Utc::now() - TimeDelta::hours(1),
+            10,
+        ))
         .await
         .unwrap();
-    assert_eq!(purged, 1);
+    assert_eq!(purged.purged, 1);
     assert!(admin.get(&ids[3]).await.unwrap().is_none());
 }
 

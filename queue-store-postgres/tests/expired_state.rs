@@ -162,14 +162,17 @@ async fn expired_jobs_stored_apart_are_listed_retried_and_purged_as_failed() {
     assert!(store.expire(now, 10).await.expect("the sweep").is_empty());
 
     let purged = store
-        .purge(&PurgeParams {
-            finished_before: Utc::now() + TimeDelta::seconds(5),
-            states: vec![JobState::Failed],
-            limit: 10,
-        })
+        .purge(&PurgeParams::new(
+            vec![JobState::Failed],
+            Utc::now() + TimeDelta::seconds(5),
+            10,
+        ))
         .await
         .expect("a purge");
-    assert_eq!(purged, 1, "the expired job is purged with the failed ones");
+    assert_eq!(
+        purged.purged, 1,
+        "the expired job is purged with the failed ones"
+    );
     assert!(store.get(&second).await.unwrap().is_none());
     assert!(
         store.get(&first).await.unwrap().is_some(),

@@ -106,14 +106,15 @@ async fn three_processes_stay_within_a_kinds_rate_and_concurrency() {
         .set_limits("api", &limits, "test")
         .await
         .expect("limits set");
-    enqueue(&pool, &table, "api", 150).await;
-    enqueue(&pool, &table, "other", 60).await;
-
     let mut processes = Vec::new();
     for _ in 0..3 {
         processes
             .push(spawn_worker(&table, "lease", 8, 40, &["--stalled-max-age-ms", "5000"]).await);
     }
+    // Once all three are ready (a process that started late, on a busy
+    // machine, found the limited kind's three seconds of jobs taken).
+    enqueue(&pool, &table, "api", 150).await;
+    enqueue(&pool, &table, "other", 60).await;
     let started = Instant::now();
     until_completed(&pool, &table, "other", 60, Duration::from_secs(30)).await;
     let others_done = started.elapsed();

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use queue_core::testkit::Succeeds;
-use queue_core::{CancellationToken, Job, NewJob, Retention};
+use queue_core::{Admin, CancellationToken, Job, JobState, NewJob, PurgeParams, Retention};
 use queue_store_postgres::{ExecutionMode, PgStore};
 use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use support::{fresh_table, pool};
@@ -284,4 +284,76 @@ async fn a_missing_or_narrower_archive_is_refused_at_start_up_with_the_fix() {
             && narrower.contains("ADD COLUMN \"payload\" jsonb"),
         "{narrower}"
     );
+}
+
+/// A purge takes the oldest finished jobs first and each batch reads on
+/// from the latest finish time of the one before (`PurgeReport::
+/// last_finished`), so old jobs interleaved with younger ones are all
+/// removed and the younger ones kept. A purge stopped part way loses
+/// nothing, and the pruner, started again from nothing, finishes it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_reads_on_from_its_last_batch_and_a_stopped_one_finishes_when_run_again() {
+    let Some(pool) = pool("a_purge_reads_on_from_its_last_batch").await else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let table = jobs.name().quoted();
+    // Odd keys: old, each a millisecond after the one before; even keys:
+    // an hour old.
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (kind, state, finished_at) \
+         SELECT CASE WHEN n % 2 = 1 THEN 'old' ELSE 'young' END, 'completed', \
+                CASE WHEN n % 2 = 1 THEN now() - interval '40 days' + n * interval '1 millisecond' \
+                ELSE now() - interval '1 hour' END \
+         FROM generate_series(1, 60000) AS n; ANALYZE {table}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the finished jobs");
+    let admin = queue_store_postgres::PgAdmin::<i64>::new(pool.clone(), jobs.store_options())
+        .await
+        .expect("an admin");
+    let count = |kind: &'static str| {
+        let pool = pool.clone();
+        let table = table.clone();
+        async move {
+            sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+                "SELECT count(*) FROM {table} WHERE kind = $1"
+            )))
+            .bind(kind)
+            .fetch_one(&pool)
+            .await
+            .expect("a count")
+        }
+    };
+    let cutoff = chrono::Utc::now() - chrono::TimeDelta::days(1);
+    let mut params = PurgeParams::new(vec![JobState::Completed], cutoff, 1_000);
+    let mut last = None;
+    for _ in 0..10 {
+        let report = Admin::purge(&admin, &params).await.expect("a batch");
+        assert_eq!(report.purged, 1_000);
+        let latest = report
+            .last_finished
+            .expect("the batch's latest finish time");
+        assert!(
+            last.is_none_or(|l| l < latest),
+            "oldest first, on from the last"
+        );
+        last = Some(latest);
+        params.finished_from = Some(latest);
+    }
+    assert_eq!(count("old").await, 20_000, "ten batches of the oldest");
+    // Stopped here. The pruner starts again from nothing and finishes.
+    let retention = Retention {
+        completed: Some(Duration::from_secs(86_400)),
+        batch: 1_000,
+        pause: Duration::ZERO,
+        ..Retention::default()
+    };
+    let pruned = queue_core::prune(&admin, &retention, chrono::Utc::now(), |_, _| {})
+        .await
+        .expect("the pruner");
+    assert_eq!(pruned.total(), 20_000);
+    assert_eq!(count("old").await, 0, "every old job is gone");
+    assert_eq!(count("young").await, 30_000, "every younger one stays");
 }

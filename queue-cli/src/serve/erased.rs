@@ -212,7 +212,7 @@ where
         })
     }
 
-    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+    async fn purge(&self, params: &PurgeParams) -> Result<queue_core::PurgeReport, StoreError> {
         self.0.purge(params).await
     }
 

@@ -324,11 +324,7 @@ pub fn purge_params(filter: &JobFilter, limit: usize) -> Result<crate::PurgePara
             "a purge takes final states and a finished-before time only; delete by filter to choose jobs otherwise".into(),
         ));
     }
-    let params = crate::PurgeParams {
-        finished_before,
-        states: states.clone(),
-        limit,
-    };
+    let params = crate::PurgeParams::new(states.clone(), finished_before, limit);
     params.filter()?;
     Ok(params)
 }

@@ -95,6 +95,9 @@ where
         .narrow(op.filter.clone(), &admin.retryable_states());
     let mut failures = 0;
     let mut took = Duration::ZERO;
+    // A purge's position (the latest finish time purged), kept for this
+    // run: one resumed elsewhere starts again from the oldest job left.
+    let mut purged_to = None;
     while op.state == OperationState::Running {
         let step = if stop.is_cancelled() {
             let (state, message) = match options.stop_as {
@@ -112,7 +115,7 @@ where
             let left = op.total.saturating_sub(op.done);
             let limit = usize::try_from(left.min(u64::from(op.batch))).unwrap_or(usize::MAX);
             let started = std::time::Instant::now();
-            let ran = batch(admin, &op, &filter, limit).await;
+            let ran = batch(admin, &op, &filter, limit, &mut purged_to).await;
             took = started.elapsed();
             match ran {
                 Ok((moved, cursor)) => {
@@ -155,12 +158,14 @@ where
 
 /// One batch of `op` over the jobs matching `filter` (the operation's,
 /// narrowed to the states its action moves): how many jobs it changed, and
-/// the position after it where the store reports one.
+/// the position after it where the store reports one (a purge's in
+/// `purged_to`).
 async fn batch<A>(
     admin: &A,
     op: &Operation<A::Id>,
     filter: &JobFilter,
     limit: usize,
+    purged_to: &mut Option<chrono::DateTime<Utc>>,
 ) -> Result<(u64, Option<A::Id>), StoreError>
 where
     A: Admin + ?Sized,
@@ -181,8 +186,10 @@ where
         OperationAction::Fail { reason } => admin.force_fail(&targets, reason).await?,
         OperationAction::Delete => admin.delete(&targets).await?,
         OperationAction::Purge => {
-            let purged = admin.purge(&purge_params(filter, limit)?).await?;
-            return Ok((purged, None));
+            let params = purge_params(filter, limit)?.from(*purged_to);
+            let purged = admin.purge(&params).await?;
+            *purged_to = purged.last_finished.or(*purged_to);
+            return Ok((purged.purged, None));
         }
     };
     Ok((report.changed + report.stop_requested, report.last))

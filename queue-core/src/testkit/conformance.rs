@@ -2210,23 +2210,24 @@ pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H)
     for c in claimed {
         end::<H>(&store, c, Transition::Complete, at(t, -7200)).await;
     }
-    let params = |states: Vec<JobState>| PurgeParams {
-        finished_before: at(t, -3600),
-        states,
-        limit: 2,
-    };
+    let params = |states: Vec<JobState>| PurgeParams::new(states, at(t, -3600), 2);
     let refused = Admin::purge(&store, &params(vec![JobState::Completed, JobState::Queued])).await;
     assert!(
         matches!(&refused, Err(crate::StoreError::Refused(m)) if m.contains("queued")),
         "unfinished states cannot be purged: {refused:?}"
     );
+    // Each call from where the last stopped, where the store says.
     let mut batches = Vec::new();
+    let mut from = None;
     for _ in 0..3 {
-        batches.push(
-            Admin::purge(&store, &params(vec![JobState::Completed]))
-                .await
-                .expect("purge failed"),
-        );
+        let report = Admin::purge(&store, &params(vec![JobState::Completed]).from(from))
+            .await
+            .expect("purge failed");
+        if let Some(last) = report.last_finished {
+            assert_eq!(last, at(t, -7200), "the latest finish time purged");
+        }
+        from = report.last_finished.or(from);
+        batches.push(report.purged);
     }
     assert_eq!(
         batches,
@@ -2247,7 +2248,8 @@ pub async fn admin_purge_deletes_old_finished_jobs_in_batches<H: Harness>(h: &H)
     assert_eq!(
         Admin::purge(&store, &params(vec![JobState::Failed]))
             .await
-            .expect("purge failed"),
+            .expect("purge failed")
+            .purged,
         1
     );
 }

@@ -325,7 +325,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         self.force_fail_jobs(targets, reason).await
     }
 
-    async fn purge(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+    async fn purge(&self, params: &PurgeParams) -> Result<queue_core::PurgeReport, StoreError> {
         self.purge_jobs(params).await
     }
 

@@ -5,8 +5,8 @@ use std::collections::HashSet;
 
 use chrono::{DateTime, Utc};
 use queue_core::{
-    ActionReport, JobState, PurgeParams, RetryParams, SkipReason, Skipped, StoreError, Targets,
-    CANCELED_BEFORE_RUN_MESSAGE,
+    ActionReport, JobState, PurgeParams, PurgeReport, RetryParams, SkipReason, Skipped, StoreError,
+    Targets, CANCELED_BEFORE_RUN_MESSAGE,
 };
 use sqlx::Row;
 
@@ -303,21 +303,44 @@ impl<K: PgKey> PgAdmin<K> {
         .last(self.last_of(targets, &failed).await?))
     }
 
-    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<u64, StoreError> {
+    /// A purge's batch: oldest finished first where an index allows,
+    /// reporting the latest finish time it removed for the next batch to
+    /// start from.
+    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
         let Some(filter) = params.filter()? else {
-            return Ok(0);
+            return Ok(PurgeReport::new(0, None));
         };
         // With an archive, purged jobs move there; else they are deleted.
-        let write = if self.inner.options.archive.is_some() {
-            AdminWrite::Archive
+        let archive = self.inner.options.archive.is_some();
+        let context = if archive {
+            "moving purged jobs to the archive"
         } else {
-            AdminWrite::Delete
+            "purging jobs"
         };
-        let targets = Targets::matching(filter, params.limit);
-        let moved = self
-            .write(write, &targets, params.limit, Utc::now())
-            .await?;
-        Ok(moved.len() as u64)
+        let Some(statement) = self.inner.sql.purge(&filter, archive)? else {
+            return Ok(PurgeReport::new(0, None));
+        };
+        if params.limit == 0 {
+            return Ok(PurgeReport::new(0, None));
+        }
+        let rows = query(&statement, |p| match p {
+            Param::Limit => Some(Value::Int(i64::try_from(params.limit).unwrap_or(i64::MAX))),
+            other => self.filter_value(&filter, other),
+        })?
+        .fetch_all(&self.inner.pool)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        let mut latest: Option<DateTime<Utc>> = None;
+        for row in &rows {
+            let finished: Option<DateTime<Utc>> =
+                row.try_get(1).map_err(|e| store_error(context, e))?;
+            latest = latest.max(finished);
+        }
+        Ok(PurgeReport::new(
+            rows.len() as u64,
+            // On the callers' clock, as the next batch's bound is given.
+            latest.map(|at| self.to_local(at)),
+        ))
     }
 
     pub(super) async fn delete_jobs(

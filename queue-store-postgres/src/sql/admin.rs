@@ -46,6 +46,10 @@ pub(crate) enum Pick<'a> {
     /// Up to [`Param::Limit`] rows matching the filter, lowest key first;
     /// with `true`, only keys above [`Param::After`].
     Matching(&'a JobFilter, bool),
+    /// Up to [`Param::Limit`] rows matching the filter, earliest finish
+    /// time first (then lowest key): a purge's, on a table with an index
+    /// that starts with the finish-time column.
+    OldestFinished(&'a JobFilter),
 }
 
 /// The admin contract's statements for one table.
@@ -764,8 +768,8 @@ impl AdminStatements {
             format!(" AND {}", self.state_in(&from))
         };
         let text = match write {
-            AdminWrite::Delete => self.delete_text(&rows),
-            AdminWrite::Archive => match self.archive_text(&rows) {
+            AdminWrite::Delete => self.delete_text(&rows, None),
+            AdminWrite::Archive => match self.archive_text(&rows, None) {
                 Some(text) => text,
                 None => return Ok(None),
             },
@@ -773,6 +777,50 @@ impl AdminStatements {
             AdminWrite::CancelWaiting => self.cancel_waiting_text(&mut b, &rows, &guard),
             AdminWrite::RequestStop => self.request_stop_text(&rows, &guard),
             AdminWrite::ForceFail => self.force_fail_text(&mut b, &rows, &guard),
+        };
+        b.push(&text);
+        Ok(Some(b.build()))
+    }
+
+    /// A purge: up to [`Param::Limit`] jobs matching `filter` deleted, or
+    /// moved to the archive with `archive`. Oldest finished first where an
+    /// index starts with the finish-time column (`finished_indexed`), else
+    /// by key. Each row returned is a key and, as the second column, a
+    /// finish time whose latest is the batch's (null without a finish
+    /// column of the table's own).
+    pub(crate) fn purge(
+        &self,
+        filter: &JobFilter,
+        archive: bool,
+    ) -> Result<Option<Statement>, StoreError> {
+        let mut b = Builder::default();
+        let write = if archive {
+            AdminWrite::Archive
+        } else {
+            AdminWrite::Delete
+        };
+        let pick = if self.shape.finished_indexed {
+            Pick::OldestFinished(filter)
+        } else {
+            Pick::Matching(filter, false)
+        };
+        let from = self.states_moved_by(write);
+        let Some(rows) = self.picked_rows(&mut b, write, &from, pick)? else {
+            return Ok(None);
+        };
+        let finished = Some(
+            self.names
+                .get(Column::FinishedAt)
+                .unwrap_or("NULL::timestamptz")
+                .to_owned(),
+        );
+        let text = if archive {
+            match self.archive_text(&rows, finished.as_deref()) {
+                Some(text) => text,
+                None => return Ok(None),
+            }
+        } else {
+            self.delete_text(&rows, finished.as_deref())
         };
         b.push(&text);
         Ok(Some(b.build()))
@@ -809,7 +857,7 @@ impl AdminStatements {
             let Some(cancel) = names.at(Column::Cancel) else {
                 return Ok(None);
             };
-            if matches!(pick, Pick::Matching(..)) {
+            if matches!(pick, Pick::Matching(..) | Pick::OldestFinished(_)) {
                 // Each running job once: calls until a short one end.
                 conditions.push(format!("{cancel} IS NOT TRUE"));
             }
@@ -826,11 +874,17 @@ impl AdminStatements {
                 }
                 self.filter(b, filter)?
             }
+            Pick::OldestFinished(filter) => self.filter(b, filter)?,
         };
         conditions.push(picked);
-        let limit = match pick {
-            Pick::Ids => String::new(),
-            Pick::Matching(..) => format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit)),
+        let limit = match (pick, names.at(Column::FinishedAt)) {
+            (Pick::Ids, _) => String::new(),
+            (Pick::OldestFinished(_), Some(finished)) => {
+                format!(" ORDER BY {finished}, {id} LIMIT {}", b.p(Param::Limit))
+            }
+            (Pick::Matching(..) | Pick::OldestFinished(_), _) => {
+                format!(" ORDER BY {id} LIMIT {}", b.p(Param::Limit))
+            }
         };
         let lock = if matches!(write, AdminWrite::Delete | AdminWrite::Archive) {
             "FOR UPDATE"
@@ -953,13 +1007,19 @@ impl AdminStatements {
         }
     }
 
-    fn delete_text(&self, rows: &str) -> String {
+    /// Deletes `rows`, returning each key (and its `finished`, the
+    /// finish-time column, for a purge).
+    fn delete_text(&self, rows: &str, finished: Option<&str>) -> String {
         let (table, a) = (&self.table, &self.alias);
         let id = self.names.must(Column::Id);
         let key = super::bookkeeping::KEY;
+        let returning = match finished {
+            Some(finished) => format!("{id}, {finished} AS \"__queue_finished\""),
+            None => id,
+        };
         // A key used again later must not find the deleted job's counts.
         self.with_side(
-            format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {id}"),
+            format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {returning}"),
             |side, changed| {
                 Some(format!(
                     "DELETE FROM {side} AS s WHERE s.{key} IN {changed}"
@@ -969,8 +1029,10 @@ impl AdminStatements {
     }
 
     /// The rows leave the table and enter the archive in one statement: a
-    /// failed insert deletes nothing. `None` without an archive.
-    fn archive_text(&self, rows: &str) -> Option<String> {
+    /// failed insert deletes nothing. `None` without an archive. Returns
+    /// each key (and `finished`'s latest value among the rows moved, for a
+    /// purge).
+    fn archive_text(&self, rows: &str, finished: Option<&str>) -> Option<String> {
         let (table, a) = (&self.table, &self.alias);
         let (archive, columns) = self.shape.archive.as_ref()?;
         let columns = columns.join(", ");
@@ -986,7 +1048,13 @@ impl AdminStatements {
         Some(format!(
             "WITH moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*), {side}\
              \"__queue_archived\" AS (INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}) \
-             SELECT {key} FROM \"__queue_archived\""
+             SELECT {key}{latest} FROM \"__queue_archived\"",
+            latest = match finished {
+                Some(finished) => format!(
+                    ", (SELECT max(moved.{finished}) FROM moved) AS \"__queue_finished\""
+                ),
+                None => String::new(),
+            }
         ))
     }
 
@@ -1308,6 +1376,7 @@ mod tests {
 
     fn shape(notify_trigger: bool) -> TableShape {
         TableShape {
+            finished_indexed: false,
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

@@ -461,6 +461,7 @@ pub(crate) async fn inspect(
             }
         }
     }
+    let finished_indexed = missing_indexes(pool, oid, options, &absent).await?;
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
         .bind(oid)
         .bind(super::default_table::derived_name(&table.name, "notify"))
@@ -484,9 +485,67 @@ pub(crate) async fn inspect(
             unique_unenforced,
             attempts_left_default,
             side,
+            finished_indexed,
         },
         absent,
     ))
+}
+
+/// Names each index the operator surfaces and the sweeps read that the
+/// table lacks (an index starting with the finish-time column, the expiry
+/// column), with the statement that would create it;
+/// returns whether the finish-time one exists.
+async fn missing_indexes(
+    pool: &PgPool,
+    oid: i64,
+    options: &PgStoreOptions,
+    absent: &[Column],
+) -> Result<bool, StoreError> {
+    let table = options.table_name();
+    let mut finished_indexed = false;
+    for (column, reads, definition) in [
+        (
+            Column::FinishedAt,
+            "the timeline, retention and purges read every finished row",
+            "({c}, {id}) WHERE {c} IS NOT NULL",
+        ),
+        (
+            Column::ExpiresAt,
+            "the expiry sweep reads every waiting job",
+            "({c}) WHERE {c} IS NOT NULL",
+        ),
+    ] {
+        let Some(name) = options
+            .column_name(column)
+            .filter(|_| !absent.contains(&column))
+        else {
+            continue;
+        };
+        let indexed: bool = sqlx::query_scalar(HAS_INDEX_ON)
+            .bind(oid)
+            .bind(name.as_str())
+            .fetch_one(pool)
+            .await
+            .map_err(|e| store_error("reading the catalog", e))?;
+        if column == Column::FinishedAt {
+            finished_indexed = indexed;
+        }
+        if !indexed {
+            let id = options
+                .column_name(Column::Id)
+                .map(|i| i.quoted())
+                .unwrap_or_else(|| "\"id\"".into());
+            let definition = definition
+                .replace("{c}", &name.quoted())
+                .replace("{id}", &id);
+            tracing::warn!(
+                %table,
+                column = name.as_str(),
+                "no index starts with this column: {reads}, which is slow on a big table; create one with: CREATE INDEX CONCURRENTLY ON {table} {definition}"
+            );
+        }
+    }
+    Ok(finished_indexed)
 }
 
 /// The bookkeeping table `name`, checked against the catalog (it exists,

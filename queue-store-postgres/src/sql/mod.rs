@@ -222,6 +222,10 @@ pub(crate) struct TableShape {
     /// The bookkeeping table and the columns it carries, if the store
     /// keeps one.
     pub side: Option<bookkeeping::Side>,
+    /// Whether an index starts with the finish-time column: purges and
+    /// retention then take the oldest finished jobs first, reading on from
+    /// where the last batch stopped; else by key.
+    pub finished_indexed: bool,
 }
 
 /// A `json`/`jsonb` failure column: its type, and the path of keys to
@@ -560,6 +564,7 @@ impl Statements {
 #[cfg(test)]
 fn test_shape() -> TableShape {
     TableShape {
+        finished_indexed: false,
         state_type: "text".into(),
         key_type: "bigint".into(),
         log_element: "json".into(),
