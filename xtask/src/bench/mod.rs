@@ -7,9 +7,10 @@
 //!
 //! One module per idea: the cluster and its ceiling ([`cluster`]), each
 //! scenario ([`drain`], [`bookkeeping`], [`bulk`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
-//! [`claims`], [`peers`], [`cold`]), and the report ([`report`]).
+//! [`claims`], [`big`], [`peers`], [`cold`]), and the report ([`report`]).
 
 mod alternating;
+mod big;
 mod bookkeeping;
 mod bulk;
 mod claims;
@@ -63,6 +64,10 @@ pub(crate) struct Sizes {
     /// jobs of that drain.
     bulk_rows: u64,
     bulk_drain_jobs: usize,
+    /// Finished jobs in the big-table scenario's table, and in the table
+    /// its figures are compared with.
+    big_rows: u64,
+    big_base_rows: u64,
 }
 
 const FULL: Sizes = Sizes {
@@ -80,6 +85,8 @@ const FULL: Sizes = Sizes {
     rounds: 5,
     bulk_rows: 1_000_000,
     bulk_drain_jobs: 2_000_000,
+    big_rows: 10_000_000,
+    big_base_rows: 100_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -97,12 +104,15 @@ const QUICK: Sizes = Sizes {
     rounds: 1,
     bulk_rows: 20_000,
     bulk_drain_jobs: 40_000,
+    big_rows: 20_000,
+    big_base_rows: 2_000,
 };
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
 /// `versus` and `cold` need the peer queues, so a run without `--only` has
-/// them only with `--peers`.
-const SCENARIOS: [&str; 16] = [
+/// them only with `--peers`; `big` fills a table of ten million rows, so a
+/// full run has it only with `--big` (`--quick` has it, small).
+const SCENARIOS: [&str; 17] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -116,6 +126,7 @@ const SCENARIOS: [&str; 16] = [
     "growth",
     "scheduled",
     "drain-scheduled",
+    "big",
     "peers",
     "versus",
     "cold",
@@ -132,10 +143,15 @@ pub struct Args {
     /// bench/peers), with the head-to-heads against graphile_worker.
     #[arg(long)]
     peers: bool,
+    /// Also run the big-table scenario at 10,000,000 rows (stats, timeline,
+    /// list pages and a purge, against the same at 100,000): minutes, and
+    /// about 3 GB of disk.
+    #[arg(long)]
+    big: bool,
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
     /// drain-transactional, bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
-    /// growth, scheduled, drain-scheduled, peers, versus, cold.
+    /// growth, scheduled, drain-scheduled, big, peers, versus, cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
 }
@@ -156,7 +172,11 @@ impl Args {
     fn runs(&self, scenario: &str) -> bool {
         match &self.only {
             Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
-            None => !matches!(scenario, "peers" | "versus" | "cold") || self.peers,
+            None => match scenario {
+                "peers" | "versus" | "cold" => self.peers,
+                "big" => self.big || self.quick,
+                _ => true,
+            },
         }
     }
 }
@@ -311,6 +331,10 @@ pub async fn run(args: Args) -> Result<()> {
 
     if args.runs("drain-scheduled") {
         alternating::beside_scheduled(&pool, sizes, &mut results).await?;
+    }
+
+    if args.runs("big") {
+        big::operator_surfaces(&pool, sizes, &mut results).await?;
     }
 
     let mut built = None;

@@ -1,0 +1,207 @@
+//! Operator surfaces on a big table: the figures (`stats`), the last
+//! hour's timeline, pages of filtered lists and a purge of old jobs, each
+//! timed on a table of [`Sizes::big_rows`] rows and on one of
+//! [`Sizes::big_base_rows`], with the ratio between them.
+//!
+//! The table is the default one as years of use leave it: finished jobs
+//! over 30 days in the order they finished (2 % failed, 0.5 % canceled,
+//! 20 kinds), a backlog of 2 % waiting, one job of a rare kind, vacuumed
+//! and analyzed as autovacuum would have. Each read is timed after a
+//! warm-up call; the figure is the median of [`READS`] calls, through the
+//! admin contract as `queue serve` calls it.
+
+use std::future::Future;
+use std::time::Instant;
+
+use anyhow::{Context, Result};
+use chrono::{TimeDelta, Utc};
+use queue_core::{
+    Admin, JobFilter, JobState, ListParams, PurgeParams, StatsParams, StoreError, TimelineParams,
+};
+use queue_store_postgres::{JobTable, PgAdmin};
+use sqlx::PgPool;
+
+use super::cluster::{fresh_table, thousands};
+use super::report::{median, Results};
+use super::Sizes;
+
+/// Timed calls of each read.
+const READS: usize = 15;
+
+/// What one table size measured, in ms (the purge in rows/s).
+struct Figures {
+    stats: f64,
+    exact_stats: f64,
+    timeline: f64,
+    failed_page: f64,
+    rare_kind_page: f64,
+    finished_range_page: f64,
+    purge_rows_per_second: f64,
+    purged: u64,
+}
+
+/// Both sizes, into `results`.
+pub(super) async fn operator_surfaces(
+    pool: &PgPool,
+    sizes: &Sizes,
+    results: &mut Results,
+) -> Result<()> {
+    let base = measure(pool, sizes.big_base_rows).await?;
+    let big = measure(pool, sizes.big_rows).await?;
+    let (b, s) = (thousands(sizes.big_rows), thousands(sizes.big_base_rows));
+    let ratio =
+        |big: f64, base: f64| format!("{:.2}x the same at {s} rows ({base:.1})", big / base);
+    for (what, big, base) in [
+        ("figures (stats), estimated", big.stats, base.stats),
+        ("figures (stats --exact)", big.exact_stats, base.exact_stats),
+        ("timeline, last hour by minute", big.timeline, base.timeline),
+        (
+            "list page: failed, newest first",
+            big.failed_page,
+            base.failed_page,
+        ),
+        (
+            "list page: a kind with one job",
+            big.rare_kind_page,
+            base.rare_kind_page,
+        ),
+        (
+            "list page: a minute's finished jobs",
+            big.finished_range_page,
+            base.finished_range_page,
+        ),
+    ] {
+        results.add(
+            "big",
+            format!("{what}, p50 at {b} rows"),
+            big,
+            "ms",
+            ratio(big, base),
+        );
+    }
+    results.add(
+        "big",
+        format!("purge of the oldest third, at {b} rows"),
+        big.purge_rows_per_second,
+        "rows/s",
+        format!(
+            "{} rows in batches of 1,000, each from the last one's latest finish time; {:.0} rows/s at {s} rows",
+            thousands(big.purged),
+            base.purge_rows_per_second
+        ),
+    );
+    Ok(())
+}
+
+/// One table of `rows` finished jobs, measured.
+async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
+    let table = fresh_table(pool, "big").await?;
+    fill(pool, &table, rows).await?;
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options()).await?;
+    let params = || StatsParams::new(Utc::now(), Utc::now() - TimeDelta::seconds(60));
+    let stats = timed(READS, || admin.stats(params())).await?;
+    let exact_stats = timed(3, || admin.stats(params().exact())).await?;
+    let timeline = timed(READS, || async {
+        let last_hour = TimelineParams::ending(Utc::now(), TimeDelta::minutes(1), 60);
+        admin.finished_timeline(&last_hour).await
+    })
+    .await?;
+    let page = |filter: JobFilter| ListParams::first(filter, 50);
+    let failed = page(JobFilter::default().states([JobState::Failed]));
+    let failed_page = timed(READS, || admin.list(&failed)).await?;
+    let rare = page(JobFilter::default().kinds(["rare"]));
+    let rare_kind_page = timed(READS, || admin.list(&rare)).await?;
+    let minute_from = Utc::now() - TimeDelta::days(10);
+    let range = page(
+        JobFilter::default()
+            .finished_from(minute_from)
+            .finished_before(minute_from + TimeDelta::minutes(1)),
+    );
+    let finished_range_page = timed(READS, || admin.list(&range)).await?;
+
+    // The oldest third: finished more than 20 of the 30 days ago.
+    let mut purge = PurgeParams::new(
+        vec![JobState::Completed, JobState::Failed, JobState::Canceled],
+        Utc::now() - TimeDelta::days(20),
+        1_000,
+    );
+    let started = Instant::now();
+    let mut purged = 0;
+    loop {
+        let batch = admin.purge(&purge).await?;
+        purged += batch.purged;
+        if batch.purged < purge.limit as u64 {
+            break;
+        }
+        purge.finished_from = batch.last_finished.or(purge.finished_from);
+    }
+    let purge_rows_per_second = purged as f64 / started.elapsed().as_secs_f64();
+    Ok(Figures {
+        stats,
+        exact_stats,
+        timeline,
+        failed_page,
+        rare_kind_page,
+        finished_range_page,
+        purge_rows_per_second,
+        purged,
+    })
+}
+
+/// The median of `runs` calls of `read`, in ms, after one call to warm up.
+async fn timed<T, F, Fut>(runs: usize, mut read: F) -> Result<f64>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, StoreError>>,
+{
+    read().await.context("the warm-up read")?;
+    let mut ms = Vec::with_capacity(runs);
+    for _ in 0..runs {
+        let started = Instant::now();
+        read().await?;
+        ms.push(started.elapsed().as_secs_f64() * 1000.0);
+    }
+    Ok(median(&ms))
+}
+
+/// `rows` finished jobs over the last 30 days, in finish order, `rows / 50`
+/// waiting ones and one of kind `rare`; then vacuumed and analyzed.
+async fn fill(pool: &PgPool, table: &JobTable, rows: u64) -> Result<()> {
+    let t = table.name().quoted();
+    let rows = i64::try_from(rows)?;
+    let step_ms = 30.0 * 86_400_000.0 / rows as f64;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (kind, payload, state, queued_at, started_at, finished_at, failure_message) \
+         SELECT 'kind_' || (g % 20), jsonb_build_object('n', g), \
+         CASE WHEN g % 50 = 7 THEN 'failed' WHEN g % 200 = 3 THEN 'canceled' ELSE 'completed' END, \
+         now() - interval '30 days' + g * {step_ms} * interval '1 millisecond', \
+         now() - interval '30 days' + g * {step_ms} * interval '1 millisecond', \
+         now() - interval '30 days' + g * {step_ms} * interval '1 millisecond' + interval '1 second', \
+         CASE WHEN g % 50 = 7 THEN 'boom ' || g END \
+         FROM generate_series(1, $1::int8) AS g"
+    )))
+    .bind(rows)
+    .execute(pool)
+    .await
+    .context("the finished jobs")?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (kind, payload) SELECT 'kind_' || (g % 20), jsonb_build_object('n', g) \
+         FROM generate_series(1, $1::int8) AS g"
+    )))
+    .bind(rows / 50)
+    .execute(pool)
+    .await
+    .context("the waiting jobs")?;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (kind, state, finished_at, failure_message) \
+         VALUES ('rare', 'failed', now() - interval '3 days', 'boom rare')"
+    )))
+    .execute(pool)
+    .await
+    .context("the rare job")?;
+    sqlx::query(sqlx::AssertSqlSafe(format!("VACUUM ANALYZE {t}")))
+        .execute(pool)
+        .await
+        .context("vacuuming the table")?;
+    Ok(())
+}
