@@ -825,6 +825,7 @@ pub async fn delete_job(
     params(StatsQuery),
     responses(
         (status = 200, description = "The queue at a glance", body = Stats),
+        (status = 400, description = "A bad query parameter", body = ErrorBody),
         (status = 401, description = "No valid token", body = ErrorBody),
         (status = 503, description = "The database is unavailable", body = ErrorBody),
     ),

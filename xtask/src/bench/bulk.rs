@@ -1,16 +1,18 @@
-//! A bulk retry beside a drain: does an operator's "retry all matching"
-//! over a million failed jobs hold up the workers' claims?
+//! Bulk work beside a drain: does an operator's "retry all matching" over
+//! a million failed jobs, or a purge of a million old ones, hold up the
+//! workers' claims?
 //!
-//! Two phases on the same table shape: queued jobs to drain (lowest keys,
-//! so the drain claims them first) and failed jobs behind them. In each, a
-//! 16-handler lease worker drains while a prober claims one job at a time
-//! beside it and times each claim. In the first phase a bulk operation
-//! retries every failed job meanwhile, run as `queue serve` runs it (the
-//! one runner, [`queue_core::run_operation`], with its background pace),
-//! and the claims are timed while both the retry and the drain of the
-//! queued jobs go on; the second phase is the drain alone, timed as long
-//! (or until its queued jobs are drained). The figure is the claim p99 of
-//! each, and their ratio.
+//! Three phases on the same table shape: queued jobs to drain (lowest
+//! keys, so the drain claims them first) and a million finished jobs
+//! behind them. In each, a 16-handler lease worker drains while a prober
+//! claims one job at a time beside it and times each claim. In the first
+//! phase a bulk operation retries every failed job meanwhile, in the
+//! second one purges every old completed job, each run as `queue serve`
+//! runs it (the one runner, [`queue_core::run_operation`], with its
+//! background pace), and the claims are timed while both the operation
+//! and the drain of the queued jobs go on; the third phase is the drain
+//! alone, timed as long as the retry (or until its queued jobs are
+//! drained). The figures are the claim p99 of each, and their ratios.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -58,9 +60,18 @@ struct Phase {
     claims: Vec<f64>,
     /// How long the phase measured.
     window: Duration,
-    /// The jobs the retry changed, and in how long.
-    retried: u64,
-    retry_time: Duration,
+    /// The jobs the operation changed, and in how long.
+    changed: u64,
+    work_time: Duration,
+}
+
+/// The bulk operation of a phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Work {
+    /// Retries every failed job (a day old).
+    Retry,
+    /// Purges every completed job finished over 30 days ago.
+    Purge,
 }
 
 /// Both phases, into `results`.
@@ -70,16 +81,22 @@ pub(super) async fn beside_a_drain(
     results: &mut Results,
 ) -> Result<()> {
     let failed = sizes.bulk_rows;
-    let retrying = phase(pool, sizes, None).await?;
+    let retrying = phase(pool, sizes, Some(Work::Retry), None).await?;
     ensure!(
-        retrying.retried == failed,
+        retrying.changed == failed,
         "the bulk retry changed {} of {failed} failed jobs",
-        retrying.retried
+        retrying.changed
     );
-    let alone = phase(pool, sizes, Some(retrying.window)).await?;
+    let purging = phase(pool, sizes, Some(Work::Purge), None).await?;
+    ensure!(
+        purging.changed == failed,
+        "the purge removed {} of {failed} old jobs",
+        purging.changed
+    );
+    let alone = phase(pool, sizes, None, Some(retrying.window)).await?;
     let during = percentiles(retrying.claims.clone());
     let without = percentiles(alone.claims.clone());
-    let rate = failed as f64 / retrying.retry_time.as_secs_f64();
+    let rate = failed as f64 / retrying.work_time.as_secs_f64();
     let note = format!(
         "{} failed jobs behind {} queued ones; lease, 16 handlers, a prober claiming one at a time",
         thousands(failed),
@@ -93,9 +110,39 @@ pub(super) async fn beside_a_drain(
         format!(
             "{} jobs in {:.1} s, batches of 1,000, each followed by a pause of {} ms and as long again as it took",
             thousands(failed),
-            retrying.retry_time.as_secs_f64(),
+            retrying.work_time.as_secs_f64(),
             BACKGROUND_PACE.as_millis()
         ),
+    );
+    let beside_purge = percentiles(purging.claims.clone());
+    results.add(
+        "bulk",
+        "purge of old jobs beside a drain",
+        failed as f64 / purging.work_time.as_secs_f64(),
+        "rows/s",
+        format!(
+            "{} completed jobs finished 40 days ago, in {:.1} s, oldest first from each batch's position, paced as the retry",
+            thousands(failed),
+            purging.work_time.as_secs_f64()
+        ),
+    );
+    results.add(
+        "bulk",
+        "claim p99, drain beside the purge",
+        beside_purge.p99,
+        "ms",
+        format!(
+            "{} claims over {:.1} s",
+            purging.claims.len(),
+            purging.window.as_secs_f64()
+        ),
+    );
+    results.add(
+        "bulk",
+        "claim p99 beside the purge / alone",
+        beside_purge.p99 / without.p99,
+        "x",
+        "target ≤ 1.2",
     );
     results.add("bulk", "claim p99, drain alone", without.p99, "ms", note);
     results.add(
@@ -129,10 +176,14 @@ pub(super) async fn beside_a_drain(
     Ok(())
 }
 
-/// One phase: with `window` `None`, the drain beside a bulk retry of
-/// every failed job, measured until the retry ends; with a window, the
-/// drain alone for that long.
-async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result<Phase> {
+/// One phase: with `work`, the drain beside that bulk operation, measured
+/// until it ends; without, the drain alone for `window`.
+async fn phase(
+    pool: &PgPool,
+    sizes: &Sizes,
+    work: Option<Work>,
+    window: Option<Duration>,
+) -> Result<Phase> {
     let table = fresh_table(pool, "bulk").await?;
     let t = table.name().quoted();
     // The drain's jobs first (lowest keys, claimed first), the failed
@@ -142,12 +193,20 @@ async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result
             "INSERT INTO {t} (kind) SELECT 'noop' FROM generate_series(1, {})",
             sizes.bulk_drain_jobs
         ),
-        format!(
-            "INSERT INTO {t} (kind, state, finished_at, failure_message, num_failures) \
-             SELECT 'import', 'failed', now() - interval '1 day', 'upstream down', 1 \
-             FROM generate_series(1, {})",
-            sizes.bulk_rows
-        ),
+        match work {
+            Some(Work::Purge) => format!(
+                "INSERT INTO {t} (kind, state, finished_at) \
+                 SELECT 'import', 'completed', now() - interval '40 days' + n * interval '1 millisecond' \
+                 FROM generate_series(1, {}) AS n",
+                sizes.bulk_rows
+            ),
+            _ => format!(
+                "INSERT INTO {t} (kind, state, finished_at, failure_message, num_failures) \
+                 SELECT 'import', 'failed', now() - interval '1 day', 'upstream down', 1 \
+                 FROM generate_series(1, {})",
+                sizes.bulk_rows
+            ),
+        },
         format!("VACUUM ANALYZE {t}"),
         "CHECKPOINT".to_owned(),
     ] {
@@ -173,20 +232,17 @@ async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result
     let started = Instant::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
-    let retrying = match window {
-        Some(_) => None,
-        None => {
-            let (pool, table) = (store_pool.clone(), table.clone());
-            Some(tokio::spawn(async move { retry_all(&pool, &table).await }))
-        }
-    };
+    let working = work.map(|work| {
+        let (pool, table) = (store_pool.clone(), table.clone());
+        tokio::spawn(async move { run_all(&pool, &table, work).await })
+    });
     // Timed while the drain's queued jobs last, and the retry runs (or for
     // the retry's window).
     let limit = Duration::from_secs(600);
     loop {
         let drain_over = drained.load(Ordering::Relaxed) >= sizes.bulk_drain_jobs;
-        let over = match (&retrying, window) {
-            (Some(retry), _) => retry.is_finished(),
+        let over = match (&working, window) {
+            (Some(work), _) => work.is_finished(),
             (None, Some(window)) => started.elapsed() >= window,
             (None, None) => true,
         };
@@ -199,10 +255,10 @@ async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result
     let window = started.elapsed();
     probing.store(false, Ordering::SeqCst);
     let claims = prober.await.context("the prober")?;
-    let (retried, retry_time) = match retrying {
-        Some(retry) => {
-            let retried = retry.await.context("the retry")??;
-            (retried, started.elapsed())
+    let (changed, work_time) = match working {
+        Some(work) => {
+            let changed = work.await.context("the bulk operation")??;
+            (changed, started.elapsed())
         }
         None => (0, Duration::ZERO),
     };
@@ -219,20 +275,31 @@ async fn phase(pool: &PgPool, sizes: &Sizes, window: Option<Duration>) -> Result
     Ok(Phase {
         claims: claims.iter().map(|d| d.as_secs_f64() * 1000.0).collect(),
         window,
-        retried,
-        retry_time,
+        changed,
+        work_time,
     })
 }
 
-/// Retries every failed job of `table` as one operation, run as `queue
-/// serve` runs one; returns how many it retried.
-async fn retry_all(pool: &PgPool, table: &JobTable) -> Result<u64> {
+/// Retries every failed job of `table`, or purges every completed one
+/// finished over 30 days ago, as one operation, run as `queue serve` runs
+/// one; returns how many jobs it changed.
+async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
     let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options()).await?;
-    let filter = JobFilter::default().states([JobState::Failed]);
-    let total = admin.count(&filter).await?;
-    let action = OperationAction::Retry {
-        reset_attempts: false,
+    let (filter, action) = match work {
+        Work::Retry => (
+            JobFilter::default().states([JobState::Failed]),
+            OperationAction::Retry {
+                reset_attempts: false,
+            },
+        ),
+        Work::Purge => (
+            JobFilter::default()
+                .states([JobState::Completed])
+                .finished_before(chrono::Utc::now() - chrono::TimeDelta::days(30)),
+            OperationAction::Purge,
+        ),
     };
+    let total = admin.count(&filter).await?;
     let op = admin
         .create_operation(&NewOperation::new(action, filter, "bench", total))
         .await?;
@@ -252,7 +319,7 @@ async fn retry_all(pool: &PgPool, table: &JobTable) -> Result<u64> {
     .await?;
     ensure!(
         done.state == OperationState::Done,
-        "the bulk retry ended {}: {:?}",
+        "the bulk {work:?} ended {}: {:?}",
         done.state,
         done.message
     );
