@@ -59,10 +59,14 @@ impl Statistics {
                 .await
                 .map_err(|e| store_error("reading the table's statistics", e))?;
         // The columns a claim's plan reads (the default order's, and the
-        // conditions every claim has); a custom order's columns are the
-        // user's to keep analyzed.
+        // conditions every claim has: paused and limited kinds too); a
+        // custom order's columns are the user's to keep analyzed. State and
+        // kind together also refresh their extended statistics, which the
+        // figures of a big table are estimated from (an ANALYZE that left
+        // one of them out could not, and says so in a warning).
         let columns: Vec<String> = [
             Column::State,
+            Column::Kind,
             Column::ProcessAfter,
             Column::Priority,
             Column::ExpiresAt,

@@ -106,11 +106,9 @@ impl<K: PgKey> PgAdmin<K> {
             .map_err(|e| self.read_error(context, e))?;
         let mut counts = Counts::new();
         for row in &rows {
-            let get = |e| store_error(context, e);
-            let stored: String = row.try_get("state").map_err(get)?;
-            let kind: Option<String> = row.try_get("kind").map_err(get)?;
-            let count: i64 = row.try_get("count").map_err(get)?;
-            counts.insert((stored, kind), (u64::try_from(count).unwrap_or(0), false));
+            let key = state_and_kind(row, context)?;
+            let count: i64 = row.try_get("count").map_err(|e| store_error(context, e))?;
+            counts.insert(key, (u64::try_from(count).unwrap_or(0), false));
         }
         let context = "reading the oldest waiting job";
         let row = query::<K>(&self.inner.sql.waiting, |p| match p {
@@ -155,12 +153,11 @@ impl<K: PgKey> PgAdmin<K> {
         for row in &live {
             let get = |e| store_error(context, e);
             let set: i32 = row.try_get("set").map_err(get)?;
-            let stored: String = row.try_get("state").map_err(get)?;
-            let kind: Option<String> = row.try_get("kind").map_err(get)?;
+            let key = state_and_kind(row, context)?;
             let count = u64::try_from(row.try_get::<i64, _>("count").map_err(get)?).unwrap_or(0);
             let since: Option<DateTime<Utc>> = row.try_get("oldest").map_err(get)?;
             *per_set.entry(set).or_default() += count;
-            counts.entry((stored, kind)).or_insert((0, false)).0 += count;
+            counts.entry(key).or_insert((0, false)).0 += count;
             oldest = match (oldest, since) {
                 (Some(a), Some(b)) => Some(a.min(b)),
                 (a, b) => a.or(b),
@@ -184,10 +181,8 @@ impl<K: PgKey> PgAdmin<K> {
             .map_err(|e| self.read_error(context, e))?;
         let mut estimates = Counts::new();
         for row in &shares {
-            let get = |e| store_error(context, e);
-            let stored: String = row.try_get("state").map_err(get)?;
-            let kind: Option<String> = row.try_get("kind").map_err(get)?;
-            let share: f64 = row.try_get("share").map_err(get)?;
+            let (stored, kind) = state_and_kind(row, context)?;
+            let share: f64 = row.try_get("share").map_err(|e| store_error(context, e))?;
             let live_state = self.state_of(&stored).filter(|s| LIVE_STATES.contains(s));
             if live_state.is_some_and(|s| !capped.contains(&s)) {
                 // Counted, exactly.
@@ -233,4 +228,16 @@ impl<K: PgKey> PgAdmin<K> {
             stalled,
         })
     }
+}
+
+/// A figures row's stored state and kind.
+fn state_and_kind(
+    row: &sqlx::postgres::PgRow,
+    context: &str,
+) -> Result<(String, Option<String>), StoreError> {
+    let get = |e| store_error(context, e);
+    Ok((
+        row.try_get("state").map_err(get)?,
+        row.try_get("kind").map_err(get)?,
+    ))
 }

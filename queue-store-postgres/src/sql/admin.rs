@@ -261,18 +261,8 @@ impl AdminStatements {
                 since.join(", ")
             )
         };
-        let stalled = match names
-            .at(Column::LastHeartbeatAt)
-            .or_else(|| names.at(Column::StartedAt))
-        {
-            Some(since) => format!(
-                "(SELECT count(*) FROM {from} WHERE {state} = {processing} \
-                 AND ({since} IS NULL OR {since} < {}))",
-                b.p(Param::StalledBefore)
-            ),
-            // Nothing tells a stalled job from a busy one.
-            None => "NULL::int8".to_owned(),
-        };
+        let stalled =
+            super::stats::stalled_count(&mut b, &names, &from, &format!("{state} = {processing}"));
         b.push(&format!(
             "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
         ));

@@ -201,7 +201,22 @@ fn live_statements(
     let live = b.build();
 
     let mut b = Builder::default();
-    let stalled = match names
+    let stalled = stalled_count(&mut b, names, from, &processing);
+    b.push(&format!("SELECT {stalled} AS \"stalled\""));
+    (live, b.build())
+}
+
+/// `(SELECT count(*) ..)` of the running jobs (`processing`, a condition)
+/// silent since before [`Param::StalledBefore`], by their last heartbeat
+/// or else their start; a null count where the table keeps neither, since
+/// nothing then tells a stalled job from a busy one.
+pub(super) fn stalled_count(
+    b: &mut Builder,
+    names: &Names,
+    from: &str,
+    processing: &str,
+) -> String {
+    match names
         .at(Column::LastHeartbeatAt)
         .or_else(|| names.at(Column::StartedAt))
     {
@@ -210,7 +225,5 @@ fn live_statements(
             b.p(Param::StalledBefore)
         ),
         None => "CAST(NULL AS int8)".to_owned(),
-    };
-    b.push(&format!("SELECT {stalled} AS \"stalled\""));
-    (live, b.build())
+    }
 }
