@@ -260,6 +260,12 @@ async fn build_concurrently(
     m: &MigrationSql,
 ) -> Result<(), StoreError> {
     let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+    // One core for the build: parallel workers would take every core the
+    // server has from the claims that go on meanwhile.
+    sqlx::query("SET max_parallel_maintenance_workers = 0")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| store_error(&context, e))?;
     for (index, create) in m.concurrent_indexes.iter().zip(&m.statements) {
         let invalid: bool = sqlx::query_scalar(default_table::INVALID_INDEX)
             .bind(index)
@@ -283,6 +289,10 @@ async fn build_concurrently(
             .await
             .map_err(|e| store_error(&context, e))?;
     }
+    sqlx::query("RESET max_parallel_maintenance_workers")
+        .execute(&mut *conn)
+        .await
+        .map_err(|e| store_error(&context, e))?;
     Ok(())
 }
 

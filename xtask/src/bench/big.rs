@@ -8,21 +8,28 @@
 //! 20 kinds), a backlog of 2 % waiting, one job of a rare kind, vacuumed
 //! and analyzed as autovacuum would have. Each read is timed after a
 //! warm-up call; the figure is the median of [`READS`] calls, through the
-//! admin contract as `queue serve` calls it.
+//! admin contract as `queue serve` calls it. On the same table, a prober's
+//! claims are timed idle and while `queue migrate` builds version 8's
+//! indexes concurrently.
 
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Instant;
 
 use anyhow::{Context, Result};
 use chrono::{TimeDelta, Utc};
+use queue_core::testkit::probe_claims;
 use queue_core::{
-    Admin, JobFilter, JobState, ListParams, PurgeParams, StatsParams, StoreError, TimelineParams,
+    Admin, Job, JobFilter, JobState, ListParams, PurgeParams, StatsParams, StoreError,
+    TimelineParams,
 };
-use queue_store_postgres::{JobTable, PgAdmin};
+use queue_store_postgres::{ExecutionMode, Ident, JobTable, PgAdmin, PgStore};
 use sqlx::PgPool;
 
 use super::cluster::{fresh_table, thousands};
 use super::report::{median, Results};
+use super::wake::percentiles;
 use super::Sizes;
 
 /// Timed calls of each read.
@@ -38,6 +45,12 @@ struct Figures {
     finished_range_page: f64,
     purge_rows_per_second: f64,
     purged: u64,
+    /// Claim p99 idle, and while `queue migrate` builds version 8's
+    /// indexes concurrently; the most a claim took then; the build's time.
+    claim_idle_p99: f64,
+    claim_building_p99: f64,
+    claim_building_max: f64,
+    build_seconds: f64,
 }
 
 /// Both sizes, into `results`.
@@ -81,6 +94,20 @@ pub(super) async fn operator_surfaces(
     }
     results.add(
         "big",
+        format!("claim p99 while migrate builds version 8's indexes, at {b} rows"),
+        big.claim_building_p99,
+        "ms",
+        format!(
+            "{:.2}x the idle p99 ({:.2} ms), target ≤ 2; the longest claim {:.1} ms; the build {:.1} s ({:.1} s at {s} rows)",
+            big.claim_building_p99 / big.claim_idle_p99,
+            big.claim_idle_p99,
+            big.claim_building_max,
+            big.build_seconds,
+            base.build_seconds
+        ),
+    );
+    results.add(
+        "big",
         format!("purge of the oldest third, at {b} rows"),
         big.purge_rows_per_second,
         "rows/s",
@@ -118,6 +145,7 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
             .finished_before(minute_from + TimeDelta::minutes(1)),
     );
     let finished_range_page = timed(READS, || admin.list(&range)).await?;
+    let migration = claims_beside_a_build(pool, &table).await?;
 
     // The oldest third: finished more than 20 of the 30 days ago.
     let mut purge = PurgeParams::new(
@@ -145,7 +173,78 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
         finished_range_page,
         purge_rows_per_second,
         purged,
+        claim_idle_p99: migration.idle_p99,
+        claim_building_p99: migration.building_p99,
+        claim_building_max: migration.building_max,
+        build_seconds: migration.build_seconds,
     })
+}
+
+/// What [`claims_beside_a_build`] measured.
+struct Migration {
+    idle_p99: f64,
+    building_p99: f64,
+    building_max: f64,
+    build_seconds: f64,
+}
+
+/// Claims one job at a time for five seconds, then while `queue migrate`
+/// builds version 8's indexes again (dropped, and the version forgotten,
+/// so that the table is as version 7 left it); their p99 each.
+async fn claims_beside_a_build(pool: &PgPool, table: &JobTable) -> Result<Migration> {
+    let name = table.name();
+    let derived = |suffix: &str| -> Result<String> {
+        Ok(format!(
+            "{}.{}",
+            name.schema.quoted(),
+            Ident::new(format!("{}_{suffix}", name.name.as_str()))?.quoted()
+        ))
+    };
+    for statement in [
+        format!("DROP INDEX {}", derived("finished_idx")?),
+        format!("DROP INDEX {}", derived("expires_idx")?),
+        format!("DELETE FROM {} WHERE version = 8", derived("migrations")?),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(statement))
+            .execute(pool)
+            .await
+            .context("taking the table back to version 7")?;
+    }
+    let store = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await?;
+    let probe = || {
+        let probing = Arc::new(AtomicBool::new(true));
+        let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
+        (probing, prober)
+    };
+    let (probing, prober) = probe();
+    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
+    probing.store(false, Ordering::SeqCst);
+    let idle = ms(prober.await.context("the prober")?);
+    let (probing, prober) = probe();
+    let started = Instant::now();
+    let applied = table.migrate(pool).await?;
+    let build_seconds = started.elapsed().as_secs_f64();
+    probing.store(false, Ordering::SeqCst);
+    let building = ms(prober.await.context("the prober")?);
+    anyhow::ensure!(
+        applied.iter().any(|m| m.version == 8),
+        "the migration did not build version 8"
+    );
+    Ok(Migration {
+        idle_p99: percentiles(idle).p99,
+        building_max: building.iter().copied().fold(0.0, f64::max),
+        building_p99: percentiles(building).p99,
+        build_seconds,
+    })
+}
+
+/// Durations in ms.
+fn ms(waits: Vec<std::time::Duration>) -> Vec<f64> {
+    waits.iter().map(|d| d.as_secs_f64() * 1000.0).collect()
 }
 
 /// The median of `runs` calls of `read`, in ms, after one call to warm up.
