@@ -229,7 +229,7 @@ async fn apply_locked(
             first = false;
         }
         while let Some(m) = versions.next_if(|m| fresh || m.concurrent_indexes.is_empty()) {
-            let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+            let context = migrating(table, &m);
             for statement in &m.statements {
                 let statement = if m.concurrent_indexes.is_empty() {
                     statement.clone()
@@ -259,7 +259,7 @@ async fn build_concurrently(
     table: &QualifiedName,
     m: &MigrationSql,
 ) -> Result<(), StoreError> {
-    let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+    let context = migrating(table, m);
     // One core for the build: parallel workers would take every core the
     // server has from the claims that go on meanwhile.
     sqlx::query("SET max_parallel_maintenance_workers = 0")
@@ -296,13 +296,18 @@ async fn build_concurrently(
     Ok(())
 }
 
+/// What applying `m` to `table` is, for its errors.
+fn migrating(table: &QualifiedName, m: &MigrationSql) -> String {
+    format!("migrating {table} to version {} ({})", m.version, m.name)
+}
+
 /// Records `m` as applied.
 async fn record(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
     m: &MigrationSql,
 ) -> Result<(), StoreError> {
-    let context = format!("migrating {table} to version {} ({})", m.version, m.name);
+    let context = migrating(table, m);
     sqlx::query(sqlx::AssertSqlSafe(default_table::record_version(table)))
         .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
         .bind(m.name)

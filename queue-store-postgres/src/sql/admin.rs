@@ -245,21 +245,19 @@ impl AdminStatements {
             value(JobState::Processing),
         );
         let mut b = Builder::default();
-        let since: Vec<String> = [Column::QueuedAt, Column::ProcessAfter]
-            .iter()
-            .filter_map(|c| names.at(*c))
-            .collect();
-        let oldest = if since.is_empty() {
-            "NULL::timestamptz".to_owned()
-        } else {
-            let due = match names.at(Column::ProcessAfter) {
-                Some(after) => format!(" AND ({after} IS NULL OR {after} <= {})", b.p(Param::Now)),
-                None => String::new(),
-            };
-            format!(
-                "(SELECT min(greatest({})) FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){due})",
-                since.join(", ")
-            )
+        let oldest = match super::stats::claimable_since(&names) {
+            None => "NULL::timestamptz".to_owned(),
+            Some(since) => {
+                let due = match names.at(Column::ProcessAfter) {
+                    Some(after) => {
+                        format!(" AND ({after} IS NULL OR {after} <= {})", b.p(Param::Now))
+                    }
+                    None => String::new(),
+                };
+                format!(
+                    "(SELECT min({since}) FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){due})"
+                )
+            }
         };
         let stalled =
             super::stats::stalled_count(&mut b, &names, &from, &format!("{state} = {processing}"));

@@ -146,15 +146,7 @@ fn live_statements(
         .at(Column::Kind)
         .map(|k| format!("CAST({k} AS text)"))
         .unwrap_or_else(|| "CAST(NULL AS text)".to_owned());
-    let since: Vec<String> = [Column::QueuedAt, Column::ProcessAfter]
-        .iter()
-        .filter_map(|c| names.at(*c))
-        .collect();
-    let since = if since.is_empty() {
-        "CAST(NULL AS timestamptz)".to_owned()
-    } else {
-        format!("greatest({})", since.join(", "))
-    };
+    let since = claimable_since(names).unwrap_or_else(|| "CAST(NULL AS timestamptz)".to_owned());
     // Each set in the order of the index that holds it on the default
     // table (the claim's order, the due time, the key), so that its scan
     // stops at the cap instead of sorting every match.
@@ -204,6 +196,17 @@ fn live_statements(
     let stalled = stalled_count(&mut b, names, from, &processing);
     b.push(&format!("SELECT {stalled} AS \"stalled\""));
     (live, b.build())
+}
+
+/// Since when a waiting job has been claimable: the later of its enqueue
+/// time and its `process_after`, of those the table has; `None` with
+/// neither.
+pub(super) fn claimable_since(names: &Names) -> Option<String> {
+    let since: Vec<String> = [Column::QueuedAt, Column::ProcessAfter]
+        .iter()
+        .filter_map(|c| names.at(*c))
+        .collect();
+    (!since.is_empty()).then(|| format!("greatest({})", since.join(", ")))
 }
 
 /// `(SELECT count(*) ..)` of the running jobs (`processing`, a condition)
