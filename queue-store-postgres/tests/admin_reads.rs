@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use queue_core::{Admin, JobFilter, JobState, StatsParams, StoreError};
 use queue_store_postgres::PgAdmin;
-use support::{fresh_table, pool};
+use support::{execute, fresh_table, pool};
 
 /// A read that waits longer than the admin read timeout (here on a lock
 /// another session holds on the table) is stopped by the server and
@@ -80,41 +80,38 @@ async fn a_big_tables_figures_count_what_waits_and_estimate_what_finished() {
     };
     let table = fresh_table(&pool).await;
     let t = table.name().quoted();
-    let run = |sql: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .expect("the statement runs");
-        }
-    };
-    run(format!(
-        "INSERT INTO {t} (kind, state, queued_at, started_at, finished_at, failure_message) \
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, queued_at, started_at, finished_at, failure_message) \
          SELECT CASE WHEN g <= 3000 THEN 'a' ELSE 'b' END, \
          CASE WHEN g <= 4000 THEN 'completed' ELSE 'failed' END, \
          now() - interval '2 days', now() - interval '2 days', now() - interval '1 day', \
          CASE WHEN g > 4000 THEN 'boom' END FROM generate_series(1, 4200) AS g"
-    ))
+        ),
+    )
     .await;
     // Ready: 30 of a, 10 of b, the first of them queued an hour ago.
-    run(format!(
-        "INSERT INTO {t} (kind, queued_at) SELECT CASE WHEN g <= 30 THEN 'a' ELSE 'b' END, \
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, queued_at) SELECT CASE WHEN g <= 30 THEN 'a' ELSE 'b' END, \
          now() - interval '1 hour' + g * interval '1 second' FROM generate_series(1, 40) AS g"
-    ))
+        ),
+    )
     .await;
     // Scheduled for tomorrow: waiting, not claimable.
-    run(format!(
+    execute(&pool, format!(
         "INSERT INTO {t} (kind, process_after) SELECT 'b', now() + interval '1 day' FROM generate_series(1, 5)"
     ))
     .await;
     // Running: one beating, one silent for ten minutes.
-    run(format!(
+    execute(&pool, format!(
         "INSERT INTO {t} (kind, state, started_at, last_heartbeat_at) VALUES \
          ('a', 'processing', now(), now()), ('a', 'processing', now() - interval '10 minutes', now() - interval '10 minutes')"
     ))
     .await;
-    run(format!("ANALYZE {t}")).await;
+    execute(&pool, format!("ANALYZE {t}")).await;
 
     let admin = PgAdmin::<i64>::new(
         pool.clone(),
@@ -179,9 +176,10 @@ async fn a_big_tables_figures_count_what_waits_and_estimate_what_finished() {
 
     // A backlog past the cap: counted up to it, so estimated, and never
     // below what was counted; after the next ANALYZE, near the truth.
-    run(format!(
-        "INSERT INTO {t} (kind) SELECT 'c' FROM generate_series(1, 1500)"
-    ))
+    execute(
+        &pool,
+        format!("INSERT INTO {t} (kind) SELECT 'c' FROM generate_series(1, 1500)"),
+    )
     .await;
     let stats = admin.stats(params).await.expect("the figures");
     let (backlog, estimated) = find(&stats, JobState::Queued, "c").expect("kind c's backlog");
@@ -190,20 +188,23 @@ async fn a_big_tables_figures_count_what_waits_and_estimate_what_finished() {
         backlog >= 1_000 - 40,
         "at least what was counted: {backlog}"
     );
-    run(format!("ANALYZE {t}")).await;
+    execute(&pool, format!("ANALYZE {t}")).await;
     let stats = admin.stats(params).await.expect("the figures");
     near(find(&stats, JobState::Queued, "c"), 1500);
 
     // Without statistics of the state and kind columns together (a table
     // of your own without them), finished jobs are estimated per state.
-    run(format!(
-        "DO $$ DECLARE s text; BEGIN \
+    execute(
+        &pool,
+        format!(
+            "DO $$ DECLARE s text; BEGIN \
          SELECT stxnamespace::regnamespace::text || '.' || quote_ident(stxname) INTO s \
          FROM pg_statistic_ext WHERE stxrelid = '{t}'::regclass; \
          EXECUTE 'DROP STATISTICS ' || s; END $$"
-    ))
+        ),
+    )
     .await;
-    run(format!("ANALYZE {t}")).await;
+    execute(&pool, format!("ANALYZE {t}")).await;
     let stats = admin.stats(params).await.expect("the figures");
     let completed: Vec<_> = stats
         .counts

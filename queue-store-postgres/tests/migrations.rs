@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use queue_core::NewJob;
 use queue_store_postgres::JobTable;
-use support::{awkward_schema, pool};
+use support::{awkward_schema, execute, pool};
 
 fn table() -> JobTable {
     JobTable::new(&awkward_schema(), "jobs").expect("valid names")
@@ -169,13 +169,7 @@ async fn a_table_from_before_versions_is_recorded_at_version_1() {
         .await
         .expect("enqueue");
     // What an earlier release left: the table, no version table.
-    let versions = format!(
-        "{}.{}",
-        jobs.name().schema.quoted(),
-        queue_store_postgres::Ident::new(format!("{}_migrations", jobs.name().name.as_str()))
-            .expect("valid")
-            .quoted()
-    );
+    let versions = support::versions_table(&jobs);
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {versions}")))
         .execute(&pool)
         .await
@@ -209,36 +203,24 @@ async fn an_interrupted_index_build_is_repaired_by_the_next_run() {
     jobs.migrate(&pool).await.expect("migration");
     let t = jobs.name().quoted();
     let schema = jobs.name().schema.quoted();
-    let run = |sql: String| {
-        let pool = pool.clone();
-        async move {
-            sqlx::query(sqlx::AssertSqlSafe(sql))
-                .execute(&pool)
-                .await
-                .expect("the statement runs");
-        }
-    };
-    run(format!(
+    execute(&pool, format!(
         "INSERT INTO {t} (kind, state, finished_at) SELECT 'k', 'completed', now() FROM generate_series(1, 600000)"
     ))
     .await;
     // Version 8 not applied yet, on a table with rows.
-    let versions = format!(
-        "{}.{}",
-        jobs.name().schema.quoted(),
-        queue_store_postgres::Ident::new(format!("{}_migrations", jobs.name().name.as_str()))
-            .expect("valid")
-            .quoted()
-    );
-    run(format!("DELETE FROM {versions} WHERE version = 8")).await;
+    let versions = support::versions_table(&jobs);
+    execute(&pool, format!("DELETE FROM {versions} WHERE version = 8")).await;
     for index in ["finished_idx", "expires_idx"] {
-        run(format!(
-            "DROP INDEX {}.{}",
-            jobs.name().schema.quoted(),
-            queue_store_postgres::Ident::new(format!("{}_{index}", jobs.name().name.as_str()))
-                .expect("valid")
-                .quoted()
-        ))
+        execute(
+            &pool,
+            format!(
+                "DROP INDEX {}.{}",
+                jobs.name().schema.quoted(),
+                queue_store_postgres::Ident::new(format!("{}_{index}", jobs.name().name.as_str()))
+                    .expect("valid")
+                    .quoted()
+            ),
+        )
         .await;
     }
 

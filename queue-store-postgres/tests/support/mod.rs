@@ -54,6 +54,25 @@ where
         .expect("the completion")
 }
 
+/// Runs `sql`, which must succeed (a test's own setup).
+pub async fn execute(pool: &PgPool, sql: String) {
+    sqlx::query(sqlx::AssertSqlSafe(sql))
+        .execute(pool)
+        .await
+        .expect("the statement runs");
+}
+
+/// The version table beside `table` (`<table>_migrations`), quoted.
+pub fn versions_table(table: &JobTable) -> String {
+    format!(
+        "{}.{}",
+        table.name().schema.quoted(),
+        queue_store_postgres::Ident::new(format!("{}_migrations", table.name().name.as_str()))
+            .expect("valid")
+            .quoted()
+    )
+}
+
 /// How many jobs of `table` are in `state` (its stored value).
 pub async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
     let sql = format!(
