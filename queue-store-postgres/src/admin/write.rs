@@ -312,17 +312,15 @@ impl<K: PgKey> PgAdmin<K> {
         };
         // With an archive, purged jobs move there; else they are deleted.
         let archive = self.inner.options.archive.is_some();
-        let context = if archive {
-            "moving purged jobs to the archive"
+        let context = write_context(if archive {
+            AdminWrite::Archive
         } else {
-            "purging jobs"
+            AdminWrite::Delete
+        });
+        let statement = match self.inner.sql.purge(&filter, archive)? {
+            Some(statement) if params.limit > 0 => statement,
+            _ => return Ok(PurgeReport::new(0, None)),
         };
-        let Some(statement) = self.inner.sql.purge(&filter, archive)? else {
-            return Ok(PurgeReport::new(0, None));
-        };
-        if params.limit == 0 {
-            return Ok(PurgeReport::new(0, None));
-        }
         let rows = query(&statement, |p| match p {
             Param::Limit => Some(Value::Int(i64::try_from(params.limit).unwrap_or(i64::MAX))),
             other => self.filter_value(&filter, other),

@@ -743,6 +743,17 @@ impl AdminStatements {
         write: AdminWrite,
         pick: Pick<'_>,
     ) -> Result<Option<Statement>, StoreError> {
+        self.write_returning(write, pick, None)
+    }
+
+    /// [`AdminStatements::write`]; a delete or an archive also returns
+    /// `finished` (an expression of the row) as its second column.
+    fn write_returning(
+        &self,
+        write: AdminWrite,
+        pick: Pick<'_>,
+        finished: Option<&str>,
+    ) -> Result<Option<Statement>, StoreError> {
         let mut b = Builder::default();
         let from = self.states_moved_by(write);
         let Some(rows) = self.picked_rows(&mut b, write, &from, pick)? else {
@@ -756,8 +767,8 @@ impl AdminStatements {
             format!(" AND {}", self.state_in(&from))
         };
         let text = match write {
-            AdminWrite::Delete => self.delete_text(&rows, None),
-            AdminWrite::Archive => match self.archive_text(&rows, None) {
+            AdminWrite::Delete => self.delete_text(&rows, finished),
+            AdminWrite::Archive => match self.archive_text(&rows, finished) {
                 Some(text) => text,
                 None => return Ok(None),
             },
@@ -781,7 +792,6 @@ impl AdminStatements {
         filter: &JobFilter,
         archive: bool,
     ) -> Result<Option<Statement>, StoreError> {
-        let mut b = Builder::default();
         let write = if archive {
             AdminWrite::Archive
         } else {
@@ -792,26 +802,11 @@ impl AdminStatements {
         } else {
             Pick::Matching(filter, false)
         };
-        let from = self.states_moved_by(write);
-        let Some(rows) = self.picked_rows(&mut b, write, &from, pick)? else {
-            return Ok(None);
-        };
-        let finished = Some(
-            self.names
-                .get(Column::FinishedAt)
-                .unwrap_or("NULL::timestamptz")
-                .to_owned(),
-        );
-        let text = if archive {
-            match self.archive_text(&rows, finished.as_deref()) {
-                Some(text) => text,
-                None => return Ok(None),
-            }
-        } else {
-            self.delete_text(&rows, finished.as_deref())
-        };
-        b.push(&text);
-        Ok(Some(b.build()))
+        let finished = self
+            .names
+            .get(Column::FinishedAt)
+            .unwrap_or("NULL::timestamptz");
+        self.write_returning(write, pick, Some(finished))
     }
 
     /// `id = ANY(..)` of the rows `write` takes, as `pick` chooses them,
