@@ -425,12 +425,41 @@ impl<Id> ListParams<Id> {
 
 /// One page of [`Admin::list`].
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct JobPage<Id> {
     /// The jobs, in the requested order.
     pub jobs: Vec<JobView<Id>>,
     /// Where the next page starts ([`ListParams::after`]), or `None` when
     /// this page is the last.
     pub next: Option<Id>,
+    /// Set when the store stopped searching before the page was full: it
+    /// read this many jobs in list order, up to and including `next`, and
+    /// the page holds the matches among them. The list may go on past
+    /// `next`; the page after it searches on from there. A store does this
+    /// for a filter no index serves on a big table (the Postgres store's
+    /// failure text without a trigram index), so that a page costs a
+    /// bounded read, never the whole table.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub searched: Option<u64>,
+}
+
+impl<Id> JobPage<Id> {
+    /// A page of `jobs`, the next one starting after `next` (`None`: the
+    /// last page).
+    pub fn new(jobs: Vec<JobView<Id>>, next: Option<Id>) -> Self {
+        JobPage {
+            jobs,
+            next,
+            searched: None,
+        }
+    }
+
+    /// A page whose search stopped after reading `rows` jobs
+    /// ([`JobPage::searched`]).
+    pub fn searched(mut self, rows: Option<u64>) -> Self {
+        self.searched = rows;
+        self
+    }
 }
 
 /// What [`Admin::stats`] needs.

@@ -214,7 +214,7 @@ impl Admin for MemoryStore {
         } else {
             None
         };
-        Ok(JobPage { jobs, next })
+        Ok(JobPage::new(jobs, next))
     }
 
     async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {

@@ -5,7 +5,7 @@ mod support;
 
 use std::time::Duration;
 
-use queue_core::{Admin, JobFilter, JobState, StatsParams, StoreError};
+use queue_core::{Admin, JobFilter, JobState, ListParams, StatsParams, StoreError};
 use queue_store_postgres::PgAdmin;
 use support::{execute, fresh_table, pool};
 
@@ -248,4 +248,129 @@ async fn a_big_tables_figures_count_what_waits_and_estimate_what_finished() {
     let stats = small.stats(params).await.expect("the figures");
     assert!(!stats.estimated());
     assert_eq!(find(&stats, JobState::Queued, "c"), Some((1500, false)));
+}
+
+/// Finished jobs of kind `kind` with failure `message`, ids ascending, in
+/// one statement; `n` of them.
+async fn failed_jobs(
+    pool: &sqlx::PgPool,
+    table: &queue_store_postgres::JobTable,
+    n: i64,
+    message: &str,
+) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (kind, state, finished_at, failure_message) \
+         SELECT 'k', 'failed', now(), $1 FROM generate_series(1, $2::int8)",
+        table.name().quoted()
+    )))
+    .bind(message)
+    .bind(n)
+    .execute(pool)
+    .await
+    .expect("failed jobs inserted");
+}
+
+/// Without a trigram index, a failure text search reads a bounded stretch
+/// of the list (50,000 jobs) per page: a page that does not fill says how
+/// far it searched and where the next one goes on, and walking on finds
+/// the match past the stretch. `%`, `_` and `\` in the text match
+/// themselves, not as patterns.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_text_search_without_an_index_reads_a_bounded_stretch_per_page() {
+    let Some(pool) = pool("a_failure_text_search_reads_a_bounded_stretch").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    failed_jobs(&pool, &table, 1, r"disk 100% full_now \ again").await;
+    failed_jobs(&pool, &table, 60_000, "disk 1000 fullXnow").await;
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin");
+    let filter = JobFilter::default().failure_contains(r"100% FULL_now \");
+    let first = admin
+        .list(&ListParams::first(filter.clone(), 10))
+        .await
+        .expect("the first page");
+    assert!(first.jobs.is_empty(), "no match in the newest 50,000");
+    assert_eq!(
+        first.searched,
+        Some(50_000),
+        "the page says how far it read"
+    );
+    let next = first.next.expect("where the search goes on");
+    let second = admin
+        .list(&ListParams::first(filter.clone(), 10).after(Some(next)))
+        .await
+        .expect("the second page");
+    assert_eq!(second.jobs.len(), 1, "the oldest job matches: {second:?}");
+    assert_eq!(second.jobs[0].id, 1);
+    assert_eq!(
+        (second.next, second.searched),
+        (None, None),
+        "the end of the list: the search read it all"
+    );
+    assert_eq!(
+        admin.count(&filter).await.expect("a count"),
+        1,
+        "the count applies the same text"
+    );
+
+    // A common text fills its page long before the stretch ends.
+    let common = admin
+        .list(&ListParams::first(
+            JobFilter::default().failure_contains("DISK"),
+            10,
+        ))
+        .await
+        .expect("a page");
+    assert_eq!(common.jobs.len(), 10);
+    assert_eq!(
+        common.searched, None,
+        "a full page searched no further than it needed"
+    );
+    assert_eq!(common.next, Some(common.jobs[9].id));
+}
+
+/// Where pg_trgm is installed and the failure column has a trigram index
+/// (docs/cli.md's, of failed jobs only), the search reads the index: one page finds a match however deep it is,
+/// and says nothing of a stretch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_text_search_reads_a_trigram_index_where_there_is_one() {
+    let Some(pool) = pool("a_failure_text_search_reads_a_trigram_index").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    // The extension ships with PostgreSQL (contrib); a server without it
+    // cannot run this test, which says so instead of passing.
+    sqlx::query("CREATE EXTENSION IF NOT EXISTS pg_trgm")
+        .execute(&pool)
+        .await
+        .expect("pg_trgm installed (PostgreSQL's contrib extensions)");
+    execute(
+        &pool,
+        format!(
+            "CREATE INDEX ON {} USING gin (failure_message gin_trgm_ops) \
+             WHERE failure_message IS NOT NULL",
+            table.name().quoted()
+        ),
+    )
+    .await;
+    failed_jobs(&pool, &table, 1, "the needle").await;
+    failed_jobs(&pool, &table, 60_000, "hay").await;
+    execute(&pool, format!("ANALYZE {}", table.name().quoted())).await;
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin");
+    let page = admin
+        .list(&ListParams::first(
+            JobFilter::default().failure_contains("NEEDLE"),
+            10,
+        ))
+        .await
+        .expect("a page");
+    assert_eq!(
+        (page.jobs.len(), page.next, page.searched),
+        (1, None, None),
+        "found through the index, in one page"
+    );
 }

@@ -109,3 +109,44 @@ async fn a_table_whose_claim_index_holds_scheduled_jobs_is_warned_about_at_start
         "{warned:?}"
     );
 }
+
+/// The indexes the operator surfaces read on a big table (finish time,
+/// expiry, kind): the default table has them all and nothing is said; a
+/// table without them is warned about at start-up, each by the statement
+/// that would create it.
+#[tokio::test]
+async fn a_table_without_the_operator_surfaces_indexes_is_told_how_to_make_them() {
+    let Some(pool) = pool("a_table_without_the_operator_surfaces_indexes").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        !warned.iter().any(|w| w.contains("no index starts with")),
+        "the default table has them: {warned:?}"
+    );
+    let schema = table.name().schema.quoted();
+    for suffix in ["finished_idx", "expires_idx", "finished_kind_idx"] {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "DROP INDEX {schema}.\"{}_{suffix}\"",
+            table.name().name.as_str()
+        )))
+        .execute(&pool)
+        .await
+        .expect("an index dropped");
+    }
+    let warned = warnings_of_start(&pool, &table).await;
+    let t = table.name().quoted();
+    for statement in [
+        format!(
+            "CREATE INDEX CONCURRENTLY ON {t} (\"finished_at\", \"id\") WHERE \"finished_at\" IS NOT NULL"
+        ),
+        format!("CREATE INDEX CONCURRENTLY ON {t} (\"expires_at\") WHERE \"expires_at\" IS NOT NULL"),
+        format!("CREATE INDEX CONCURRENTLY ON {t} (\"kind\", \"id\")"),
+    ] {
+        assert!(
+            warned.iter().any(|w| w.contains(&statement)),
+            "{statement} in {warned:?}"
+        );
+    }
+}

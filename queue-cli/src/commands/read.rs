@@ -188,14 +188,20 @@ pub async fn list(
         ]);
     }
     table.print(out)?;
-    match &page.next {
-        Some(next) => writeln!(
+    match (&page.next, page.searched) {
+        (Some(next), Some(rows)) => writeln!(
+            out,
+            "\nsearched {rows} jobs, back to job {next}, without filling the page (no index serves this filter); \
+             search on: queue list --after {} …",
+            printable_line(&next.to_string())
+        )?,
+        (Some(next), None) => writeln!(
             out,
             "\nmore: queue list --after {} …",
             printable_line(&next.to_string())
         )?,
-        None if page.jobs.is_empty() => writeln!(out, "\nno jobs match")?,
-        None => {}
+        (None, _) if page.jobs.is_empty() => writeln!(out, "\nno jobs match")?,
+        (None, _) => {}
     }
     Ok(())
 }

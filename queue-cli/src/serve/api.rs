@@ -298,6 +298,12 @@ pub struct JobList {
     pub jobs: Vec<Job>,
     /// Pass as `after` for the next page; `null` on the last.
     pub next: Option<String>,
+    /// Set when the search stopped before the page was full (a failure
+    /// text filter that no trigram index serves, on a big table): this
+    /// many jobs were read, up to and including `next`, and the page holds
+    /// the matches among them. The page after `next` searches on.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub searched: Option<u64>,
 }
 
 /// Which jobs: a list's filter, and a bulk operation's.
@@ -619,6 +625,7 @@ pub async fn list_jobs(
     Ok(Json(JobList {
         jobs: page.jobs.into_iter().map(Job::from).collect(),
         next: page.next,
+        searched: page.searched,
     }))
 }
 

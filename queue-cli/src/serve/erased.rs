@@ -137,10 +137,11 @@ where
             None => None,
         };
         let page = self.0.list(&params.clone().rekeyed(after)).await?;
-        Ok(JobPage {
-            jobs: page.jobs.into_iter().map(|job| job.map_id(text)).collect(),
-            next: page.next.map(text),
-        })
+        Ok(JobPage::new(
+            page.jobs.into_iter().map(|job| job.map_id(text)).collect(),
+            page.next.map(text),
+        )
+        .searched(page.searched))
     }
 
     async fn count(&self, filter: &JobFilter) -> Result<u64, StoreError> {

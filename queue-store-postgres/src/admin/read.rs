@@ -12,6 +12,12 @@ use crate::error::store_error;
 use crate::record::PgKey;
 use crate::sql::Param;
 
+/// How many jobs of the list a page reads at most when no index serves its
+/// filter (a failure text without a trigram index): a bounded read on any
+/// table, tens of milliseconds. The page says how far it searched
+/// ([`JobPage::searched`]).
+const SEARCH_LIMIT: i64 = 50_000;
+
 /// One operator read's connection: a read-only transaction whose
 /// statements the server stops after the admin read timeout.
 pub(super) type Read = sqlx::Transaction<'static, sqlx::Postgres>;
@@ -143,8 +149,10 @@ impl<K: PgKey> PgAdmin<K> {
             .saturating_add(1);
         let context = "listing jobs";
         let mut read = self.begin_read(context).await?;
+        let searched = self.inner.sql.list_searches_a_stretch(&params.filter);
         let rows = query(&statement, |p| match p {
             Param::Limit => Some(Value::Int(fetch)),
+            Param::SearchLimit => Some(Value::Int(SEARCH_LIMIT)),
             Param::After => params.after.clone().map(Value::Key),
             other => self.filter_value(&params.filter, other),
         })?
@@ -174,6 +182,9 @@ impl<K: PgKey> PgAdmin<K> {
             }
         }
         self.end_read(read, context).await?;
+        if searched {
+            return self.searched_page(&rows, params.limit);
+        }
         let mut jobs = rows
             .iter()
             .map(|row| self.view(row))
@@ -184,7 +195,41 @@ impl<K: PgKey> PgAdmin<K> {
         } else {
             None
         };
-        Ok(JobPage { jobs, next })
+        Ok(JobPage::new(jobs, next))
+    }
+
+    /// The page of a search of a stretch of the list (`sql::admin`'s
+    /// `list`): its matches, and where the stretch ended if the page did
+    /// not fill before it.
+    fn searched_page(&self, rows: &[PgRow], limit: usize) -> Result<JobPage<K>, StoreError> {
+        let context = "listing jobs";
+        let mut jobs = Vec::new();
+        let mut last = None;
+        for row in rows {
+            let matched: bool = row
+                .try_get("__queue_match")
+                .map_err(|e| store_error(context, e))?;
+            let place: i64 = row
+                .try_get("__queue_n")
+                .map_err(|e| store_error(context, e))?;
+            let job = self.view(row)?;
+            last = Some((job.id.clone(), place));
+            if matched {
+                jobs.push(job);
+            }
+        }
+        if jobs.len() > limit {
+            jobs.truncate(limit);
+            let next = jobs.last().map(|job| job.id.clone());
+            return Ok(JobPage::new(jobs, next));
+        }
+        // The stretch's last job came: the search stopped there.
+        match last {
+            Some((id, place)) if place == SEARCH_LIMIT => {
+                Ok(JobPage::new(jobs, Some(id)).searched(Some(SEARCH_LIMIT as u64)))
+            }
+            _ => Ok(JobPage::new(jobs, None)),
+        }
     }
 
     pub(super) async fn count_matching(&self, filter: &JobFilter) -> Result<u64, StoreError> {

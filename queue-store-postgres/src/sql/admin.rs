@@ -577,14 +577,7 @@ impl AdminStatements {
             }
         }
         if filter.failure_contains.is_some() {
-            let message = failure_text(
-                &self.shape,
-                &column(Column::FailureMessage, "failure message")?,
-            );
-            parts.push(format!(
-                "strpos(lower({message}), lower({})) > 0",
-                b.p(Param::FailureText)
-            ));
+            parts.push(self.failure_matches(b)?);
         }
         Ok(parts.join(" AND "))
     }
@@ -608,6 +601,13 @@ impl AdminStatements {
     /// [`AdminStatements::anchor_exists`] tells apart). Jobs without a
     /// queued time come first when newest first, last when oldest first,
     /// as Postgres orders NULLs.
+    ///
+    /// A failure text no trigram index serves
+    /// ([`AdminStatements::list_searches_a_stretch`]) is searched in the
+    /// next [`Param::SearchLimit`] jobs of the list alone: each row then
+    /// also has `"__queue_match"` (whether it matches) and `"__queue_n"`
+    /// (its place in that stretch), and the stretch's last job comes too,
+    /// matching or not, to say where the search stopped.
     pub(crate) fn list(
         &self,
         filter: &JobFilter,
@@ -615,27 +615,39 @@ impl AdminStatements {
         after: bool,
     ) -> Result<Statement, StoreError> {
         let mut b = Builder::default();
-        let condition = self.filter(&mut b, filter)?;
+        let searched = self.list_searches_a_stretch(filter);
+        let condition = if searched {
+            let mut unsearched = filter.clone();
+            unsearched.failure_contains = None;
+            self.filter(&mut b, &unsearched)?
+        } else {
+            self.filter(&mut b, filter)?
+        };
+        let matched = if searched {
+            Some(self.failure_matches(&mut b)?)
+        } else {
+            None
+        };
         let id = self.names.must(Column::Id);
         let (op, order) = if newest_first {
             ("<", "DESC")
         } else {
             (">", "ASC")
         };
-        let limit;
-        match self.list_by_queued_time() {
+        let queued = self.list_by_queued_time();
+        let (anchor, after, order_by, outer_order) = match &queued {
             None => {
                 let after = if after {
                     format!(" AND {id} {op} {}", b.p(Param::After))
                 } else {
                     String::new()
                 };
-                limit = b.p(Param::Limit);
-                b.push(&format!(
-                    "SELECT {view} FROM {from} WHERE {condition}{after} ORDER BY {id} {order} LIMIT {limit}",
-                    view = self.view,
-                    from = self.from(),
-                ));
+                (
+                    String::new(),
+                    after,
+                    format!("{id} {order}"),
+                    format!("\"id\" {order}"),
+                )
             }
             Some(q) => {
                 let (anchor, after) = if after {
@@ -664,16 +676,136 @@ impl AdminStatements {
                 } else {
                     (String::new(), String::new())
                 };
-                limit = b.p(Param::Limit);
+                (
+                    anchor,
+                    after,
+                    format!("{q} {order}, {id} {order}"),
+                    format!("\"q\" {order}, \"id\" {order}"),
+                )
+            }
+        };
+        // The parts read apart (a kind on the default table, ordered by
+        // key), each its page through its own index, then the page of all.
+        let parts = if queued.is_none() {
+            self.kind_parts(filter)
+        } else {
+            Vec::new()
+        };
+        let select = |columns: &str, limit: &str| {
+            let page = |part: &str| {
+                format!(
+                    "SELECT {columns} FROM {from}{anchor} WHERE {condition}{after}{part} \
+                     ORDER BY {order_by} LIMIT {limit}",
+                    from = self.from(),
+                )
+            };
+            if parts.is_empty() {
+                page("")
+            } else {
+                let pages: Vec<String> = parts
+                    .iter()
+                    .map(|part| format!("({})", page(&format!(" AND {part}"))))
+                    .collect();
+                format!(
+                    "SELECT * FROM ({}) AS \"__queue_page\" ORDER BY {outer_order} LIMIT {limit}",
+                    pages.join(" UNION ALL ")
+                )
+            }
+        };
+        let limit = b.p(Param::Limit);
+        match matched {
+            None => {
+                b.push(&select(&self.view, &limit));
+            }
+            Some(matched) => {
+                // The stretch: its keys, whether each matches and its
+                // place; then the matches and the stretch's last job, read
+                // by key (a page's worth at most).
+                let search = b.p(Param::SearchLimit);
+                let q = if queued.is_some() {
+                    format!(", {} AS \"q\"", queued.as_deref().unwrap_or_default())
+                } else {
+                    String::new()
+                };
+                let stretch = select(
+                    &format!("{id} AS \"id\"{q}, COALESCE({matched}, false) AS \"m\""),
+                    &search,
+                );
                 b.push(&format!(
-                    "SELECT {view} FROM {from}{anchor} WHERE {condition}{after} \
-                     ORDER BY {q} {order}, {id} {order} LIMIT {limit}",
+                    "SELECT {view}, \"__queue_found\".\"m\" AS \"__queue_match\", \
+                     \"__queue_found\".\"n\" AS \"__queue_n\" \
+                     FROM {from} JOIN (\
+                       SELECT \"id\", \"m\", \"n\" FROM (\
+                         SELECT \"id\", \"m\", row_number() OVER (ORDER BY {outer_order}) AS \"n\" \
+                         FROM ({stretch}) AS \"__queue_stretch\"\
+                       ) AS \"__queue_numbered\" \
+                       WHERE \"m\" OR \"n\" = {search} ORDER BY \"n\" LIMIT {limit}\
+                     ) AS \"__queue_found\" ON {id} = \"__queue_found\".\"id\" \
+                     ORDER BY \"__queue_found\".\"n\"",
                     view = self.view,
                     from = self.from(),
                 ));
             }
         }
         Ok(b.build())
+    }
+
+    /// Whether a list page with `filter` searches a bounded stretch of the
+    /// list ([`AdminStatements::list`]): a failure text that no trigram
+    /// index serves.
+    pub(crate) fn list_searches_a_stretch(&self, filter: &JobFilter) -> bool {
+        filter.failure_contains.is_some() && !self.shape.failure_indexed
+    }
+
+    /// Whether the failure text holds [`Param::FailureText`], ignoring
+    /// case; its `%`, `_` and `\` match themselves. The form a trigram
+    /// index serves (`ILIKE`).
+    fn failure_matches(&self, b: &mut Builder) -> Result<String, StoreError> {
+        let message = self.names.at(Column::FailureMessage).ok_or_else(|| {
+            StoreError::Refused(format!(
+                "cannot filter by failure message: table {} has no failure message column",
+                self.table
+            ))
+        })?;
+        let message = failure_text(&self.shape, &message);
+        Ok(format!(
+            "{message} ILIKE '%' || replace(replace(replace({}, E'\\\\', E'\\\\\\\\'), '%', E'\\\\%'), '_', E'\\\\_') || '%'",
+            b.p(Param::FailureText)
+        ))
+    }
+
+    /// The parts a list of some kinds reads apart on the default table
+    /// ([`TableShape::kind_split`]), each through an index: finished jobs
+    /// (version 9's index by kind), jobs ready now (the claim index), jobs
+    /// waiting for a time (the due index) and running ones. Only the parts
+    /// holding a state the filter asks for. Empty when the list is one
+    /// scan: no kind filter, or another table.
+    fn kind_parts(&self, filter: &JobFilter) -> Vec<String> {
+        if !self.shape.kind_split || filter.kinds.is_none() {
+            return Vec::new();
+        }
+        let asked = |states: &[JobState]| {
+            filter
+                .states
+                .as_ref()
+                .is_none_or(|asked| asked.iter().any(|s| states.contains(s)))
+        };
+        let after = self.names.must(Column::ProcessAfter);
+        let waiting = [JobState::Queued, JobState::Errored];
+        let finished = [JobState::Completed, JobState::Failed, JobState::Canceled];
+        let mut parts = Vec::new();
+        if asked(&finished) {
+            parts.push(self.state_in(&finished));
+        }
+        if asked(&waiting) {
+            let waiting = self.state_in(&waiting);
+            parts.push(format!("{waiting} AND {after} IS NULL"));
+            parts.push(format!("{waiting} AND {after} IS NOT NULL"));
+        }
+        if asked(&[JobState::Processing]) {
+            parts.push(self.state_in(&[JobState::Processing]));
+        }
+        parts
     }
 
     /// Whether the job [`Param::After`] exists: a page after a job that
@@ -1360,6 +1492,8 @@ mod tests {
     fn shape(notify_trigger: bool) -> TableShape {
         TableShape {
             finished_indexed: false,
+            kind_split: false,
+            failure_indexed: false,
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

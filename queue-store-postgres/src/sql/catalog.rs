@@ -35,6 +35,19 @@ const HAS_INDEX_ON: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS 
      JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
      WHERE i.indrelid = $1::oid AND a.attname = $2)";
 
+/// Whether the table `$1` has a valid index named `$2` (in its schema).
+const HAS_VALID_INDEX_NAMED: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
+     JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid \
+     WHERE i.indrelid = $1::oid AND c.relname = $2 AND i.indisvalid)";
+
+/// Whether an index of pg_trgm's trigram operator classes starts with
+/// the column named $2: a failure text search reads it.
+const HAS_TRIGRAM_INDEX_ON: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
+     JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
+     JOIN pg_catalog.pg_opclass AS o ON o.oid = i.indclass[0] \
+     WHERE i.indrelid = $1::oid AND a.attname = $2 AND i.indisvalid \
+     AND o.opcname IN ('gin_trgm_ops', 'gist_trgm_ops'))";
+
 /// Whether an index's predicate leaves out the rows where the column named
 /// $2 has a value (`(column IS NULL)` among its conditions, as Postgres
 /// prints them): the index of jobs ready now.
@@ -468,6 +481,33 @@ pub(crate) async fn inspect(
         .fetch_one(pool)
         .await
         .map_err(|e| store_error("reading the catalog", e))?;
+    // The default table's states, in its own values, and its index of
+    // finished jobs by kind: every row is finished, waiting or running,
+    // and each of these is in an index.
+    // A text failure column with a trigram index: a json one's message is
+    // an expression such an index would have to be built on.
+    let failure_indexed = match options.column_name(Column::FailureMessage) {
+        Some(name) if !absent.contains(&Column::FailureMessage) && failure_json.is_none() => {
+            sqlx::query_scalar(HAS_TRIGRAM_INDEX_ON)
+                .bind(oid)
+                .bind(name.as_str())
+                .fetch_one(pool)
+                .await
+                .map_err(|e| store_error("reading the catalog", e))?
+        }
+        _ => false,
+    };
+    let kind_split = notify_trigger
+        && options.states == crate::options::StateValues::default()
+        && sqlx::query_scalar(HAS_VALID_INDEX_NAMED)
+            .bind(oid)
+            .bind(super::default_table::derived_name(
+                &table.name,
+                super::default_table::FINISHED_KIND_INDEX,
+            ))
+            .fetch_one(pool)
+            .await
+            .map_err(|e| store_error("reading the catalog", e))?;
     for column in absent.iter().filter(|c| c.absence_matters()) {
         tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
     }
@@ -486,6 +526,8 @@ pub(crate) async fn inspect(
             attempts_left_default,
             side,
             finished_indexed,
+            kind_split,
+            failure_indexed,
         },
         absent,
     ))
@@ -513,6 +555,11 @@ async fn missing_indexes(
             Column::ExpiresAt,
             "the expiry sweep reads every waiting job",
             "({c}) WHERE {c} IS NOT NULL",
+        ),
+        (
+            Column::Kind,
+            "a list of one kind reads every row when the kind is rare",
+            "({c}, {id})",
         ),
     ] {
         let Some(name) = options

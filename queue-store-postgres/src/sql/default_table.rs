@@ -142,7 +142,38 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
                 statements,
             }
         },
+        {
+            let (concurrent_indexes, statements) = version_9(table).into_iter().unzip();
+            MigrationSql {
+                concurrent_indexes,
+                version: 9,
+                name: "an index of finished jobs by kind, for lists of one kind \
+                       (built concurrently: claims go on while it builds)",
+                statements,
+            }
+        },
     ]
+}
+
+/// The index of version 9, [`derived_name`] of the table with it.
+pub(crate) const FINISHED_KIND_INDEX: &str = "finished_kind_idx";
+
+/// Version 9: finished jobs by kind, then key. A list of one kind reads
+/// its finished jobs here and its waiting and running ones through the
+/// claim's indexes (`sql::admin`, [`TableShape::kind_split`](super::TableShape::kind_split)),
+/// so a rare kind's page no longer walks the table. Only finished rows
+/// are in it: a job writes one entry, when it finishes, where an index of
+/// every row would take three (enqueue, claim, completion; see version 8).
+fn version_9(table: &QualifiedName) -> Vec<(String, String)> {
+    let name = derived(&table.name, FINISHED_KIND_INDEX);
+    vec![(
+        format!("{}.{name}", table.schema.quoted()),
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} (\"kind\", \"id\") \
+             WHERE \"state\" IN ('completed', 'failed', 'canceled')",
+            t = table.quoted()
+        ),
+    )]
 }
 
 /// Version 8: the indexes the operator surfaces and the store's sweeps

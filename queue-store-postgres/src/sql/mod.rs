@@ -81,6 +81,9 @@ pub(crate) enum Param {
     FinishedFrom,
     FinishedBefore,
     FailureText,
+    /// How many jobs a list page reads at most when no index serves its
+    /// filter (int8).
+    SearchLimit,
     FilterPayload,
     FilterUniqueKey,
     FilterWorker,
@@ -226,6 +229,14 @@ pub(crate) struct TableShape {
     /// retention then take the oldest finished jobs first, reading on from
     /// where the last batch stopped; else by key.
     pub finished_indexed: bool,
+    /// Whether a list of some kinds reads finished jobs through the
+    /// default table's index of them by kind (version 9), and waiting and
+    /// running ones through the claim's indexes, apart; else one scan.
+    pub kind_split: bool,
+    /// Whether a trigram index (pg_trgm's `gin_trgm_ops` or
+    /// `gist_trgm_ops`) serves a search of the failure text; else a list
+    /// page with a failure text reads a bounded stretch of the list.
+    pub failure_indexed: bool,
 }
 
 /// A `json`/`jsonb` failure column: its type, and the path of keys to
@@ -565,6 +576,8 @@ impl Statements {
 fn test_shape() -> TableShape {
     TableShape {
         finished_indexed: false,
+        kind_split: false,
+        failure_indexed: false,
         state_type: "text".into(),
         key_type: "bigint".into(),
         log_element: "json".into(),

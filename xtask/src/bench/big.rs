@@ -43,6 +43,8 @@ struct Figures {
     failed_page: f64,
     rare_kind_page: f64,
     finished_range_page: f64,
+    queued_range_page: f64,
+    failure_text_page: f64,
     purge_rows_per_second: f64,
     purged: u64,
     /// Claim p99 idle, and while `queue migrate` builds version 8's
@@ -82,6 +84,16 @@ pub(super) async fn operator_surfaces(
             "list page: a minute's finished jobs",
             big.finished_range_page,
             base.finished_range_page,
+        ),
+        (
+            "list page: an hour's queued jobs, 10 days ago",
+            big.queued_range_page,
+            base.queued_range_page,
+        ),
+        (
+            "list page: a failure text no job has (no trigram index: the 50,000 jobs a page searches)",
+            big.failure_text_page,
+            base.failure_text_page,
         ),
     ] {
         results.add(
@@ -145,6 +157,15 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
             .finished_before(minute_from + TimeDelta::minutes(1)),
     );
     let finished_range_page = timed(READS, || admin.list(&range)).await?;
+    let hour_from = Utc::now() - TimeDelta::days(10);
+    let queued = page(
+        JobFilter::default()
+            .queued_from(hour_from)
+            .queued_before(hour_from + TimeDelta::hours(1)),
+    );
+    let queued_range_page = timed(READS, || admin.list(&queued)).await?;
+    let text = page(JobFilter::default().failure_contains("no job failed like this"));
+    let failure_text_page = timed(READS, || admin.list(&text)).await?;
     let migration = claims_beside_a_build(pool, &table).await?;
 
     // The oldest third: finished more than 20 of the 30 days ago.
@@ -171,6 +192,8 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
         failed_page,
         rare_kind_page,
         finished_range_page,
+        queued_range_page,
+        failure_text_page,
         purge_rows_per_second,
         purged,
         claim_idle_p99: migration.idle_p99,

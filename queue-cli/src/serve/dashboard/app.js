@@ -430,6 +430,10 @@ async function jobs(params) {
       h('td', {}, time(job.queued_at)),
       h('td', {}, time(job.finished_at)),
       h('td', { class: 'failure', title: job.failure_message || '' }, job.failure_message || '')));
+    const searched = page.searched === undefined || page.searched === null ? null
+      : h('p', { class: 'muted', id: 'searched' },
+        `Searched ${page.searched.toLocaleString()} jobs, back to job ${page.next}, without filling the page: ` +
+        'no index serves this filter. The next page searches on.');
     const table = page.jobs.length
       ? h('table', { id: 'jobs' },
         h('thead', {}, h('tr', {}, ['ID', 'Kind', 'State', 'Priority', 'Queued', 'Finished', 'Failure'].map((t) => h('th', {}, t)))),
@@ -441,8 +445,9 @@ async function jobs(params) {
     if (page.next !== null) next.set('after', page.next);
     const pager = h('div', { class: 'pager' },
       params.get('after') ? h('a', { href: '#/jobs?' + first }, '← First page') : null,
-      page.next !== null ? h('a', { href: '#/jobs?' + next, id: 'next-page' }, 'Next page →') : null);
-    main.replaceChildren(h('h1', {}, 'Jobs'), filters, bulkBar(params, page.jobs.length > 0), table, pager);
+      page.next !== null ? h('a', { href: '#/jobs?' + next, id: 'next-page' }, searched ? 'Search on →' : 'Next page →') : null);
+    main.replaceChildren(h('h1', {}, 'Jobs'), filters, bulkBar(params, page.jobs.length > 0),
+      ...(searched ? [searched] : []), table, pager);
   });
 }
 
