@@ -446,8 +446,10 @@ async function jobs(params) {
     const pager = h('div', { class: 'pager' },
       params.get('after') ? h('a', { href: '#/jobs?' + first }, '← First page') : null,
       page.next !== null ? h('a', { href: '#/jobs?' + next, id: 'next-page' }, searched ? 'Search on →' : 'Next page →') : null);
-    main.replaceChildren(h('h1', {}, 'Jobs'), filters, bulkBar(params, page.jobs.length > 0),
-      ...(searched ? [searched] : []), table, pager);
+    // replaceChildren writes a null as the text "null": only the parts
+    // this page has.
+    const parts = [h('h1', {}, 'Jobs'), filters, bulkBar(params, page.jobs.length > 0), searched, table, pager];
+    main.replaceChildren(...parts.filter((part) => part !== null));
   });
 }
 
