@@ -147,8 +147,10 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
         max.as_secs_f64() * 1000.0
     );
     assert_eq!(report["purged"], FINISHED, "every old job purged");
+    // Many short transactions, a purge's default batch each.
+    let batches = FINISHED as u64 / u64::from(queue_core::DEFAULT_PURGE_BATCH);
     assert!(
-        report["batches"].as_u64().is_some_and(|b| b >= 200),
+        report["batches"].as_u64().is_some_and(|b| b >= batches),
         "{report}"
     );
     assert_eq!(old, 0);

@@ -38,8 +38,8 @@ pub use crate::limits::{KindLimit, KindLimits};
 pub use crate::operations::{
     purge_params, run_operation, AbortOutcome, NewOperation, Operation, OperationAction,
     OperationParams, OperationState, OperationStep, RunOptions, StopAs, TakeOperation,
-    BACKGROUND_PACE, BACKGROUND_YIELD, DEFAULT_OPERATION_BATCH, MAX_OPERATION_BATCH,
-    MAX_OPERATION_PAGE, OPERATION_SILENT_AFTER,
+    BACKGROUND_PACE, BACKGROUND_YIELD, DEFAULT_OPERATION_BATCH, DEFAULT_PURGE_BATCH,
+    MAX_OPERATION_BATCH, MAX_OPERATION_PAGE, OPERATION_SILENT_AFTER,
 };
 pub use crate::outcome::{AttemptEnd, Outcome, OutcomePolicy, UnclassifiedPolicy};
 pub use crate::pause::{check_kind, check_pause, PausedKind, MAX_KIND_LEN};

@@ -374,3 +374,87 @@ async fn a_failure_text_search_reads_a_trigram_index_where_there_is_one() {
         "found through the index, in one page"
     );
 }
+
+/// A queued-time range on a big default table is read in windows of keys
+/// through version 10's block range index (a wide window looked into
+/// first, halved where it holds a match): the pages are those of a plain
+/// ordered scan, newest and oldest first, across pages, with another
+/// filter beside the range, for a range far down the list and one at its
+/// head.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_queued_time_range_reads_through_the_index_past_the_head_of_the_list() {
+    let Some(pool) = pool("a_queued_time_range_reads_through_the_index").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    // 400,000 jobs, ten a minute, the oldest first; every third of kind b.
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, queued_at, finished_at) \
+             SELECT CASE WHEN g % 3 = 0 THEN 'b' ELSE 'a' END, 'completed', \
+             now() - interval '40000 minutes' + g * interval '6 seconds', now() \
+             FROM generate_series(1, 400000) AS g"
+        ),
+    )
+    .await;
+    execute(&pool, format!("VACUUM ANALYZE {t}")).await;
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin");
+    let now = chrono::Utc::now();
+    let ranges = [
+        // Far down the list: windows looked into, then read.
+        (
+            now - chrono::TimeDelta::minutes(25_000),
+            now - chrono::TimeDelta::minutes(24_990),
+        ),
+        // The newest ten minutes: at the head of the list.
+        (now - chrono::TimeDelta::minutes(10), now),
+    ];
+    for (from, before) in ranges {
+        for kinds in [None, Some("b")] {
+            let mut filter = JobFilter::default().queued_from(from).queued_before(before);
+            let mut kind_condition = String::new();
+            if let Some(kind) = kinds {
+                filter = filter.kinds([kind]);
+                kind_condition = format!(" AND kind = '{kind}'");
+            }
+            for order in [
+                queue_core::ListOrder::NewestFirst,
+                queue_core::ListOrder::OldestFirst,
+            ] {
+                let direction = match order {
+                    queue_core::ListOrder::NewestFirst => "DESC",
+                    _ => "ASC",
+                };
+                let expected: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                    "SELECT id FROM {t} WHERE queued_at >= $1 AND queued_at < $2{kind_condition} \
+                     ORDER BY id {direction}"
+                )))
+                .bind(from)
+                .bind(before)
+                .fetch_all(&pool)
+                .await
+                .expect("the expected ids");
+                assert!(!expected.is_empty(), "the range holds jobs");
+                let mut params = ListParams::first(filter.clone(), 40).order(order);
+                let mut seen = Vec::new();
+                loop {
+                    let page = admin.list(&params).await.expect("a page");
+                    assert_eq!(
+                        page.searched, None,
+                        "a queued range is read to the page's end"
+                    );
+                    seen.extend(page.jobs.iter().map(|j| j.id));
+                    match page.next {
+                        Some(next) => params.after = Some(next),
+                        None => break,
+                    }
+                }
+                assert_eq!(seen, expected, "{from}..{before}, {kinds:?}, {order:?}");
+            }
+        }
+    }
+}

@@ -43,7 +43,7 @@ pub struct PurgeArgs {
     pub states: Vec<String>,
     /// Jobs deleted per statement: each batch is one short transaction, so
     /// claims never wait on a purge for long.
-    #[arg(long, default_value_t = 1000, value_name = "N")]
+    #[arg(long, default_value_t = queue_core::DEFAULT_PURGE_BATCH as usize, value_name = "N")]
     pub batch: usize,
     /// Record the purge and return at once; a running `queue serve`
     /// carries it out (follow it with `queue ops`).

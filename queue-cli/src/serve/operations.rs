@@ -132,7 +132,7 @@ pub enum Started {
 #[derive(Debug, Default, Deserialize, ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OperationOptions {
-    /// Jobs per batch, 1 to 10000 (default 1000).
+    /// Jobs per batch, 1 to 10000 (default 1000; 5000 for a purge).
     #[schema(minimum = 1, maximum = 10000)]
     pub batch: Option<u32>,
 }
@@ -194,7 +194,7 @@ async fn start(
     batch: Option<u32>,
     action: OperationAction,
 ) -> Result<(StatusCode, Json<OperationView>), ApiError> {
-    let batch = batch.unwrap_or(queue_core::DEFAULT_OPERATION_BATCH);
+    let batch = batch.unwrap_or(action.default_batch());
     if batch == 0 || batch > MAX_OPERATION_BATCH {
         return Err(ApiError::bad_request(format!(
             "batch must be between 1 and {MAX_OPERATION_BATCH}"

@@ -52,6 +52,27 @@ pub(crate) enum Pick<'a> {
     OldestFinished(&'a JobFilter),
 }
 
+/// How a list page reads the table ([`AdminStatements::list`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ListRead {
+    /// In list order (by key, or through the parts' own indexes) until the
+    /// page is full: a page costs about a page where the filter's matches
+    /// are common, or an index serves it.
+    Walk,
+    /// The next [`Param::SearchLimit`] jobs of the list, in order, each
+    /// marked whether it holds the failure text: a bounded read whatever
+    /// the text. A page that does not fill says how far it searched.
+    Stretch,
+    /// The jobs in one window of keys, from [`Param::After`] (exclusive,
+    /// as a page's start) to [`Param::WindowEnd`] (inclusive), read the
+    /// cheapest way the planner knows (for a queued-time range, the
+    /// default table's block range index of queued times and keys), then
+    /// ordered. A page reads windows growing away from where it starts
+    /// until it is full: each costs about the blocks of the range in it,
+    /// however far down the list the range is.
+    Windows,
+}
+
 /// The admin contract's statements for one table.
 #[derive(Debug, Clone)]
 pub(crate) struct AdminStatements {
@@ -588,8 +609,14 @@ impl AdminStatements {
     /// in, read from the primary key; a uuid or text key says nothing of
     /// when a job came.
     pub(crate) fn list_by_queued_time(&self) -> Option<String> {
-        let integer = matches!(self.key_type.as_str(), "bigint" | "integer" | "smallint");
-        self.names.at(Column::QueuedAt).filter(|_| !integer)
+        self.names
+            .at(Column::QueuedAt)
+            .filter(|_| !self.integer_key())
+    }
+
+    /// Whether the key is an integer (from a sequence, so in queued order).
+    fn integer_key(&self) -> bool {
+        matches!(self.key_type.as_str(), "bigint" | "integer" | "smallint")
     }
 
     /// A page of jobs matching `filter`, newest first (or oldest, without
@@ -602,28 +629,27 @@ impl AdminStatements {
     /// queued time come first when newest first, last when oldest first,
     /// as Postgres orders NULLs.
     ///
-    /// A failure text no trigram index serves
-    /// ([`AdminStatements::list_searches_a_stretch`]) is searched in the
-    /// next [`Param::SearchLimit`] jobs of the list alone: each row then
-    /// also has `"__queue_match"` (whether it matches) and `"__queue_n"`
-    /// (its place in that stretch), and the stretch's last job comes too,
-    /// matching or not, to say where the search stopped.
+    /// `read` says how ([`ListRead`]). With [`ListRead::Stretch`], each row
+    /// also has `"__queue_match"` (whether it matches what the stretch
+    /// searches for) and `"__queue_n"` (its place in the stretch), and the
+    /// stretch's last job comes too, matching or not, to say where the
+    /// search stopped.
     pub(crate) fn list(
         &self,
         filter: &JobFilter,
         newest_first: bool,
         after: bool,
+        read: ListRead,
     ) -> Result<Statement, StoreError> {
         let mut b = Builder::default();
-        let searched = self.list_searches_a_stretch(filter);
-        let condition = if searched {
-            let mut unsearched = filter.clone();
-            unsearched.failure_contains = None;
-            self.filter(&mut b, &unsearched)?
+        let condition = if read == ListRead::Stretch {
+            let mut rest = filter.clone();
+            rest.failure_contains = None;
+            self.filter(&mut b, &rest)?
         } else {
             self.filter(&mut b, filter)?
         };
-        let matched = if searched {
+        let matched = if read == ListRead::Stretch {
             Some(self.failure_matches(&mut b)?)
         } else {
             None
@@ -637,11 +663,15 @@ impl AdminStatements {
         let queued = self.list_by_queued_time();
         let (anchor, after, order_by, outer_order) = match &queued {
             None => {
-                let after = if after {
+                let mut after = if after {
                     format!(" AND {id} {op} {}", b.p(Param::After))
                 } else {
                     String::new()
                 };
+                if read == ListRead::Windows {
+                    let end = if newest_first { ">=" } else { "<=" };
+                    after.push_str(&format!(" AND {id} {end} {}", b.p(Param::WindowEnd)));
+                }
                 (
                     String::new(),
                     after,
@@ -693,11 +723,21 @@ impl AdminStatements {
         };
         let select = |columns: &str, limit: &str| {
             let page = |part: &str| {
-                format!(
-                    "SELECT {columns} FROM {from}{anchor} WHERE {condition}{after}{part} \
-                     ORDER BY {order_by} LIMIT {limit}",
+                let rows = format!(
+                    "SELECT {columns} FROM {from}{anchor} WHERE {condition}{after}{part}",
                     from = self.from(),
-                )
+                );
+                if read == ListRead::Windows {
+                    // OFFSET 0 keeps the order and the limit out of the
+                    // window's read: the planner reads its every match
+                    // the cheapest way (an index of queued times), not by
+                    // walking the key until the page fills.
+                    format!(
+                        "SELECT * FROM ({rows} OFFSET 0) AS \"__queue_range\" ORDER BY {outer_order} LIMIT {limit}"
+                    )
+                } else {
+                    format!("{rows} ORDER BY {order_by} LIMIT {limit}")
+                }
             };
             if parts.is_empty() {
                 page("")
@@ -750,11 +790,63 @@ impl AdminStatements {
         Ok(b.build())
     }
 
-    /// Whether a list page with `filter` searches a bounded stretch of the
-    /// list ([`AdminStatements::list`]): a failure text that no trigram
-    /// index serves.
-    pub(crate) fn list_searches_a_stretch(&self, filter: &JobFilter) -> bool {
-        filter.failure_contains.is_some() && !self.shape.failure_indexed
+    /// How a page of `filter` is read ([`ListRead`]): a failure text no
+    /// trigram index serves is searched in a stretch of the list; a
+    /// queued-time range on a table listed by an integer key whose queued
+    /// times are indexed is read in windows of keys; otherwise the list is
+    /// walked.
+    pub(crate) fn list_read(&self, filter: &JobFilter) -> ListRead {
+        if filter.failure_contains.is_some() && !self.shape.failure_indexed {
+            ListRead::Stretch
+        } else if (filter.queued_from.is_some() || filter.queued_before.is_some())
+            && self.integer_key()
+            && self.shape.queued_indexed
+        {
+            ListRead::Windows
+        } else {
+            ListRead::Walk
+        }
+    }
+
+    /// Whether a job matching `filter` has a key in the window from
+    /// [`Param::After`] (exclusive) to [`Param::WindowEnd`] (inclusive),
+    /// downwards when `newest_first`: a wide window a page read in windows
+    /// looks into before it reads it ([`ListRead::Windows`]).
+    pub(crate) fn window_probe(
+        &self,
+        filter: &JobFilter,
+        newest_first: bool,
+    ) -> Result<Statement, StoreError> {
+        let mut b = Builder::default();
+        let condition = self.filter(&mut b, filter)?;
+        let id = self.names.must(Column::Id);
+        let (op, end) = if newest_first {
+            ("<", ">=")
+        } else {
+            (">", "<=")
+        };
+        let after = b.p(Param::After);
+        let window_end = b.p(Param::WindowEnd);
+        // One look through the block range index, a kind's parts not read
+        // apart: a common kind's index would be read whole for a bitmap.
+        b.push(&format!(
+            "SELECT EXISTS (SELECT 1 FROM {from} WHERE {condition} AND {id} {op} {after} AND {id} {end} {window_end})",
+            from = self.from(),
+        ));
+        Ok(b.build())
+    }
+
+    /// The lowest and the highest key (int8; NULLs on an empty table):
+    /// where a page read in windows ([`ListRead::Windows`]) ends.
+    pub(crate) fn key_bounds(&self) -> Statement {
+        let mut b = Builder::default();
+        b.push(&format!(
+            "SELECT CAST(min({id}) AS int8), CAST(max({id}) AS int8) FROM {table} AS {alias}",
+            id = self.names.must(Column::Id),
+            table = self.table,
+            alias = self.alias,
+        ));
+        b.build()
     }
 
     /// Whether the failure text holds [`Param::FailureText`], ignoring
@@ -1494,6 +1586,7 @@ mod tests {
             finished_indexed: false,
             kind_split: false,
             failure_indexed: false,
+            queued_indexed: false,
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

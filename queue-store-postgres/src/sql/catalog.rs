@@ -474,7 +474,7 @@ pub(crate) async fn inspect(
             }
         }
     }
-    let finished_indexed = missing_indexes(pool, oid, options, &absent).await?;
+    let (finished_indexed, queued_indexed) = missing_indexes(pool, oid, options, &absent).await?;
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
         .bind(oid)
         .bind(super::default_table::derived_name(&table.name, "notify"))
@@ -528,6 +528,7 @@ pub(crate) async fn inspect(
             finished_indexed,
             kind_split,
             failure_indexed,
+            queued_indexed,
         },
         absent,
     ))
@@ -536,15 +537,16 @@ pub(crate) async fn inspect(
 /// Names each index the operator surfaces and the sweeps read that the
 /// table lacks (an index starting with the finish-time column, the expiry
 /// column), with the statement that would create it;
-/// returns whether the finish-time one exists.
+/// returns whether the finish-time one and the queued-time one exist.
 async fn missing_indexes(
     pool: &PgPool,
     oid: i64,
     options: &PgStoreOptions,
     absent: &[Column],
-) -> Result<bool, StoreError> {
+) -> Result<(bool, bool), StoreError> {
     let table = options.table_name();
     let mut finished_indexed = false;
+    let mut queued_indexed = false;
     for (column, reads, definition) in [
         (
             Column::FinishedAt,
@@ -561,6 +563,11 @@ async fn missing_indexes(
             "a list of one kind reads every row when the kind is rare",
             "({c}, {id})",
         ),
+        (
+            Column::QueuedAt,
+            "a list of a queued-time range walks every job queued since",
+            "USING brin ({c})",
+        ),
     ] {
         let Some(name) = options
             .column_name(column)
@@ -574,8 +581,10 @@ async fn missing_indexes(
             .fetch_one(pool)
             .await
             .map_err(|e| store_error("reading the catalog", e))?;
-        if column == Column::FinishedAt {
-            finished_indexed = indexed;
+        match column {
+            Column::FinishedAt => finished_indexed = indexed,
+            Column::QueuedAt => queued_indexed = indexed,
+            _ => {}
         }
         if !indexed {
             let id = options
@@ -592,7 +601,7 @@ async fn missing_indexes(
             );
         }
     }
-    Ok(finished_indexed)
+    Ok((finished_indexed, queued_indexed))
 }
 
 /// The bookkeeping table `name`, checked against the catalog (it exists,

@@ -152,7 +152,40 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
                 statements,
             }
         },
+        {
+            let (concurrent_indexes, statements) = version_10(table).into_iter().unzip();
+            MigrationSql {
+                concurrent_indexes,
+                version: 10,
+                name: "a block range (BRIN) index of queued times and keys, for lists of a queued-time range \
+                       (built concurrently: claims go on while it builds)",
+                statements,
+            }
+        },
     ]
+}
+
+/// Version 10: a BRIN index of queued times and keys, a few hundred
+/// kilobytes for ten million jobs. A list of a queued-time range reads it
+/// in windows of keys (`sql::admin`'s `ListRead::Windows`): the blocks
+/// whose jobs were queued in the range and hold keys in the window,
+/// instead of walking every job queued since. Jobs are stored about in
+/// the order they were queued, which is what a block range index needs;
+/// the multi-range summaries of queued times
+/// (`minmax_multi`) stay narrow when rows land out of order in space an
+/// old purge freed. A BRIN index keeps no entry per row: a write changes
+/// it only when its row falls outside its block range's summary, and not
+/// at all in the newest blocks, which are not summarized yet.
+fn version_10(table: &QualifiedName) -> Vec<(String, String)> {
+    let name = derived(&table.name, "queued_brin_idx");
+    vec![(
+        format!("{}.{name}", table.schema.quoted()),
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} \
+             USING brin (\"queued_at\" timestamptz_minmax_multi_ops, \"id\")",
+            t = table.quoted()
+        ),
+    )]
 }
 
 /// The index of version 9, [`derived_name`] of the table with it.

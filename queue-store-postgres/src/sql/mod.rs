@@ -84,6 +84,9 @@ pub(crate) enum Param {
     /// How many jobs a list page reads at most when no index serves its
     /// filter (int8).
     SearchLimit,
+    /// The last key of a window of keys a list page reads
+    /// ([`admin::ListRead::Windows`]), inclusive (int8).
+    WindowEnd,
     FilterPayload,
     FilterUniqueKey,
     FilterWorker,
@@ -185,6 +188,7 @@ fn unnest_unseen(arrays: &[(&str, &str)]) -> String {
     format!("unnest({})", arrays.join(", "))
 }
 
+pub(crate) use admin::ListRead;
 pub(crate) use claim::{AT_MOST_ONCE_COLUMN, CURSOR_PRIORITY_COLUMN, MAX_ATTEMPTS_COLUMN};
 
 /// What the catalog told about the table.
@@ -237,6 +241,10 @@ pub(crate) struct TableShape {
     /// `gist_trgm_ops`) serves a search of the failure text; else a list
     /// page with a failure text reads a bounded stretch of the list.
     pub failure_indexed: bool,
+    /// Whether an index (of any kind: the default table's is a BRIN)
+    /// starts with the queued-time column: a queued-time range a stretch
+    /// of the list does not fill is then read through it.
+    pub queued_indexed: bool,
 }
 
 /// A `json`/`jsonb` failure column: its type, and the path of keys to
@@ -578,6 +586,7 @@ fn test_shape() -> TableShape {
         finished_indexed: false,
         kind_split: false,
         failure_indexed: false,
+        queued_indexed: false,
         state_type: "text".into(),
         key_type: "bigint".into(),
         log_element: "json".into(),
