@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use queue_core::Job;
 use queue_store_postgres::PgStore;
-use support::{fresh_table, pool};
+use support::{execute, fresh_table, partitioned_by_state, pool, quoted_schema};
 use tracing::field::{Field, Visit};
 use tracing_subscriber::layer::{Context, SubscriberExt};
 use tracing_subscriber::Layer;
@@ -41,10 +41,18 @@ async fn warnings_of_start(
     pool: &sqlx::PgPool,
     table: &queue_store_postgres::JobTable,
 ) -> Vec<String> {
+    warnings_of(pool, table.store_options()).await
+}
+
+/// Starts a store with `options`, the warnings captured as above.
+async fn warnings_of(
+    pool: &sqlx::PgPool,
+    options: queue_store_postgres::PgStoreOptions,
+) -> Vec<String> {
     let warnings = Warnings::default();
     let _guard =
         tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
-    PgStore::<Job>::default_table(pool.clone(), table.store_options())
+    PgStore::<Job>::default_table(pool.clone(), options)
         .await
         .expect("a store");
     let captured = warnings.0.lock().unwrap().clone();
@@ -149,4 +157,38 @@ async fn a_table_without_the_operator_surfaces_indexes_is_told_how_to_make_them(
             "{statement} in {warned:?}"
         );
     }
+}
+
+/// On a partitioned table the statement start-up gives for a missing index
+/// is one Postgres runs there: not concurrent (it builds no partitioned
+/// table's index concurrently), with how to keep writes going meanwhile.
+#[tokio::test]
+async fn a_partitioned_table_is_told_an_index_statement_it_can_run() {
+    let Some(pool) = pool("a_partitioned_table_is_told_an_index_statement").await else {
+        return;
+    };
+    let (schema, options) = partitioned_by_state(&pool).await;
+    let warned = warnings_of(&pool, options).await;
+    let t = format!("{}.\"tasks\"", quoted_schema(&schema));
+    let create = format!("CREATE INDEX ON {t} (\"kind\", \"id\") (a partitioned table's");
+    let suggested = warned
+        .iter()
+        .find(|w| w.contains(&create))
+        .unwrap_or_else(|| panic!("{create} in {warned:?}"));
+    assert!(
+        suggested.contains("ON ONLY") && !suggested.contains("CONCURRENTLY ON"),
+        "{suggested}"
+    );
+    execute(&pool, format!("CREATE INDEX ON {t} (\"kind\", \"id\")")).await;
+    let warned = warnings_of(&pool, partitioned_options(&schema)).await;
+    assert!(
+        !warned.iter().any(|w| w.contains("(\"kind\", \"id\")")),
+        "the index made as told is found: {warned:?}"
+    );
+}
+
+fn partitioned_options(schema: &str) -> queue_store_postgres::PgStoreOptions {
+    queue_store_postgres::PgStoreOptions::new("tasks")
+        .and_then(|o| o.schema(schema))
+        .expect("valid names")
 }

@@ -474,7 +474,9 @@ pub(crate) async fn inspect(
             }
         }
     }
-    let (finished_indexed, queued_indexed) = missing_indexes(pool, oid, options, &absent).await?;
+    let partitioned = kind == "p";
+    let (finished_indexed, queued_indexed) =
+        missing_indexes(pool, oid, partitioned, options, &absent).await?;
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
         .bind(oid)
         .bind(super::default_table::derived_name(&table.name, "notify"))
@@ -536,11 +538,14 @@ pub(crate) async fn inspect(
 
 /// Names each index the operator surfaces and the sweeps read that the
 /// table lacks (an index starting with the finish-time column, the expiry
-/// column), with the statement that would create it;
-/// returns whether the finish-time one and the queued-time one exist.
+/// column, the kind column, the queued-time column), with the statement
+/// that would create it (one that is not concurrent on a `partitioned`
+/// table, which Postgres cannot build concurrently); returns whether the
+/// finish-time one and the queued-time one exist.
 async fn missing_indexes(
     pool: &PgPool,
     oid: i64,
+    partitioned: bool,
     options: &PgStoreOptions,
     absent: &[Column],
 ) -> Result<(bool, bool), StoreError> {
@@ -594,10 +599,20 @@ async fn missing_indexes(
             let definition = definition
                 .replace("{c}", &name.quoted())
                 .replace("{id}", &id);
+            // Postgres builds no index of a partitioned table concurrently.
+            let create = if partitioned {
+                format!(
+                    "CREATE INDEX ON {table} {definition} (a partitioned table's is not built concurrently: \
+                     to keep writes going, create it ON ONLY the table, then each partition's with \
+                     CREATE INDEX CONCURRENTLY, attached with ALTER INDEX .. ATTACH PARTITION)"
+                )
+            } else {
+                format!("CREATE INDEX CONCURRENTLY ON {table} {definition}")
+            };
             tracing::warn!(
                 %table,
                 column = name.as_str(),
-                "no index starts with this column: {reads}, which is slow on a big table; create one with: CREATE INDEX CONCURRENTLY ON {table} {definition}"
+                "no index starts with this column: {reads}, which is slow on a big table; create one with: {create}"
             );
         }
     }

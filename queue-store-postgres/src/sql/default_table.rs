@@ -132,37 +132,51 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "statistics of the state and kind columns together, which the figures of a big table are estimated from",
             statements: version_7(table),
         },
-        {
-            let (concurrent_indexes, statements) = version_8(table).into_iter().unzip();
-            MigrationSql {
-                concurrent_indexes,
-                version: 8,
-                name: "indexes of finish time and expiry for the timeline, retention, purges and the expiry sweep \
-                       (built concurrently: claims go on while they build)",
-                statements,
-            }
-        },
-        {
-            let (concurrent_indexes, statements) = version_9(table).into_iter().unzip();
-            MigrationSql {
-                concurrent_indexes,
-                version: 9,
-                name: "an index of finished jobs by kind, for lists of one kind \
-                       (built concurrently: claims go on while it builds)",
-                statements,
-            }
-        },
-        {
-            let (concurrent_indexes, statements) = version_10(table).into_iter().unzip();
-            MigrationSql {
-                concurrent_indexes,
-                version: 10,
-                name: "a block range (BRIN) index of queued times and keys, for lists of a queued-time range \
-                       (built concurrently: claims go on while it builds)",
-                statements,
-            }
-        },
+        concurrent(
+            8,
+            "indexes of finish time and expiry for the timeline, retention, purges and the expiry sweep \
+             (built concurrently: claims go on while they build)",
+            version_8(table),
+        ),
+        concurrent(
+            9,
+            "an index of finished jobs by kind, for lists of one kind \
+             (built concurrently: claims go on while it builds)",
+            version_9(table),
+        ),
+        concurrent(
+            10,
+            "a block range (BRIN) index of queued times and keys, for lists of a queued-time range \
+             (built concurrently: claims go on while it builds)",
+            version_10(table),
+        ),
     ]
+}
+
+/// A version made of concurrent index builds (`(qualified name, CREATE)`
+/// each, as [`concurrent_index`] gives them).
+fn concurrent(version: u32, name: &'static str, indexes: Vec<(String, String)>) -> MigrationSql {
+    let (concurrent_indexes, statements) = indexes.into_iter().unzip();
+    MigrationSql {
+        concurrent_indexes,
+        version,
+        name,
+        statements,
+    }
+}
+
+/// The index `<table>_<suffix>` of `table` with `definition` (what
+/// follows the table's name), built concurrently: its qualified name and
+/// its `CREATE INDEX CONCURRENTLY IF NOT EXISTS`.
+fn concurrent_index(table: &QualifiedName, suffix: &str, definition: &str) -> (String, String) {
+    let name = derived(&table.name, suffix);
+    (
+        format!("{}.{name}", table.schema.quoted()),
+        format!(
+            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {} {definition}",
+            table.quoted()
+        ),
+    )
 }
 
 /// Version 10: a BRIN index of queued times and keys, a few hundred
@@ -177,14 +191,10 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
 /// it only when its row falls outside its block range's summary, and not
 /// at all in the newest blocks, which are not summarized yet.
 fn version_10(table: &QualifiedName) -> Vec<(String, String)> {
-    let name = derived(&table.name, "queued_brin_idx");
-    vec![(
-        format!("{}.{name}", table.schema.quoted()),
-        format!(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} \
-             USING brin (\"queued_at\" timestamptz_minmax_multi_ops, \"id\")",
-            t = table.quoted()
-        ),
+    vec![concurrent_index(
+        table,
+        "queued_brin_idx",
+        "USING brin (\"queued_at\" timestamptz_minmax_multi_ops, \"id\")",
     )]
 }
 
@@ -198,14 +208,10 @@ pub(crate) const FINISHED_KIND_INDEX: &str = "finished_kind_idx";
 /// are in it: a job writes one entry, when it finishes, where an index of
 /// every row would take three (enqueue, claim, completion; see version 8).
 fn version_9(table: &QualifiedName) -> Vec<(String, String)> {
-    let name = derived(&table.name, FINISHED_KIND_INDEX);
-    vec![(
-        format!("{}.{name}", table.schema.quoted()),
-        format!(
-            "CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} (\"kind\", \"id\") \
-             WHERE \"state\" IN ('completed', 'failed', 'canceled')",
-            t = table.quoted()
-        ),
+    vec![concurrent_index(
+        table,
+        FINISHED_KIND_INDEX,
+        "(\"kind\", \"id\") WHERE \"state\" IN ('completed', 'failed', 'canceled')",
     )]
 }
 
@@ -224,20 +230,14 @@ fn version_9(table: &QualifiedName) -> Vec<(String, String)> {
 /// three entries in it (enqueue, claim, completion), which cost a 100,000
 /// job lease drain 12-17 % here.
 fn version_8(table: &QualifiedName) -> Vec<(String, String)> {
-    let t = table.quoted();
-    let index = |suffix: &str, definition: &str| {
-        let name = derived(&table.name, suffix);
-        (
-            format!("{}.{name}", table.schema.quoted()),
-            format!("CREATE INDEX CONCURRENTLY IF NOT EXISTS {name} ON {t} {definition}"),
-        )
-    };
     vec![
-        index(
+        concurrent_index(
+            table,
             "finished_idx",
             "(\"finished_at\", \"id\") WHERE \"finished_at\" IS NOT NULL",
         ),
-        index(
+        concurrent_index(
+            table,
             "expires_idx",
             "(\"expires_at\") WHERE \"state\" IN ('queued', 'errored') AND \"expires_at\" IS NOT NULL",
         ),

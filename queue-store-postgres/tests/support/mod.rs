@@ -54,6 +54,46 @@ where
         .expect("the completion")
 }
 
+/// `schema` quoted as an identifier.
+pub fn quoted_schema(schema: &str) -> String {
+    format!("\"{}\"", schema.replace('"', "\"\""))
+}
+
+/// A table of one's own with the default table's columns that Postgres
+/// partitions by state (`PARTITION BY LIST`): waiting and running jobs in
+/// `tasks_live`, finished ones in `tasks_done`, so that a completion moves
+/// its row across. Its key is `(id, state)`, as a partitioned table's
+/// unique key must hold the partition column. In a fresh schema, with the
+/// claim's two indexes; returns the schema and the store's options.
+pub async fn partitioned_by_state(pool: &PgPool) -> (String, queue_store_postgres::PgStoreOptions) {
+    let schema = awkward_schema();
+    let s = quoted_schema(&schema);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {s}.tasks (
+           id bigserial, kind text NOT NULL, payload jsonb NOT NULL DEFAULT '{{}}',
+           state text NOT NULL DEFAULT 'queued', priority int NOT NULL DEFAULT 0,
+           failure_message text, queued_at timestamptz NOT NULL DEFAULT now(),
+           started_at timestamptz, finished_at timestamptz, process_after timestamptz,
+           num_failures int NOT NULL DEFAULT 0, num_resets int NOT NULL DEFAULT 0,
+           last_heartbeat_at timestamptz, worker_hostname text, execution_logs json[],
+           cancel boolean NOT NULL DEFAULT false, claim_token bigint NOT NULL DEFAULT 0,
+           PRIMARY KEY (id, state)
+         ) PARTITION BY LIST (state);
+         CREATE TABLE {s}.tasks_live PARTITION OF {s}.tasks FOR VALUES IN ('queued', 'processing', 'errored');
+         CREATE TABLE {s}.tasks_done PARTITION OF {s}.tasks FOR VALUES IN ('completed', 'failed', 'canceled');
+         CREATE INDEX ON {s}.tasks (priority DESC, id) WHERE state IN ('queued', 'errored');
+         CREATE INDEX ON {s}.tasks (id) WHERE state = 'processing';"
+    )))
+    .execute(pool)
+    .await
+    .expect("the partitioned table");
+    let options = queue_store_postgres::PgStoreOptions::new("tasks")
+        .and_then(|o| o.schema(&schema))
+        .expect("valid names");
+    (schema, options)
+}
+
 /// Runs `sql`, which must succeed (a test's own setup).
 pub async fn execute(pool: &PgPool, sql: String) {
     sqlx::query(sqlx::AssertSqlSafe(sql))
