@@ -144,8 +144,60 @@ impl PgStore<Job> {
             }
             _ => RecordDecoder::Row(decode_job),
         };
-        PgStore::build(pool, options, decode).await
+        // Read by name: checked once the table itself has been (its own
+        // errors name the problem more exactly).
+        let by_name = matches!(decode, RecordDecoder::Row(_))
+            && options.select.is_none()
+            && options.view.is_none();
+        let checked = by_name.then(|| options.clone());
+        let store = PgStore::build(pool.clone(), options, decode).await?;
+        if let Some(options) = checked {
+            unreadable_as_job(&pool, &options).await?;
+        }
+        Ok(store)
     }
+}
+
+/// Refuses a table whose rows a [`Job`] cannot be read from, before any
+/// job is claimed: without a select list or a view, a claimed row is read
+/// by the default table's column names, and a running job's state as
+/// `processing`. A table without one of those columns, or storing running
+/// jobs as another value, would fail every job's decoding, and each would
+/// end failed.
+async fn unreadable_as_job(pool: &PgPool, options: &PgStoreOptions) -> Result<(), StoreError> {
+    let present: Vec<String> = sqlx::query_scalar(
+        "SELECT a.attname::text FROM pg_catalog.pg_attribute a \
+         WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped",
+    )
+    .bind(options.table.quoted())
+    .fetch_all(pool)
+    .await
+    .map_err(|e| crate::error::store_error("reading the catalog", e))?;
+    // A table that is not there is the store's own start-up error.
+    if present.is_empty() {
+        return Ok(());
+    }
+    let lacking: Vec<&str> = crate::record::DEFAULT_COLUMNS
+        .into_iter()
+        .filter(|name| !present.iter().any(|p| p == name))
+        .collect();
+    if !lacking.is_empty() {
+        return Err(StoreError::Config(format!(
+            "a Job record reads the default table's columns by name, and table {} has no {}: give a select list \
+             naming them (PgStoreOptions::select), or use PgStore::new with a record of your own",
+            options.table,
+            lacking.join(", ")
+        )));
+    }
+    let running = options.states.get(queue_core::JobState::Processing);
+    if running != queue_core::JobState::Processing.as_str() {
+        return Err(StoreError::Config(format!(
+            "a Job record reads a running job's state as \"processing\", and table {} stores it as {running:?}: \
+             use PgStore::new with a record of your own",
+            options.table
+        )));
+    }
+    Ok(())
 }
 
 impl<R> PgStore<R>

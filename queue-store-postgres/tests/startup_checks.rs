@@ -123,3 +123,73 @@ async fn a_table_with_both_max_attempts_and_attempts_left_is_refused() {
         .await
         .expect("the countdown alone is accepted");
 }
+
+/// A `Job` record reads the default table's columns by name: a store of
+/// `Job`s over a table without one of them, or storing running jobs as
+/// another value, is refused at start-up, naming what it lacks, instead
+/// of failing every job it claims as undecodable.
+#[tokio::test]
+async fn a_job_store_over_columns_a_job_cannot_be_read_from_is_refused() {
+    let Some(pool) = pool("a_job_store_over_columns_a_job_cannot_be_read_from").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let (schema, _) = support::partitioned_by_state(&pool).await;
+    let options = || {
+        queue_store_postgres::PgStoreOptions::new("tasks")
+            .and_then(|o| o.schema(&schema))
+            .expect("valid names")
+    };
+    support::execute(
+        &pool,
+        format!(
+            "ALTER TABLE {}.tasks DROP COLUMN execution_logs, DROP COLUMN cancel",
+            support::quoted_schema(&schema)
+        ),
+    )
+    .await;
+    let without_logs = options()
+        .without(Column::ExecutionLogs)
+        .and_then(|o| o.without(Column::Cancel))
+        .expect("optional columns");
+    let message = PgStore::<Job>::default_table(pool.clone(), without_logs)
+        .await
+        .expect_err("no execution_logs to read")
+        .to_string();
+    assert!(
+        message.contains("has no execution_logs, cancel") && message.contains("PgStore::new"),
+        "{message}"
+    );
+    support::execute(
+        &pool,
+        format!(
+            "ALTER TABLE {}.tasks ADD COLUMN execution_logs json[], ADD COLUMN cancel boolean NOT NULL DEFAULT false",
+            support::quoted_schema(&schema)
+        ),
+    )
+    .await;
+    // Read by name (the reset count left out of the claim's own list),
+    // with running jobs stored as another value.
+    let other_states = options()
+        .without(Column::NumResets)
+        .expect("optional")
+        .state_value(queue_core::JobState::Processing, "running");
+    let message = PgStore::<Job>::default_table(pool.clone(), other_states)
+        .await
+        .expect_err("states stored as other values")
+        .to_string();
+    assert!(message.contains("stores it as \"running\""), "{message}");
+    PgStore::<Job>::default_table(pool.clone(), options())
+        .await
+        .expect("every column under its standard name is read");
+    // The claim's own list reads the state from the claim: any value.
+    PgStore::<Job>::default_table(
+        pool.clone(),
+        options().state_value(queue_core::JobState::Processing, "running"),
+    )
+    .await
+    .expect("states of its own, every column there");
+    PgStore::<Job>::default_table(pool.clone(), table.store_options())
+        .await
+        .expect("the default table");
+}
