@@ -22,6 +22,7 @@ mod drain;
 mod enqueue;
 mod http_enqueue;
 mod memory;
+mod partitioned;
 mod peers;
 #[path = "../../../bench/quiet.rs"]
 mod quiet;
@@ -112,7 +113,7 @@ const QUICK: Sizes = Sizes {
 /// `versus` and `cold` need the peer queues, so a run without `--only` has
 /// them only with `--peers`; `big` fills a table of ten million rows, so a
 /// full run has it only with `--big` (`--quick` has it, small).
-const SCENARIOS: [&str; 17] = [
+const SCENARIOS: [&str; 18] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -126,6 +127,7 @@ const SCENARIOS: [&str; 17] = [
     "growth",
     "scheduled",
     "drain-scheduled",
+    "partitioned",
     "big",
     "peers",
     "versus",
@@ -333,6 +335,9 @@ pub async fn run(args: Args) -> Result<()> {
         alternating::beside_scheduled(&pool, sizes, &mut results).await?;
     }
 
+    if args.runs("partitioned") {
+        partitioned::claims(&pool, sizes, &mut results).await?;
+    }
     if args.runs("big") {
         big::operator_surfaces(&pool, sizes, &mut results).await?;
     }
