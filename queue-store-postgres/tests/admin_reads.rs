@@ -458,3 +458,110 @@ async fn a_queued_time_range_reads_through_the_index_past_the_head_of_the_list()
         }
     }
 }
+
+/// Right after a bulk retry of a big table's failed jobs, the figures do
+/// not keep them failed: the retried jobs are counted as waiting, and the
+/// finished ones are what the table's live rows leave of them (not the
+/// last ANALYZE's shares times a table that the update's dead rows made
+/// look twice as big). The operation's end has the table analyzed, after
+/// which the finished figures are split right too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_bulk_retry_the_figures_do_not_keep_the_jobs_failed() {
+    let Some(pool) = pool("after_a_bulk_retry_the_figures_do_not_keep").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at, failure_message, num_failures) \
+             SELECT 'a', 'failed', now(), 'deploy 7f3a', 1 FROM generate_series(1, 4000)"
+        ),
+    )
+    .await;
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at) \
+             SELECT 'b', 'completed', now() FROM generate_series(1, 1000)"
+        ),
+    )
+    .await;
+    execute(&pool, format!("ANALYZE {t}")).await;
+    // Past the threshold, with the 4,000 retried jobs under the cap of a
+    // waiting set, so that they are counted.
+    let admin = PgAdmin::<i64>::new(
+        pool.clone(),
+        table.store_options().exact_counts_below(5_000),
+    )
+    .await
+    .expect("an admin");
+    let failed = JobFilter::default().states([JobState::Failed]);
+    let op = admin
+        .create_operation(&queue_core::NewOperation::new(
+            queue_core::OperationAction::Retry {
+                reset_attempts: false,
+            },
+            failed,
+            "alice",
+            4000,
+        ))
+        .await
+        .expect("an operation");
+    let op = admin
+        .take_operation(&queue_core::TakeOperation::id("test", op.id))
+        .await
+        .expect("taken")
+        .expect("the operation");
+    let done = queue_core::run_operation(
+        &admin,
+        op,
+        "test",
+        &queue_core::CancellationToken::new(),
+        queue_core::RunOptions::new(std::time::Duration::ZERO, queue_core::StopAs::HandedBack),
+        |_| {},
+    )
+    .await
+    .expect("the retry ran");
+    assert_eq!(done.done, 4000);
+    let figure = |stats: &queue_core::QueueStats, state: JobState| -> u64 {
+        stats
+            .counts
+            .iter()
+            .filter(|c| c.state == Some(state))
+            .map(|c| c.count)
+            .sum()
+    };
+    let now = chrono::Utc::now;
+    let stats = admin
+        .stats(StatsParams::new(now(), now()))
+        .await
+        .expect("the figures");
+    assert_eq!(figure(&stats, JobState::Queued), 4000, "counted: {stats:?}");
+    let finished = figure(&stats, JobState::Failed) + figure(&stats, JobState::Completed);
+    assert!(
+        (900..=1100).contains(&finished),
+        "the finished figures are what is left of the table's 5,000 rows, not 4,800 again: {stats:?}"
+    );
+    // The operation's end had the table analyzed.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let stats = admin
+            .stats(StatsParams::new(now(), now()))
+            .await
+            .expect("the figures");
+        if figure(&stats, JobState::Failed) == 0 {
+            assert!(
+                (900..=1100).contains(&figure(&stats, JobState::Completed)),
+                "{stats:?}"
+            );
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "still failed jobs after the operation's ANALYZE: {stats:?}"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}

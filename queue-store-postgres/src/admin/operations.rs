@@ -14,6 +14,10 @@ use crate::ident::QualifiedName;
 use crate::record::PgKey;
 use crate::sql::operations;
 
+/// The jobs an ended operation must have changed for the job table to be
+/// analyzed ([`PgAdmin::analyze`]).
+const ANALYZE_AFTER: u64 = 1000;
+
 /// What an operation's errors call the table.
 const WHAT: &str = "bulk operations";
 
@@ -116,7 +120,7 @@ impl<K: PgKey> PgAdmin<K> {
         let sql = operations::step(&self.operations_table(), self.key_type());
         let done = i64::try_from(step.done).unwrap_or(i64::MAX);
         let end = step.end.map(|s| s.as_str().to_owned());
-        Ok(self
+        let recorded = self
             .operation_rows(sql, "recording a bulk operation's batch", |q| {
                 q.bind(step.id)
                     .bind(step.runner.clone())
@@ -126,7 +130,38 @@ impl<K: PgKey> PgAdmin<K> {
                     .bind(step.message.clone())
             })
             .await?
-            .pop())
+            .pop();
+        if let (Some(_), Some(op)) = (step.end, &recorded) {
+            if op.done >= ANALYZE_AFTER && self.inner.options.exact_counts_below > 0 {
+                self.analyze().await;
+            }
+        }
+        Ok(recorded)
+    }
+
+    /// Has the job table analyzed: a bulk operation that just ended moved
+    /// many jobs between states, and a big table's figures split its
+    /// finished jobs by the shares of the last ANALYZE (autovacuum's comes
+    /// within minutes). Samples the table (under a second on ten million
+    /// rows), never waits long for the lock (a vacuum may hold it), and
+    /// leaves the table alone on any error: it only freshens estimates. A
+    /// role that does not own the table gets a warning from Postgres, not
+    /// an error.
+    async fn analyze(&self) {
+        let table = self.inner.options.table.quoted();
+        let analyzed = async {
+            let mut tx = self.inner.pool.begin().await?;
+            sqlx::query("SET LOCAL lock_timeout = '1s'")
+                .execute(&mut *tx)
+                .await?;
+            sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        };
+        if let Err(error) = analyzed.await {
+            tracing::debug!(%table, %error, "analyzing the table after a bulk operation failed; the figures are freshened at the next ANALYZE");
+        }
     }
 
     pub(super) async fn prune_ops(

@@ -80,8 +80,8 @@ impl<K: PgKey> PgAdmin<K> {
         .with_paused(paused))
     }
 
-    /// The planner's row count of the table now; `None` when it has none
-    /// (never analyzed, or partitioned).
+    /// The table's rows now (`sql::stats`'s `size`); `None` when the
+    /// planner has none (never analyzed, or partitioned).
     async fn table_rows(&self, read: &mut Read) -> Result<Option<u64>, StoreError> {
         let context = "reading the table's size";
         let rows: Option<i64> = sqlx::query(sqlx::AssertSqlSafe(Arc::clone(
@@ -179,7 +179,7 @@ impl<K: PgKey> PgAdmin<K> {
             .fetch_all(&mut **read)
             .await
             .map_err(|e| self.read_error(context, e))?;
-        let mut estimates = Counts::new();
+        let mut estimated_shares: Vec<((String, Option<String>), f64)> = Vec::new();
         for row in &shares {
             let (stored, kind) = state_and_kind(row, context)?;
             let share: f64 = row.try_get("share").map_err(|e| store_error(context, e))?;
@@ -188,8 +188,23 @@ impl<K: PgKey> PgAdmin<K> {
                 // Counted, exactly.
                 continue;
             }
-            let estimate = (share * rows as f64).round() as u64;
-            estimates.insert((stored, kind), (estimate, true));
+            estimated_shares.push(((stored, kind), share));
+        }
+        // With every waiting and running job counted, the rest of the
+        // table's rows are the finished ones: the shares of the last
+        // ANALYZE only split them. Shares alone would keep a bulk retry's
+        // failed jobs failed until the next ANALYZE.
+        let counted: u64 = counts.values().map(|(n, _)| *n).sum();
+        let rest = rows.saturating_sub(counted) as f64;
+        let estimated_total: f64 = estimated_shares.iter().map(|(_, share)| share).sum();
+        let mut estimates = Counts::new();
+        for (key, share) in estimated_shares {
+            let estimate = if capped.is_empty() && estimated_total > 0.0 {
+                share / estimated_total * rest
+            } else {
+                share * rows as f64
+            };
+            estimates.insert(key, (estimate.round() as u64, true));
         }
         for (stored, kind) in estimates.keys().filter(|(_, kind)| kind.is_none()) {
             // Per state only: the counts by kind of a capped state become

@@ -13,9 +13,14 @@ use crate::options::{Column, PgStoreOptions};
 /// are allowed.
 #[derive(Debug, Clone)]
 pub(crate) struct StatsStatements {
-    /// The planner's row count of the table scaled to its size now, as the
-    /// planner itself scales it: `rows` (int8), null when the table was
-    /// never analyzed or is partitioned.
+    /// The table's rows now: `rows` (int8), null when the table was never
+    /// analyzed or is partitioned. The lesser of two counts that each run
+    /// high at times: the planner's row count scaled to the table's size
+    /// now, as the planner scales it (it counts the dead rows of a bulk
+    /// update or a purge as rows until a vacuum), and the live rows the
+    /// statistics system counts as rows are written (`n_live_tup`, which
+    /// counts a session's rows twice when it analyzes the table before its
+    /// counts are flushed).
     pub size: Statement,
     /// The planner's statistics of the state column: `state`, `kind` and
     /// `share` (of all rows) per value pair of the state and kind columns'
@@ -62,8 +67,9 @@ impl StatsStatements {
         let size = Statement {
             text: format!(
                 "SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL \
-                 ELSE CAST(c.reltuples / c.relpages \
-                 * (pg_relation_size(c.oid) / CAST(current_setting('block_size') AS float8)) AS int8) END \
+                 ELSE LEAST(NULLIF((SELECT s.n_live_tup FROM pg_catalog.pg_stat_user_tables AS s \
+                 WHERE s.relid = c.oid), 0), CAST(c.reltuples / c.relpages \
+                 * (pg_relation_size(c.oid) / CAST(current_setting('block_size') AS float8)) AS int8)) END \
                  AS \"rows\" FROM pg_catalog.pg_class AS c WHERE c.oid = to_regclass({})",
                 literal(&table.quoted())
             )
