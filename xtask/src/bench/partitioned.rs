@@ -9,13 +9,12 @@
 //! claim's two partial indexes (docs/existing-tables.md, "A partitioned
 //! table").
 
-use std::time::Instant;
-
-use anyhow::{ensure, Result};
-use queue_core::{ClaimParams, Job, Store};
+use anyhow::Result;
+use queue_core::Job;
 use queue_store_postgres::{ExecutionMode, PgStore, PgStoreOptions};
 use sqlx::PgPool;
 
+use super::claims::one_job_claims;
 use super::cluster::{fresh_table, thousands};
 use super::quiet;
 use super::report::Results;
@@ -112,20 +111,6 @@ async fn measure(
         options.mode(ExecutionMode::Lease).claim_cursor(None),
     )
     .await?;
-    let mut ms = Vec::with_capacity(CLAIMS);
-    for _ in 0..CLAIMS {
-        let started = Instant::now();
-        let claimed = store
-            .claim(ClaimParams {
-                limit: 1,
-                worker: "bench",
-                conditions: None,
-                now: chrono::Utc::now(),
-            })
-            .await?;
-        ms.push(started.elapsed().as_secs_f64() * 1000.0);
-        ensure!(claimed.len() == 1, "the table ran out of jobs");
-    }
-    let p = percentiles(ms);
+    let p = percentiles(one_job_claims(&store, CLAIMS).await?);
     Ok((p.p50, p.p99))
 }
