@@ -6,8 +6,9 @@
 //! an operator failing running jobs at the same time (a second move of
 //! the same row, racing the completion's), nothing is lost: every job ends
 //! in exactly one finished state, in the finished partition, counted once.
-//! An operator's write that meets a row as it moves gets a retryable
-//! conflict that changed nothing (about one a run here).
+//! An operator's write that meets a row as it moves is refused whole by
+//! Postgres (SQLSTATE 40001); the store runs it again (about one a run
+//! here), so the operator sees none.
 
 mod support;
 
@@ -84,8 +85,9 @@ async fn a_table_partitioned_by_state_drains_and_loses_nothing_when_rows_move() 
         loop {
             // A write that meets a row another transaction has just moved
             // to the other partition is refused whole by Postgres
-            // (SQLSTATE 40001): a Conflict, retryable, that changed
-            // nothing; the operation runner tries again, and so does this.
+            // (SQLSTATE 40001); the store runs it again. Should that keep
+            // happening, the caller gets a retryable Conflict that changed
+            // nothing, and tries again as the operation runner does.
             match Admin::force_fail(
                 &store,
                 &Targets::matching(running_b.clone(), 20),

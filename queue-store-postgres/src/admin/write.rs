@@ -46,8 +46,21 @@ impl<K: PgKey> PgAdmin<K> {
             .acquire()
             .await
             .map_err(|e| store_error(write_context(write), e))?;
-        self.write_on(&mut conn, write, targets, limit, now, reason)
-            .await
+        // On a table partitioned by state, a row another transaction moved
+        // to another partition while this statement waited for it fails
+        // the whole statement (nothing changed): the next statement sees
+        // the row where it is now.
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            match self
+                .write_on(&mut conn, write, targets, limit, now, reason)
+                .await
+            {
+                Err(error) if is_moved_row(&error) && tries < RETRY_ROUNDS => continue,
+                other => return other,
+            }
+        }
     }
 
     /// [`PgAdmin::write`] on `conn`.
@@ -382,6 +395,19 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
 }
 
 /// Whether `error` is a unique violation (a second holder of a unique key).
+/// Whether `error` is Postgres' refusal of a statement that met a row
+/// another transaction moved to another partition (SQLSTATE 40001, a
+/// serialization failure in any isolation level).
+fn is_moved_row(error: &StoreError) -> bool {
+    let StoreError::Conflict { source, .. } = error else {
+        return false;
+    };
+    source
+        .downcast_ref::<sqlx::Error>()
+        .and_then(|e| e.as_database_error())
+        .is_some_and(|db| db.code().as_deref() == Some("40001"))
+}
+
 fn is_unique_violation(error: &StoreError) -> bool {
     let StoreError::Backend { source, .. } = error else {
         return false;
