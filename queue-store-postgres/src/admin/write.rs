@@ -394,26 +394,26 @@ fn limit_of<K>(targets: &Targets<K>) -> usize {
     }
 }
 
-/// Whether `error` is a unique violation (a second holder of a unique key).
 /// Whether `error` is Postgres' refusal of a statement that met a row
 /// another transaction moved to another partition (SQLSTATE 40001, a
 /// serialization failure in any isolation level).
 fn is_moved_row(error: &StoreError) -> bool {
-    let StoreError::Conflict { source, .. } = error else {
-        return false;
-    };
-    source
-        .downcast_ref::<sqlx::Error>()
-        .and_then(|e| e.as_database_error())
-        .is_some_and(|db| db.code().as_deref() == Some("40001"))
+    matches!(error, StoreError::Conflict { .. }) && sqlstate(error) == Some("40001".into())
 }
 
+/// Whether `error` is a unique violation (a second holder of a unique key).
 fn is_unique_violation(error: &StoreError) -> bool {
-    let StoreError::Backend { source, .. } = error else {
-        return false;
+    matches!(error, StoreError::Backend { .. }) && sqlstate(error) == Some("23505".into())
+}
+
+/// The SQLSTATE of the database error behind `error`, if that is one.
+fn sqlstate(error: &StoreError) -> Option<String> {
+    let (StoreError::Conflict { source, .. } | StoreError::Backend { source, .. }) = error else {
+        return None;
     };
     source
         .downcast_ref::<sqlx::Error>()
         .and_then(|e| e.as_database_error())
-        .is_some_and(|db| db.code().as_deref() == Some("23505"))
+        .and_then(|db| db.code())
+        .map(|code| code.into_owned())
 }

@@ -500,14 +500,7 @@ impl AdminStatements {
     /// names a field the table has no column for.
     fn filter(&self, b: &mut Builder, filter: &JobFilter) -> Result<String, StoreError> {
         let names = &self.names;
-        let column = |c: Column, field: &str| {
-            names.at(c).ok_or_else(|| {
-                StoreError::Refused(format!(
-                    "cannot filter by {field}: table {} has no {c} column",
-                    self.table
-                ))
-            })
-        };
+        let column = |c: Column, field: &str| self.filter_column(c, field);
         let mut parts = vec!["true".to_owned()];
         if filter.states.is_some() {
             let st = &self.state_type;
@@ -849,16 +842,22 @@ impl AdminStatements {
         b.build()
     }
 
+    /// The column a filter on `field` reads; refused, naming both, where
+    /// the table has none.
+    fn filter_column(&self, c: Column, field: &str) -> Result<String, StoreError> {
+        self.names.at(c).ok_or_else(|| {
+            StoreError::Refused(format!(
+                "cannot filter by {field}: table {} has no {c} column",
+                self.table
+            ))
+        })
+    }
+
     /// Whether the failure text holds [`Param::FailureText`], ignoring
     /// case; its `%`, `_` and `\` match themselves. The form a trigram
     /// index serves (`ILIKE`).
     fn failure_matches(&self, b: &mut Builder) -> Result<String, StoreError> {
-        let message = self.names.at(Column::FailureMessage).ok_or_else(|| {
-            StoreError::Refused(format!(
-                "cannot filter by failure message: table {} has no failure message column",
-                self.table
-            ))
-        })?;
+        let message = self.filter_column(Column::FailureMessage, "failure message")?;
         let message = failure_text(&self.shape, &message);
         Ok(format!(
             "{message} ILIKE '%' || replace(replace(replace({}, E'\\\\', E'\\\\\\\\'), '%', E'\\\\%'), '_', E'\\\\_') || '%'",
