@@ -1028,25 +1028,24 @@ pub trait Admin: Send + Sync + 'static {
     ) -> Result<Option<Vec<FinishedBucket>>, StoreError>;
 
     /// Makes jobs in the [retryable states](Admin::retryable_states)
-    /// (failed, errored, canceled) queued and claimable from `now` (their
-    /// `process_after`; their cancel flag and finish time cleared). Jobs in
-    /// other states are left alone.
+    /// (failed, errored, canceled) queued and claimable now, on the
+    /// store's own clock (their `process_after`; their cancel flag and
+    /// finish time cleared, an expiry that has passed too). Jobs in other
+    /// states are left alone.
     async fn retry(
         &self,
         targets: &Targets<Self::Id>,
         params: RetryParams,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<Self::Id>, StoreError>;
 
     /// Cancels jobs: a queued or errored job becomes canceled at once (with
-    /// [`CANCELED_BEFORE_RUN_MESSAGE`](crate::CANCELED_BEFORE_RUN_MESSAGE)
-    /// and `now` as its finish time); a processing one gets its cancel flag
-    /// set, and its worker stops it at the next heartbeat. Finished jobs
-    /// are left alone.
+    /// [`CANCELED_BEFORE_RUN_MESSAGE`](crate::CANCELED_BEFORE_RUN_MESSAGE),
+    /// finished now on the store's own clock); a processing one gets its
+    /// cancel flag set, and its worker stops it at the next heartbeat.
+    /// Finished jobs are left alone.
     async fn cancel(
         &self,
         targets: &Targets<Self::Id>,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<Self::Id>, StoreError>;
 
     /// Fails jobs at once with an operator's `reason`, on the store's own

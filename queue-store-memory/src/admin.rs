@@ -283,8 +283,8 @@ impl Admin for MemoryStore {
         &self,
         targets: &Targets<i64>,
         params: RetryParams,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<i64>, StoreError> {
+        let now = self.clock().now();
         // A job whose unique key another job holds is passed over: queued
         // again, it would be a second job with the key. Keys taken by
         // earlier jobs of the same call count too.
@@ -320,11 +320,8 @@ impl Admin for MemoryStore {
         )
     }
 
-    async fn cancel(
-        &self,
-        targets: &Targets<i64>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<i64>, StoreError> {
+    async fn cancel(&self, targets: &Targets<i64>) -> Result<ActionReport<i64>, StoreError> {
+        let now = self.clock().now();
         // A bulk cancel picks each running job once: after its flag is set
         // it no longer matches, so calls until a short one terminate.
         let waiting_or_unflagged = |job: &Job| match job.state {
@@ -347,7 +344,7 @@ impl Admin for MemoryStore {
             )
         };
         // The store's own clock: the operator's time is the store's.
-        let now = Utc::now();
+        let now = self.clock().now();
         self.write_jobs(targets, unfinished, &|job, _| {
             if !unfinished(job) {
                 return Applied::No;

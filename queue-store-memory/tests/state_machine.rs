@@ -26,7 +26,7 @@ use queue_core::{
     LogEntry, NewJob, OutcomePolicy, PurgeParams, ResetParams, RetryParams, RetryPolicy,
     StatsParams, Store, Targets, Transition, UniqueScope,
 };
-use queue_store_memory::MemoryStore;
+use queue_store_memory::{ManualClock, MemoryStore};
 
 const WORKERS: usize = 3;
 const MAX_RETRIES: u32 = 2;
@@ -168,6 +168,9 @@ struct Run {
     workers: Vec<Vec<Held>>,
     zombies: Vec<Held>,
     now: DateTime<Utc>,
+    /// The store's own clock, kept at `now`: an operator's retry and
+    /// cancel take the store's time.
+    clock: ManualClock,
     policy: OutcomePolicy,
     terminal: HashMap<usize, JobState>,
     /// Failed attempts a job may reach: `MAX_RETRIES + 1`, or one more
@@ -178,13 +181,16 @@ struct Run {
 
 impl Run {
     fn new() -> Self {
+        let now = DateTime::<Utc>::UNIX_EPOCH + TimeDelta::days(20_000);
+        let clock = ManualClock::new(now);
         Run {
-            store: MemoryStore::new(),
+            store: MemoryStore::with_clock(std::sync::Arc::new(clock.clone())),
+            clock,
             model: Model::new(),
             ids: Vec::new(),
             workers: vec![Vec::new(); WORKERS],
             zombies: Vec::new(),
-            now: DateTime::<Utc>::UNIX_EPOCH + TimeDelta::days(20_000),
+            now,
             policy: OutcomePolicy {
                 retry: RetryPolicy::fixed(MAX_RETRIES, Duration::from_secs(10)),
                 ..Default::default()
@@ -387,7 +393,7 @@ impl Run {
             Op::Cancel { job } => {
                 if job < self.ids.len() && self.model.jobs[job].state.is_some() {
                     let expected = self.model.cancel(job, self.now);
-                    let report = Admin::cancel(&self.store, &Targets::id(self.ids[job]), self.now)
+                    let report = Admin::cancel(&self.store, &Targets::id(self.ids[job]))
                         .await
                         .map_err(|e| TestCaseError::fail(e.to_string()))?;
                     let got = match (report.changed, report.stop_requested) {
@@ -420,7 +426,6 @@ impl Run {
                         &self.store,
                         &Targets::id(self.ids[job]),
                         RetryParams { reset_attempts },
-                        self.now,
                     )
                     .await
                     .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -443,7 +448,6 @@ impl Run {
                     &self.store,
                     &Targets::matching(JobFilter::default().states([JobState::Failed]), limit),
                     RetryParams::default(),
-                    self.now,
                 )
                 .await
                 .map_err(|e| TestCaseError::fail(e.to_string()))?;
@@ -488,7 +492,10 @@ impl Run {
                 prop_assert_eq!(&report.reset, &as_ids(&reset), "reset");
                 prop_assert_eq!(&report.failed, &as_ids(&failed), "failed by reset");
             }
-            Op::Advance { secs } => self.now += TimeDelta::seconds(secs.into()),
+            Op::Advance { secs } => {
+                self.now += TimeDelta::seconds(secs.into());
+                self.clock.set(self.now);
+            }
             Op::EnqueueUnique {
                 key,
                 forever,

@@ -70,6 +70,17 @@ impl ClockOffset {
             .unwrap_or(at)
     }
 
+    /// Now on the clock the callers' times come from (the one
+    /// [`ClockOffset::set_clock`] gave, else the system's): the time the
+    /// store takes for an operator's write, which [`ClockOffset::to_db`]
+    /// puts on the database's clock.
+    pub(crate) fn callers_now(&self) -> DateTime<Utc> {
+        self.clock
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .now()
+    }
+
     /// The offset as measured last.
     pub(crate) fn offset(&self) -> TimeDelta {
         TimeDelta::microseconds(self.micros.load(Ordering::Relaxed))

@@ -48,8 +48,8 @@ use queue_core::{Delivery, JobState};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 
-use crate::enqueue::JobTable;
 use crate::ident::Ident;
+use crate::job_table::JobTable;
 use crate::key_type::PgKeyType;
 use crate::options::{ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions};
 

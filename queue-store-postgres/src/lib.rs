@@ -15,6 +15,7 @@ mod diesel_enqueue;
 mod enqueue;
 mod error;
 mod ident;
+mod job_table;
 mod job_transaction;
 mod key_type;
 pub mod kinds;
@@ -36,9 +37,9 @@ pub use crate::config::{
     CatchUpConfig, ColumnSetting, ColumnsConfig, ConfigError, CursorSetting, NamedToken, PgConfig,
     ResetterConfig, ScheduleConfig, ServeConfig, StatesConfig, TokenRole,
 };
-pub use crate::enqueue::JobTable;
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
+pub use crate::job_table::JobTable;
 pub use crate::job_transaction::PgJobTransaction;
 pub use crate::key_type::PgKeyType;
 pub use crate::migrate::{migrate_beside, migrations_beside, Migration};

@@ -1176,17 +1176,12 @@ where
         &self,
         targets: &Targets<R::Id>,
         params: RetryParams,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<R::Id>, StoreError> {
-        self.inner.admin.retry(targets, params, now).await
+        self.inner.admin.retry(targets, params).await
     }
 
-    async fn cancel(
-        &self,
-        targets: &Targets<R::Id>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<R::Id>, StoreError> {
-        self.inner.admin.cancel(targets, now).await
+    async fn cancel(&self, targets: &Targets<R::Id>) -> Result<ActionReport<R::Id>, StoreError> {
+        self.inner.admin.cancel(targets).await
     }
 
     async fn force_fail(

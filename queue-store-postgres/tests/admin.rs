@@ -210,11 +210,7 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
 
     // Retry writes the table's queued value; the archived job is left alone.
     let report = admin
-        .retry(
-            &Targets::Ids(vec![ids[1], ids[2]]),
-            RetryParams::default(),
-            Utc::now(),
-        )
+        .retry(&Targets::Ids(vec![ids[1], ids[2]]), RetryParams::default())
         .await
         .unwrap();
     assert_eq!(report.changed, 1);
@@ -253,7 +249,7 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
         .id;
     let everything = Targets::matching(JobFilter::default(), 100);
     let report = admin
-        .retry(&everything, RetryParams::default(), Utc::now())
+        .retry(&everything, RetryParams::default())
         .await
         .unwrap();
     assert_eq!(report.changed, 0, "nothing failed is left to retry");
@@ -266,10 +262,7 @@ async fn the_admin_contract_speaks_a_foreign_tables_vocabulary() {
     admin.delete(&Targets::id(scheduled)).await.unwrap();
 
     // Cancel writes canceled's value, here the same as failed's.
-    let report = admin
-        .cancel(&Targets::id(ids[3]), Utc::now())
-        .await
-        .unwrap();
+    let report = admin.cancel(&Targets::id(ids[3])).await.unwrap();
     assert_eq!(report.changed, 1);
     let canceled = admin.get(&ids[3]).await.unwrap().expect("there");
     assert_eq!(

@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
 use queue_core::{
-    Admin, Clock, JobState, NewJob, RetryParams, SkipReason, Targets, TimelineParams, UniqueScope,
+    Admin, Clock, JobState, NewJob, PurgeParams, RetryParams, SkipReason, Targets, TimelineParams,
+    UniqueScope,
 };
 use queue_store_postgres::{JobTable, PgAdmin};
 use sqlx::PgPool;
@@ -61,7 +62,7 @@ async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
     .await
     .expect("the row held");
     let report = admin
-        .retry(&Targets::id(id), RetryParams::default(), Utc::now())
+        .retry(&Targets::id(id), RetryParams::default())
         .await
         .expect("a retry");
     assert_eq!(report.changed, 0);
@@ -78,7 +79,7 @@ async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
     );
     holder.rollback().await.expect("released");
     let report = admin
-        .retry(&Targets::id(id), RetryParams::default(), Utc::now())
+        .retry(&Targets::id(id), RetryParams::default())
         .await
         .expect("a retry");
     assert_eq!((report.changed, report.skipped.len()), (1, 0));
@@ -111,11 +112,7 @@ async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
         let admin = admin.clone();
         tokio::spawn(async move {
             admin
-                .retry(
-                    &Targets::Ids(vec![failed, other]),
-                    RetryParams::default(),
-                    Utc::now(),
-                )
+                .retry(&Targets::Ids(vec![failed, other]), RetryParams::default())
                 .await
         })
     };
@@ -230,4 +227,240 @@ async fn force_fail_ends_a_job_whose_attempt_holds_its_transaction_open() {
     .await
     .expect("count");
     assert_eq!(effects, 0, "the fenced attempt's writes did not commit");
+}
+
+/// The state and failure text of job `id`, read straight from the table.
+async fn state_of(pool: &PgPool, table: &JobTable, id: i64) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT state FROM {} WHERE id = $1",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .fetch_optional(pool)
+    .await
+    .expect("read")
+    .unwrap_or_else(|| "gone".into())
+}
+
+/// Retry, cancel, force-fail and delete on a caller's transaction change
+/// nothing others can see until it commits, and nothing at all when it
+/// rolls back; committed, they land with the application's own writes.
+#[tokio::test]
+async fn writes_on_a_callers_transaction_land_only_when_it_commits() {
+    let Some(pool) = pool("writes_on_a_callers_transaction_land_only_when_it_commits").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let failed = failed_job(&pool, &table, None).await;
+    let waiting = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueued");
+    let doomed = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueued");
+    let stuck = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueued");
+
+    let mut tx = pool.begin().await.expect("a transaction");
+    let retried = admin
+        .retry_in(&mut tx, &Targets::id(failed), RetryParams::default())
+        .await
+        .expect("a retry");
+    let canceled = admin
+        .cancel_in(&mut tx, &Targets::id(waiting))
+        .await
+        .expect("a cancel");
+    let deleted = admin
+        .delete_in(&mut tx, &Targets::id(doomed))
+        .await
+        .expect("a delete");
+    let fails = admin
+        .force_fail_in(&mut tx, &Targets::id(stuck), "by hand")
+        .await
+        .expect("a force-fail");
+    assert_eq!(
+        [
+            retried.changed,
+            canceled.changed,
+            deleted.changed,
+            fails.changed
+        ],
+        [1, 1, 1, 1]
+    );
+    let inside: Vec<String> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT state FROM {} WHERE id = ANY($1) ORDER BY id",
+        table.name().quoted()
+    )))
+    .bind(vec![failed, waiting, doomed, stuck])
+    .fetch_all(&mut *tx)
+    .await
+    .expect("read inside");
+    assert_eq!(
+        inside,
+        ["queued", "canceled", "failed"],
+        "the transaction sees its own writes"
+    );
+    let outside = [
+        state_of(&pool, &table, failed).await,
+        state_of(&pool, &table, waiting).await,
+        state_of(&pool, &table, doomed).await,
+        state_of(&pool, &table, stuck).await,
+    ];
+    assert_eq!(
+        outside,
+        ["failed", "queued", "queued", "queued"],
+        "nobody else sees them before the commit"
+    );
+    tx.rollback().await.expect("rolled back");
+    let after_rollback = [
+        state_of(&pool, &table, failed).await,
+        state_of(&pool, &table, waiting).await,
+        state_of(&pool, &table, doomed).await,
+        state_of(&pool, &table, stuck).await,
+    ];
+    assert_eq!(after_rollback, outside, "a rollback undoes all four");
+
+    let mut tx = pool.begin().await.expect("a transaction");
+    admin
+        .retry_in(&mut tx, &Targets::id(failed), RetryParams::default())
+        .await
+        .expect("a retry");
+    admin
+        .delete_in(&mut tx, &Targets::id(doomed))
+        .await
+        .expect("a delete");
+    tx.commit().await.expect("committed");
+    assert_eq!(state_of(&pool, &table, failed).await, "queued");
+    assert_eq!(state_of(&pool, &table, doomed).await, "gone");
+
+    // A purge too: rolled back, the finished job stays.
+    let old = failed_job(&pool, &table, None).await;
+    let mut tx = pool.begin().await.expect("a transaction");
+    let purged = admin
+        .purge_in(
+            &mut tx,
+            &PurgeParams::new(
+                vec![JobState::Failed],
+                Utc::now() + TimeDelta::minutes(1),
+                10,
+            ),
+        )
+        .await
+        .expect("a purge");
+    assert_eq!(purged.purged, 1);
+    tx.rollback().await.expect("rolled back");
+    assert_eq!(state_of(&pool, &table, old).await, "failed");
+}
+
+/// A retry on a caller's transaction that meets a key a concurrent
+/// enqueue took runs again under a savepoint: it skips the job for the
+/// key's new holder, and the caller's transaction is still usable and
+/// commits what it did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable() {
+    let Some(pool) =
+        pool("a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let failed = failed_job(&pool, &table, Some("invoice:8")).await;
+    let other = failed_job(&pool, &table, None).await;
+    let mut enqueue = pool.begin().await.expect("a transaction");
+    table
+        .enqueue(
+            &mut *enqueue,
+            &NewJob::new("k", serde_json::json!(null)).unique("invoice:8", UniqueScope::Active),
+        )
+        .await
+        .expect("the concurrent enqueue");
+    let retrying = {
+        let (admin, pool) = (admin.clone(), pool.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("a transaction");
+            let report = admin
+                .retry_in(
+                    &mut tx,
+                    &Targets::Ids(vec![failed, other]),
+                    RetryParams::default(),
+                )
+                .await;
+            // The caller's transaction goes on after the retry.
+            let alive: i32 = sqlx::query_scalar("SELECT 1")
+                .fetch_one(&mut *tx)
+                .await
+                .expect("the transaction is still usable");
+            tx.commit().await.expect("committed");
+            (report, alive)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(!retrying.is_finished(), "the retry waits on the key");
+    enqueue.commit().await.expect("committed");
+    let (report, alive) = tokio::time::timeout(Duration::from_secs(10), retrying)
+        .await
+        .expect("the retry ends")
+        .expect("joined");
+    let report = report.expect("no error: the key's new holder is seen on the next run");
+    assert_eq!(alive, 1);
+    assert_eq!(report.changed, 1, "the job without a key");
+    assert_eq!(
+        report
+            .skipped
+            .iter()
+            .map(|s| (s.id, s.reason))
+            .collect::<Vec<_>>(),
+        vec![(failed, SkipReason::KeyHeld)]
+    );
+    assert_eq!(state_of(&pool, &table, other).await, "queued");
+    assert_eq!(state_of(&pool, &table, failed).await, "failed");
+}
+
+/// An operator's retry and cancel take the store's time, on the
+/// database's clock, whatever the caller's clock says: an admin whose
+/// clock runs an hour ahead does not push the retried job an hour into
+/// the future, nor date the cancel an hour late.
+#[tokio::test]
+async fn retry_and_cancel_take_the_time_on_the_databases_clock() {
+    let Some(pool) = pool("retry_and_cancel_take_the_time_on_the_databases_clock").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let ahead: Arc<dyn Clock> = Arc::new(Skewed(TimeDelta::hours(1)));
+    admin.set_clock(ahead).await.expect("measured");
+    let failed = failed_job(&pool, &table, None).await;
+    let waiting = table
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueued");
+    admin
+        .retry(&Targets::id(failed), RetryParams::default())
+        .await
+        .expect("a retry");
+    admin.cancel(&Targets::id(waiting)).await.expect("a cancel");
+    let (due, finished): (f64, f64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT (SELECT extract(epoch FROM process_after - now())::float8 FROM {t} WHERE id = $1), \
+                (SELECT extract(epoch FROM finished_at - now())::float8 FROM {t} WHERE id = $2)",
+        t = table.name().quoted()
+    )))
+    .bind(failed)
+    .bind(waiting)
+    .fetch_one(&pool)
+    .await
+    .expect("read");
+    assert!(
+        due.abs() < 5.0,
+        "the retried job is due now on the database's clock, not {due} s away"
+    );
+    assert!(
+        finished.abs() < 5.0,
+        "the cancel is dated now on the database's clock, not {finished} s away"
+    );
 }

@@ -187,9 +187,7 @@ async fn renamed_columns_enum_states_and_uuid_keys() {
         until(&pool, &schema, retry, "completed").await;
         until(&pool, &schema, poison, "failed").await;
         until(&pool, &schema, wait, "running").await;
-        let asked = Admin::cancel(&store, &Targets::id(wait), Utc::now())
-            .await
-            .unwrap();
+        let asked = Admin::cancel(&store, &Targets::id(wait)).await.unwrap();
         assert_eq!(asked.stop_requested, 1, "the running job is asked to stop");
         until(&pool, &schema, wait, "failed").await;
         shutdown.cancel();

@@ -155,7 +155,7 @@ async fn expired_jobs_stored_apart_are_listed_retried_and_purged_as_failed() {
     assert_eq!(store.count(&failed).await.expect("a count"), 2);
 
     let retried = store
-        .retry(&Targets::id(first), RetryParams::default(), now)
+        .retry(&Targets::id(first), RetryParams::default())
         .await
         .expect("a retry");
     assert_eq!(retried.changed, 1);

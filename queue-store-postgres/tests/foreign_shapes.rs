@@ -404,7 +404,6 @@ async fn a_countdown_attempts_column_and_an_error_key_for_failures() {
             &store,
             &queue_core::Targets::Ids(vec![ids[0]]),
             queue_core::RetryParams::default(),
-            chrono::Utc::now(),
         )
         .await
         .expect("retry");

@@ -171,7 +171,7 @@ impl Case {
                     .kinds([KINDS[*kind]])
                     .states([JobState::Queued, JobState::Errored]);
                 self.admin
-                    .cancel(&Targets::matching(waiting, 100), now)
+                    .cancel(&Targets::matching(waiting, 100))
                     .await
                     .expect("a cancel");
             }
@@ -180,11 +180,7 @@ impl Case {
                     .kinds([KINDS[*kind]])
                     .states([JobState::Failed, JobState::Canceled]);
                 self.admin
-                    .retry(
-                        &Targets::matching(finished, 100),
-                        RetryParams::default(),
-                        now,
-                    )
+                    .retry(&Targets::matching(finished, 100), RetryParams::default())
                     .await
                     .expect("a retry");
             }

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use chrono::Utc;
 use queue_core::testkit::{Succeeds, UntilCancelled};
 use queue_core::{
     Admin, CancellationToken, Handler, Job, JobContext, JobError, JobState, NewJob, Targets,
@@ -239,9 +238,7 @@ async fn cancelling_a_running_job_stops_it_in_both_modes() {
         // says so, and an operator tries again.
         let mut tries = 0;
         loop {
-            let report = Admin::cancel(&store, &Targets::id(id), Utc::now())
-                .await
-                .unwrap();
+            let report = Admin::cancel(&store, &Targets::id(id)).await.unwrap();
             if report.stop_requested == 1 {
                 break;
             }
@@ -447,7 +444,7 @@ async fn the_jobs_transaction_locks_its_row_and_a_stale_attempt_rolls_back() {
     // The key-share lock lets cancel flags through; then another claim takes
     // the job over (simulated by moving its claim token on).
     assert_eq!(
-        Admin::cancel(&store, &Targets::id(id), Utc::now())
+        Admin::cancel(&store, &Targets::id(id))
             .await
             .unwrap()
             .stop_requested,

@@ -257,7 +257,7 @@ async fn cancellation_reaches_the_running_handler() {
     let running = start(&store, Scripted, fast_options());
     wait_for_state(&store, polite, JobState::Processing).await;
     wait_for_state(&store, stubborn, JobState::Processing).await;
-    let asked = Admin::cancel(&store, &Targets::Ids(vec![polite, stubborn]), Utc::now())
+    let asked = Admin::cancel(&store, &Targets::Ids(vec![polite, stubborn]))
         .await
         .unwrap();
     assert_eq!(

@@ -4,7 +4,6 @@
 use std::io::Write;
 
 use anyhow::{bail, Result};
-use chrono::Utc;
 use queue_core::{ActionReport, JobFilter, NewOperation, OperationAction, RetryParams, Targets};
 
 use crate::args::FilterArgs;
@@ -109,8 +108,8 @@ impl Action<'_> {
         targets: &Targets<String>,
     ) -> Result<ActionReport<String>> {
         Ok(match self {
-            Action::Retry(params) => admin.retry(targets, params, Utc::now()).await?,
-            Action::Cancel => admin.cancel(targets, Utc::now()).await?,
+            Action::Retry(params) => admin.retry(targets, params).await?,
+            Action::Cancel => admin.cancel(targets).await?,
             Action::Fail(reason) => admin.force_fail(targets, reason).await?,
             Action::Delete => admin.delete(targets).await?,
         })

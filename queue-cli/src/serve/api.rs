@@ -491,6 +491,33 @@ pub struct Stats {
     pub now: DateTime<Utc>,
 }
 
+impl From<queue_core::QueueStats> for Stats {
+    fn from(stats: queue_core::QueueStats) -> Self {
+        Stats {
+            oldest_claimable_age_seconds: stats
+                .oldest_claimable_age()
+                .map(|age| age.num_milliseconds() as f64 / 1000.0),
+            counts: stats.counts.into_iter().map(Into::into).collect(),
+            oldest_claimable_since: stats.oldest_claimable_since,
+            stalled: stats.stalled,
+            paused: stats.paused.into_iter().map(Into::into).collect(),
+            now: stats.now,
+        }
+    }
+}
+
+impl From<queue_core::StateCount> for StateCount {
+    fn from(count: queue_core::StateCount) -> Self {
+        StateCount {
+            state: count.state.map(|s| s.as_str().to_owned()),
+            stored_state: count.stored_state,
+            kind: count.kind,
+            count: count.count,
+            estimated: count.estimated,
+        }
+    }
+}
+
 impl Api {
     /// The jobs `query` chooses.
     pub(crate) fn filter(&self, query: &FilterQuery) -> Result<JobFilter, ApiError> {
@@ -729,10 +756,7 @@ pub async fn retry_job(
     let params = RetryParams {
         reset_attempts: query.reset_attempts.unwrap_or(false),
     };
-    let report = api
-        .admin
-        .retry(&Targets::id(id), params, Utc::now())
-        .await?;
+    let report = api.admin.retry(&Targets::id(id), params).await?;
     one(report, "retried")
 }
 
@@ -755,7 +779,7 @@ pub async fn cancel_job(
     State(api): State<Api>,
     Path(id): Path<String>,
 ) -> Result<Json<ActionResult>, ApiError> {
-    let report = api.admin.cancel(&Targets::id(id), Utc::now()).await?;
+    let report = api.admin.cancel(&Targets::id(id)).await?;
     one(report, "canceled")
 }
 
@@ -843,24 +867,5 @@ pub async fn stats(
     ApiQuery(query): ApiQuery<StatsQuery>,
 ) -> Result<Json<Stats>, ApiError> {
     let stats = api.stats_now(query.exact.unwrap_or(false)).await?;
-    Ok(Json(Stats {
-        oldest_claimable_age_seconds: stats
-            .oldest_claimable_age()
-            .map(|age| age.num_milliseconds() as f64 / 1000.0),
-        counts: stats
-            .counts
-            .into_iter()
-            .map(|c| StateCount {
-                state: c.state.map(|s| s.as_str().to_owned()),
-                stored_state: c.stored_state,
-                kind: c.kind,
-                count: c.count,
-                estimated: c.estimated,
-            })
-            .collect(),
-        oldest_claimable_since: stats.oldest_claimable_since,
-        stalled: stats.stalled,
-        paused: stats.paused.into_iter().map(Into::into).collect(),
-        now: stats.now,
-    }))
+    Ok(Json(stats.into()))
 }

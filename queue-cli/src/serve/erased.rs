@@ -176,19 +176,14 @@ where
         &self,
         targets: &Targets<String>,
         params: RetryParams,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<String>, StoreError> {
         let (targets, not_keys) = Self::targets(targets)?;
-        Ok(report(self.0.retry(&targets, params, now).await?, not_keys))
+        Ok(report(self.0.retry(&targets, params).await?, not_keys))
     }
 
-    async fn cancel(
-        &self,
-        targets: &Targets<String>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<String>, StoreError> {
+    async fn cancel(&self, targets: &Targets<String>) -> Result<ActionReport<String>, StoreError> {
         let (targets, not_keys) = Self::targets(targets)?;
-        Ok(report(self.0.cancel(&targets, now).await?, not_keys))
+        Ok(report(self.0.cancel(&targets).await?, not_keys))
     }
 
     async fn force_fail(

@@ -180,9 +180,9 @@ where
             let params = RetryParams {
                 reset_attempts: *reset_attempts,
             };
-            admin.retry(&targets, params, Utc::now()).await?
+            admin.retry(&targets, params).await?
         }
-        OperationAction::Cancel => admin.cancel(&targets, Utc::now()).await?,
+        OperationAction::Cancel => admin.cancel(&targets).await?,
         OperationAction::Fail { reason } => admin.force_fail(&targets, reason).await?,
         OperationAction::Delete => admin.delete(&targets).await?,
         OperationAction::Purge => {

@@ -2,15 +2,11 @@
 //! enqueue of plain and unique jobs.
 
 use queue_core::{Enqueued, NewJob, StoreError, UniqueScope};
-use sqlx::Row;
 
 use super::PgAdmin;
-use crate::bind::{query, Value};
 use crate::error::store_error;
 use crate::options::Column;
 use crate::record::PgKey;
-use crate::sql::Param;
-use crate::unique::{align, Answer, UNSEEN_HOLDER};
 
 impl<K: PgKey> PgAdmin<K> {
     /// Refuses jobs carrying what the table has no column for (a kind, a
@@ -68,10 +64,8 @@ impl<K: PgKey> PgAdmin<K> {
         ) {
             return Err(StoreError::Refused(problem.clone()));
         }
-        if self.inner.sql.enqueue_unique.is_none() && jobs.iter().any(|j| j.unique.is_some()) {
-            return Err(StoreError::Refused(format!(
-                "table {table} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key"
-            )));
+        if self.inner.sql.enqueue.unique.is_none() && crate::enqueue::any_unique(jobs) {
+            return Err(crate::enqueue::no_unique_column(&table.to_string()));
         }
         let forever = |j: &NewJob| {
             j.unique
@@ -86,85 +80,36 @@ impl<K: PgKey> PgAdmin<K> {
         Ok(())
     }
 
-    /// The enqueue of jobs with unique keys. A job whose key's holder the
-    /// statement could not see (it committed meanwhile, or finished) is
-    /// enqueued again by a new statement, which sees it or finds the key
-    /// free; after a few rounds the call gives up with a retryable error.
-    pub(super) async fn enqueue_unique(
+    /// [`Admin::enqueue`](queue_core::Admin::enqueue) on `conn`, inside
+    /// whatever transaction it has open: the jobs exist, and wake workers,
+    /// only if that transaction commits. Unique keys are kept as on the
+    /// pool (see [`JobTable::enqueue_unique`](crate::JobTable::enqueue_unique)).
+    ///
+    /// ```no_run
+    /// # async fn run(admin: queue_store_postgres::PgAdmin<i64>, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use queue_core::NewJob;
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// // ... the application's own writes on `tx` ...
+    /// admin.enqueue_in(&mut tx, &[NewJob::new("welcome_email", serde_json::json!({"user": 42}))]).await?;
+    /// tx.commit().await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue_in(
         &self,
+        conn: &mut sqlx::PgConnection,
         jobs: &[NewJob],
     ) -> Result<Vec<Enqueued<K>>, StoreError> {
-        let Some(statement) = &self.inner.sql.enqueue_unique else {
-            return Err(StoreError::Refused(format!(
-                "table {} has no unique_key column, so a unique key would be ignored; map one (Column::UniqueKey) with a unique index on it, or enqueue without a key",
-                self.inner.options.table
-            )));
-        };
-        let mut results: Vec<Option<Enqueued<K>>> = vec![None; jobs.len()];
-        for _round in 0..5 {
-            let pending: Vec<usize> = (0..jobs.len()).filter(|i| results[*i].is_none()).collect();
-            if pending.is_empty() {
-                break;
-            }
-            let batch: Vec<NewJob> = pending.iter().map(|i| jobs[*i].clone()).collect();
-            let rows = query::<K>(statement, |p| match p {
-                Param::Kinds => Some(Value::Texts(
-                    batch.iter().map(|j| Some(j.kind.clone())).collect(),
-                )),
-                Param::Payloads => Some(Value::Jsons(
-                    batch.iter().map(|j| j.payload.clone()).collect(),
-                )),
-                Param::Priorities => Some(Value::Ints(
-                    batch.iter().map(|j| i64::from(j.priority)).collect(),
-                )),
-                Param::ProcessAfters => Some(Value::Times(
-                    batch.iter().map(|j| j.process_after).collect(),
-                )),
-                Param::UniqueKeys => Some(Value::Texts(
-                    batch
-                        .iter()
-                        .map(|j| j.unique.as_ref().map(|u| u.key.clone()))
-                        .collect(),
-                )),
-                Param::UniqueForevers => Some(Value::Bools(
-                    batch
-                        .iter()
-                        .map(|j| {
-                            j.unique
-                                .as_ref()
-                                .is_some_and(|u| u.scope == UniqueScope::Forever)
-                        })
-                        .collect(),
-                )),
-                Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
-                other => options_value(&batch, other),
-            })?
-            .fetch_all(&self.inner.pool)
-            .await
-            .map_err(|e| store_error("enqueueing unique jobs", e))?;
-            let mut answers = Vec::with_capacity(rows.len());
-            for row in &rows {
-                let read = |e| store_error("enqueueing unique jobs", e);
-                answers.push(Answer {
-                    id: row.try_get("id").map_err(read)?,
-                    key: row.try_get("unique_key").map_err(read)?,
-                    inserted: row.try_get("inserted").map_err(read)?,
-                });
-            }
-            for (i, result) in pending.into_iter().zip(align(&batch, answers)) {
-                results[i] = result;
-            }
-        }
-        results
-            .into_iter()
-            .map(|r| {
-                r.ok_or_else(|| StoreError::Conflict {
-                    context: UNSEEN_HOLDER.into(),
-                    source: "the job holding the key stayed out of sight for five statements"
-                        .into(),
-                })
-            })
-            .collect()
+        self.refuse_unstorable(jobs)?;
+        let options = &self.inner.options;
+        crate::enqueue::enqueue_on(
+            conn,
+            &self.inner.sql.enqueue,
+            &options.table,
+            &options.notify_channel(),
+            jobs,
+        )
+        .await
     }
 
     pub(super) async fn insert_jobs(
@@ -174,51 +119,12 @@ impl<K: PgKey> PgAdmin<K> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        self.refuse_unstorable(jobs)?;
-        if jobs.iter().any(|j| j.unique.is_some()) {
-            return self.enqueue_unique(jobs).await;
-        }
-        let rows = query::<K>(&self.inner.sql.enqueue, |p| match p {
-            Param::Kinds => Some(Value::Texts(
-                jobs.iter().map(|j| Some(j.kind.clone())).collect(),
-            )),
-            Param::Payloads => Some(Value::Jsons(
-                jobs.iter().map(|j| j.payload.clone()).collect(),
-            )),
-            Param::Priorities => Some(Value::Ints(
-                jobs.iter().map(|j| i64::from(j.priority)).collect(),
-            )),
-            Param::ProcessAfters => {
-                Some(Value::Times(jobs.iter().map(|j| j.process_after).collect()))
-            }
-            Param::Channel => Some(Value::Text(self.inner.options.notify_channel())),
-            other => options_value(jobs, other),
-        })?
-        .fetch_all(&self.inner.pool)
-        .await
-        .map_err(|e| store_error("enqueueing jobs", e))?;
-        rows.iter()
-            .map(|row| {
-                row.try_get(0)
-                    .map(|id| Enqueued { id, inserted: true })
-                    .map_err(|e| store_error("enqueueing jobs", e))
-            })
-            .collect()
-    }
-}
-
-/// The arrays of the jobs' limits and expiry, for an enqueue's `param`.
-fn options_value<K>(jobs: &[NewJob], param: Param) -> Option<Value<K>> {
-    match param {
-        Param::MaxAttemptses => Some(Value::OptInts(
-            jobs.iter()
-                .map(|j| j.limits.max_attempts.map(i64::from))
-                .collect(),
-        )),
-        Param::ExpiresAts => Some(Value::Times(jobs.iter().map(|j| j.expires_at).collect())),
-        Param::AtMostOnces => Some(Value::Bools(
-            jobs.iter().map(|j| j.limits.at_most_once).collect(),
-        )),
-        _ => None,
+        let mut conn = self
+            .inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error("enqueueing jobs", e))?;
+        self.enqueue_in(&mut conn, jobs).await
     }
 }

@@ -75,7 +75,7 @@ struct Inner {
 /// }
 /// let ids = failed.jobs.iter().map(|job| job.id).collect();
 /// let report = admin
-///     .retry(&Targets::Ids(ids), RetryParams::default(), chrono::Utc::now())
+///     .retry(&Targets::Ids(ids), RetryParams::default())
 ///     .await?;
 /// println!("{} retried", report.changed);
 /// # Ok(()) }
@@ -130,6 +130,12 @@ impl<K: PgKey> PgAdmin<K> {
     /// below a second).
     pub fn clock_offset(&self) -> chrono::TimeDelta {
         self.inner.offset.offset()
+    }
+
+    /// Now on the callers' clock: the time of an operator's write, put on
+    /// the database's clock as it is bound.
+    pub(crate) fn callers_now(&self) -> DateTime<Utc> {
+        self.inner.offset.callers_now()
     }
 
     /// `at`, a time of the callers' clock, on the database's clock.
@@ -304,17 +310,12 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         &self,
         targets: &Targets<K>,
         params: RetryParams,
-        now: DateTime<Utc>,
     ) -> Result<ActionReport<K>, StoreError> {
-        self.retry_jobs(targets, params, now).await
+        self.retry_jobs(targets, params).await
     }
 
-    async fn cancel(
-        &self,
-        targets: &Targets<K>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        self.cancel_jobs(targets, now).await
+    async fn cancel(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {
+        self.cancel_jobs(targets).await
     }
 
     async fn force_fail(

@@ -18,53 +18,348 @@ use crate::sql::admin::{AdminWrite, Pick};
 use crate::sql::Param;
 
 impl<K: PgKey> PgAdmin<K> {
-    /// Runs `write` over `targets`; returns the keys it changed. `limit`
-    /// caps a [`Targets::Matching`] call.
-    pub(super) async fn write(
+    /// [`Admin::retry`](queue_core::Admin::retry) on `conn`, inside
+    /// whatever transaction it has open: the jobs are queued again, and
+    /// wake workers, only if that transaction commits. The statement runs
+    /// under a savepoint, so that one meeting a unique key taken
+    /// meanwhile runs again without aborting the caller's transaction.
+    /// Pass a sqlx [`Transaction`](sqlx::Transaction) (or a connection
+    /// outside one), not a connection where `BEGIN` was sent by hand:
+    /// sqlx must know it is inside a transaction to make a savepoint.
+    ///
+    /// ```no_run
+    /// # async fn run(admin: queue_store_postgres::PgAdmin<i64>, pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use queue_core::{RetryParams, Targets};
+    ///
+    /// let mut tx = pool.begin().await?;
+    /// // ... the application's own writes on `tx` ...
+    /// let report = admin.retry_in(&mut tx, &Targets::id(42), RetryParams::default()).await?;
+    /// tx.commit().await?;
+    /// println!("{} retried", report.changed);
+    /// # Ok(()) }
+    /// ```
+    pub async fn retry_in(
         &self,
-        write: AdminWrite,
+        conn: &mut sqlx::PgConnection,
         targets: &Targets<K>,
-        limit: usize,
-        now: DateTime<Utc>,
-    ) -> Result<Vec<K>, StoreError> {
-        self.write_with_reason(write, targets, limit, now, None)
+        params: RetryParams,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.retry_on(conn, Savepoint::Each, targets, params).await
+    }
+
+    /// [`Admin::cancel`](queue_core::Admin::cancel) on `conn`, inside
+    /// whatever transaction it has open (see [`PgAdmin::retry_in`]).
+    pub async fn cancel_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.cancel_on(conn, Savepoint::Each, targets).await
+    }
+
+    /// [`Admin::force_fail`](queue_core::Admin::force_fail) on `conn`,
+    /// inside whatever transaction it has open (see
+    /// [`PgAdmin::retry_in`]). The failed jobs' finish time is the
+    /// transaction's start.
+    pub async fn force_fail_in(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.force_fail_on(conn, Savepoint::Each, targets, reason)
             .await
     }
 
-    /// [`PgAdmin::write`] with an operator's reason ([`Param::Reason`]).
-    pub(super) async fn write_with_reason(
+    /// [`Admin::delete`](queue_core::Admin::delete) on `conn`, inside
+    /// whatever transaction it has open (see [`PgAdmin::retry_in`]).
+    pub async fn delete_in(
         &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        self.delete_on(conn, Savepoint::Each, targets).await
+    }
+
+    /// A connection of the store's pool, for a write of `context`.
+    async fn write_connection(
+        &self,
+        context: &str,
+    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
+        self.inner
+            .pool
+            .acquire()
+            .await
+            .map_err(|e| store_error(context, e))
+    }
+
+    pub(super) async fn retry_jobs(
+        &self,
+        targets: &Targets<K>,
+        params: RetryParams,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let mut conn = self.write_connection("retrying jobs").await?;
+        self.retry_on(&mut conn, Savepoint::None, targets, params)
+            .await
+    }
+
+    pub(super) async fn cancel_jobs(
+        &self,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let mut conn = self.write_connection("cancelling jobs").await?;
+        self.cancel_on(&mut conn, Savepoint::None, targets).await
+    }
+
+    pub(super) async fn force_fail_jobs(
+        &self,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let mut conn = self.write_connection("failing jobs").await?;
+        self.force_fail_on(&mut conn, Savepoint::None, targets, reason)
+            .await
+    }
+
+    pub(super) async fn delete_jobs(
+        &self,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let mut conn = self.write_connection("deleting jobs").await?;
+        self.delete_on(&mut conn, Savepoint::None, targets).await
+    }
+
+    async fn retry_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+        params: RetryParams,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::Retry(params.reset_attempts);
+        // The store's time, not the caller's: the job is claimable from
+        // now on the database's clock.
+        let now = self.callers_now();
+        let changed = self
+            .write(
+                conn,
+                savepoint,
+                write,
+                targets,
+                limit_of(targets),
+                now,
+                None,
+            )
+            .await?;
+        self.report(conn, targets, changed, &[write]).await
+    }
+
+    async fn cancel_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let (limit, now) = (limit_of(targets), self.callers_now());
+        let canceled = self
+            .write(
+                conn,
+                savepoint,
+                AdminWrite::CancelWaiting,
+                targets,
+                limit,
+                now,
+                None,
+            )
+            .await?;
+        let stop_limit = limit.saturating_sub(canceled.len());
+        let flagged = self
+            .write(
+                conn,
+                savepoint,
+                AdminWrite::RequestStop,
+                targets,
+                stop_limit,
+                now,
+                None,
+            )
+            .await?;
+        // The two writes pick apart. With the waiting jobs' write full,
+        // running jobs below its highest key may not have been reached: the
+        // next call starts where this one did. With it short, every
+        // waiting job was reached, and the running ones up to the highest
+        // flagged (all of them, if that write was short too).
+        let last = if canceled.len() >= limit {
+            Last::None
+        } else if flagged.len() >= stop_limit {
+            Last::Of(flagged.clone())
+        } else {
+            Last::Changed
+        };
+        let (waiting, running) = (canceled.len() as u64, flagged.len() as u64);
+        let mut changed = canceled;
+        changed.extend(flagged);
+        self.report_with(
+            conn,
+            targets,
+            changed,
+            (waiting, running),
+            &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
+            last,
+        )
+        .await
+    }
+
+    async fn force_fail_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::ForceFail;
+        // The time is the database's (the statement's `now()`).
+        let failed = self
+            .write(
+                conn,
+                savepoint,
+                write,
+                targets,
+                limit_of(targets),
+                self.callers_now(),
+                Some(reason),
+            )
+            .await?;
+        self.report(conn, targets, failed, &[write]).await
+    }
+
+    async fn delete_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::Delete;
+        let deleted = self
+            .write(
+                conn,
+                savepoint,
+                write,
+                targets,
+                limit_of(targets),
+                self.callers_now(),
+                None,
+            )
+            .await?;
+        self.report(conn, targets, deleted, &[write]).await
+    }
+
+    /// The report of `writes` that changed `changed`, read on `conn`: the
+    /// jobs named that were left alone, and where a next batch starts.
+    async fn report(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+        changed: Vec<K>,
+        writes: &[AdminWrite],
+    ) -> Result<ActionReport<K>, StoreError> {
+        let counts = (changed.len() as u64, 0);
+        self.report_with(conn, targets, changed, counts, writes, Last::Changed)
+            .await
+    }
+
+    /// [`PgAdmin::report`] of writes that changed `done` jobs and asked
+    /// `stop_requested` running ones to stop, the next batch starting
+    /// after `last`.
+    async fn report_with(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+        changed: Vec<K>,
+        (done, stop_requested): (u64, u64),
+        writes: &[AdminWrite],
+        last: Last<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let skipped = self.skipped(conn, targets, &changed, writes).await?;
+        let last = match last {
+            Last::None => None,
+            Last::Of(keys) => self.last_of(conn, targets, &keys).await?,
+            Last::Changed => self.last_of(conn, targets, &changed).await?,
+        };
+        Ok(ActionReport::new(done, stop_requested, skipped).last(last))
+    }
+
+    /// Runs `write` over `targets` on `conn`; returns the keys it changed.
+    /// `limit` caps a [`Targets::Matching`] call. A statement Postgres
+    /// refuses for a reason a new statement does not meet runs again, up
+    /// to [`RETRY_ROUNDS`] times, under a savepoint where `savepoint` asks:
+    ///
+    /// - On a table partitioned by state, a row another transaction moved
+    ///   to another partition while the statement waited for it fails the
+    ///   whole statement (SQLSTATE 40001): the next one sees the row where
+    ///   it is now.
+    /// - A retry queues at most one job per unique key and none whose key
+    ///   another job holds, so it meets a unique violation only when a
+    ///   concurrent enqueue took a key after its snapshot. The failed
+    ///   statement's locks are gone by the time the connection answers,
+    ///   and the next statement's snapshot sees the key's new holder and
+    ///   leaves that job alone.
+    ///
+    /// Each statement is all or nothing: nothing is written twice, and a
+    /// failure reports no partial work.
+    #[allow(clippy::too_many_arguments)]
+    async fn write(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
         write: AdminWrite,
         targets: &Targets<K>,
         limit: usize,
         now: DateTime<Utc>,
         reason: Option<&str>,
     ) -> Result<Vec<K>, StoreError> {
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| store_error(write_context(write), e))?;
-        // On a table partitioned by state, a row another transaction moved
-        // to another partition while this statement waited for it fails
-        // the whole statement (nothing changed): the next statement sees
-        // the row where it is now.
+        let context = write_context(write);
         let mut tries = 0;
         loop {
             tries += 1;
-            match self
-                .write_on(&mut conn, write, targets, limit, now, reason)
-                .await
-            {
+            let done = match savepoint {
+                Savepoint::None => {
+                    self.write_on(conn, write, targets, limit, now, reason)
+                        .await
+                }
+                Savepoint::Each => {
+                    let mut inner = sqlx::Connection::begin(&mut *conn)
+                        .await
+                        .map_err(|e| store_error(context, e))?;
+                    let done = self
+                        .write_on(&mut inner, write, targets, limit, now, reason)
+                        .await;
+                    match done {
+                        Ok(_) => inner.commit().await,
+                        Err(_) => inner.rollback().await,
+                    }
+                    .map_err(|e| store_error(context, e))?;
+                    done
+                }
+            };
+            match done {
                 Err(error) if is_moved_row(&error) && tries < RETRY_ROUNDS => continue,
+                Err(error) if is_unique_violation(&error) && tries < RETRY_ROUNDS => continue,
+                Err(error) if is_unique_violation(&error) => {
+                    return Err(StoreError::Conflict {
+                        context: format!(
+                            "{context}: {RETRY_ROUNDS} statements in a row met enqueues taking the same unique keys; nothing was retried, try again"
+                        ),
+                        source: Box::new(error),
+                    })
+                }
                 other => return other,
             }
         }
     }
 
-    /// [`PgAdmin::write`] on `conn`.
-    pub(super) async fn write_on(
+    /// One statement of `write` on `conn`.
+    async fn write_on(
         &self,
         conn: &mut sqlx::PgConnection,
         write: AdminWrite,
@@ -119,7 +414,12 @@ impl<K: PgKey> PgAdmin<K> {
     /// Where the call after a [`Targets::Matching`] call that changed
     /// `changed` starts: the highest of them, in the key column's order
     /// (every matching job below it was picked). `None` for keys.
-    async fn last_of(&self, targets: &Targets<K>, changed: &[K]) -> Result<Option<K>, StoreError> {
+    async fn last_of(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+        changed: &[K],
+    ) -> Result<Option<K>, StoreError> {
         if !matches!(targets, Targets::Matching { .. }) || changed.is_empty() {
             return Ok(None);
         }
@@ -129,7 +429,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Ids => keys.take().map(Value::Keys),
             _ => None,
         })?
-        .fetch_optional(&self.inner.pool)
+        .fetch_optional(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
         row.map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
@@ -139,8 +439,9 @@ impl<K: PgKey> PgAdmin<K> {
     /// The keys of `targets` none of `changed` holds, each with why: no
     /// such job, a state none of `writes` moves a job out of, a row
     /// another transaction held, or a unique key another job holds.
-    pub(super) async fn skipped(
+    async fn skipped(
         &self,
+        conn: &mut sqlx::PgConnection,
         targets: &Targets<K>,
         changed: &[K],
         writes: &[AdminWrite],
@@ -163,7 +464,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Ids => keys.take().map(Value::Keys),
             _ => None,
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
         let mut found = std::collections::HashMap::with_capacity(rows.len());
@@ -208,118 +509,30 @@ impl<K: PgKey> PgAdmin<K> {
             .collect())
     }
 
-    pub(super) async fn retry_jobs(
+    /// [`Admin::purge`](queue_core::Admin::purge) on `conn`, inside
+    /// whatever transaction it has open (see [`PgAdmin::retry_in`]): the
+    /// jobs are gone, or in the archive, only if that transaction commits.
+    pub async fn purge_in(
         &self,
-        targets: &Targets<K>,
-        params: RetryParams,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let write = AdminWrite::Retry(params.reset_attempts);
-        let context = write_context(write);
-        // The statement queues at most one job per unique key and none
-        // whose key another job holds, so it meets a unique violation only
-        // when a concurrent enqueue took a key after its snapshot. Then it
-        // runs again on the same connection: the failed statement's locks
-        // are gone by the time the connection answers, and the new
-        // snapshot sees the key's new holder and leaves that job alone.
-        // Each statement is all or nothing: nothing is retried twice, and
-        // a failure reports no partial work.
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| store_error(context, e))?;
-        let mut tries = 0;
-        let changed = loop {
-            tries += 1;
-            match self
-                .write_on(&mut conn, write, targets, limit_of(targets), now, None)
-                .await
-            {
-                Err(error) if is_unique_violation(&error) && tries < RETRY_ROUNDS => continue,
-                Err(error) if is_unique_violation(&error) => {
-                    return Err(StoreError::Conflict {
-                        context: format!(
-                            "{context}: {RETRY_ROUNDS} statements in a row met enqueues taking the same unique keys; nothing was retried, try again"
-                        ),
-                        source: Box::new(error),
-                    })
-                }
-                other => break other?,
-            }
-        };
-        drop(conn);
-        Ok(ActionReport::new(
-            changed.len() as u64,
-            0,
-            self.skipped(targets, &changed, &[write]).await?,
-        )
-        .last(self.last_of(targets, &changed).await?))
+        conn: &mut sqlx::PgConnection,
+        params: &PurgeParams,
+    ) -> Result<PurgeReport, StoreError> {
+        self.purge_on(conn, params).await
     }
 
-    pub(super) async fn cancel_jobs(
-        &self,
-        targets: &Targets<K>,
-        now: DateTime<Utc>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let limit = limit_of(targets);
-        let canceled = self
-            .write(AdminWrite::CancelWaiting, targets, limit, now)
-            .await?;
-        let stop_limit = limit.saturating_sub(canceled.len());
-        let flagged = self
-            .write(AdminWrite::RequestStop, targets, stop_limit, now)
-            .await?;
-        let mut changed = canceled.clone();
-        changed.extend(flagged.iter().cloned());
-        // The two writes pick apart. With the waiting jobs' write full,
-        // running jobs below its highest key may not have been reached: the
-        // next call starts where this one did. With it short, every
-        // waiting job was reached, and the running ones up to the highest
-        // flagged (all of them, if that write was short too).
-        let last = if canceled.len() >= limit {
-            None
-        } else if flagged.len() >= stop_limit {
-            self.last_of(targets, &flagged).await?
-        } else {
-            self.last_of(targets, &changed).await?
-        };
-        Ok(ActionReport::new(
-            canceled.len() as u64,
-            flagged.len() as u64,
-            self.skipped(
-                targets,
-                &changed,
-                &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
-            )
-            .await?,
-        )
-        .last(last))
-    }
-
-    pub(super) async fn force_fail_jobs(
-        &self,
-        targets: &Targets<K>,
-        reason: &str,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let write = AdminWrite::ForceFail;
-        // The time is the database's (the statement's `now()`).
-        let failed = self
-            .write_with_reason(write, targets, limit_of(targets), Utc::now(), Some(reason))
-            .await?;
-        Ok(ActionReport::new(
-            failed.len() as u64,
-            0,
-            self.skipped(targets, &failed, &[write]).await?,
-        )
-        .last(self.last_of(targets, &failed).await?))
+    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
+        let mut conn = self.write_connection("purging jobs").await?;
+        self.purge_on(&mut conn, params).await
     }
 
     /// A purge's batch: oldest finished first where an index allows,
     /// reporting the latest finish time it removed for the next batch to
     /// start from.
-    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
+    async fn purge_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        params: &PurgeParams,
+    ) -> Result<PurgeReport, StoreError> {
         let Some(filter) = params.filter()? else {
             return Ok(PurgeReport::new(0, None));
         };
@@ -338,7 +551,7 @@ impl<K: PgKey> PgAdmin<K> {
             Param::Limit => Some(Value::Int(i64::try_from(params.limit).unwrap_or(i64::MAX))),
             other => self.filter_value(&filter, other),
         })?
-        .fetch_all(&self.inner.pool)
+        .fetch_all(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
         let mut latest: Option<DateTime<Utc>> = None;
@@ -353,27 +566,31 @@ impl<K: PgKey> PgAdmin<K> {
             latest.map(|at| self.to_local(at)),
         ))
     }
-
-    pub(super) async fn delete_jobs(
-        &self,
-        targets: &Targets<K>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let deleted = self
-            .write(AdminWrite::Delete, targets, limit_of(targets), Utc::now())
-            .await?;
-        Ok(ActionReport::new(
-            deleted.len() as u64,
-            0,
-            self.skipped(targets, &deleted, &[AdminWrite::Delete])
-                .await?,
-        )
-        .last(self.last_of(targets, &deleted).await?))
-    }
 }
 
-/// Statements a retry runs before it gives up on enqueues that keep
-/// taking the keys of the jobs it retries.
+/// Statements a write runs before it gives up on rows that keep moving
+/// to other partitions, or on enqueues that keep taking the keys of the
+/// jobs a retry queues again.
 const RETRY_ROUNDS: u32 = 5;
+
+/// Whether each statement of a write runs under a savepoint: on a
+/// caller's connection, so that a statement that fails and runs again
+/// leaves the caller's transaction usable.
+#[derive(Debug, Clone, Copy)]
+enum Savepoint {
+    None,
+    Each,
+}
+
+/// Where a [`Targets::Matching`] call's next batch starts.
+enum Last<K> {
+    /// Where this one did.
+    None,
+    /// After the highest of these.
+    Of(Vec<K>),
+    /// After the highest key changed.
+    Changed,
+}
 
 /// What `write` is doing, for its errors.
 fn write_context(write: AdminWrite) -> &'static str {

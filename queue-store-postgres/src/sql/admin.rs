@@ -33,7 +33,7 @@ pub(crate) enum AdminWrite {
 /// A `RETURNING` column that notifies [`Param::Channel`]: an initplan,
 /// run once when the statement returns its first row (never when it
 /// returns none), so the write and the wake-up share a round trip.
-fn notified(b: &mut Builder) -> String {
+pub(super) fn notified(b: &mut Builder) -> String {
     let channel = b.p(Param::Channel);
     format!(", (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"")
 }
@@ -107,12 +107,8 @@ pub(crate) struct AdminStatements {
     /// Up to [`Param::Limit`] waiting jobs expired at [`Param::Now`] →
     /// failed with [`Param::Message`]; `None` without an expiry column.
     pub expire: Option<Statement>,
-    /// The enqueue ([`AdminStatements::enqueue_statement`]).
-    pub enqueue: Statement,
-    /// The enqueue of jobs with unique keys
-    /// ([`AdminStatements::enqueue_unique_statement`]); `None` without a
-    /// unique key column.
-    pub enqueue_unique: Option<Statement>,
+    /// The enqueue of jobs with and without unique keys.
+    pub enqueue: super::enqueue::EnqueueStatements,
     /// The resetter's statement: stalled rows that no transaction locks go
     /// back to queued, or fail. `None` without a heartbeat or start column.
     pub reset: Option<Statement>,
@@ -129,6 +125,7 @@ impl AdminStatements {
         absent: &[Column],
     ) -> AdminStatements {
         let names = Names::new(options, absent, shape.side.as_ref());
+        let enqueue = super::enqueue::EnqueueStatements::new(options, shape, &names);
         let table = options.table.quoted();
         let a = names.alias.clone();
         let st = shape.state_type.clone();
@@ -463,16 +460,9 @@ impl AdminStatements {
             expire,
             reset,
             sweep_bookkeeping,
-            enqueue: Statement::default(),
-            enqueue_unique: None,
+            enqueue,
         };
-        // The default table's trigger notifies the default channel on every
-        // insert; any other table, or channel, needs the enqueue to.
-        let notify = !(shape.notify_trigger
-            && options.notify_channel() == crate::options::default_channel(&options.table.name));
         statements.states_of = statements.states_of_statement();
-        statements.enqueue = statements.enqueue_statement(notify);
-        statements.enqueue_unique = statements.enqueue_unique_statement(notify);
         statements
     }
 
@@ -1422,158 +1412,6 @@ impl AdminStatements {
             .unwrap_or_else(|| "\"cancel\"".into());
         format!("UPDATE {table} AS {a} SET {cancel} = true WHERE {rows}{guard} RETURNING {id}")
     }
-
-    /// Inserts jobs from arrays ([`Param::Kinds`], [`Param::Payloads`],
-    /// [`Param::Priorities`], [`Param::ProcessAfters`]) into the columns the
-    /// table has, queued; returns their keys in order. With `notify` (a
-    /// table without the default table's trigger on the store's channel)
-    /// it also notifies [`Param::Channel`]: an initplan, run once per
-    /// statement, so one round trip does both.
-    fn enqueue_statement(&self, notify: bool) -> Statement {
-        let mut b = Builder::default();
-        let (unnest, fields, columns, values) = self.enqueue_input(&mut b, false);
-        let notified = if notify {
-            notified(&mut b)
-        } else {
-            String::new()
-        };
-        b.push(&format!(
-            "INSERT INTO {table} ({}) SELECT {} FROM unnest({}) AS u({}) RETURNING {}{notified}",
-            columns.join(", "),
-            values.join(", "),
-            unnest.join(", "),
-            fields.join(", "),
-            self.names.must(Column::Id),
-            table = self.table,
-        ));
-        b.build()
-    }
-
-    /// Inserts jobs from the arrays of [`AdminStatements::enqueue_statement`]
-    /// and [`Param::UniqueKeys`] (and [`Param::UniqueForevers`] when the
-    /// table keeps the scope), skipping each whose key the table's unique
-    /// index says is held. Returns the inserted jobs (`id`, `unique_key`,
-    /// `inserted` true, in order) and then, for each key that was held, the
-    /// job holding it (`inserted` false): see [`crate::unique`].
-    fn enqueue_unique_statement(&self, notify: bool) -> Option<Statement> {
-        let names = &self.names;
-        let key = names.at(Column::UniqueKey)?;
-        let (table, a, id) = (&self.table, &self.alias, names.must(Column::Id));
-        let mut b = Builder::default();
-        let (unnest, fields, columns, values) = self.enqueue_input(&mut b, true);
-        let keys = b.p(Param::UniqueKeys);
-        let notified = if notify {
-            notified(&mut b)
-        } else {
-            String::new()
-        };
-        let active = self.state_in(&[JobState::Queued, JobState::Processing, JobState::Errored]);
-        // Without a scope column the table's own index decides which rows
-        // hold a key: prefer a waiting or running one, then the newest.
-        let holds = match names.at(Column::UniqueForever) {
-            Some(forever) => format!(" AND ({forever} OR {active})"),
-            None => String::new(),
-        };
-        b.push(&format!(
-            "WITH \"__queue_input\" AS (SELECT * FROM unnest({unnest}) AS u({fields})), \
-             \"__queue_inserted\" AS (INSERT INTO {table} AS {a} ({columns}) SELECT {values} FROM \"__queue_input\" AS u \
-             ON CONFLICT DO NOTHING RETURNING {id} AS \"id\", CAST({key} AS text) AS \"unique_key\") \
-             SELECT \"id\", \"unique_key\", true AS \"inserted\"{notified} FROM \"__queue_inserted\" \
-             UNION ALL \
-             SELECT * FROM (SELECT DISTINCT ON ({key}) {id} AS \"id\", CAST({key} AS text) AS \"unique_key\", false{none} \
-             FROM {table} AS {a} WHERE {key} = ANY(CAST({keys} AS text[])){holds} \
-             AND NOT EXISTS (SELECT 1 FROM \"__queue_inserted\" AS i WHERE i.\"unique_key\" = CAST({key} AS text)) \
-             ORDER BY {key}, ({active}) DESC, {id} DESC) AS \"__queue_held\"",
-            unnest = unnest.join(", "),
-            fields = fields.join(", "),
-            columns = columns.join(", "),
-            values = values.join(", "),
-            none = if notify { ", NULL::int4" } else { "" },
-        ));
-        Some(b.build())
-    }
-
-    /// The enqueue's `unnest(..)` arrays, their field names, and the
-    /// columns with the values that fill them; with `unique`, the unique
-    /// key (and its scope, where the table keeps one) too.
-    fn enqueue_input(
-        &self,
-        b: &mut Builder,
-        unique: bool,
-    ) -> (Vec<String>, Vec<&'static str>, Vec<String>, Vec<String>) {
-        let names = &self.names;
-        let mut arrays = vec![
-            (Param::Kinds, "text[]", "kind"),
-            (Param::Payloads, "jsonb[]", "payload"),
-            (Param::Priorities, "int8[]", "priority"),
-            (Param::ProcessAfters, "timestamptz[]", "process_after"),
-        ];
-        let mut filled = vec![
-            (Column::Kind, "kind"),
-            (Column::Payload, "payload"),
-            (Column::Priority, "priority"),
-            (Column::ProcessAfter, "process_after"),
-        ];
-        // A job's own limit goes to the countdown column when the table
-        // keeps one instead (the catalog refuses a table with both).
-        let limit_column = if names.get(Column::AttemptsLeft).is_some() {
-            Column::AttemptsLeft
-        } else {
-            Column::MaxAttempts
-        };
-        for (param, ty, field, column) in [
-            (Param::MaxAttemptses, "int8[]", "max_attempts", limit_column),
-            (
-                Param::ExpiresAts,
-                "timestamptz[]",
-                "expires_at",
-                Column::ExpiresAt,
-            ),
-            (
-                Param::AtMostOnces,
-                "bool[]",
-                "at_most_once",
-                Column::AtMostOnce,
-            ),
-        ] {
-            if names.get(column).is_some() {
-                arrays.push((param, ty, field));
-                filled.push((column, field));
-            }
-        }
-        if unique {
-            arrays.push((Param::UniqueKeys, "text[]", "unique_key"));
-            filled.push((Column::UniqueKey, "unique_key"));
-            if names.get(Column::UniqueForever).is_some() {
-                arrays.push((Param::UniqueForevers, "bool[]", "unique_forever"));
-                filled.push((Column::UniqueForever, "unique_forever"));
-            }
-        }
-        let unnest: Vec<String> = arrays
-            .iter()
-            .map(|(param, ty, _)| format!("CAST({} AS {ty})", b.p(*param)))
-            .collect();
-        let fields: Vec<&str> = arrays.iter().map(|(_, _, f)| *f).collect();
-        let mut columns = Vec::new();
-        let mut values = Vec::new();
-        for (c, field) in filled {
-            if let Some(n) = names.get(c) {
-                columns.push(n.to_owned());
-                values.push(match (c, &self.payload_type) {
-                    (Column::Payload, Some(ty)) => format!("CAST(u.{field} AS {ty})"),
-                    // Without a limit of its own, the column's default.
-                    (Column::AttemptsLeft, _) => match &self.shape.attempts_left_default {
-                        Some(default) => format!("COALESCE(u.{field}, {default})"),
-                        None => format!("u.{field}"),
-                    },
-                    _ => format!("u.{field}"),
-                });
-            }
-        }
-        columns.push(names.get(Column::State).unwrap_or("\"state\"").to_owned());
-        values.push(self.state_value(JobState::Queued));
-        (unnest, fields, columns, values)
-    }
 }
 
 #[cfg(test)]
@@ -1606,22 +1444,23 @@ mod tests {
         let options = PgStoreOptions::new("jobs").unwrap();
         let with_trigger = AdminStatements::new(&options, &shape(true), &[]);
         assert!(
-            !with_trigger.enqueue.text.contains("pg_notify"),
+            !with_trigger.enqueue.plain.text.contains("pg_notify"),
             "{}",
-            with_trigger.enqueue.text
+            with_trigger.enqueue.plain.text
         );
         let without = AdminStatements::new(&options, &shape(false), &[]);
         assert!(
             without
                 .enqueue
+                .plain
                 .text
                 .contains("(SELECT 1 FROM pg_notify($8, ''))"),
             "{}",
-            without.enqueue.text
+            without.enqueue.plain.text
         );
         let elsewhere = AdminStatements::new(&options.clone().channel("other"), &shape(true), &[]);
         assert!(
-            elsewhere.enqueue.text.contains("pg_notify"),
+            elsewhere.enqueue.plain.text.contains("pg_notify"),
             "the trigger notifies the default channel, not the store's"
         );
     }

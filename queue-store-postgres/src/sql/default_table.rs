@@ -432,8 +432,11 @@ END"
     ]
 }
 
-/// The function that enqueues jobs with unique keys
-/// ([`insert_unique`]): `<table>_enqueue_unique` beside the table.
+/// The function that enqueued jobs with unique keys up to this release:
+/// `<table>_enqueue_unique` beside the table. Enqueues now run the
+/// statements every table's enqueue runs ([`super::enqueue`]); the
+/// function stays for processes of earlier releases still running
+/// beside them.
 fn unique_function(table: &QualifiedName) -> String {
     QualifiedName::new(
         table.schema.clone(),
@@ -623,40 +626,6 @@ pub(crate) const MIGRATION_UNLOCK: &str = "SELECT pg_advisory_unlock(73105753128
 /// remains of a concurrent build that was interrupted.
 pub(crate) const INVALID_INDEX: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index \
      WHERE indexrelid = to_regclass($1) AND NOT indisvalid)";
-
-/// Enqueues jobs with options (unique keys, attempt limits, expiry,
-/// at-most-once) from parallel arrays ($1 kinds, $2 payloads, $3
-/// priorities, $4 process_after, $5 unique keys, $6 whether each key holds
-/// forever, $7 max attempts, $8 expiry, $9 at-most-once) through the
-/// table's function (version 3): one row per job, in order: its `id` (the
-/// holder's when its key was taken), its `unique_key` and whether it was
-/// `inserted`.
-pub(crate) fn insert_with_options(table: &QualifiedName) -> String {
-    format!(
-        "SELECT \"id\", \"unique_key\", \"inserted\" FROM {}(CAST($1 AS text[]), CAST($2 AS jsonb[]), \
-         CAST($3 AS int4[]), CAST($4 AS timestamptz[]), CAST($5 AS text[]), CAST($6 AS bool[]), \
-         CAST($7 AS int4[]), CAST($8 AS timestamptz[]), CAST($9 AS bool[]))",
-        unique_function(table)
-    )
-}
-
-/// Inserts one job: $1 kind, $2 payload, $3 priority, $4 process_after.
-pub(crate) fn insert_one(table: &QualifiedName) -> String {
-    format!(
-        "INSERT INTO {t} (\"kind\", \"payload\", \"priority\", \"process_after\") VALUES ($1, $2, $3, $4) RETURNING \"id\"",
-        t = table.quoted()
-    )
-}
-
-/// Inserts many jobs from parallel arrays in one statement.
-pub(crate) fn insert_many(table: &QualifiedName) -> String {
-    format!(
-        "INSERT INTO {t} (\"kind\", \"payload\", \"priority\", \"process_after\") \
-         SELECT * FROM unnest(CAST($1 AS text[]), CAST($2 AS jsonb[]), CAST($3 AS int4[]), CAST($4 AS timestamptz[])) \
-         RETURNING \"id\"",
-        t = table.quoted()
-    )
-}
 
 #[cfg(test)]
 mod tests {

@@ -10,6 +10,7 @@ pub(crate) mod bookkeeping;
 pub(crate) mod catalog;
 mod claim;
 pub(crate) mod default_table;
+pub(crate) mod enqueue;
 mod finish;
 mod heartbeat;
 mod job_transaction;
@@ -107,6 +108,11 @@ pub(crate) enum Param {
     Kinds,
     Payloads,
     Priorities,
+    /// One job's kind (text), payload (jsonb) and priority (int8), for
+    /// an enqueue of one; its due time is [`Param::ProcessAfter`].
+    Kind,
+    Payload,
+    Priority,
 }
 
 /// A statement and the inputs its `$n` placeholders stand for, in order.
@@ -245,6 +251,31 @@ pub(crate) struct TableShape {
     /// starts with the queued-time column: a queued-time range a stretch
     /// of the list does not fill is then read through it.
     pub queued_indexed: bool,
+}
+
+impl TableShape {
+    /// The default table at its newest version, as the catalog would find
+    /// it: what [`enqueue::EnqueueStatements::default_table`] builds on.
+    pub(crate) fn default_table() -> TableShape {
+        TableShape {
+            state_type: "text".into(),
+            key_type: "bigint".into(),
+            log_element: "json".into(),
+            payload_type: Some("jsonb".into()),
+            notify_trigger: true,
+            failure_json: None,
+            text_select: None,
+            archive: None,
+            due_apart: true,
+            unique_unenforced: None,
+            attempts_left_default: None,
+            side: None,
+            finished_indexed: true,
+            kind_split: true,
+            failure_indexed: false,
+            queued_indexed: true,
+        }
+    }
 }
 
 /// A `json`/`jsonb` failure column: its type, and the path of keys to

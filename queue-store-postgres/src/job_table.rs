@@ -1,0 +1,226 @@
+//! [`JobTable`]: the default jobs table — migrate it, enqueue into it.
+
+use std::sync::Arc;
+
+use queue_core::{Enqueued, NewJob, StoreError};
+use sqlx::PgPool;
+
+use crate::error::{store_error, OptionsError};
+use crate::ident::{Ident, QualifiedName};
+use crate::migrate::Migration;
+use crate::options::PgStoreOptions;
+use crate::sql::enqueue::EnqueueStatements;
+
+/// The default jobs table: the spec's columns plus `kind`, `payload`
+/// (jsonb), `priority` and `claim_token`.
+///
+/// Enqueue works on the pool or on any sqlx connection, so a job can be
+/// enqueued inside the caller's own transaction and becomes visible (and
+/// wakes workers) only when that commits. It runs the same statements,
+/// and keeps unique keys by the same rule, as
+/// [`PgAdmin::enqueue`](queue_core::Admin::enqueue) on the same table.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+/// use queue_core::NewJob;
+/// use queue_store_postgres::JobTable;
+///
+/// let jobs = JobTable::default();
+/// let mut tx = pool.begin().await?;
+/// // ... the application's own writes on `tx` ...
+/// jobs.enqueue(&mut *tx, &NewJob::new("welcome_email", serde_json::json!({"user": 42}))).await?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct JobTable {
+    table: QualifiedName,
+    /// The enqueue statements, built once.
+    enqueue: Arc<EnqueueStatements>,
+    /// The channel the table's trigger notifies.
+    channel: Arc<str>,
+}
+
+impl Default for JobTable {
+    /// `public.queue_jobs`.
+    fn default() -> Self {
+        JobTable::from_name(QualifiedName::new(
+            Ident::new("public").unwrap_or_else(|_| unreachable_ident()),
+            Ident::new("queue_jobs").unwrap_or_else(|_| unreachable_ident()),
+        ))
+    }
+}
+
+/// Only reached if a constant name were invalid; it is not.
+fn unreachable_ident() -> Ident {
+    Ident::new("queue_jobs").unwrap_or_else(|e| panic!("constant identifier rejected: {e}"))
+}
+
+impl JobTable {
+    /// The default table layout at `schema.table`.
+    pub fn new(schema: &str, table: &str) -> Result<Self, OptionsError> {
+        Ok(JobTable::from_name(QualifiedName::new(
+            Ident::new(schema)?,
+            Ident::new(table)?,
+        )))
+    }
+
+    fn from_name(table: QualifiedName) -> Self {
+        JobTable {
+            enqueue: Arc::new(EnqueueStatements::default_table(&table)),
+            channel: crate::options::default_channel(&table.name).into(),
+            table,
+        }
+    }
+
+    /// The store options of the default table at `table`.
+    pub(crate) fn options_for(table: &QualifiedName) -> PgStoreOptions {
+        let options =
+            PgStoreOptions::new(table.name.as_str()).and_then(|o| o.schema(table.schema.as_str()));
+        // Both names were validated when `table` was built.
+        options.unwrap_or_else(|e| panic!("validated names rejected: {e}"))
+    }
+
+    /// The table's qualified name.
+    pub fn name(&self) -> &QualifiedName {
+        &self.table
+    }
+
+    /// Store options for this table (standard names and states).
+    pub fn store_options(&self) -> PgStoreOptions {
+        JobTable::options_for(&self.table)
+    }
+
+    /// The name of this table's archive: `<table>_archive` in its schema
+    /// (see [`JobTable::create_archive`]).
+    pub fn archive_name(&self) -> String {
+        crate::sql::default_table::derived_name(&self.table.name, "archive")
+    }
+
+    /// Creates the archive purged jobs move to, if it is missing: a table
+    /// like this one (same columns and defaults, no indexes or triggers)
+    /// named [`JobTable::archive_name`]. Point the store at it with
+    /// `store_options().archive_table(&jobs.archive_name())`; the pruner and
+    /// `queue purge` then move old finished jobs there instead of deleting
+    /// them. Run it after [`JobTable::migrate`] (and again after a
+    /// migration that adds a column: the store checks at start-up that the
+    /// archive has every column).
+    pub async fn create_archive(&self, pool: &PgPool) -> Result<(), StoreError> {
+        let archive = crate::ident::QualifiedName::new(
+            self.table.schema.clone(),
+            crate::ident::Ident::new(self.archive_name())?,
+        );
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "CREATE TABLE IF NOT EXISTS {} (LIKE {} INCLUDING DEFAULTS)",
+            archive.quoted(),
+            self.table.quoted()
+        )))
+        .execute(pool)
+        .await
+        .map_err(|e| crate::error::store_error("creating the archive table", e))?;
+        Ok(())
+    }
+
+    /// The tables migrations keep, each with its versions: the table, then
+    /// the kinds, audit and workers tables beside it.
+    fn owned_tables(&self) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
+        let mut tables = vec![(
+            self.table.clone(),
+            crate::migrate::default_table(&self.table),
+        )];
+        // The default table has a kind column.
+        tables.extend(crate::migrate::operator_tables(&self.table, true));
+        tables
+    }
+
+    /// Brings the table to the newest version of its schema: creates the
+    /// schema, table, indexes and notify trigger where missing, then each
+    /// later version in order (see [`Migration`]); then the same for the
+    /// tables beside it: the kinds table ([`kinds`](crate::kinds): the
+    /// paused kinds), the audit table and the workers table (see
+    /// [`migrate_beside`](crate::migrate_beside)). Returns the versions it
+    /// applied, the table's first; none when all are up to date, in which case it only reads, so it is safe to call
+    /// on every start-up, from several processes at once, beside running
+    /// workers.
+    pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        let mut applied = Vec::new();
+        for (table, versions) in self.owned_tables() {
+            applied.extend(crate::migrate::apply(pool, &table, versions).await?);
+        }
+        Ok(applied)
+    }
+
+    /// Every version of the table's schema and of its kinds and audit
+    /// tables',
+    /// applied or pending, with when each was applied and the SQL it runs.
+    pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        let mut all = Vec::new();
+        for (table, versions) in self.owned_tables() {
+            all.extend(crate::migrate::status(pool, &table, versions).await?);
+        }
+        Ok(all)
+    }
+
+    /// Enqueues one job on `conn` (the pool, a connection, or a
+    /// transaction: `&mut *tx`); returns its id (for a job whose [unique
+    /// key](NewJob::unique) is taken, the id of the job that holds it; see
+    /// [`JobTable::enqueue_unique`] to tell the two apart).
+    pub async fn enqueue<'c>(
+        &self,
+        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        job: &NewJob,
+    ) -> Result<i64, StoreError> {
+        let mut done = self.enqueue_unique(conn, std::slice::from_ref(job)).await?;
+        done.pop().map(|e| e.id).ok_or_else(|| StoreError::Backend {
+            context: "enqueueing a job".into(),
+            source: "the insert returned no row".into(),
+        })
+    }
+
+    /// Enqueues many jobs in one statement; returns their ids in order (as
+    /// [`JobTable::enqueue`] does).
+    pub async fn enqueue_many<'c>(
+        &self,
+        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        jobs: &[NewJob],
+    ) -> Result<Vec<i64>, StoreError> {
+        let done = self.enqueue_unique(conn, jobs).await?;
+        Ok(done.into_iter().map(|e| e.id).collect())
+    }
+
+    /// Enqueues jobs, some or all with [unique keys](NewJob::unique), in
+    /// one statement; says for each, in order, whether it was added or
+    /// which job holds its key. Safe from any number of enqueuers at once:
+    /// the table's unique index admits one job per key, and the others
+    /// come back `inserted: false` with its id.
+    ///
+    /// A job whose key's holder committed, or finished, while the
+    /// statement ran is enqueued again by a second statement on the same
+    /// connection, which sees the holder or finds the key free (see
+    /// [`crate::unique`]'s rule, which every enqueue keeps). Inside the
+    /// caller's transaction that works in `READ COMMITTED`, the default:
+    /// each statement sees what committed before it. In `REPEATABLE READ`
+    /// or `SERIALIZABLE` a holder committed after the transaction began
+    /// stays out of sight, and the call fails with a retryable
+    /// [`StoreError::Conflict`], like any serialization failure.
+    pub async fn enqueue_unique<'c>(
+        &self,
+        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        jobs: &[NewJob],
+    ) -> Result<Vec<Enqueued<i64>>, StoreError> {
+        if jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut conn = conn
+            .acquire()
+            .await
+            .map_err(|e| store_error("enqueueing jobs", e))?;
+        crate::enqueue::enqueue_on(&mut conn, &self.enqueue, &self.table, &self.channel, jobs).await
+    }
+
+    /// The enqueue statements, for the diesel entry points.
+    #[cfg(any(feature = "diesel", feature = "diesel-async"))]
+    pub(crate) fn enqueue_statements(&self) -> &EnqueueStatements {
+        &self.enqueue
+    }
+}
