@@ -275,6 +275,14 @@ impl JobFilter {
         self
     }
 
+    /// Only jobs whose current or last attempt started before `at`, in
+    /// any state (see [`JobFilter::running_since_before`] for the running
+    /// ones).
+    pub fn started_before(mut self, at: DateTime<Utc>) -> Self {
+        self.started_before = Some(at);
+        self
+    }
+
     /// Only jobs enqueued at or after `at`.
     pub fn queued_from(mut self, at: DateTime<Utc>) -> Self {
         self.queued_from = Some(at);
@@ -1208,6 +1216,40 @@ pub fn distinct_retryable_states(stored: impl Fn(JobState) -> String) -> Vec<Job
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A filter is `#[non_exhaustive]`, so users build it only through
+    /// its methods: every field has one. (The literal below stops
+    /// compiling when a field is added, until it gets its method.)
+    #[test]
+    fn every_filter_field_has_a_builder() {
+        let at = |s: i64| DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(s);
+        let built = JobFilter::default()
+            .states([JobState::Failed])
+            .kinds(["email"])
+            .queued_from(at(1))
+            .queued_before(at(2))
+            .finished_from(at(3))
+            .finished_before(at(4))
+            .failure_contains("timeout")
+            .payload_contains(serde_json::json!({"user": 7}))
+            .unique_key("invoice:7")
+            .worker("host-1")
+            .started_before(at(5));
+        let literal = JobFilter {
+            states: Some(vec![JobState::Failed]),
+            kinds: Some(vec!["email".into()]),
+            queued_from: Some(at(1)),
+            queued_before: Some(at(2)),
+            finished_from: Some(at(3)),
+            finished_before: Some(at(4)),
+            failure_contains: Some("timeout".into()),
+            payload_contains: Some(serde_json::json!({"user": 7})),
+            unique_key: Some("invoice:7".into()),
+            worker: Some("host-1".into()),
+            started_before: Some(at(5)),
+        };
+        assert_eq!(built, literal);
+    }
 
     fn view(state: JobState) -> JobView<i64> {
         JobView {

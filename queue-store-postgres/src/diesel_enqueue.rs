@@ -56,6 +56,32 @@ impl Keyed {
 
 type Query = BoxedSqlQuery<'static, Pg, SqlQuery>;
 
+/// The body of both diesel entry points, which differ only in whether a
+/// query's `load` is awaited (`diesel_async`) or not (`diesel`): the
+/// plain statement, or the unique one in [`Rounds`].
+#[cfg(any(feature = "diesel", feature = "diesel-async"))]
+macro_rules! enqueue_on {
+    ($table:ident, $conn:ident, $jobs:ident $(, $($await:tt)+)?) => {{
+        if $jobs.is_empty() {
+            return Ok(Vec::new());
+        }
+        if !any_unique($jobs) {
+            let statement = plain_statement($table.enqueue_statements(), $jobs);
+            let query = $table.diesel_query(statement, $jobs)?;
+            let rows: Vec<Added> = query.load($conn) $($($await)+)? .map_err(store_error)?;
+            return Ok(rows.into_iter().map(Added::enqueued).collect());
+        }
+        let statement = $table.unique_statement()?;
+        let mut rounds = Rounds::new($jobs);
+        while let Some(batch) = rounds.next_batch() {
+            let query = $table.diesel_query(statement, &batch)?;
+            let rows: Vec<Keyed> = query.load($conn) $($($await)+)? .map_err(store_error)?;
+            rounds.record(&batch, rows.into_iter().map(Keyed::answer).collect());
+        }
+        rounds.finish()
+    }};
+}
+
 /// `value` bound to `query`, as sqlx binds it (the statement casts each
 /// array to its column's type).
 fn bind(query: Query, value: Value<i64>) -> Result<Query, StoreError> {
@@ -154,23 +180,7 @@ impl JobTable {
         jobs: &[NewJob],
     ) -> Result<Vec<Enqueued<i64>>, StoreError> {
         use diesel::RunQueryDsl;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        if !any_unique(jobs) {
-            let query =
-                self.diesel_query(plain_statement(self.enqueue_statements(), jobs), jobs)?;
-            let rows: Vec<Added> = query.load(conn).map_err(store_error)?;
-            return Ok(rows.into_iter().map(Added::enqueued).collect());
-        }
-        let statement = self.unique_statement()?;
-        let mut rounds = Rounds::new(jobs);
-        while let Some(batch) = rounds.next_batch() {
-            let query = self.diesel_query(statement, &batch)?;
-            let rows: Vec<Keyed> = query.load(conn).map_err(store_error)?;
-            rounds.record(&batch, rows.into_iter().map(Keyed::answer).collect());
-        }
-        rounds.finish()
+        enqueue_on!(self, conn, jobs)
     }
 
     /// [`JobTable::enqueue_diesel`] on a `diesel_async` connection.
@@ -181,22 +191,6 @@ impl JobTable {
         jobs: &[NewJob],
     ) -> Result<Vec<Enqueued<i64>>, StoreError> {
         use diesel_async::RunQueryDsl;
-        if jobs.is_empty() {
-            return Ok(Vec::new());
-        }
-        if !any_unique(jobs) {
-            let query =
-                self.diesel_query(plain_statement(self.enqueue_statements(), jobs), jobs)?;
-            let rows: Vec<Added> = query.load(conn).await.map_err(store_error)?;
-            return Ok(rows.into_iter().map(Added::enqueued).collect());
-        }
-        let statement = self.unique_statement()?;
-        let mut rounds = Rounds::new(jobs);
-        while let Some(batch) = rounds.next_batch() {
-            let query = self.diesel_query(statement, &batch)?;
-            let rows: Vec<Keyed> = query.load(conn).await.map_err(store_error)?;
-            rounds.record(&batch, rows.into_iter().map(Keyed::answer).collect());
-        }
-        rounds.finish()
+        enqueue_on!(self, conn, jobs, .await)
     }
 }

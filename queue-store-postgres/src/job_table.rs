@@ -5,11 +5,48 @@ use std::sync::Arc;
 use queue_core::{Enqueued, NewJob, StoreError};
 use sqlx::PgPool;
 
+use crate::enqueue::enqueue_on;
 use crate::error::{store_error, OptionsError};
 use crate::ident::{Ident, QualifiedName};
 use crate::migrate::Migration;
 use crate::options::PgStoreOptions;
 use crate::sql::enqueue::EnqueueStatements;
+
+/// Where an enqueue of [`JobTable`] runs: on a connection of the pool, or
+/// on the caller's connection, inside whatever transaction it has open.
+/// Made from `&PgPool`, `&mut PgConnection` (`&mut *tx` for a
+/// transaction), `&mut Transaction` and `&mut PoolConnection`.
+#[derive(Debug)]
+pub enum ConnectionOrPool<'a> {
+    /// A connection taken from the pool for the call.
+    Pool(&'a PgPool),
+    /// The caller's connection.
+    Connection(&'a mut sqlx::PgConnection),
+}
+
+impl<'a> From<&'a PgPool> for ConnectionOrPool<'a> {
+    fn from(pool: &'a PgPool) -> Self {
+        ConnectionOrPool::Pool(pool)
+    }
+}
+
+impl<'a> From<&'a mut sqlx::PgConnection> for ConnectionOrPool<'a> {
+    fn from(conn: &'a mut sqlx::PgConnection) -> Self {
+        ConnectionOrPool::Connection(conn)
+    }
+}
+
+impl<'a, 't> From<&'a mut sqlx::Transaction<'t, sqlx::Postgres>> for ConnectionOrPool<'a> {
+    fn from(tx: &'a mut sqlx::Transaction<'t, sqlx::Postgres>) -> Self {
+        ConnectionOrPool::Connection(tx)
+    }
+}
+
+impl<'a> From<&'a mut sqlx::pool::PoolConnection<sqlx::Postgres>> for ConnectionOrPool<'a> {
+    fn from(conn: &'a mut sqlx::pool::PoolConnection<sqlx::Postgres>) -> Self {
+        ConnectionOrPool::Connection(conn)
+    }
+}
 
 /// The default jobs table: the spec's columns plus `kind`, `payload`
 /// (jsonb), `priority` and `claim_token`.
@@ -167,7 +204,7 @@ impl JobTable {
     /// [`JobTable::enqueue_unique`] to tell the two apart).
     pub async fn enqueue<'c>(
         &self,
-        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        conn: impl Into<ConnectionOrPool<'c>>,
         job: &NewJob,
     ) -> Result<i64, StoreError> {
         let mut done = self.enqueue_unique(conn, std::slice::from_ref(job)).await?;
@@ -181,7 +218,7 @@ impl JobTable {
     /// [`JobTable::enqueue`] does).
     pub async fn enqueue_many<'c>(
         &self,
-        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        conn: impl Into<ConnectionOrPool<'c>>,
         jobs: &[NewJob],
     ) -> Result<Vec<i64>, StoreError> {
         let done = self.enqueue_unique(conn, jobs).await?;
@@ -205,17 +242,25 @@ impl JobTable {
     /// [`StoreError::Conflict`], like any serialization failure.
     pub async fn enqueue_unique<'c>(
         &self,
-        conn: impl sqlx::Acquire<'c, Database = sqlx::Postgres>,
+        conn: impl Into<ConnectionOrPool<'c>>,
         jobs: &[NewJob],
     ) -> Result<Vec<Enqueued<i64>>, StoreError> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = conn
-            .acquire()
-            .await
-            .map_err(|e| store_error("enqueueing jobs", e))?;
-        crate::enqueue::enqueue_on(&mut conn, &self.enqueue, &self.table, &self.channel, jobs).await
+        let (statements, channel) = (&*self.enqueue, &*self.channel);
+        match conn.into() {
+            ConnectionOrPool::Connection(conn) => {
+                enqueue_on(conn, statements, &self.table, channel, jobs).await
+            }
+            ConnectionOrPool::Pool(pool) => {
+                let mut conn = pool
+                    .acquire()
+                    .await
+                    .map_err(|e| store_error("enqueueing jobs", e))?;
+                enqueue_on(&mut conn, statements, &self.table, channel, jobs).await
+            }
+        }
     }
 
     /// The enqueue statements, for the diesel entry points.

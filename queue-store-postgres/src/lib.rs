@@ -39,7 +39,7 @@ pub use crate::config::{
 };
 pub use crate::error::OptionsError;
 pub use crate::ident::{Ident, QualifiedName};
-pub use crate::job_table::JobTable;
+pub use crate::job_table::{ConnectionOrPool, JobTable};
 pub use crate::job_transaction::PgJobTransaction;
 pub use crate::key_type::PgKeyType;
 pub use crate::migrate::{migrate_beside, migrations_beside, Migration};

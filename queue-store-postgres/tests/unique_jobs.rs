@@ -37,12 +37,12 @@ async fn sixteen_concurrent_enqueuers_of_one_key_make_one_job() {
                     .unique(format!("own:{round}:{n}"), UniqueScope::Active);
                 barrier.wait().await;
                 if n % 2 == 0 {
-                    // Through the admin contract, which retries by itself.
+                    // Through the admin contract.
                     Admin::enqueue(&store, &[same, own])
                         .await
                         .expect("enqueued")
                 } else {
-                    // Straight into the table: one statement.
+                    // Straight into the table: the same statements.
                     table
                         .enqueue_unique(&pool, &[same, own])
                         .await
@@ -278,4 +278,52 @@ async fn a_unique_key_column_without_a_unique_index_is_refused_with_the_fix() {
     let second = Admin::enqueue(&store, &[keyed]).await.expect("enqueued");
     assert!(first[0].inserted && !second[0].inserted);
     assert_eq!(first[0].id, second[0].id, "one job holds the key");
+}
+
+/// A key's holder that commits while an enqueue of the key waits for it
+/// is out of the waiting statement's sight: the insert skips the job, and
+/// the lookup of holders finds none. The enqueue then runs a second
+/// statement on its connection, inside the caller's transaction, which
+/// sees the holder and reports it, instead of failing or adding a second
+/// job.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_holder_committed_while_the_enqueue_waited_is_found_by_the_next_statement() {
+    let test = "a_holder_committed_while_the_enqueue_waited_is_found_by_the_next_statement";
+    let Some(pool) = pool(test).await else { return };
+    let table = Arc::new(fresh_table(&pool).await);
+    let keyed = || NewJob::new("k", serde_json::json!(null)).unique("order:9", UniqueScope::Active);
+    let mut holder = pool.begin().await.expect("a transaction");
+    let holder_id = table
+        .enqueue(&mut *holder, &keyed())
+        .await
+        .expect("the holder, not committed yet");
+    let waiting = {
+        let (table, pool) = (table.clone(), pool.clone());
+        tokio::spawn(async move {
+            let mut tx = pool.begin().await.expect("a transaction");
+            let done = table.enqueue_unique(&mut tx, &[keyed()]).await;
+            tx.commit().await.expect("committed");
+            done
+        })
+    };
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert!(!waiting.is_finished(), "the enqueue waits on the key");
+    holder.commit().await.expect("committed");
+    let done = tokio::time::timeout(std::time::Duration::from_secs(10), waiting)
+        .await
+        .expect("the enqueue ends")
+        .expect("joined")
+        .expect("no error: the next statement sees the holder");
+    assert_eq!(
+        done.iter().map(|e| (e.id, e.inserted)).collect::<Vec<_>>(),
+        [(holder_id, false)]
+    );
+    let jobs: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {}",
+        table.name().quoted()
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("count");
+    assert_eq!(jobs, 1, "one job for the key");
 }

@@ -4,7 +4,6 @@
 use queue_core::{Enqueued, NewJob, StoreError, UniqueScope};
 
 use super::PgAdmin;
-use crate::error::store_error;
 use crate::options::Column;
 use crate::record::PgKey;
 
@@ -119,12 +118,7 @@ impl<K: PgKey> PgAdmin<K> {
         if jobs.is_empty() {
             return Ok(Vec::new());
         }
-        let mut conn = self
-            .inner
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| store_error("enqueueing jobs", e))?;
+        let mut conn = self.connection("enqueueing jobs").await?;
         self.enqueue_in(&mut conn, jobs).await
     }
 }

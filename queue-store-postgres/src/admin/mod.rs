@@ -24,6 +24,7 @@ use crate::options::{Column, PgStoreOptions};
 use crate::record::PgKey;
 use crate::sql::admin::AdminStatements;
 use crate::sql::{catalog, TableShape};
+use write::Savepoint;
 
 mod audit;
 mod enqueue;
@@ -311,11 +312,14 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         targets: &Targets<K>,
         params: RetryParams,
     ) -> Result<ActionReport<K>, StoreError> {
-        self.retry_jobs(targets, params).await
+        let mut conn = self.connection("retrying jobs").await?;
+        self.retry_on(&mut conn, Savepoint::None, targets, params)
+            .await
     }
 
     async fn cancel(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {
-        self.cancel_jobs(targets).await
+        let mut conn = self.connection("cancelling jobs").await?;
+        self.cancel_on(&mut conn, Savepoint::None, targets).await
     }
 
     async fn force_fail(
@@ -323,15 +327,19 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         targets: &Targets<K>,
         reason: &str,
     ) -> Result<ActionReport<K>, StoreError> {
-        self.force_fail_jobs(targets, reason).await
+        let mut conn = self.connection("failing jobs").await?;
+        self.force_fail_on(&mut conn, Savepoint::None, targets, reason)
+            .await
     }
 
     async fn purge(&self, params: &PurgeParams) -> Result<queue_core::PurgeReport, StoreError> {
-        self.purge_jobs(params).await
+        let mut conn = self.connection("purging jobs").await?;
+        self.purge_on(&mut conn, params).await
     }
 
     async fn delete(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {
-        self.delete_jobs(targets).await
+        let mut conn = self.connection("deleting jobs").await?;
+        self.delete_on(&mut conn, Savepoint::None, targets).await
     }
 
     async fn reset(&self, params: ResetParams) -> Result<ResetReport<K>, StoreError> {

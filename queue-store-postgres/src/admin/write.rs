@@ -81,55 +81,7 @@ impl<K: PgKey> PgAdmin<K> {
         self.delete_on(conn, Savepoint::Each, targets).await
     }
 
-    /// A connection of the store's pool, for a write of `context`.
-    async fn write_connection(
-        &self,
-        context: &str,
-    ) -> Result<sqlx::pool::PoolConnection<sqlx::Postgres>, StoreError> {
-        self.inner
-            .pool
-            .acquire()
-            .await
-            .map_err(|e| store_error(context, e))
-    }
-
-    pub(super) async fn retry_jobs(
-        &self,
-        targets: &Targets<K>,
-        params: RetryParams,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let mut conn = self.write_connection("retrying jobs").await?;
-        self.retry_on(&mut conn, Savepoint::None, targets, params)
-            .await
-    }
-
-    pub(super) async fn cancel_jobs(
-        &self,
-        targets: &Targets<K>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let mut conn = self.write_connection("cancelling jobs").await?;
-        self.cancel_on(&mut conn, Savepoint::None, targets).await
-    }
-
-    pub(super) async fn force_fail_jobs(
-        &self,
-        targets: &Targets<K>,
-        reason: &str,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let mut conn = self.write_connection("failing jobs").await?;
-        self.force_fail_on(&mut conn, Savepoint::None, targets, reason)
-            .await
-    }
-
-    pub(super) async fn delete_jobs(
-        &self,
-        targets: &Targets<K>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let mut conn = self.write_connection("deleting jobs").await?;
-        self.delete_on(&mut conn, Savepoint::None, targets).await
-    }
-
-    async fn retry_on(
+    pub(super) async fn retry_on(
         &self,
         conn: &mut sqlx::PgConnection,
         savepoint: Savepoint,
@@ -137,24 +89,55 @@ impl<K: PgKey> PgAdmin<K> {
         params: RetryParams,
     ) -> Result<ActionReport<K>, StoreError> {
         let write = AdminWrite::Retry(params.reset_attempts);
-        // The store's time, not the caller's: the job is claimable from
-        // now on the database's clock.
-        let now = self.callers_now();
-        let changed = self
-            .write(
-                conn,
-                savepoint,
-                write,
-                targets,
-                limit_of(targets),
-                now,
-                None,
-            )
-            .await?;
-        self.report(conn, targets, changed, &[write]).await
+        self.write_and_report(conn, savepoint, write, targets, None)
+            .await
     }
 
-    async fn cancel_on(
+    pub(super) async fn force_fail_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+        reason: &str,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::ForceFail;
+        self.write_and_report(conn, savepoint, write, targets, Some(reason))
+            .await
+    }
+
+    pub(super) async fn delete_on(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let write = AdminWrite::Delete;
+        self.write_and_report(conn, savepoint, write, targets, None)
+            .await
+    }
+
+    /// One `write` over `targets` (with an operator's `reason`), and its
+    /// report. The time it writes is the store's, not the caller's: a
+    /// retried job is claimable from now on the database's clock (a
+    /// force-fail's finish time is the statement's `now()`).
+    async fn write_and_report(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        write: AdminWrite,
+        targets: &Targets<K>,
+        reason: Option<&str>,
+    ) -> Result<ActionReport<K>, StoreError> {
+        let (limit, now) = (limit_of(targets), self.callers_now());
+        let changed = self
+            .write(conn, savepoint, write, targets, limit, now, reason)
+            .await?;
+        let counts = (changed.len() as u64, 0);
+        self.report(conn, targets, changed, counts, &[write], Last::Changed)
+            .await
+    }
+
+    pub(super) async fn cancel_on(
         &self,
         conn: &mut sqlx::PgConnection,
         savepoint: Savepoint,
@@ -199,7 +182,7 @@ impl<K: PgKey> PgAdmin<K> {
         let (waiting, running) = (canceled.len() as u64, flagged.len() as u64);
         let mut changed = canceled;
         changed.extend(flagged);
-        self.report_with(
+        self.report(
             conn,
             targets,
             changed,
@@ -210,68 +193,11 @@ impl<K: PgKey> PgAdmin<K> {
         .await
     }
 
-    async fn force_fail_on(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        savepoint: Savepoint,
-        targets: &Targets<K>,
-        reason: &str,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let write = AdminWrite::ForceFail;
-        // The time is the database's (the statement's `now()`).
-        let failed = self
-            .write(
-                conn,
-                savepoint,
-                write,
-                targets,
-                limit_of(targets),
-                self.callers_now(),
-                Some(reason),
-            )
-            .await?;
-        self.report(conn, targets, failed, &[write]).await
-    }
-
-    async fn delete_on(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        savepoint: Savepoint,
-        targets: &Targets<K>,
-    ) -> Result<ActionReport<K>, StoreError> {
-        let write = AdminWrite::Delete;
-        let deleted = self
-            .write(
-                conn,
-                savepoint,
-                write,
-                targets,
-                limit_of(targets),
-                self.callers_now(),
-                None,
-            )
-            .await?;
-        self.report(conn, targets, deleted, &[write]).await
-    }
-
-    /// The report of `writes` that changed `changed`, read on `conn`: the
-    /// jobs named that were left alone, and where a next batch starts.
+    /// The report of `writes` that changed `changed` (`done` jobs
+    /// changed, `stop_requested` running ones asked to stop), read on
+    /// `conn`: the jobs named that were left alone, and where the next
+    /// batch starts (after `last`).
     async fn report(
-        &self,
-        conn: &mut sqlx::PgConnection,
-        targets: &Targets<K>,
-        changed: Vec<K>,
-        writes: &[AdminWrite],
-    ) -> Result<ActionReport<K>, StoreError> {
-        let counts = (changed.len() as u64, 0);
-        self.report_with(conn, targets, changed, counts, writes, Last::Changed)
-            .await
-    }
-
-    /// [`PgAdmin::report`] of writes that changed `done` jobs and asked
-    /// `stop_requested` running ones to stop, the next batch starting
-    /// after `last`.
-    async fn report_with(
         &self,
         conn: &mut sqlx::PgConnection,
         targets: &Targets<K>,
@@ -520,15 +446,10 @@ impl<K: PgKey> PgAdmin<K> {
         self.purge_on(conn, params).await
     }
 
-    pub(super) async fn purge_jobs(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
-        let mut conn = self.write_connection("purging jobs").await?;
-        self.purge_on(&mut conn, params).await
-    }
-
     /// A purge's batch: oldest finished first where an index allows,
     /// reporting the latest finish time it removed for the next batch to
     /// start from.
-    async fn purge_on(
+    pub(super) async fn purge_on(
         &self,
         conn: &mut sqlx::PgConnection,
         params: &PurgeParams,
@@ -577,7 +498,7 @@ const RETRY_ROUNDS: u32 = 5;
 /// caller's connection, so that a statement that fails and runs again
 /// leaves the caller's transaction usable.
 #[derive(Debug, Clone, Copy)]
-enum Savepoint {
+pub(super) enum Savepoint {
     None,
     Each,
 }

@@ -616,20 +616,8 @@ fn test_shape() -> TableShape {
     TableShape {
         finished_indexed: false,
         kind_split: false,
-        failure_indexed: false,
         queued_indexed: false,
-        state_type: "text".into(),
-        key_type: "bigint".into(),
-        log_element: "json".into(),
-        payload_type: Some("jsonb".into()),
-        notify_trigger: true,
-        failure_json: None,
-        text_select: None,
-        archive: None,
-        due_apart: true,
-        unique_unenforced: None,
-        attempts_left_default: None,
-        side: None,
+        ..TableShape::default_table()
     }
 }
 
