@@ -32,9 +32,11 @@ use crate::resetter::{ResetParams, ResetReport};
 /// column the store has. A column the store lacks reads as `None` (or
 /// empty, or false).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct JobView<Id> {
-    /// The key.
+    /// The key (as text in the HTTP API, whatever the key column's type).
+    #[cfg_attr(feature = "openapi", schema(value_type = String))]
     pub id: Id,
     /// The kind, if the store keeps one.
     pub kind: Option<String>,
@@ -505,6 +507,7 @@ impl StatsParams {
 
 /// How many jobs of one kind are in one state.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct StateCount {
     /// The standard state, or `None` for a stored value the state mapping

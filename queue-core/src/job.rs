@@ -12,6 +12,7 @@ use crate::error::JobError;
 /// The state of a job. Transitions only move forward (see
 /// `docs/job-lifecycle.md`); every write guards the state it expects.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum JobState {

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 
 /// What a worker process says of itself on each beat.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct WorkerBeat {
     /// Its name (unique per process: by default host and pid).
@@ -61,8 +62,10 @@ impl WorkerBeat {
     }
 }
 
-/// A worker the registry has heard from.
+/// A worker the registry has heard from: on the wire, its beat's fields
+/// and `last_seen_at`.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct WorkerInfo {
     /// Its last beat.

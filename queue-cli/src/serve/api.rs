@@ -225,70 +225,37 @@ fn parse_query<T: serde::de::DeserializeOwned>(parts: &Parts) -> Result<T, ApiEr
 }
 
 /// A job: its key, kind, payload, state and every standard column the
-/// table has (`null` where it has none).
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct Job {
-    /// The key, as text whatever the key column's type.
-    pub id: String,
-    pub kind: Option<String>,
-    pub payload: Option<serde_json::Value>,
-    /// The standard state (queued, processing, completed, errored, failed,
-    /// canceled), or `null` for a stored value the mapping does not know.
-    pub state: Option<String>,
-    /// The state as the table stores it.
-    pub stored_state: String,
-    pub priority: Option<i64>,
-    pub failure_message: Option<String>,
-    pub queued_at: Option<DateTime<Utc>>,
-    pub started_at: Option<DateTime<Utc>>,
-    pub finished_at: Option<DateTime<Utc>>,
-    pub process_after: Option<DateTime<Utc>>,
-    pub num_resets: Option<i64>,
-    pub num_failures: Option<i64>,
-    pub last_heartbeat_at: Option<DateTime<Utc>>,
-    /// The last attempt's log entries, as stored.
-    pub execution_logs: Vec<serde_json::Value>,
-    pub worker_hostname: Option<String>,
-    /// Whether a stop was asked of the running attempt.
-    pub cancel: bool,
-    /// Its unique key, if any.
-    pub unique_key: Option<String>,
-    /// Its own limit on attempts, if any.
-    pub max_attempts: Option<i64>,
-    /// The attempts it has left, where the table counts them down.
-    pub attempts_left: Option<i64>,
-    /// When it expires unstarted, if ever.
-    pub expires_at: Option<DateTime<Utc>>,
-    /// Never started twice.
-    pub at_most_once: bool,
-}
+/// table has (`null` where it has none). On the wire it is the core's
+/// [`JobView`] with a text key, field for field; only its schema's name is
+/// `Job` (utoipa would name the generic type `JobView_String`).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Job(pub JobView<String>);
 
 impl From<JobView<String>> for Job {
     fn from(job: JobView<String>) -> Self {
-        Job {
-            id: job.id,
-            kind: job.kind,
-            payload: job.payload,
-            state: job.state.map(|s| s.as_str().to_owned()),
-            stored_state: job.stored_state,
-            priority: job.priority,
-            failure_message: job.failure_message,
-            queued_at: job.queued_at,
-            started_at: job.started_at,
-            finished_at: job.finished_at,
-            process_after: job.process_after,
-            num_resets: job.num_resets,
-            num_failures: job.num_failures,
-            last_heartbeat_at: job.last_heartbeat_at,
-            execution_logs: job.execution_logs,
-            worker_hostname: job.worker_hostname,
-            cancel: job.cancel,
-            unique_key: job.unique_key,
-            max_attempts: job.max_attempts,
-            attempts_left: job.attempts_left,
-            expires_at: job.expires_at,
-            at_most_once: job.at_most_once,
-        }
+        Job(job)
+    }
+}
+
+impl utoipa::PartialSchema for Job {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        <JobView<String> as utoipa::PartialSchema>::schema()
+    }
+}
+
+impl ToSchema for Job {
+    fn name() -> std::borrow::Cow<'static, str> {
+        "Job".into()
+    }
+
+    fn schemas(
+        schemas: &mut Vec<(
+            String,
+            utoipa::openapi::RefOr<utoipa::openapi::schema::Schema>,
+        )>,
+    ) {
+        <JobView<String> as ToSchema>::schemas(schemas);
     }
 }
 
@@ -453,17 +420,8 @@ pub struct RetryQuery {
     pub reset_attempts: Option<bool>,
 }
 
-/// Jobs of one state and kind.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct StateCount {
-    pub state: Option<String>,
-    pub stored_state: String,
-    pub kind: Option<String>,
-    pub count: u64,
-    /// Whether `count` is estimated from the planner's statistics (a big
-    /// table's finished jobs; see `exact_counts_below`) rather than counted.
-    pub estimated: bool,
-}
+/// Jobs of one state and kind: the core's count, as it is.
+pub use queue_core::StateCount;
 
 /// How the figures are read.
 #[derive(Debug, Default, Deserialize, IntoParams)]
@@ -497,23 +455,11 @@ impl From<queue_core::QueueStats> for Stats {
             oldest_claimable_age_seconds: stats
                 .oldest_claimable_age()
                 .map(|age| age.num_milliseconds() as f64 / 1000.0),
-            counts: stats.counts.into_iter().map(Into::into).collect(),
+            counts: stats.counts,
             oldest_claimable_since: stats.oldest_claimable_since,
             stalled: stats.stalled,
             paused: stats.paused.into_iter().map(Into::into).collect(),
             now: stats.now,
-        }
-    }
-}
-
-impl From<queue_core::StateCount> for StateCount {
-    fn from(count: queue_core::StateCount) -> Self {
-        StateCount {
-            state: count.state.map(|s| s.as_str().to_owned()),
-            stored_state: count.stored_state,
-            kind: count.kind,
-            count: count.count,
-            estimated: count.estimated,
         }
     }
 }

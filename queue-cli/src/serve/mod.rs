@@ -192,6 +192,10 @@ pub(crate) async fn run(
     args: &ServeArgs,
     out: &mut impl Write,
 ) -> Result<()> {
+    // Before anything starts (the operation runner takes work at once):
+    // from here on SIGTERM stops the server gracefully instead of killing
+    // it mid-batch.
+    let stop_signal = Stopped::listen();
     let serve = &context.config.serve;
     let listen = match (args.listen, &serve.listen) {
         (Some(addr), _) => addr,
@@ -247,7 +251,7 @@ pub(crate) async fn run(
     writeln!(out, "listening on http://{local}")?;
     out.flush()?;
     axum::serve(listener, app)
-        .with_graceful_shutdown(stopped())
+        .with_graceful_shutdown(stop_signal.wait())
         .await
         .context("serving")?;
     sampler.abort();
@@ -279,27 +283,48 @@ async fn sample_depth(api: Api) {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn stopped() {
-    let interrupt = tokio::signal::ctrl_c();
+/// SIGINT and SIGTERM, listened for from the moment it is made: a signal
+/// that comes before [`Stopped::wait`] is first polled is not lost, and
+/// does not kill the process (the default action) either.
+struct Stopped {
     #[cfg(unix)]
-    {
-        let mut term =
-            match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-                Ok(term) => term,
-                Err(_) => {
-                    let _ = interrupt.await;
-                    return;
-                }
-            };
-        tokio::select! {
-            _ = interrupt => {}
-            _ = term.recv() => {}
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Stopped {
+    fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            let signals = signal(SignalKind::interrupt())
+                .and_then(|interrupt| Ok((interrupt, signal(SignalKind::terminate())?)));
+            Stopped {
+                signals: signals.ok(),
+            }
         }
+        #[cfg(not(unix))]
+        Stopped {}
     }
-    #[cfg(not(unix))]
-    {
-        let _ = interrupt.await;
+
+    /// Resolves on SIGINT or SIGTERM.
+    async fn wait(self) {
+        #[cfg(unix)]
+        match self.signals {
+            Some((mut interrupt, mut term)) => {
+                tokio::select! {
+                    _ = interrupt.recv() => {}
+                    _ = term.recv() => {}
+                }
+            }
+            // Signals could not be listened for: Ctrl-C still stops it.
+            None => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+        #[cfg(not(unix))]
+        {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+        tracing::info!("stopping: finishing the requests under way");
     }
-    tracing::info!("stopping: finishing the requests under way");
 }

@@ -81,23 +81,8 @@ pub async fn schedules(State(api): State<Api>) -> Result<Json<Vec<ScheduleView>>
     Ok(Json(views))
 }
 
-/// A live worker process.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct WorkerView {
-    /// Its name (by default host and pid).
-    pub name: String,
-    pub host: String,
-    pub pid: u32,
-    /// The kinds its handler runs; empty for any.
-    pub kinds: Vec<String>,
-    /// How many jobs it runs at once at most.
-    pub handlers: u32,
-    /// How many jobs it holds now.
-    pub in_flight: u32,
-    pub started_at: DateTime<Utc>,
-    /// Its last beat, by the database's clock.
-    pub last_seen_at: DateTime<Utc>,
-}
+/// A live worker process: the core's [`WorkerInfo`], as it is.
+pub use queue_core::WorkerInfo as WorkerView;
 
 /// The worker processes that beat within the stalled age (as the
 /// resetter judges a silent job): a worker silent for longer is taken for
@@ -116,18 +101,5 @@ pub async fn workers(State(api): State<Api>) -> Result<Json<Vec<WorkerView>>, Ap
     let max_age = chrono::TimeDelta::from_std(api.stalled_max_age)
         .unwrap_or_else(|_| chrono::TimeDelta::seconds(60));
     let live = api.admin.workers(Utc::now() - max_age).await?;
-    Ok(Json(
-        live.into_iter()
-            .map(|w| WorkerView {
-                name: w.beat.name,
-                host: w.beat.host,
-                pid: w.beat.pid,
-                kinds: w.beat.kinds,
-                handlers: w.beat.handlers,
-                in_flight: w.beat.in_flight,
-                started_at: w.beat.started_at,
-                last_seen_at: w.last_seen_at,
-            })
-            .collect(),
-    ))
+    Ok(Json(live))
 }
