@@ -11,6 +11,7 @@ pub const MAX_AUDIT_PAGE: usize = 1000;
 
 /// An entry to append to the audit log.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct NewAuditEntry {
     /// Who acted: an operator's name (the CLI's `--actor`, else the OS
@@ -47,8 +48,10 @@ impl NewAuditEntry {
     }
 }
 
-/// One entry of the audit log.
+/// One entry of the audit log: on the wire, its id and time and the
+/// entry's fields.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct AuditEntry {
     /// Its place in the log: later entries have higher ids.

@@ -16,6 +16,7 @@ pub const MAX_KIND_LEN: usize = 1000;
 
 /// A kind whose jobs no worker claims until it is resumed.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[cfg_attr(feature = "openapi", derive(utoipa::ToSchema))]
 #[non_exhaustive]
 pub struct PausedKind {
     /// The kind.

@@ -458,7 +458,7 @@ impl From<queue_core::QueueStats> for Stats {
             counts: stats.counts,
             oldest_claimable_since: stats.oldest_claimable_since,
             stalled: stats.stalled,
-            paused: stats.paused.into_iter().map(Into::into).collect(),
+            paused: stats.paused,
             now: stats.now,
         }
     }

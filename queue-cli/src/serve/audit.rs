@@ -11,7 +11,6 @@ use axum::http::Method;
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use axum::Json;
-use chrono::{DateTime, Utc};
 use queue_core::{AuditParams, NewAuditEntry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
@@ -118,26 +117,8 @@ pub struct AuditQuery {
     pub actor: Option<String>,
 }
 
-/// One write, as the audit log keeps it.
-#[derive(Debug, Serialize, Deserialize, ToSchema)]
-pub struct AuditEntry {
-    pub id: i64,
-    /// When, by the database's clock.
-    pub at: DateTime<Utc>,
-    /// Who: the name of the token the request presented, or the
-    /// operator's name for the CLI.
-    pub actor: String,
-    /// What: retry, cancel, fail, delete, purge, reset-stalled, enqueue,
-    /// pause or resume.
-    pub action: String,
-    /// On which jobs or kind: `{"ids": [..]}`, `{"filter": {..}}` or
-    /// `{"kind": ..}`, with the action's options.
-    pub target: Value,
-    /// How it ended: the report, or the error.
-    pub outcome: String,
-    /// Whether it succeeded.
-    pub ok: bool,
-}
+/// One write, as the audit log keeps it: the core's entry, as it is.
+pub use queue_core::AuditEntry;
 
 /// A page of the audit log.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -182,19 +163,5 @@ pub async fn audit(
     let next = (entries.len() == limit)
         .then(|| entries.last().map(|e| e.id))
         .flatten();
-    Ok(Json(AuditPage {
-        entries: entries
-            .into_iter()
-            .map(|e| AuditEntry {
-                id: e.id,
-                at: e.at,
-                actor: e.entry.actor,
-                action: e.entry.action,
-                target: e.entry.target,
-                outcome: e.entry.outcome,
-                ok: e.entry.ok,
-            })
-            .collect(),
-        next,
-    }))
+    Ok(Json(AuditPage { entries, next }))
 }

@@ -3,8 +3,6 @@
 
 use axum::extract::{Path, State};
 use axum::{Extension, Json};
-use chrono::{DateTime, Utc};
-use queue_core::PausedKind;
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -12,27 +10,8 @@ use super::api::{Api, ErrorBody};
 use super::auth::Actor;
 use super::error::ApiError;
 
-/// A paused kind: no worker claims its jobs until it is resumed.
-#[derive(Debug, Clone, Serialize, Deserialize, ToSchema)]
-pub struct Pause {
-    /// The kind.
-    pub kind: String,
-    /// When it was paused, by the database's clock.
-    pub since: DateTime<Utc>,
-    /// Who paused it: an operator, or where the token that paused it was
-    /// configured.
-    pub by: String,
-}
-
-impl From<PausedKind> for Pause {
-    fn from(pause: PausedKind) -> Self {
-        Pause {
-            kind: pause.kind,
-            since: pause.since,
-            by: pause.by,
-        }
-    }
-}
+/// A paused kind: the core's [`PausedKind`], as it is.
+pub use queue_core::PausedKind as Pause;
 
 /// What a resume did.
 #[derive(Debug, Serialize, Deserialize, ToSchema)]
@@ -55,7 +34,7 @@ pub struct Resumed {
 )]
 pub async fn paused(State(api): State<Api>) -> Result<Json<Vec<Pause>>, ApiError> {
     let pauses = api.admin.paused().await?;
-    Ok(Json(pauses.into_iter().map(Pause::from).collect()))
+    Ok(Json(pauses))
 }
 
 /// Pauses a kind: from within a second no worker claims its jobs; running
@@ -80,7 +59,7 @@ pub async fn pause(
 ) -> Result<Json<Pause>, ApiError> {
     let pause = api.admin.pause(&kind, &actor.0).await?;
     api.forget_stats().await;
-    Ok(Json(pause.into()))
+    Ok(Json(pause))
 }
 
 /// Resumes a kind: workers claim its jobs again, and waiting ones are
@@ -103,8 +82,5 @@ pub async fn resume(
 ) -> Result<Json<Resumed>, ApiError> {
     let ended = api.admin.resume(&kind).await?;
     api.forget_stats().await;
-    Ok(Json(Resumed {
-        kind,
-        ended: ended.map(Pause::from),
-    }))
+    Ok(Json(Resumed { kind, ended }))
 }
