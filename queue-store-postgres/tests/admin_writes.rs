@@ -85,21 +85,19 @@ async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
     assert_eq!((report.changed, report.skipped.len()), (1, 0));
 }
 
-/// A key a concurrent enqueue takes while the retry runs: the retry's
-/// statement meets the unique index, runs again on its connection, sees
-/// the new holder and skips the job for it, with no error and nothing
-/// changed twice.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
-    let Some(pool) = pool("a_key_taken_by_a_concurrent_enqueue_is_reported_as_held").await else {
-        return;
-    };
+/// A retry of a keyed job and a keyless one while an enqueue of the key,
+/// not yet committed, holds it: the retry's snapshot cannot see that
+/// job, and its update waits on the unique index for it. Once the enqueue
+/// commits, the retry's statement meets the unique index, runs again on
+/// its connection (under a savepoint `in_callers_transaction`, which then
+/// goes on and commits), sees the new holder and skips the job for it,
+/// with no error and nothing changed twice.
+async fn a_retry_meets_a_key_taken_meanwhile(test: &str, in_callers_transaction: bool) {
+    let Some(pool) = pool(test).await else { return };
     let table = fresh_table(&pool).await;
     let admin = admin(&pool, &table).await;
     let failed = failed_job(&pool, &table, Some("invoice:7")).await;
     let other = failed_job(&pool, &table, None).await;
-    // An enqueue of the key, not yet committed: the retry's snapshot
-    // cannot see it, and its update waits on the unique index for it.
     let mut enqueue = pool.begin().await.expect("a transaction");
     table
         .enqueue(
@@ -109,11 +107,24 @@ async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
         .await
         .expect("the concurrent enqueue");
     let retrying = {
-        let admin = admin.clone();
+        let (admin, pool) = (admin.clone(), pool.clone());
+        let targets = Targets::Ids(vec![failed, other]);
         tokio::spawn(async move {
-            admin
-                .retry(&Targets::Ids(vec![failed, other]), RetryParams::default())
+            if !in_callers_transaction {
+                return admin.retry(&targets, RetryParams::default()).await;
+            }
+            let mut tx = pool.begin().await.expect("a transaction");
+            let report = admin
+                .retry_in(&mut tx, &targets, RetryParams::default())
+                .await;
+            // The caller's transaction goes on after the retry.
+            let alive: i32 = sqlx::query_scalar("SELECT 1")
+                .fetch_one(&mut *tx)
                 .await
+                .expect("the transaction is still usable");
+            assert_eq!(alive, 1);
+            tx.commit().await.expect("committed");
+            report
         })
     };
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -133,6 +144,29 @@ async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
             .collect::<Vec<_>>(),
         vec![(failed, SkipReason::KeyHeld)]
     );
+    assert_eq!(state_of(&pool, &table, other).await, "queued");
+    assert_eq!(state_of(&pool, &table, failed).await, "failed");
+}
+
+/// On the store's pool (see [`a_retry_meets_a_key_taken_meanwhile`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_by_a_concurrent_enqueue_is_reported_as_held() {
+    a_retry_meets_a_key_taken_meanwhile(
+        "a_key_taken_by_a_concurrent_enqueue_is_reported_as_held",
+        false,
+    )
+    .await;
+}
+
+/// In a caller's transaction, which stays usable (see
+/// [`a_retry_meets_a_key_taken_meanwhile`]).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable() {
+    a_retry_meets_a_key_taken_meanwhile(
+        "a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable",
+        true,
+    )
+    .await;
 }
 
 /// The system clock, off by a fixed amount.
@@ -355,71 +389,6 @@ async fn writes_on_a_callers_transaction_land_only_when_it_commits() {
     assert_eq!(purged.purged, 1);
     tx.rollback().await.expect("rolled back");
     assert_eq!(state_of(&pool, &table, old).await, "failed");
-}
-
-/// A retry on a caller's transaction that meets a key a concurrent
-/// enqueue took runs again under a savepoint: it skips the job for the
-/// key's new holder, and the caller's transaction is still usable and
-/// commits what it did.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable() {
-    let Some(pool) =
-        pool("a_retry_in_a_callers_transaction_that_meets_a_taken_key_leaves_it_usable").await
-    else {
-        return;
-    };
-    let table = fresh_table(&pool).await;
-    let admin = admin(&pool, &table).await;
-    let failed = failed_job(&pool, &table, Some("invoice:8")).await;
-    let other = failed_job(&pool, &table, None).await;
-    let mut enqueue = pool.begin().await.expect("a transaction");
-    table
-        .enqueue(
-            &mut *enqueue,
-            &NewJob::new("k", serde_json::json!(null)).unique("invoice:8", UniqueScope::Active),
-        )
-        .await
-        .expect("the concurrent enqueue");
-    let retrying = {
-        let (admin, pool) = (admin.clone(), pool.clone());
-        tokio::spawn(async move {
-            let mut tx = pool.begin().await.expect("a transaction");
-            let report = admin
-                .retry_in(
-                    &mut tx,
-                    &Targets::Ids(vec![failed, other]),
-                    RetryParams::default(),
-                )
-                .await;
-            // The caller's transaction goes on after the retry.
-            let alive: i32 = sqlx::query_scalar("SELECT 1")
-                .fetch_one(&mut *tx)
-                .await
-                .expect("the transaction is still usable");
-            tx.commit().await.expect("committed");
-            (report, alive)
-        })
-    };
-    tokio::time::sleep(Duration::from_millis(300)).await;
-    assert!(!retrying.is_finished(), "the retry waits on the key");
-    enqueue.commit().await.expect("committed");
-    let (report, alive) = tokio::time::timeout(Duration::from_secs(10), retrying)
-        .await
-        .expect("the retry ends")
-        .expect("joined");
-    let report = report.expect("no error: the key's new holder is seen on the next run");
-    assert_eq!(alive, 1);
-    assert_eq!(report.changed, 1, "the job without a key");
-    assert_eq!(
-        report
-            .skipped
-            .iter()
-            .map(|s| (s.id, s.reason))
-            .collect::<Vec<_>>(),
-        vec![(failed, SkipReason::KeyHeld)]
-    );
-    assert_eq!(state_of(&pool, &table, other).await, "queued");
-    assert_eq!(state_of(&pool, &table, failed).await, "failed");
 }
 
 /// An operator's retry and cancel take the store's time, on the
