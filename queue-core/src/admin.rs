@@ -188,6 +188,20 @@ impl From<Job> for JobView<i64> {
     }
 }
 
+/// Builder methods that each set one of [`JobFilter`]'s fields: the
+/// method is named after the field it sets.
+macro_rules! filter_setters {
+    ($($(#[$doc:meta])* $field:ident($arg:ident: $ty:ty) = $value:expr;)*) => {
+        $(
+            $(#[$doc])*
+            pub fn $field(mut self, $arg: $ty) -> Self {
+                self.$field = Some($value);
+                self
+            }
+        )*
+    };
+}
+
 /// Which jobs an operation looks at. Every field left `None` admits every
 /// job; the fields that are set must all hold. Times are half-open: `from`
 /// is inclusive, `before` exclusive.
@@ -244,29 +258,28 @@ impl JobFilter {
         self
     }
 
-    /// Only jobs whose failure message contains `text`, ignoring case.
-    pub fn failure_contains(mut self, text: impl Into<String>) -> Self {
-        self.failure_contains = Some(text.into());
-        self
-    }
-
-    /// Only jobs whose payload contains `json` (see
-    /// [`JobFilter::payload_contains`]).
-    pub fn payload_contains(mut self, json: serde_json::Value) -> Self {
-        self.payload_contains = Some(json);
-        self
-    }
-
-    /// Only jobs holding the unique key `key`.
-    pub fn unique_key(mut self, key: impl Into<String>) -> Self {
-        self.unique_key = Some(key.into());
-        self
-    }
-
-    /// Only jobs last claimed by `worker`.
-    pub fn worker(mut self, worker: impl Into<String>) -> Self {
-        self.worker = Some(worker.into());
-        self
+    filter_setters! {
+        /// Only jobs whose failure message contains `text`, ignoring case.
+        failure_contains(text: impl Into<String>) = text.into();
+        /// Only jobs whose payload contains `json` (see
+        /// [`JobFilter::payload_contains`]).
+        payload_contains(json: serde_json::Value) = json;
+        /// Only jobs holding the unique key `key`.
+        unique_key(key: impl Into<String>) = key.into();
+        /// Only jobs last claimed by `worker`.
+        worker(worker: impl Into<String>) = worker.into();
+        /// Only jobs whose current or last attempt started before `at`, in
+        /// any state (see [`JobFilter::running_since_before`] for the running
+        /// ones).
+        started_before(at: DateTime<Utc>) = at;
+        /// Only jobs enqueued at or after `at`.
+        queued_from(at: DateTime<Utc>) = at;
+        /// Only jobs enqueued before `at`.
+        queued_before(at: DateTime<Utc>) = at;
+        /// Only jobs that finished at or after `at`.
+        finished_from(at: DateTime<Utc>) = at;
+        /// Only jobs that finished before `at`.
+        finished_before(at: DateTime<Utc>) = at;
     }
 
     /// Only jobs running since before `at`: processing, their attempt
@@ -274,38 +287,6 @@ impl JobFilter {
     pub fn running_since_before(mut self, at: DateTime<Utc>) -> Self {
         self.states = Some(vec![JobState::Processing]);
         self.started_before = Some(at);
-        self
-    }
-
-    /// Only jobs whose current or last attempt started before `at`, in
-    /// any state (see [`JobFilter::running_since_before`] for the running
-    /// ones).
-    pub fn started_before(mut self, at: DateTime<Utc>) -> Self {
-        self.started_before = Some(at);
-        self
-    }
-
-    /// Only jobs enqueued at or after `at`.
-    pub fn queued_from(mut self, at: DateTime<Utc>) -> Self {
-        self.queued_from = Some(at);
-        self
-    }
-
-    /// Only jobs enqueued before `at`.
-    pub fn queued_before(mut self, at: DateTime<Utc>) -> Self {
-        self.queued_before = Some(at);
-        self
-    }
-
-    /// Only jobs that finished at or after `at`.
-    pub fn finished_from(mut self, at: DateTime<Utc>) -> Self {
-        self.finished_from = Some(at);
-        self
-    }
-
-    /// Only jobs that finished before `at`.
-    pub fn finished_before(mut self, at: DateTime<Utc>) -> Self {
-        self.finished_before = Some(at);
         self
     }
 
@@ -1255,30 +1236,14 @@ mod tests {
     }
 
     fn view(state: JobState) -> JobView<i64> {
-        JobView {
-            id: 1,
-            kind: Some("email".into()),
-            payload: None,
-            state: Some(state),
-            stored_state: state.as_str().into(),
-            priority: Some(0),
-            failure_message: Some("Upstream TIMEOUT after 30s".into()),
-            queued_at: Some(DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(100)),
-            started_at: None,
-            finished_at: None,
-            process_after: None,
-            num_resets: Some(0),
-            num_failures: Some(1),
-            last_heartbeat_at: None,
-            execution_logs: Vec::new(),
-            worker_hostname: None,
-            cancel: false,
-            unique_key: None,
-            max_attempts: None,
-            attempts_left: None,
-            expires_at: None,
-            at_most_once: false,
-        }
+        let mut view = JobView::new(1, state.as_str().into(), Some(state));
+        view.kind = Some("email".into());
+        view.priority = Some(0);
+        view.failure_message = Some("Upstream TIMEOUT after 30s".into());
+        view.queued_at = Some(DateTime::<Utc>::UNIX_EPOCH + chrono::TimeDelta::seconds(100));
+        view.num_resets = Some(0);
+        view.num_failures = Some(1);
+        view
     }
 
     #[test]

@@ -92,6 +92,14 @@ impl KindLimits {
         Some((rate, size))
     }
 
+    /// What the stores check before they set `kind`'s limits on behalf of
+    /// `by`: the kind and the name as [`crate::check_pause`] reads them,
+    /// then the limits themselves ([`KindLimits::check`]).
+    pub fn check_for(&self, kind: &str, by: &str) -> Result<(), StoreError> {
+        crate::check_pause(kind, by)?;
+        self.check()
+    }
+
     /// Refuses limits no store could hold ([`StoreError::Refused`]): a
     /// concurrency of 0 (pause the kind instead) or over [`MAX_COUNT`], a
     /// rate that is not a number from [`MIN_PER_SECOND`] to

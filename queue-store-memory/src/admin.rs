@@ -413,8 +413,7 @@ impl Admin for MemoryStore {
         limits: &KindLimits,
         by: &str,
     ) -> Result<Option<KindLimit>, StoreError> {
-        queue_core::check_pause(kind, by)?;
-        limits.check()?;
+        limits.check_for(kind, by)?;
         let now = self.clock().now();
         let mut state = self.lock();
         if !limits.any() {

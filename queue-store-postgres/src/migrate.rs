@@ -71,6 +71,26 @@ async fn applied(
         .map_err(|e| store_error("reading the migration versions", e))
 }
 
+/// A connection from `pool`, and the versions recorded for `table` read on
+/// it.
+async fn connect_and_read(
+    pool: &PgPool,
+    table: &QualifiedName,
+) -> Result<
+    (
+        sqlx::pool::PoolConnection<sqlx::Postgres>,
+        Vec<(u32, String, DateTime<Utc>)>,
+    ),
+    StoreError,
+> {
+    let mut conn = pool
+        .acquire()
+        .await
+        .map_err(|e| store_error("reading the migration versions", e))?;
+    let applied = applied(&mut conn, table).await?;
+    Ok((conn, applied))
+}
+
 /// Every version, known to this release or applied to the database, with
 /// when it was applied.
 pub(crate) async fn status(
@@ -78,11 +98,7 @@ pub(crate) async fn status(
     table: &QualifiedName,
     known: Vec<MigrationSql>,
 ) -> Result<Vec<Migration>, StoreError> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| store_error("reading the migration versions", e))?;
-    let applied = applied(&mut conn, table).await?;
+    let (_, applied) = connect_and_read(pool, table).await?;
     let mut all: Vec<Migration> = known
         .into_iter()
         .map(|m| Migration {
@@ -124,11 +140,7 @@ pub(crate) async fn apply(
     table: &QualifiedName,
     known: Vec<MigrationSql>,
 ) -> Result<Vec<Migration>, StoreError> {
-    let mut conn = pool
-        .acquire()
-        .await
-        .map_err(|e| store_error("starting the migration", e))?;
-    let done = applied(&mut conn, table).await?;
+    let (mut conn, done) = connect_and_read(pool, table).await?;
     if pending(&known, &done).is_empty() {
         return Ok(Vec::new());
     }

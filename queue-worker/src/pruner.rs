@@ -11,23 +11,14 @@ use crate::error::WorkerError;
 use crate::metrics;
 
 /// How a [`Pruner`] runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct PrunerOptions {
     /// How often to look for jobs past their retention. Default 60 s.
     pub interval: Duration,
     /// How long finished jobs are kept, per state, and the batch size.
     pub retention: Retention,
-    /// The clock for `now`.
+    /// The clock a finished job's age is judged by.
     pub clock: Arc<dyn Clock>,
-}
-
-impl std::fmt::Debug for PrunerOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PrunerOptions")
-            .field("interval", &self.interval)
-            .field("retention", &self.retention)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for PrunerOptions {

@@ -14,7 +14,7 @@ use crate::metrics;
 pub const EXPIRE_BATCH: usize = 1000;
 
 /// How a [`Resetter`] runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct ResetterOptions {
     /// How often to look for stalled jobs. Default 30 s.
     pub interval: Duration,
@@ -25,19 +25,8 @@ pub struct ResetterOptions {
     pub max_resets: u32,
     /// Whether stalled jobs run again (at least once) or fail (at most once).
     pub delivery: Delivery,
-    /// The clock for `now`.
+    /// The clock a heartbeat's age is judged by.
     pub clock: Arc<dyn Clock>,
-}
-
-impl std::fmt::Debug for ResetterOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ResetterOptions")
-            .field("interval", &self.interval)
-            .field("stalled_max_age", &self.stalled_max_age)
-            .field("max_resets", &self.max_resets)
-            .field("delivery", &self.delivery)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for ResetterOptions {

@@ -131,13 +131,7 @@ impl<S: Store> Router<S> {
     where
         S::Record: WithPayload,
     {
-        self.route(
-            A::KIND,
-            Plain {
-                handler,
-                args: PhantomData::<fn() -> A>,
-            },
-        )
+        self.args::<A>(StoreFree(handler))
     }
 
     /// The registered kinds, in order.
@@ -175,29 +169,19 @@ where
     }
 }
 
-/// A [`JobHandler`] as a [`Handler`] of any store: decodes the payload,
-/// and leaves the job's store alone.
-struct Plain<H, A> {
-    handler: H,
-    args: PhantomData<fn() -> A>,
-}
+/// A [`JobHandler`] as an [`ArgsHandler`] of any store: it leaves the
+/// job's store alone.
+struct StoreFree<H>(H);
 
 #[async_trait]
-impl<S, A, H> Handler<S> for Plain<H, A>
+impl<S, A, H> ArgsHandler<S, A> for StoreFree<H>
 where
     S: Store,
-    S::Record: WithPayload,
     A: JobArgs,
     H: JobHandler<A>,
 {
-    async fn handle(
-        &self,
-        ctx: &JobContext,
-        _: &mut S::JobStore,
-        record: &S::Record,
-    ) -> Result<(), JobError> {
-        let args: A = decode_args(record)?;
-        self.handler.handle(ctx, args).await
+    async fn handle(&self, ctx: &JobContext, _: &mut S::JobStore, args: A) -> Result<(), JobError> {
+        self.0.handle(ctx, args).await
     }
 }
 

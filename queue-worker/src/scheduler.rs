@@ -241,7 +241,7 @@ pub struct Occurrence {
 }
 
 /// How a [`Scheduler`] runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct SchedulerOptions {
     /// The clock occurrences are judged by.
     pub clock: Arc<dyn Clock>,
@@ -253,15 +253,6 @@ pub struct SchedulerOptions {
     /// to treat them as missed in a gap, and apply each schedule's
     /// [`CatchUp`] to them, instead of enqueueing each. Default 10 s.
     pub gap_after: Duration,
-}
-
-impl std::fmt::Debug for SchedulerOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("SchedulerOptions")
-            .field("max_sleep", &self.max_sleep)
-            .field("gap_after", &self.gap_after)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for SchedulerOptions {

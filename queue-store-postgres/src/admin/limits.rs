@@ -17,8 +17,7 @@ impl<K: PgKey> PgAdmin<K> {
         limits: &KindLimits,
         by: &str,
     ) -> Result<Option<KindLimit>, StoreError> {
-        queue_core::check_pause(kind, by)?;
-        limits.check()?;
+        limits.check_for(kind, by)?;
         let table = self.kinds_table()?;
         let context = format!("setting the limits of kind {kind:?}");
         let mut conn = self.connection(&context).await?;

@@ -15,7 +15,7 @@ use crate::bind::{query, Value};
 use crate::error::store_error;
 use crate::record::PgKey;
 use crate::sql::admin::{AdminWrite, Pick};
-use crate::sql::Param;
+use crate::sql::{Param, Statement};
 
 impl<K: PgKey> PgAdmin<K> {
     /// [`Admin::retry`](queue_core::Admin::retry) on `conn`, inside
@@ -350,15 +350,15 @@ impl<K: PgKey> PgAdmin<K> {
             return Ok(None);
         }
         let context = "reading where the next batch starts";
-        let mut keys = Some(changed.to_vec());
-        let row = query(&self.inner.sql.highest_key(), |p| match p {
-            Param::Ids => keys.take().map(Value::Keys),
-            _ => None,
-        })?
-        .fetch_optional(&mut *conn)
-        .await
-        .map_err(|e| store_error(context, e))?;
-        row.map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
+        let rows = rows_for_keys(
+            conn,
+            &self.inner.sql.highest_key(),
+            changed.to_vec(),
+            context,
+        )
+        .await?;
+        rows.first()
+            .map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
             .transpose()
     }
 
@@ -385,14 +385,7 @@ impl<K: PgKey> PgAdmin<K> {
             return Ok(Vec::new());
         }
         let context = "reading why jobs were left alone";
-        let mut keys = Some(left.clone());
-        let rows = query(&self.inner.sql.states_of, |p| match p {
-            Param::Ids => keys.take().map(Value::Keys),
-            _ => None,
-        })?
-        .fetch_all(&mut *conn)
-        .await
-        .map_err(|e| store_error(context, e))?;
+        let rows = rows_for_keys(conn, &self.inner.sql.states_of, left.clone(), context).await?;
         let mut found = std::collections::HashMap::with_capacity(rows.len());
         for row in &rows {
             let read = |e| store_error(context, e);
@@ -554,4 +547,22 @@ fn sqlstate(error: &StoreError) -> Option<String> {
         .and_then(|e| e.as_database_error())
         .and_then(|db| db.code())
         .map(|code| code.into_owned())
+}
+
+/// The rows of `statement`, whose one parameter is a list of keys, for
+/// `keys`, on `conn`.
+async fn rows_for_keys<K: PgKey>(
+    conn: &mut sqlx::PgConnection,
+    statement: &Statement,
+    keys: Vec<K>,
+    context: &'static str,
+) -> Result<Vec<sqlx::postgres::PgRow>, StoreError> {
+    let mut keys = Some(keys);
+    query(statement, |p| match p {
+        Param::Ids => keys.take().map(Value::Keys),
+        _ => None,
+    })?
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| store_error(context, e))
 }

@@ -33,6 +33,37 @@ pub(crate) enum AdminWrite {
 /// A `RETURNING` column that notifies [`Param::Channel`]: an initplan,
 /// run once when the statement returns its first row (never when it
 /// returns none), so the write and the wake-up share a round trip.
+/// How a view column reads the job's column.
+#[derive(Clone, Copy)]
+enum ViewRead {
+    /// Cast to the named SQL type.
+    As(&'static str),
+    /// A timestamp, as it is.
+    Time,
+    /// Any type, as jsonb.
+    Json,
+    /// A count, 0 where the bookkeeping table has no row.
+    Count,
+    /// The failure text, wherever the table keeps it.
+    Failure,
+    /// A boolean that is false where the table has no such column.
+    Flag,
+}
+
+impl ViewRead {
+    /// The SQL type of the typed NULL read where the column is absent.
+    fn sql_type(self) -> &'static str {
+        match self {
+            ViewRead::As(ty) => ty,
+            ViewRead::Time => "timestamptz",
+            ViewRead::Json => "jsonb",
+            ViewRead::Count => "int8",
+            ViewRead::Failure => "text",
+            ViewRead::Flag => "boolean",
+        }
+    }
+}
+
 pub(super) fn notified(b: &mut Builder) -> String {
     let channel = b.p(Param::Channel);
     format!(", (SELECT 1 FROM pg_notify({channel}, '')) AS \"__queue_notified\"")
@@ -133,14 +164,6 @@ impl AdminStatements {
         let id_name = names.get(Column::Id).unwrap_or("\"id\"").to_owned();
         let state = names.must(Column::State);
         let state_name = names.get(Column::State).unwrap_or("\"state\"").to_owned();
-        let or_null = |c: Column, ty: &str, wrap: &dyn Fn(String) -> String| {
-            names
-                .at(c)
-                .map(wrap)
-                .unwrap_or_else(|| format!("NULL::{ty}"))
-        };
-        let cast = |ty: &'static str| move |at: String| format!("CAST({at} AS {ty})");
-        let plain = |at: String| at;
         // A count the bookkeeping table keeps is 0 for a job without a
         // row there (not claimed yet, or completed).
         let count = |at: String| {
@@ -151,93 +174,65 @@ impl AdminStatements {
                 format!("CAST({at} AS int8)")
             }
         };
-        let view = [
-            format!("{id} AS \"id\""),
-            format!(
-                "{} AS \"kind\"",
-                or_null(Column::Kind, "text", &cast("text"))
-            ),
-            format!(
-                "{} AS \"payload\"",
-                or_null(Column::Payload, "jsonb", &|at| format!("to_jsonb({at})"))
-            ),
-            format!("CAST({state} AS text) AS \"state\""),
-            format!(
-                "{} AS \"priority\"",
-                or_null(Column::Priority, "int8", &cast("int8"))
-            ),
-            format!(
-                "{} AS \"failure_message\"",
-                or_null(Column::FailureMessage, "text", &|at| failure_text(
-                    shape, &at
-                ))
-            ),
-            format!(
-                "{} AS \"queued_at\"",
-                or_null(Column::QueuedAt, "timestamptz", &plain)
-            ),
-            format!(
-                "{} AS \"started_at\"",
-                or_null(Column::StartedAt, "timestamptz", &plain)
-            ),
-            format!(
-                "{} AS \"finished_at\"",
-                or_null(Column::FinishedAt, "timestamptz", &plain)
-            ),
-            format!(
-                "{} AS \"process_after\"",
-                or_null(Column::ProcessAfter, "timestamptz", &plain)
-            ),
-            format!(
-                "{} AS \"num_resets\"",
-                or_null(Column::NumResets, "int8", &count)
-            ),
-            format!(
-                "{} AS \"num_failures\"",
-                or_null(Column::NumFailures, "int8", &count)
-            ),
-            format!(
-                "{} AS \"last_heartbeat_at\"",
-                or_null(Column::LastHeartbeatAt, "timestamptz", &plain)
-            ),
-            format!(
-                "{} AS \"execution_logs\"",
-                or_null(Column::ExecutionLogs, "jsonb", &|at| format!(
-                    "to_jsonb({at})"
-                ))
-            ),
-            format!(
-                "{} AS \"worker_hostname\"",
-                or_null(Column::WorkerHostname, "text", &cast("text"))
-            ),
-            format!(
-                "({}) IS TRUE AS \"cancel\"",
-                names.at(Column::Cancel).unwrap_or_else(|| "false".into())
-            ),
-            format!(
-                "{} AS \"unique_key\"",
-                or_null(Column::UniqueKey, "text", &cast("text"))
-            ),
-            format!(
-                "{} AS \"max_attempts\"",
-                or_null(Column::MaxAttempts, "int8", &cast("int8"))
-            ),
-            format!(
-                "{} AS \"attempts_left\"",
-                or_null(Column::AttemptsLeft, "int8", &cast("int8"))
-            ),
-            format!(
-                "{} AS \"expires_at\"",
-                or_null(Column::ExpiresAt, "timestamptz", &plain)
-            ),
-            format!(
-                "({}) IS TRUE AS \"at_most_once\"",
-                names
-                    .at(Column::AtMostOnce)
-                    .unwrap_or_else(|| "false".into())
-            ),
-        ]
-        .join(", ");
+        // Each view column: the job's column read as the view's type, or a
+        // typed NULL where the table has no such column.
+        let column = |c: Column, alias: &str, read: ViewRead| {
+            let at = match (names.at(c), read) {
+                (None, ViewRead::Flag) => "false".to_owned(),
+                (None, read) => format!("NULL::{}", read.sql_type()),
+                (Some(at), ViewRead::As(ty)) => format!("CAST({at} AS {ty})"),
+                (Some(at), ViewRead::Time) => at,
+                (Some(at), ViewRead::Json) => format!("to_jsonb({at})"),
+                (Some(at), ViewRead::Count) => count(at),
+                (Some(at), ViewRead::Failure) => failure_text(shape, &at),
+                (Some(at), ViewRead::Flag) => at,
+            };
+            match read {
+                ViewRead::Flag => format!("({at}) IS TRUE AS \"{alias}\""),
+                _ => format!("{at} AS \"{alias}\""),
+            }
+        };
+        let view = std::iter::once(format!("{id} AS \"id\""))
+            .chain(
+                [
+                    (Column::Kind, "kind", ViewRead::As("text")),
+                    (Column::Payload, "payload", ViewRead::Json),
+                ]
+                .into_iter()
+                .map(|(c, alias, read)| column(c, alias, read)),
+            )
+            .chain(std::iter::once(format!(
+                "CAST({state} AS text) AS \"state\""
+            )))
+            .chain(
+                [
+                    (Column::Priority, "priority", ViewRead::As("int8")),
+                    (Column::FailureMessage, "failure_message", ViewRead::Failure),
+                    (Column::QueuedAt, "queued_at", ViewRead::Time),
+                    (Column::StartedAt, "started_at", ViewRead::Time),
+                    (Column::FinishedAt, "finished_at", ViewRead::Time),
+                    (Column::ProcessAfter, "process_after", ViewRead::Time),
+                    (Column::NumResets, "num_resets", ViewRead::Count),
+                    (Column::NumFailures, "num_failures", ViewRead::Count),
+                    (Column::LastHeartbeatAt, "last_heartbeat_at", ViewRead::Time),
+                    (Column::ExecutionLogs, "execution_logs", ViewRead::Json),
+                    (
+                        Column::WorkerHostname,
+                        "worker_hostname",
+                        ViewRead::As("text"),
+                    ),
+                    (Column::Cancel, "cancel", ViewRead::Flag),
+                    (Column::UniqueKey, "unique_key", ViewRead::As("text")),
+                    (Column::MaxAttempts, "max_attempts", ViewRead::As("int8")),
+                    (Column::AttemptsLeft, "attempts_left", ViewRead::As("int8")),
+                    (Column::ExpiresAt, "expires_at", ViewRead::Time),
+                    (Column::AtMostOnce, "at_most_once", ViewRead::Flag),
+                ]
+                .into_iter()
+                .map(|(c, alias, read)| column(c, alias, read)),
+            )
+            .collect::<Vec<_>>()
+            .join(", ");
 
         let mut b = Builder::default();
         let key = b.p(Param::Id);
@@ -246,10 +241,10 @@ impl AdminStatements {
         b.push(&format!("SELECT {view} FROM {from} WHERE {id} = {key}"));
         let get = b.build();
 
-        let kind = or_null(Column::Kind, "text", &cast("text"));
+        let kind = column(Column::Kind, "kind", ViewRead::As("text"));
         let counts = Statement {
             text: format!(
-                "SELECT CAST({state} AS text) AS \"state\", {kind} AS \"kind\", count(*) AS \"count\" \
+                "SELECT CAST({state} AS text) AS \"state\", {kind}, count(*) AS \"count\" \
                  FROM {table} AS {a} GROUP BY 1, 2"
             )
             .into(),

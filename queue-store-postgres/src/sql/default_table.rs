@@ -359,24 +359,13 @@ BEGIN
       IF found IS NOT NULL THEN
         ids[k] := found; EXIT;
       END IF;
-      tries := tries + 1;
-      IF tries >= 10 THEN
-        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
-          USING ERRCODE = '40001';
-      END IF;
+{GIVE_UP}
     END LOOP;
     \"id\" := ids[k]; \"unique_key\" := p_keys[k]; \"inserted\" := added[k]; RETURN NEXT;
   END LOOP;
 END"
     );
-    vec![format!(
-        "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
-         p_afters timestamptz[], p_keys text[], p_forevers bool[], p_max_attempts int4[], \
-         p_expires timestamptz[], p_at_most_once bool[]) \
-         RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
-         LANGUAGE plpgsql VOLATILE AS {}",
-        dollar_quoted(&body)
-    )]
+    vec![create_unique_function(&f, &body)]
 }
 
 /// Version 3: a job's own attempt limit, expiry and at-most-once flag, and
@@ -384,7 +373,50 @@ END"
 fn version_3(table: &QualifiedName) -> Vec<String> {
     let t = table.quoted();
     let f = unique_function(table);
-    let body = format!(
+    let body = unique_function_body(
+        &t,
+        ",\n          \"max_attempts\", \"expires_at\", \"at_most_once\"",
+        ",\n          p_max_attempts[k], p_expires[k], coalesce(p_at_most_once[k], false)",
+    );
+    vec![
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"max_attempts\" integer"),
+        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"expires_at\" timestamptz"),
+        format!(
+            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"at_most_once\" boolean NOT NULL DEFAULT false"
+        ),
+        format!("DROP FUNCTION IF EXISTS {f}(text[], jsonb[], int4[], timestamptz[], text[], bool[])"),
+        create_unique_function(&f, &body),
+    ]
+}
+
+/// The statement that creates the unique enqueue function `f` of versions
+/// 3 and 4, with `body`.
+fn create_unique_function(f: &str, body: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
+         p_afters timestamptz[], p_keys text[], p_forevers bool[], p_max_attempts int4[], \
+         p_expires timestamptz[], p_at_most_once bool[]) \
+         RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
+         LANGUAGE plpgsql VOLATILE AS {}",
+        dollar_quoted(body)
+    )
+}
+
+/// How the unique enqueue functions of versions 2 to 4 give up on a key
+/// whose holder stayed out of sight: after 10 tries, with an error the
+/// caller may retry (serialization failure).
+const GIVE_UP: &str = "      tries := tries + 1;
+      IF tries >= 10 THEN
+        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
+          USING ERRCODE = '40001';
+      END IF;";
+
+/// The body of the unique enqueue function of versions 2 and 3: version 3
+/// inserts `columns` more, from `values`. Each statement in it takes a
+/// fresh snapshot, so a holder that committed after the call began is
+/// seen on the next try.
+fn unique_function_body(t: &str, columns: &str, values: &str) -> String {
+    format!(
         "#variable_conflict use_column
 DECLARE k int; tries int; found bigint;
 BEGIN
@@ -392,10 +424,8 @@ BEGIN
     tries := 0;
     LOOP
       found := NULL;
-      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\",
-          \"max_attempts\", \"expires_at\", \"at_most_once\")
-        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false),
-          p_max_attempts[k], p_expires[k], coalesce(p_at_most_once[k], false))
+      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\"{columns})
+        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false){values})
         ON CONFLICT DO NOTHING RETURNING j.\"id\" INTO found;
       IF found IS NOT NULL THEN
         \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := true; RETURN NEXT; EXIT;
@@ -405,31 +435,11 @@ BEGIN
       IF found IS NOT NULL THEN
         \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := false; RETURN NEXT; EXIT;
       END IF;
-      tries := tries + 1;
-      IF tries >= 10 THEN
-        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
-          USING ERRCODE = '40001';
-      END IF;
+{GIVE_UP}
     END LOOP;
   END LOOP;
 END"
-    );
-    vec![
-        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"max_attempts\" integer"),
-        format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"expires_at\" timestamptz"),
-        format!(
-            "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"at_most_once\" boolean NOT NULL DEFAULT false"
-        ),
-        format!("DROP FUNCTION IF EXISTS {f}(text[], jsonb[], int4[], timestamptz[], text[], bool[])"),
-        format!(
-            "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
-             p_afters timestamptz[], p_keys text[], p_forevers bool[], p_max_attempts int4[], \
-             p_expires timestamptz[], p_at_most_once bool[]) \
-             RETURNS TABLE (\"id\" bigint, \"unique_key\" text, \"inserted\" boolean) \
-             LANGUAGE plpgsql VOLATILE AS {}",
-            dollar_quoted(&body)
-        ),
-    ]
+    )
 }
 
 /// The function that enqueued jobs with unique keys up to this release:
@@ -462,34 +472,7 @@ fn unique_function(table: &QualifiedName) -> String {
 /// freed meanwhile is taken.
 fn version_2(table: &QualifiedName) -> Vec<String> {
     let t = table.quoted();
-    let body = format!(
-        "#variable_conflict use_column
-DECLARE k int; tries int; found bigint;
-BEGIN
-  FOR k IN 1 .. coalesce(array_length(p_kinds, 1), 0) LOOP
-    tries := 0;
-    LOOP
-      found := NULL;
-      INSERT INTO {t} AS j (\"kind\", \"payload\", \"priority\", \"process_after\", \"unique_key\", \"unique_forever\")
-        VALUES (p_kinds[k], p_payloads[k], p_priorities[k], p_afters[k], p_keys[k], coalesce(p_forevers[k], false))
-        ON CONFLICT DO NOTHING RETURNING j.\"id\" INTO found;
-      IF found IS NOT NULL THEN
-        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := true; RETURN NEXT; EXIT;
-      END IF;
-      SELECT h.\"id\" INTO found FROM {t} AS h WHERE h.\"unique_key\" = p_keys[k]
-        AND (h.\"unique_forever\" OR h.\"state\" IN ('queued', 'processing', 'errored')) LIMIT 1;
-      IF found IS NOT NULL THEN
-        \"id\" := found; \"unique_key\" := p_keys[k]; \"inserted\" := false; RETURN NEXT; EXIT;
-      END IF;
-      tries := tries + 1;
-      IF tries >= 10 THEN
-        RAISE EXCEPTION 'the job holding unique key % stayed out of sight; enqueue it again', p_keys[k]
-          USING ERRCODE = '40001';
-      END IF;
-    END LOOP;
-  END LOOP;
-END"
-    );
+    let body = unique_function_body(&t, "", "");
     vec![
         format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"unique_key\" text"),
         format!(

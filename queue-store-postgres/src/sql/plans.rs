@@ -273,26 +273,7 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     // What each claim's scan reads, the cursor after the last completed job.
     let mut blocks = Vec::new();
     for (statement, cursor) in [(&from_start, ""), (&at_cursor, ", 0, 10000")] {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "PREPARE claim AS {}",
-            statement.text
-        )))
-        .execute(&mut *connection)
-        .await
-        .expect("preparing the claim");
-        sqlx::query("BEGIN")
-            .execute(&mut *connection)
-            .await
-            .expect("begin");
-        let explained: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(now(), 'processing', 'w'{cursor})"
-        )))
-        .fetch_one(&mut *connection)
-        .await
-        .expect("explaining the claim");
-        for sql in ["ROLLBACK", "DEALLOCATE claim"] {
-            sqlx::query(sql).execute(&mut *connection).await.expect(sql);
-        }
+        let explained = explain_claim(&mut connection, statement, cursor).await;
         let plan = &explained[0]["Plan"];
         assert_eq!(plan["Actual Rows"], 48, "{explained}");
         blocks.push(
@@ -321,9 +302,14 @@ fn candidates_blocks(plan: &serde_json::Value) -> Option<u64> {
     plan["Plans"].as_array()?.iter().find_map(candidates_blocks)
 }
 
-/// What choosing the jobs of a claim of 48 reads, in blocks, by `EXPLAIN
-/// (ANALYZE, BUFFERS)` in a transaction rolled back after.
-async fn claim_blocks(connection: &mut PgConnection, claim: &Statement) -> u64 {
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of `claim`, prepared and run
+/// with the arguments now, 'processing', 'w' and then `more`, in a
+/// transaction rolled back after.
+async fn explain_claim(
+    connection: &mut PgConnection,
+    claim: &Statement,
+    more: &str,
+) -> serde_json::Value {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "PREPARE claim AS {}",
         claim.text
@@ -335,15 +321,22 @@ async fn claim_blocks(connection: &mut PgConnection, claim: &Statement) -> u64 {
         .execute(&mut *connection)
         .await
         .expect("begin");
-    let explained: serde_json::Value = sqlx::query_scalar(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(now(), 'processing', 'w')",
-    )
+    let explained: serde_json::Value = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE claim(now(), 'processing', 'w'{more})"
+    )))
     .fetch_one(&mut *connection)
     .await
     .expect("explaining the claim");
     for sql in ["ROLLBACK", "DEALLOCATE claim"] {
         sqlx::query(sql).execute(&mut *connection).await.expect(sql);
     }
+    explained
+}
+
+/// What choosing the jobs of a claim of 48 reads, in blocks, by `EXPLAIN
+/// (ANALYZE, BUFFERS)` in a transaction rolled back after.
+async fn claim_blocks(connection: &mut PgConnection, claim: &Statement) -> u64 {
+    let explained = explain_claim(connection, claim, "").await;
     let plan = &explained[0]["Plan"];
     assert_eq!(plan["Actual Rows"], 48, "{explained}");
     candidates_blocks(plan).unwrap_or_else(|| panic!("no candidates: {explained}"))

@@ -14,7 +14,7 @@ pub const AT_MOST_ONCE_SHUTDOWN_MESSAGE: &str =
     "stopped by its worker's shutdown; an at-most-once job that has started is not run again";
 
 /// How a [`Worker`] runs.
-#[derive(Clone)]
+#[derive(Debug, Clone)]
 pub struct WorkerOptions {
     /// The worker's identity, recorded on claimed jobs. Default: host name
     /// and process id.
@@ -67,24 +67,6 @@ pub struct WorkerOptions {
     pub outcome_policy: OutcomePolicy,
     /// The clock for `now` values given to the store.
     pub clock: Arc<dyn Clock>,
-}
-
-impl std::fmt::Debug for WorkerOptions {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("WorkerOptions")
-            .field("name", &self.name)
-            .field("num_handlers", &self.num_handlers)
-            .field("poll_interval", &self.poll_interval)
-            .field("claim_batch", &self.claim_batch)
-            .field("concurrent_claims", &self.concurrent_claims)
-            .field("prefetch", &self.prefetch)
-            .field("heartbeat_interval", &self.heartbeat_interval)
-            .field("job_timeout", &self.job_timeout)
-            .field("cancel_grace", &self.cancel_grace)
-            .field("shutdown_timeout", &self.shutdown_timeout)
-            .field("outcome_policy", &self.outcome_policy)
-            .finish_non_exhaustive()
-    }
 }
 
 impl Default for WorkerOptions {
