@@ -1067,3 +1067,34 @@ async fn a_kinds_limits_are_set_listed_and_cleared_by_a_named_operator() {
         "{audit}"
     );
 }
+
+#[tokio::test]
+async fn migrate_creates_the_default_table_partitioned_by_finish_time() {
+    let Some(t) = Setup::new("migrate_creates_the_default_table_partitioned_by_finish_time").await
+    else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    let err = fails(&mut q(&["migrate", "--partition-hours", "0"]));
+    assert!(err.contains("1 to 744 hours"), "{err}");
+    assert!(ok(&mut q(&["migrate", "--partition-hours", "24"])).contains("applied version 1"));
+    let jobs = format!("{}.\"queue_jobs\"", t.s);
+    let kind: String =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(&jobs)
+            .fetch_one(&t.pool)
+            .await
+            .expect("the table's kind");
+    assert_eq!(kind, "p", "the table is partitioned");
+    assert!(ok(&mut q(&["migrate"])).contains("is up to date"));
+    ok(&mut q(&["enqueue", "email", "{}"]));
+    t.sql(&format!(
+        "INSERT INTO {jobs} (kind, state, finished_at) VALUES ('old', 'completed', now() - interval '40 days')"
+    ))
+    .await;
+    let purged = json(&mut q(&["purge", "--older-than", "30d", "--yes", "--json"]));
+    assert_eq!(purged["purged"], 1, "{purged}");
+    let stats = json(&mut q(&["stats", "--json"]));
+    assert!(stats.to_string().contains("email"), "{stats}");
+}

@@ -103,6 +103,16 @@ pub(crate) fn store_error(context: &str, error: sqlx::Error) -> StoreError {
             Some("42P01" | "42703" | "42704" | "42883" | "3F000") => {
                 StoreError::Config(format!("{context}: {}", db.message()))
             }
+            // A partitioned default table's guard (version 2).
+            Some("23514")
+                if db
+                    .constraint()
+                    .is_some_and(|c| c.ends_with("_keys_held_while_live")) =>
+            {
+                StoreError::Refused(format!(
+                    "{context}: the table is partitioned, and Postgres keeps an index unique only within one partition, so a key cannot be held for as long as its job exists; enqueue with UniqueScope::Active (a key held while its job waits or runs)"
+                ))
+            }
             _ => StoreError::Backend {
                 context,
                 source: Box::new(error),

@@ -10,6 +10,8 @@ use crate::error::{store_error, OptionsError};
 use crate::ident::{Ident, QualifiedName};
 use crate::migrate::Migration;
 use crate::options::PgStoreOptions;
+use crate::partitions::FinishPartitions;
+use crate::sql::default_table::Layout;
 use crate::sql::enqueue::EnqueueStatements;
 
 /// Where an enqueue of [`JobTable`] runs: on a connection of the pool, or
@@ -76,6 +78,8 @@ pub struct JobTable {
     enqueue: Arc<EnqueueStatements>,
     /// The channel the table's trigger notifies.
     channel: Arc<str>,
+    /// Whether a table created by [`JobTable::migrate`] is partitioned.
+    partitions: Option<FinishPartitions>,
 }
 
 impl Default for JobTable {
@@ -107,6 +111,65 @@ impl JobTable {
             enqueue: Arc::new(EnqueueStatements::default_table(&table)),
             channel: crate::options::default_channel(&table.name).into(),
             table,
+            partitions: None,
+        }
+    }
+
+    /// Creates the table partitioned: by state, the waiting and running
+    /// jobs apart from the finished ones, and those by finish time in
+    /// partitions `partitions` wide. Retention and purges then drop whole
+    /// partitions (ten million finished jobs go in well under a second,
+    /// where deleting them takes minutes), and claims read only the live
+    /// partition however much history the table keeps.
+    ///
+    /// It matters when [`JobTable::migrate`] creates the table; a table
+    /// that exists unpartitioned is refused, not converted. What differs
+    /// from the plain table:
+    ///
+    /// - A unique key is held while its job waits or runs, never for ever
+    ///   (`UniqueScope::Forever` is refused): Postgres keeps an index
+    ///   unique only within a partition.
+    /// - Keys are unique because they come from one sequence, not by a
+    ///   primary key (a partitioned table's would have to hold the state
+    ///   and the finish time).
+    /// - A completion moves the job's row to another partition (a delete
+    ///   and an insert where the plain table updates it in place).
+    /// - The store makes the next partitions as time goes on (at start-up
+    ///   and from the resetter's pass, at most once an hour); a job that
+    ///   finishes where none was made waits in its state's default
+    ///   partition until one is.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use queue_store_postgres::{FinishPartitions, JobTable};
+    ///
+    /// let jobs = JobTable::new("public", "queue_jobs")?
+    ///     .partitioned_by_finish_time(FinishPartitions::DAILY);
+    /// jobs.migrate(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn partitioned_by_finish_time(mut self, partitions: FinishPartitions) -> Self {
+        self.partitions = Some(partitions);
+        self
+    }
+
+    /// How the table is laid out: as it exists, or as it will be created.
+    async fn layout(&self, pool: &PgPool) -> Result<Layout, StoreError> {
+        let kind: Option<String> = sqlx::query_scalar(
+            "SELECT CAST(c.relkind AS text) FROM pg_catalog.pg_class AS c WHERE c.oid = to_regclass($1)",
+        )
+        .bind(self.table.quoted())
+        .fetch_optional(pool)
+        .await
+        .map_err(|e| store_error("reading the table's layout", e))?;
+        match (kind.as_deref(), self.partitions) {
+            (Some("p"), _) | (None, Some(_)) => Ok(Layout::Partitioned),
+            (Some(_), Some(_)) => Err(StoreError::Config(format!(
+                "table {} exists and is not partitioned; a table partitioned by finish time is created new: \
+                 create one under another name and move the jobs over, or migrate this one without partitions",
+                self.table
+            ))),
+            (_, None) => Ok(Layout::Plain),
         }
     }
 
@@ -160,10 +223,13 @@ impl JobTable {
 
     /// The tables migrations keep, each with its versions: the table, then
     /// the kinds, audit and workers tables beside it.
-    fn owned_tables(&self) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
+    fn owned_tables(
+        &self,
+        layout: Layout,
+    ) -> Vec<(QualifiedName, Vec<crate::sql::default_table::MigrationSql>)> {
         let mut tables = vec![(
             self.table.clone(),
-            crate::migrate::default_table(&self.table),
+            crate::migrate::default_table(&self.table, layout),
         )];
         // The default table has a kind column.
         tables.extend(crate::migrate::operator_tables(&self.table, true));
@@ -179,10 +245,18 @@ impl JobTable {
     /// applied, the table's first; none when all are up to date, in which case it only reads, so it is safe to call
     /// on every start-up, from several processes at once, beside running
     /// workers.
+    ///
+    /// A partitioned table ([`JobTable::partitioned_by_finish_time`]) also
+    /// gets the partitions its finishing jobs need next.
     pub async fn migrate(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        let layout = self.layout(pool).await?;
         let mut applied = Vec::new();
-        for (table, versions) in self.owned_tables() {
+        for (table, versions) in self.owned_tables(layout) {
             applied.extend(crate::migrate::apply(pool, &table, versions).await?);
+        }
+        if layout == Layout::Partitioned {
+            crate::partitions::keep_ahead(pool, &self.table, self.partitions, chrono::Utc::now())
+                .await?;
         }
         Ok(applied)
     }
@@ -191,8 +265,9 @@ impl JobTable {
     /// tables',
     /// applied or pending, with when each was applied and the SQL it runs.
     pub async fn migrations(&self, pool: &PgPool) -> Result<Vec<Migration>, StoreError> {
+        let layout = self.layout(pool).await?;
         let mut all = Vec::new();
-        for (table, versions) in self.owned_tables() {
+        for (table, versions) in self.owned_tables(layout) {
             all.extend(crate::migrate::status(pool, &table, versions).await?);
         }
         Ok(all)

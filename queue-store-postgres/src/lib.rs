@@ -22,6 +22,7 @@ pub mod kinds;
 mod listen;
 mod migrate;
 mod options;
+mod partitions;
 mod record;
 mod ride;
 mod sql;
@@ -46,6 +47,7 @@ pub use crate::migrate::{migrate_beside, migrations_beside, Migration};
 pub use crate::options::{
     ClaimCommit, Column, CompletedJobs, ExecutionMode, PgStoreOptions, StateValues,
 };
+pub use crate::partitions::FinishPartitions;
 pub use crate::record::{decode_job, Decoder, PgKey};
 pub use crate::store::PgStore;
 

@@ -33,8 +33,11 @@ pub struct Migration {
 }
 
 /// The default table's versions.
-pub(crate) fn default_table(table: &QualifiedName) -> Vec<MigrationSql> {
-    default_table::migrations(table, &default_channel(&table.name))
+pub(crate) fn default_table(
+    table: &QualifiedName,
+    layout: default_table::Layout,
+) -> Vec<MigrationSql> {
+    default_table::migrations(table, &default_channel(&table.name), layout)
 }
 
 async fn exists(conn: &mut sqlx::PgConnection, table: &QualifiedName) -> Result<bool, StoreError> {

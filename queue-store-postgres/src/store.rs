@@ -268,6 +268,7 @@ where
         let sql = Arc::new(Statements::new(&options, &shape, &absent));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
         admin.measure_clock().await?;
+        admin.keep_partitions_ahead().await;
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
             ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
@@ -948,6 +949,9 @@ where
     }
 
     async fn expire(&self, now: DateTime<Utc>, limit: usize) -> Result<Vec<R::Id>, StoreError> {
+        // The resetter's pass, which every worker process runs, also keeps
+        // the partitions of a partitioned table ahead of the clock.
+        self.inner.admin.keep_partitions_ahead().await;
         self.inner.admin.expire(now, limit).await
     }
 

@@ -1,7 +1,7 @@
 //! The store conformance suite of `queue-core`, unchanged, against the
 //! Postgres store in both execution modes, with the table's bookkeeping
-//! columns and with a bookkeeping table carrying them; each case in its
-//! own schema.
+//! columns, with a bookkeeping table carrying them, and on a default table
+//! partitioned by finish time; each case in its own schema.
 
 mod support;
 
@@ -57,6 +57,36 @@ mod transactional_with_a_bookkeeping_table {
     queue_core::conformance_tests!(match PgHarness::with_bookkeeping_table(
         ExecutionMode::Transactional,
         "conformance (transactional, bookkeeping table)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod lease_partitioned {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::partitioned(
+        ExecutionMode::Lease,
+        "conformance (lease, partitioned)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod transactional_partitioned {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::partitioned(
+        ExecutionMode::Transactional,
+        "conformance (transactional, partitioned)"
     )
     .await
     {

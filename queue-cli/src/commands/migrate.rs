@@ -8,7 +8,8 @@ use anyhow::{bail, Result};
 use sqlx::PgPool;
 
 use queue_store_postgres::{
-    migrate_beside, migrations_beside, JobTable, Migration, PgStoreOptions, QualifiedName,
+    migrate_beside, migrations_beside, FinishPartitions, JobTable, Migration, PgStoreOptions,
+    QualifiedName,
 };
 
 use crate::output::{self, Table};
@@ -29,6 +30,12 @@ pub struct MigrateArgs {
     /// The table (default: the config's, else queue_jobs).
     #[arg(long)]
     pub table: Option<String>,
+    /// Create the default table partitioned by state, its finished jobs by
+    /// finish time in partitions this many hours wide (24: a partition a
+    /// day), so that retention drops whole partitions. Only when the table
+    /// is created: one that exists unpartitioned is refused.
+    #[arg(long, value_name = "HOURS")]
+    pub partition_hours: Option<u32>,
 }
 
 /// The tables a migration is for.
@@ -73,17 +80,21 @@ pub async fn run(
 ) -> Result<()> {
     let target = if context.config.is_default_table() {
         let table = context.config.job_table()?;
-        Target::Default(match (&args.schema, &args.table) {
+        let table = match (&args.schema, &args.table) {
             (None, None) => table,
             (schema, name) => JobTable::new(
                 schema.as_deref().unwrap_or(table.name().schema.as_str()),
                 name.as_deref().unwrap_or(table.name().name.as_str()),
             )?,
+        };
+        Target::Default(match args.partition_hours {
+            Some(hours) => table.partitioned_by_finish_time(FinishPartitions::hours(hours)?),
+            None => table,
         })
     } else {
         let options = context.config.store_options()?;
-        if args.schema.is_some() || args.table.is_some() {
-            bail!("--schema and --table name a default table; the tables beside a table of your own follow from the config file");
+        if args.schema.is_some() || args.table.is_some() || args.partition_hours.is_some() {
+            bail!("--schema, --table and --partition-hours are for the default table; the tables beside a table of your own follow from the config file");
         }
         Target::Own(Box::new(options))
     };

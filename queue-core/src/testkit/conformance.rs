@@ -127,6 +127,13 @@ pub trait Harness: Send + Sync + 'static {
             .expect("cancel failed");
     }
 
+    /// Whether the store holds a unique key for as long as its job exists
+    /// ([`UniqueScope::Forever`](crate::UniqueScope::Forever)); a store
+    /// that cannot refuses such an enqueue instead. By default, it can.
+    fn holds_keys_forever(&self) -> bool {
+        true
+    }
+
     /// An operator deletes the job ([`Admin::delete`]).
     async fn delete(&self, store: &Self::Store, id: &IdOf<Self>) {
         Admin::delete(store, &Targets::id(id.clone()))
@@ -2591,6 +2598,20 @@ pub async fn admin_unique_keys_hold_while_in_scope<H: Harness>(h: &H) {
         (&a, &b),
         "held by a, then by the batch's own b"
     );
+    if !h.holds_keys_forever() {
+        let refused = Admin::enqueue(&store, &[job(7).unique("f", Forever)]).await;
+        assert!(
+            matches!(refused, Err(StoreError::Refused(_))),
+            "a store that cannot hold a key for ever refuses to, naming why: {refused:?}"
+        );
+        for c in claim::<H>(&store, 10, t).await {
+            end::<H>(&store, c, Transition::Complete, t).await;
+        }
+        let again = enqueue(vec![job(8).unique("a", Active)]).await;
+        assert!(again[0].1, "a finished job no longer holds an active key");
+        assert_ne!(again[0].0, a);
+        return;
+    }
     let forever = enqueue(vec![job(7).unique("f", Forever)]).await[0].clone();
     assert!(forever.1);
     // Finish every job: active keys come free, a forever key does not.

@@ -71,6 +71,11 @@ impl<K: PgKey> PgAdmin<K> {
                 .as_ref()
                 .is_some_and(|u| u.scope == UniqueScope::Forever)
         };
+        if self.inner.partitioned && jobs.iter().any(forever) {
+            return Err(StoreError::Refused(format!(
+                "table {table} is partitioned, and Postgres keeps an index unique only within one partition, so a key cannot be held for as long as its job exists; enqueue with UniqueScope::Active (a key held while its job waits or runs)"
+            )));
+        }
         if !self.has(Column::UniqueForever) && jobs.iter().any(forever) {
             return Err(StoreError::Refused(format!(
                 "table {table} has no unique_forever column, so a key cannot be kept for as long as its job exists; map one (Column::UniqueForever), or make the table's unique index cover finished jobs and enqueue with UniqueScope::Active"

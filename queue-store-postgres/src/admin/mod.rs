@@ -32,6 +32,7 @@ mod limits;
 
 pub(crate) use limits::kind_limits;
 mod operations;
+mod partitions;
 mod pauses;
 mod read;
 mod stats;
@@ -50,6 +51,10 @@ struct Inner {
     offset: ClockOffset,
     /// When a beat last found the workers table missing.
     workers_missing: std::sync::Mutex<Option<std::time::Instant>>,
+    /// Whether Postgres partitions the table (see [`crate::partitions`]).
+    partitioned: bool,
+    /// When partitions ahead were last made (a partitioned table).
+    partitions_made: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 /// The admin contract ([`Admin`]) on a Postgres table: read, count, retry,
@@ -170,6 +175,8 @@ impl<K: PgKey> PgAdmin<K> {
                 unique_unenforced: shape.unique_unenforced.clone(),
                 offset: ClockOffset::default(),
                 workers_missing: std::sync::Mutex::new(None),
+                partitioned: shape.partitioned,
+                partitions_made: std::sync::Mutex::new(None),
             }),
             key: PhantomData,
         }
@@ -333,8 +340,11 @@ impl<K: PgKey> Admin for PgAdmin<K> {
     }
 
     async fn purge(&self, params: &PurgeParams) -> Result<queue_core::PurgeReport, StoreError> {
+        let dropped = self.drop_old_partitions(params).await?;
         let mut conn = self.connection("purging jobs").await?;
-        self.purge_on(&mut conn, params).await
+        let mut report = self.purge_on(&mut conn, params).await?;
+        report.purged += dropped.jobs;
+        Ok(report)
     }
 
     async fn delete(&self, targets: &Targets<K>) -> Result<ActionReport<K>, StoreError> {

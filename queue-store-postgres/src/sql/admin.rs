@@ -1419,6 +1419,7 @@ mod tests {
             kind_split: false,
             failure_indexed: false,
             queued_indexed: false,
+            partitioned: false,
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

@@ -82,6 +82,11 @@ const UNIQUE_INDEXES_ON: &str = "SELECT pg_get_expr(i.indpred, i.indrelid) AS pr
      WHERE i.indrelid = $1::oid AND a.attname = $2 AND i.indisunique AND i.indisvalid \
      AND i.indimmediate AND i.indnkeyatts = 1 AND i.indexprs IS NULL";
 
+/// The leaf partitions of the partitioned table `$1` (oid), each with its
+/// partition constraint; none for a table not partitioned.
+const LEAF_PARTITIONS: &str = "SELECT CAST(t.relid::oid AS int8), pg_get_partition_constraintdef(t.relid) \
+     FROM pg_catalog.pg_partition_tree(CAST($1::oid AS regclass)) AS t WHERE t.isleaf AND t.level > 0";
+
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
 
@@ -531,6 +536,7 @@ pub(crate) async fn inspect(
             kind_split,
             failure_indexed,
             queued_indexed,
+            partitioned,
         },
         absent,
     ))
@@ -693,31 +699,22 @@ async fn unique_index_problem(
     key: &str,
 ) -> Result<Option<String>, StoreError> {
     let table = &options.table;
-    let predicates: Vec<Option<String>> = sqlx::query_scalar(UNIQUE_INDEXES_ON)
-        .bind(oid)
-        .bind(key)
-        .fetch_all(pool)
-        .await
-        .map_err(|e| store_error("reading the catalog", e))?;
     let held = [JobState::Queued, JobState::Errored, JobState::Processing];
     let state = options
         .column_name(Column::State)
         .map_or("state", |s| s.as_str());
-    for predicate in &predicates {
-        let Some(predicate) = predicate else {
-            // No predicate: a key is held for as long as its row exists.
-            return Ok(None);
-        };
-        let mut covers = true;
+    // Whether `condition` (an index predicate or a partition constraint)
+    // holds for a row of every waiting or running state.
+    let holds_while_live = |condition: String| async move {
         for held_state in held {
             let row = serde_json::json!({
                 key: "k",
                 state: options.state_values().get(held_state),
             });
-            // The predicate is the catalog's own text (an index predicate
-            // calls only immutable functions), never user input.
+            // The condition is the catalog's own text (it calls only
+            // immutable functions), never user input.
             let sql = format!(
-                "SELECT coalesce(({predicate}), false) FROM \
+                "SELECT coalesce(({condition}), false) FROM \
                  (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
                 table.quoted()
             );
@@ -731,11 +728,43 @@ async fn unique_index_problem(
                 .await
                 .map_err(|e| store_error("evaluating a unique index's predicate", e))?;
             if !holds {
-                covers = false;
-                break;
+                return Ok::<bool, StoreError>(false);
             }
         }
-        if covers {
+        Ok(true)
+    };
+    // The table's own unique indexes; on a partitioned table, also those of
+    // the partition that holds every waiting and running job (Postgres
+    // keeps a partitioned table's indexes unique only within a partition).
+    let mut holders = vec![oid];
+    let partitions: Vec<(i64, Option<String>)> = sqlx::query_as(LEAF_PARTITIONS)
+        .bind(oid)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    for (partition, constraint) in partitions {
+        if let Some(constraint) = constraint {
+            if holds_while_live(constraint).await? {
+                holders.push(partition);
+            }
+        }
+    }
+    let mut predicates: Vec<Option<String>> = Vec::new();
+    for holder in holders {
+        let found: Vec<Option<String>> = sqlx::query_scalar(UNIQUE_INDEXES_ON)
+            .bind(holder)
+            .bind(key)
+            .fetch_all(pool)
+            .await
+            .map_err(|e| store_error("reading the catalog", e))?;
+        predicates.extend(found);
+    }
+    for predicate in &predicates {
+        let Some(predicate) = predicate else {
+            // No predicate: a key is held for as long as its row exists.
+            return Ok(None);
+        };
+        if holds_while_live(predicate.clone()).await? {
             return Ok(None);
         }
     }

@@ -85,33 +85,78 @@ pub(crate) struct MigrationSql {
     pub concurrent_indexes: Vec<String>,
 }
 
+/// How the default table is laid out; chosen when it is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Layout {
+    /// One table.
+    Plain,
+    /// Partitioned by state: the waiting and running jobs in one partition
+    /// (`<table>_live`), each finished state in its own, and those by
+    /// finish time ([`crate::partitions`]), so that retention drops whole
+    /// partitions. Its versions make the same changes as the plain
+    /// table's, in the forms Postgres allows on a partitioned table: the
+    /// unique index is the live partition's (keys are held while a job
+    /// waits or runs, never for ever), there is no enqueue function (no
+    /// earlier release ran on it), and indexes are built at once (a
+    /// partitioned table's cannot be built concurrently; the table is new
+    /// and empty when they are).
+    Partitioned,
+}
+
+/// The finished states of the default table, each a partition of its
+/// own in the partitioned layout.
+pub(crate) const FINISHED_STATES: [&str; 3] = ["completed", "failed", "canceled"];
+
+/// The partition of the partitioned layout that holds the waiting and
+/// running jobs.
+pub(crate) fn live_partition(table: &QualifiedName) -> String {
+    format!("{}.{}", table.schema.quoted(), derived(&table.name, "live"))
+}
+
+/// The partition of the partitioned layout that holds the jobs finished
+/// in `state`, itself partitioned by finish time: its unquoted name.
+pub(crate) fn finished_partition_name(table: &QualifiedName, state: &str) -> String {
+    derived_name(&table.name, state)
+}
+
 /// Every version of the default table's schema, oldest first. A version,
 /// once released, never changes: a later change is a new version.
-pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationSql> {
+pub(crate) fn migrations(
+    table: &QualifiedName,
+    channel: &str,
+    layout: Layout,
+) -> Vec<MigrationSql> {
+    let indexes = |version, name, indexes| match layout {
+        Layout::Plain => concurrent(version, name, indexes),
+        Layout::Partitioned => at_once(version, name, indexes),
+    };
     vec![
         MigrationSql {
             concurrent_indexes: Vec::new(),
             version: 1,
             name: "the jobs table, its claim and processing indexes, and the notify trigger",
-            statements: version_1(table, channel),
+            statements: version_1(table, channel, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
             version: 2,
             name: "unique jobs: unique_key, unique_forever and the index that keeps keys unique",
-            statements: version_2(table),
+            statements: version_2(table, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
             version: 3,
             name: "per-job options: max_attempts, expires_at and at_most_once",
-            statements: version_3(table),
+            statements: version_3(table, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
             version: 4,
             name: "the enqueue function inserts a batch in one statement before it looks at taken keys",
-            statements: version_4(table),
+            statements: match layout {
+                Layout::Plain => version_4(table),
+                Layout::Partitioned => Vec::new(),
+            },
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
@@ -132,19 +177,19 @@ pub(crate) fn migrations(table: &QualifiedName, channel: &str) -> Vec<MigrationS
             name: "statistics of the state and kind columns together, which the figures of a big table are estimated from",
             statements: version_7(table),
         },
-        concurrent(
+        indexes(
             8,
             "indexes of finish time and expiry for the timeline, retention, purges and the expiry sweep \
              (built concurrently: claims go on while they build)",
             version_8(table),
         ),
-        concurrent(
+        indexes(
             9,
             "an index of finished jobs by kind, for lists of one kind \
              (built concurrently: claims go on while it builds)",
             version_9(table),
         ),
-        concurrent(
+        indexes(
             10,
             "a block range (BRIN) index of queued times and keys, for lists of a queued-time range \
              (built concurrently: claims go on while it builds)",
@@ -162,6 +207,20 @@ fn concurrent(version: u32, name: &'static str, indexes: Vec<(String, String)>) 
         version,
         name,
         statements,
+    }
+}
+
+/// A version of index builds run at once, in the version's transaction:
+/// the partitioned layout's form of [`concurrent`].
+fn at_once(version: u32, name: &'static str, indexes: Vec<(String, String)>) -> MigrationSql {
+    MigrationSql {
+        concurrent_indexes: Vec::new(),
+        version,
+        name,
+        statements: indexes
+            .into_iter()
+            .map(|(_, create)| create.replacen("CREATE INDEX CONCURRENTLY ", "CREATE INDEX ", 1))
+            .collect(),
     }
 }
 
@@ -370,7 +429,7 @@ END"
 
 /// Version 3: a job's own attempt limit, expiry and at-most-once flag, and
 /// the enqueue function taking them (replacing version 2's).
-fn version_3(table: &QualifiedName) -> Vec<String> {
+fn version_3(table: &QualifiedName, layout: Layout) -> Vec<String> {
     let t = table.quoted();
     let f = unique_function(table);
     let body = unique_function_body(
@@ -378,15 +437,24 @@ fn version_3(table: &QualifiedName) -> Vec<String> {
         ",\n          \"max_attempts\", \"expires_at\", \"at_most_once\"",
         ",\n          p_max_attempts[k], p_expires[k], coalesce(p_at_most_once[k], false)",
     );
-    vec![
+    let columns = vec![
         format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"max_attempts\" integer"),
         format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"expires_at\" timestamptz"),
         format!(
             "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"at_most_once\" boolean NOT NULL DEFAULT false"
         ),
-        format!("DROP FUNCTION IF EXISTS {f}(text[], jsonb[], int4[], timestamptz[], text[], bool[])"),
+    ];
+    if layout == Layout::Partitioned {
+        return columns;
+    }
+    let mut statements = columns;
+    statements.extend([
+        format!(
+            "DROP FUNCTION IF EXISTS {f}(text[], jsonb[], int4[], timestamptz[], text[], bool[])"
+        ),
         create_unique_function(&f, &body),
-    ]
+    ]);
+    statements
 }
 
 /// The statement that creates the unique enqueue function `f` of versions
@@ -470,19 +538,42 @@ fn unique_function(table: &QualifiedName) -> String {
 /// holding a key: each statement in it takes a fresh snapshot, so a holder
 /// that committed after the call began is seen on the next try, and a key
 /// freed meanwhile is taken.
-fn version_2(table: &QualifiedName) -> Vec<String> {
+fn version_2(table: &QualifiedName, layout: Layout) -> Vec<String> {
     let t = table.quoted();
     let body = unique_function_body(&t, "", "");
-    vec![
+    let columns = [
         format!("ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"unique_key\" text"),
         format!(
             "ALTER TABLE {t} ADD COLUMN IF NOT EXISTS \"unique_forever\" boolean NOT NULL DEFAULT false"
         ),
+    ];
+    let index = |on: &str| {
         format!(
-            "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {t} (\"unique_key\") \
+            "CREATE UNIQUE INDEX IF NOT EXISTS {} ON {on} (\"unique_key\") \
              WHERE \"unique_key\" IS NOT NULL AND (\"unique_forever\" OR \"state\" IN ('queued', 'processing', 'errored'))",
             derived(&table.name, "unique_idx")
-        ),
+        )
+    };
+    if layout == Layout::Partitioned {
+        // Postgres keeps an index of a partitioned table unique only within
+        // each partition; every waiting and running job is in the live one.
+        // A key held for ever would need one index over every partition.
+        let [key, forever] = columns;
+        return vec![
+            key,
+            forever,
+            format!(
+                "ALTER TABLE {t} ADD CONSTRAINT {} CHECK (NOT \"unique_forever\")",
+                derived(&table.name, "keys_held_while_live")
+            ),
+            index(&live_partition(table)),
+        ];
+    }
+    let [key, forever] = columns;
+    vec![
+        key,
+        forever,
+        index(&t),
         format!(
             "CREATE OR REPLACE FUNCTION {f}(p_kinds text[], p_payloads jsonb[], p_priorities int4[], \
              p_afters timestamptz[], p_keys text[], p_forevers bool[]) \
@@ -497,7 +588,7 @@ fn version_2(table: &QualifiedName) -> Vec<String> {
 /// Version 1: the table as it stood before migrations were versioned.
 /// Each statement is idempotent, so a table created by an earlier release
 /// (with no version table) is recorded at version 1 unchanged.
-fn version_1(table: &QualifiedName, channel: &str) -> Vec<String> {
+fn version_1(table: &QualifiedName, channel: &str, layout: Layout) -> Vec<String> {
     let t = table.quoted();
     let schema = table.schema.quoted();
     let name = &table.name;
@@ -508,31 +599,72 @@ fn version_1(table: &QualifiedName, channel: &str) -> Vec<String> {
     )
     .quoted();
     let trigger = derived(name, "notify");
-    vec![
-        format!("CREATE SCHEMA IF NOT EXISTS {schema}"),
-        format!(
-            "CREATE TABLE IF NOT EXISTS {t} (\
-             \"id\" bigserial PRIMARY KEY, \
-             \"kind\" text NOT NULL, \
-             \"payload\" jsonb NOT NULL DEFAULT '{{}}', \
-             \"priority\" integer NOT NULL DEFAULT 0, \
-             \"state\" text NOT NULL DEFAULT 'queued', \
-             \"failure_message\" text, \
-             \"queued_at\" timestamptz NOT NULL DEFAULT now(), \
-             \"started_at\" timestamptz, \
-             \"finished_at\" timestamptz, \
-             \"process_after\" timestamptz, \
-             \"num_resets\" integer NOT NULL DEFAULT 0, \
-             \"num_failures\" integer NOT NULL DEFAULT 0, \
-             \"last_heartbeat_at\" timestamptz, \
-             \"execution_logs\" json[], \
-             \"worker_hostname\" text, \
-             \"cancel\" boolean NOT NULL DEFAULT false, \
-             \"claim_token\" bigint NOT NULL DEFAULT 0, \
-             CONSTRAINT {check} CHECK (\"state\" IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled'))\
-             ) WITH (fillfactor = 80)",
-            check = derived(name, "state_check"),
-        ),
+    let columns = format!(
+        "\"id\" bigserial{key}, \
+         \"kind\" text NOT NULL, \
+         \"payload\" jsonb NOT NULL DEFAULT '{{}}', \
+         \"priority\" integer NOT NULL DEFAULT 0, \
+         \"state\" text NOT NULL DEFAULT 'queued', \
+         \"failure_message\" text, \
+         \"queued_at\" timestamptz NOT NULL DEFAULT now(), \
+         \"started_at\" timestamptz, \
+         \"finished_at\" timestamptz, \
+         \"process_after\" timestamptz, \
+         \"num_resets\" integer NOT NULL DEFAULT 0, \
+         \"num_failures\" integer NOT NULL DEFAULT 0, \
+         \"last_heartbeat_at\" timestamptz, \
+         \"execution_logs\" json[], \
+         \"worker_hostname\" text, \
+         \"cancel\" boolean NOT NULL DEFAULT false, \
+         \"claim_token\" bigint NOT NULL DEFAULT 0, \
+         CONSTRAINT {check} CHECK (\"state\" IN ('queued', 'processing', 'completed', 'errored', 'failed', 'canceled'))",
+        // A partitioned table's key would have to hold the partition
+        // columns; each partition keys its own rows instead.
+        key = match layout {
+            Layout::Plain => " PRIMARY KEY",
+            Layout::Partitioned => "",
+        },
+        check = derived(name, "state_check"),
+    );
+    let mut statements = vec![format!("CREATE SCHEMA IF NOT EXISTS {schema}")];
+    match layout {
+        Layout::Plain => statements.push(format!(
+            "CREATE TABLE IF NOT EXISTS {t} ({columns}) WITH (fillfactor = 80)"
+        )),
+        Layout::Partitioned => {
+            statements.push(format!(
+                "CREATE TABLE IF NOT EXISTS {t} ({columns}) PARTITION BY LIST (\"state\")"
+            ));
+            statements.push(format!(
+                "CREATE TABLE IF NOT EXISTS {} PARTITION OF {t} (PRIMARY KEY (\"id\")) \
+                 FOR VALUES IN ('queued', 'processing', 'errored') WITH (fillfactor = 80)",
+                live_partition(table)
+            ));
+            for state in FINISHED_STATES {
+                let parent = derived(name, state);
+                statements.extend([
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {schema}.{parent} PARTITION OF {t} \
+                         FOR VALUES IN ({}) PARTITION BY RANGE (\"finished_at\")",
+                        literal(state)
+                    ),
+                    // Rows no partition of a time range holds yet (one
+                    // finished at a time no range was made for) wait here;
+                    // the partition made for their range later takes them.
+                    format!(
+                        "CREATE TABLE IF NOT EXISTS {schema}.{} PARTITION OF {schema}.{parent} DEFAULT",
+                        derived(name, &format!("{state}_default"))
+                    ),
+                    // A job found by its key in any partition.
+                    format!(
+                        "CREATE INDEX IF NOT EXISTS {} ON {schema}.{parent} (\"id\")",
+                        derived(name, &format!("{state}_id_idx"))
+                    ),
+                ]);
+            }
+        }
+    }
+    statements.extend([
         // Claiming reads this index in claim order; finished rows are not
         // in it, so it stays small however many rows accumulate.
         format!(
@@ -574,7 +706,8 @@ fn version_1(table: &QualifiedName, channel: &str) -> Vec<String> {
                 trigger_name = literal(&derived_name(name, "notify")),
             ))
         ),
-    ]
+    ]);
+    statements
 }
 
 /// `body` between dollar quotes whose tag the body does not contain (a
@@ -633,7 +766,7 @@ mod tests {
     #[test]
     fn the_channel_is_a_literal_even_with_quotes() {
         let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
-        let ddl = version_1(&table, "it's");
+        let ddl = version_1(&table, "it's", Layout::Plain);
         assert!(ddl.iter().any(|s| s.contains("pg_notify(E'it''s', '')")));
     }
 
@@ -641,7 +774,7 @@ mod tests {
     #[test]
     fn the_table_creates_its_columns_in_the_order_decode_job_expects() {
         let table = QualifiedName::new(Ident::new("s").unwrap(), Ident::new("t").unwrap());
-        let ddl = version_1(&table, "c");
+        let ddl = version_1(&table, "c", Layout::Plain);
         let create = ddl
             .iter()
             .find(|s| s.starts_with("CREATE TABLE"))

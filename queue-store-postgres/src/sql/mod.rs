@@ -251,6 +251,10 @@ pub(crate) struct TableShape {
     /// starts with the queued-time column: a queued-time range a stretch
     /// of the list does not fill is then read through it.
     pub queued_indexed: bool,
+    /// Whether Postgres partitions the table: its finished jobs may be in
+    /// partitions of finish time that a purge drops whole
+    /// ([`crate::partitions`]).
+    pub partitioned: bool,
 }
 
 impl TableShape {
@@ -274,6 +278,7 @@ impl TableShape {
             kind_split: true,
             failure_indexed: false,
             queued_indexed: true,
+            partitioned: false,
         }
     }
 }

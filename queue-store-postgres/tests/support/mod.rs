@@ -187,6 +187,16 @@ pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
     table
 }
 
+/// The default table partitioned by finish time, a partition a day, in a
+/// fresh awkward schema, migrated.
+pub async fn fresh_partitioned_table(pool: &PgPool) -> JobTable {
+    let table = JobTable::new(&awkward_schema(), "jobs")
+        .expect("valid names")
+        .partitioned_by_finish_time(queue_store_postgres::FinishPartitions::DAILY);
+    table.migrate(pool).await.expect("migration");
+    table
+}
+
 /// A table for a handler's writes, `name (columns)` beside `table` in its
 /// schema; returns its quoted, qualified name.
 pub async fn side_table(pool: &PgPool, table: &JobTable, name: &str, columns: &str) -> String {
@@ -213,6 +223,7 @@ pub struct PgHarness {
     pub pool: PgPool,
     pub mode: ExecutionMode,
     pub bookkeeping: bool,
+    pub partitioned: bool,
 }
 
 impl PgHarness {
@@ -221,6 +232,15 @@ impl PgHarness {
             pool: pool(test).await?,
             mode,
             bookkeeping: false,
+            partitioned: false,
+        })
+    }
+
+    /// The same on a default table partitioned by finish time.
+    pub async fn partitioned(mode: ExecutionMode, test: &str) -> Option<PgHarness> {
+        Some(PgHarness {
+            partitioned: true,
+            ..PgHarness::connect(mode, test).await?
         })
     }
 
@@ -238,7 +258,11 @@ impl Harness for PgHarness {
     type Store = PgStore<Job>;
 
     async fn store(&self) -> PgStore<Job> {
-        let table = fresh_table(&self.pool).await;
+        let table = if self.partitioned {
+            fresh_partitioned_table(&self.pool).await
+        } else {
+            fresh_table(&self.pool).await
+        };
         let mut options = table.store_options().mode(self.mode);
         if self.bookkeeping {
             // The table's own bookkeeping columns unused: the bookkeeping
@@ -265,6 +289,10 @@ impl Harness for PgHarness {
         PgStore::default_table(self.pool.clone(), options)
             .await
             .expect("store over a migrated table")
+    }
+
+    fn holds_keys_forever(&self) -> bool {
+        !self.partitioned
     }
 
     fn only_kind(&self, kind: &str) -> PgConditions {
