@@ -410,3 +410,71 @@ async fn a_table_that_exists_unpartitioned_is_refused_not_converted() {
         .expect("up to date");
     assert!(again.is_empty(), "nothing to apply: {again:?}");
 }
+
+#[tokio::test]
+async fn the_figures_of_a_partitioned_table_are_estimated_from_its_partitions() {
+    let test = "the_figures_of_a_partitioned_table_are_estimated_from_its_partitions";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_partitioned_table(&pool).await;
+    let today = midnight(Utc::now());
+    for back in 2..=3 {
+        make_day(&pool, &table, "completed", today - TimeDelta::days(back)).await;
+    }
+    let t = table.name().quoted();
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at) \
+             SELECT CASE WHEN g % 4 = 0 THEN 'mail' ELSE 'resize' END, \
+             CASE WHEN g % 10 = 0 THEN 'failed' ELSE 'completed' END, \
+             now() - interval '2 days' - g * interval '1 second' FROM generate_series(1, 4000) AS g"
+        ),
+    )
+    .await;
+    execute(
+        &pool,
+        format!("INSERT INTO {t} (kind) SELECT 'mail' FROM generate_series(1, 30)"),
+    )
+    .await;
+    // As autovacuum leaves each partition (it never analyzes the
+    // partitioned table itself).
+    for (leaf, _) in leaves(&pool, &table).await {
+        execute(
+            &pool,
+            format!("ANALYZE {}.\"{leaf}\"", table.name().schema.quoted()),
+        )
+        .await;
+    }
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options().exact_counts_below(1000))
+        .await
+        .expect("an admin");
+    let params = || queue_core::StatsParams::new(Utc::now(), Utc::now() - TimeDelta::seconds(60));
+    let estimated = admin.stats(params()).await.expect("figures");
+    let exact = admin.stats(params().exact()).await.expect("exact figures");
+    assert!(
+        estimated.estimated(),
+        "a table past the cap is estimated: {estimated:?}"
+    );
+    assert!(!exact.estimated());
+    let of = |stats: &queue_core::QueueStats, state: JobState, kind: &str| {
+        stats
+            .counts
+            .iter()
+            .filter(|c| c.state == Some(state) && c.kind.as_deref() == Some(kind))
+            .map(|c| c.count)
+            .sum::<u64>()
+    };
+    for (state, kind) in [
+        (JobState::Completed, "resize"),
+        (JobState::Completed, "mail"),
+        (JobState::Failed, "resize"),
+        (JobState::Failed, "mail"),
+        (JobState::Queued, "mail"),
+    ] {
+        let (e, x) = (of(&estimated, state, kind), of(&exact, state, kind));
+        assert!(
+            e.abs_diff(x) <= x / 20 + 2,
+            "{state} {kind}: estimated {e}, counted {x}"
+        );
+    }
+}

@@ -278,7 +278,8 @@ impl AdminStatements {
             "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
         ));
         let waiting = b.build();
-        let stats = super::stats::StatsStatements::new(options, &names, &from, &st);
+        let stats =
+            super::stats::StatsStatements::new(options, &names, &from, &st, shape.partitioned);
 
         let timeline = names.at(Column::FinishedAt).map(|finished| {
             let mut b = Builder::default();

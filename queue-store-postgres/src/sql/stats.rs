@@ -59,11 +59,25 @@ impl StatsStatements {
         names: &Names,
         from: &str,
         state_type: &str,
+        partitioned: bool,
     ) -> StatsStatements {
         let table = options.table_name();
         let schema_name = literal(table.schema.as_str());
         let table_name = literal(table.name.as_str());
         let column = |c: Column| options.column_name(c).map(|i| literal(i.as_str()));
+        let (live, stalled) = live_statements(options, names, from, state_type);
+        if partitioned {
+            let state_column = column(Column::State).unwrap_or_else(|| literal("state"));
+            let kind_column = names.get(Column::Kind).and(column(Column::Kind));
+            let (size, shares) =
+                partitioned_statements(&literal(&table.quoted()), &state_column, kind_column);
+            return StatsStatements {
+                size,
+                shares,
+                live,
+                stalled,
+            };
+        }
         let size = Statement {
             text: format!(
                 "SELECT CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN NULL \
@@ -116,7 +130,6 @@ impl StatsStatements {
             params: Vec::new(),
         };
 
-        let (live, stalled) = live_statements(options, names, from, state_type);
         StatsStatements {
             size,
             shares,
@@ -124,6 +137,66 @@ impl StatsStatements {
             stalled,
         }
     }
+}
+
+/// The size and shares of a partitioned table, from its leaf partitions'
+/// own statistics, which autovacuum keeps (it never analyzes the
+/// partitioned table itself): each partition's rows, as the plain table's
+/// are estimated, and within it the shares of its states and of its kinds
+/// (taken as independent; in a table partitioned by state each finished
+/// partition holds one state). `table` is the table's quoted name as a
+/// literal.
+fn partitioned_statements(
+    table: &str,
+    state_column: &str,
+    kind_column: Option<String>,
+) -> (Statement, Statement) {
+    let leaves = format!(
+        "SELECT c.oid, n.nspname, c.relname, \
+         CAST(CASE WHEN c.reltuples < 0 OR c.relpages = 0 THEN coalesce(s.n_live_tup, 0) \
+         ELSE LEAST(NULLIF(s.n_live_tup, 0), c.reltuples / c.relpages \
+         * (pg_relation_size(c.oid) / CAST(current_setting('block_size') AS float8))) END AS float8) AS \"rows\" \
+         FROM pg_catalog.pg_partition_tree(to_regclass({table})) AS t \
+         JOIN pg_catalog.pg_class AS c ON c.oid = t.relid \
+         JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace \
+         LEFT JOIN pg_catalog.pg_stat_user_tables AS s ON s.relid = c.oid WHERE t.isleaf"
+    );
+    let size = Statement {
+        text: format!("SELECT CAST(sum(l.\"rows\") AS int8) AS \"rows\" FROM ({leaves}) AS l")
+            .into(),
+        params: Vec::new(),
+    };
+    let values = |column: &str| {
+        format!(
+            "SELECT l.oid, u.v, u.f FROM leaves AS l \
+             JOIN pg_catalog.pg_stats AS p ON p.schemaname = l.nspname AND p.tablename = l.relname \
+             AND p.attname = {column} AND NOT p.inherited, \
+             unnest(CAST(CAST(p.most_common_vals AS text) AS text[]), p.most_common_freqs) AS u(v, f)"
+        )
+    };
+    let (kinds, kind, kind_share, join_kinds) = match kind_column {
+        Some(kind_column) => (
+            format!(", kinds AS ({})", values(&kind_column)),
+            "k.v",
+            "coalesce(k.f, 1)",
+            "LEFT JOIN kinds AS k ON k.oid = l.oid",
+        ),
+        None => (String::new(), "CAST(NULL AS text)", "1", ""),
+    };
+    let shares = Statement {
+        text: format!(
+            "WITH leaves AS ({leaves}), states AS ({}){kinds}, \
+             total AS (SELECT sum(\"rows\") AS n FROM leaves) \
+             SELECT s.v AS \"state\", {kind} AS \"kind\", \
+             CAST(sum(l.\"rows\" * s.f * {kind_share}) / NULLIF(max(total.n), 0) AS float8) AS \"share\" \
+             FROM leaves AS l JOIN states AS s ON s.oid = l.oid {join_kinds} CROSS JOIN total \
+             GROUP BY 1, 2",
+            values(state_column)
+        )
+        .into(),
+        params: Vec::new(),
+    };
+    (size, shares)
 }
 
 /// The capped count of waiting and running jobs, and the stalled count.

@@ -145,7 +145,7 @@ async fn measure(
 
 /// The default table `queue_bench.<name>`, created anew partitioned by
 /// finish time, a partition a day.
-async fn partitioned_table(pool: &PgPool, name: &str) -> Result<JobTable> {
+pub(super) async fn partitioned_table(pool: &PgPool, name: &str) -> Result<JobTable> {
     let table =
         JobTable::new("queue_bench", name)?.partitioned_by_finish_time(FinishPartitions::DAILY);
     sqlx::query(sqlx::AssertSqlSafe(format!(
@@ -166,22 +166,11 @@ async fn partitioned_table(pool: &PgPool, name: &str) -> Result<JobTable> {
 pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -> Result<()> {
     let table = partitioned_table(pool, "by_finish_time").await?;
     let t = table.name().quoted();
-    let schema = table.name().schema.quoted();
     let today = Utc::now().duration_trunc(TimeDelta::days(1))?;
     let first = today - TimeDelta::days(31);
     for back in 2..=31 {
-        let start = today - TimeDelta::days(back);
         for state in ["completed", "failed", "canceled"] {
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "CREATE TABLE IF NOT EXISTS {schema}.\"by_finish_time_{state}_p{}\" \
-                 PARTITION OF {schema}.\"by_finish_time_{state}\" FOR VALUES FROM ('{}') TO ('{}')",
-                start.format("%Y%m%d"),
-                start.to_rfc3339(),
-                (start + TimeDelta::days(1)).to_rfc3339()
-            )))
-            .execute(pool)
-            .await
-            .context("a day's partition")?;
+            make_day(pool, &table, state, today - TimeDelta::days(back)).await?;
         }
     }
     let step_ms = 30.0 * 86_400_000.0 / rows as f64;
@@ -245,5 +234,29 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
         .execute(pool)
         .await?;
+    Ok(())
+}
+
+/// Makes `table`'s partition of jobs finished in `state` on the day that
+/// starts at `start`, as the store would have made it at the time (its
+/// name is the store's: `<table>_<state>_p<YYYYMMDD>`).
+pub(super) async fn make_day(
+    pool: &PgPool,
+    table: &JobTable,
+    state: &str,
+    start: chrono::DateTime<Utc>,
+) -> Result<()> {
+    let schema = table.name().schema.quoted();
+    let name = table.name().name.as_str();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "CREATE TABLE IF NOT EXISTS {schema}.\"{name}_{state}_p{}\" \
+         PARTITION OF {schema}.\"{name}_{state}\" FOR VALUES FROM ('{}') TO ('{}')",
+        start.format("%Y%m%d"),
+        start.to_rfc3339(),
+        (start + TimeDelta::days(1)).to_rfc3339()
+    )))
+    .execute(pool)
+    .await
+    .context("a day's partition")?;
     Ok(())
 }
