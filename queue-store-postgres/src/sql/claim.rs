@@ -429,10 +429,18 @@ fn template(t: &Target, reads: Reads) -> Template {
          array_position(ARRAY(SELECT {id_name} FROM candidates), {id}) AS \"__queue_rank\"{returning_record}",
         token = t.token,
     );
+    // On a partitioned table the update names the states its rows are in
+    // (they are locked, so still in them), and Postgres prunes it to the
+    // live partition instead of looking up each key in every partition.
+    let pruned = if t.shape.partitioned {
+        format!(" AND {}", waiting(t))
+    } else {
+        String::new()
+    };
     match &t.shape.side {
         None => {
             b.push(&format!(
-                " UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) \
+                " UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)){pruned} \
                  RETURNING {columns}",
                 sets = sets.join(", "),
             ));
@@ -450,7 +458,7 @@ fn template(t: &Target, reads: Reads) -> Template {
             );
             b.push(&format!(
                 ", \"__queue_claimed\" AS (UPDATE {table} AS {a} SET {sets} \
-                 WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) RETURNING {a}.*), \
+                 WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM candidates)){pruned} RETURNING {a}.*), \
                  \"__queue_booked\" AS (INSERT INTO {side_table} AS s ({key}, \"claim_token\", \"started_at\", \
                  \"last_heartbeat_at\", \"worker_hostname\", \"execution_logs\") \
                  SELECT c.{id_name}, {step}, {now}, {now}, {worker}, '{{}}' FROM \"__queue_claimed\" AS c \
@@ -558,6 +566,21 @@ mod tests {
         Param::State(JobState::Processing),
         Param::Worker,
     ];
+
+    #[test]
+    fn a_claim_on_a_partitioned_table_names_the_waiting_states_in_its_update() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let shape = TableShape {
+            partitioned: true,
+            ..test_shape()
+        };
+        let claim = Statements::new(&options, &shape, &[]).claim(&[], &[], 32);
+        let guarded = UPDATE.replace(
+            "ANY(ARRAY(SELECT \"id\" FROM candidates))",
+            "ANY(ARRAY(SELECT \"id\" FROM candidates)) AND \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text))",
+        );
+        assert!(claim.text.ends_with(&guarded), "{}", claim.text);
+    }
 
     #[test]
     fn default_claim_quotes_names_binds_values_and_spells_out_states_and_limit() {
