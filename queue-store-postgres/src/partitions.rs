@@ -74,6 +74,9 @@ impl FinishPartitions {
 /// How long a detach or a drop waits for its lock before it gives up for
 /// now: finishing jobs of its state wait behind it meanwhile.
 const LOCK_TIMEOUT: &str = "50ms";
+/// The most partitions one transaction detaches and drops: the parent's
+/// finishing jobs wait for it to commit.
+const DROP_TOGETHER: usize = 16;
 /// How often a partition's detach is tried, one lock timeout each, before
 /// its rows are left to be deleted row by row.
 const LOCK_TRIES: u32 = 3;
@@ -182,27 +185,37 @@ pub(crate) async fn drop_finished(
         .acquire()
         .await
         .map_err(|e| store_error("dropping old partitions", e))?;
+    drop_left_detached(&mut conn, table).await?;
     let partitions = time_partitions(&mut conn, table, finished_column).await?;
+    let covered: Vec<&TimePartition> = partitions
+        .iter()
+        .filter(|p| {
+            p.range
+                .is_some_and(|(start, end)| end <= before && from.is_none_or(|from| start >= from))
+                && !p.states.is_empty()
+                && p.states.iter().all(|s| states.contains(s))
+        })
+        .collect();
     let mut dropped = Dropped::default();
-    for partition in partitions.iter().filter(|p| {
-        p.range
-            .is_some_and(|(start, end)| end <= before && from.is_none_or(|from| start >= from))
-            && !p.states.is_empty()
-            && p.states.iter().all(|s| states.contains(s))
-    }) {
-        if let Some(jobs) = drop_partition(&mut conn, partition).await? {
-            dropped.partitions += 1;
-            dropped.jobs += jobs;
+    // A parent's partitions in few transactions: one commit (a flush of
+    // the log) for many drops, each holding the parent's lock briefly.
+    for parent in covered.chunk_by(|a, b| a.parent == b.parent) {
+        for batch in parent.chunks(DROP_TOGETHER) {
+            if let Some(jobs) = drop_partitions(&mut conn, batch).await? {
+                dropped.partitions += batch.len() as u64;
+                dropped.jobs += jobs;
+            }
         }
     }
     Ok(dropped)
 }
 
-/// Detaches and drops `partition` in one transaction; the jobs it held,
-/// or `None` when its lock stayed out of reach.
-async fn drop_partition(
+/// Detaches and drops `batch` (partitions of one parent) in one
+/// transaction; the jobs they held, or `None` when the parent's lock
+/// stayed out of reach.
+async fn drop_partitions(
     conn: &mut sqlx::PgConnection,
-    partition: &TimePartition,
+    batch: &[&TimePartition],
 ) -> Result<Option<u64>, StoreError> {
     let context = "dropping an old partition";
     for attempt in 1..=LOCK_TRIES {
@@ -215,37 +228,48 @@ async fn drop_partition(
             )))
             .execute(&mut *tx)
             .await?;
-            let jobs = if partition.rows >= 0.0 {
-                partition.rows as u64
-            } else {
-                let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                    "SELECT count(*) FROM {}",
-                    partition.name
-                )))
-                .fetch_one(&mut *tx)
-                .await?;
-                u64::try_from(n).unwrap_or(0)
-            };
-            // Catalog names: the catalog quotes them as identifiers.
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "ALTER TABLE {} DETACH PARTITION {}",
-                partition.parent, partition.name
-            )))
-            .execute(&mut *tx)
-            .await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP TABLE {}",
-                partition.name
-            )))
-            .execute(&mut *tx)
-            .await?;
+            let mut jobs = 0;
+            for partition in batch {
+                jobs += if partition.rows >= 0.0 {
+                    partition.rows as u64
+                } else {
+                    let n: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+                        "SELECT count(*) FROM {}",
+                        partition.name
+                    )))
+                    .fetch_one(&mut *tx)
+                    .await?;
+                    u64::try_from(n).unwrap_or(0)
+                };
+                // Catalog names: the catalog quotes them as identifiers.
+                for statement in [
+                    format!(
+                        "ALTER TABLE {} DETACH PARTITION {}",
+                        partition.parent, partition.name
+                    ),
+                    format!("COMMENT ON TABLE {} IS '{DETACHED}'", partition.name),
+                ] {
+                    sqlx::query(sqlx::AssertSqlSafe(statement))
+                        .execute(&mut *tx)
+                        .await?;
+                }
+            }
             Ok::<u64, sqlx::Error>(jobs)
         }
         .await;
         match detached {
             Ok(jobs) => {
+                // The jobs are gone with this commit; the files go after,
+                // in a transaction of their own, so that the parent's
+                // finishing jobs never wait for the files to be freed.
                 tx.commit().await.map_err(|e| store_error(context, e))?;
-                tracing::info!(partition = %partition.name, jobs, "old partition of finished jobs dropped");
+                let names: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
+                if let Err(error) = drop_tables(&mut *conn, &names).await {
+                    tracing::warn!(error = %error.chain(), "dropping detached partitions failed; the next purge drops them");
+                }
+                for partition in batch {
+                    tracing::info!(partition = %partition.name, "old partition of finished jobs dropped");
+                }
                 return Ok(Some(jobs));
             }
             Err(error) if lock_not_available(&error) => {
@@ -258,10 +282,55 @@ async fn drop_partition(
         }
     }
     tracing::warn!(
-        partition = %partition.name,
+        parent = %batch.first().map_or("", |p| p.parent.as_str()),
+        partitions = batch.len(),
         "an old partition's lock stayed out of reach; its jobs are deleted one by one instead"
     );
     Ok(None)
+}
+
+/// The comment on a partition detached for retention and not dropped yet:
+/// a process that died between the two leaves it, and the next
+/// [`drop_finished`] drops it.
+const DETACHED: &str = "queue: a partition of finished jobs detached for retention; dropped next";
+
+/// Tables detached for retention in `table`'s schema and not dropped (a
+/// process died in between).
+const LEFT_DETACHED: &str = "SELECT c.oid::regclass::text FROM pg_catalog.pg_class AS c \
+     JOIN pg_catalog.pg_description AS d ON d.objoid = c.oid \
+     AND d.classoid = 'pg_catalog.pg_class'::regclass AND d.objsubid = 0 \
+     WHERE c.relnamespace = (SELECT relnamespace FROM pg_catalog.pg_class WHERE oid = to_regclass($1)) \
+     AND c.relkind = 'r' AND NOT c.relispartition AND d.description = $2";
+
+async fn drop_tables(conn: &mut sqlx::PgConnection, names: &[&str]) -> Result<(), StoreError> {
+    if names.is_empty() {
+        return Ok(());
+    }
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE IF EXISTS {}",
+        names.join(", ")
+    )))
+    .execute(&mut *conn)
+    .await
+    .map_err(|e| store_error("dropping detached partitions", e))?;
+    Ok(())
+}
+
+/// Drops what [`drop_finished`] detached and could not drop.
+async fn drop_left_detached(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+) -> Result<(), StoreError> {
+    let left: Vec<String> = sqlx::query_scalar(LEFT_DETACHED)
+        .bind(table.quoted())
+        .bind(DETACHED)
+        .fetch_all(&mut *conn)
+        .await
+        .map_err(|e| store_error("reading detached partitions", e))?;
+    if !left.is_empty() {
+        tracing::info!(tables = ?left, "dropping partitions detached for retention earlier");
+    }
+    drop_tables(conn, &left.iter().map(String::as_str).collect::<Vec<_>>()).await
 }
 
 fn lock_not_available(error: &sqlx::Error) -> bool {

@@ -20,6 +20,7 @@ use queue_core::StoreError;
 use sqlx::PgPool;
 
 use crate::error::store_error;
+use crate::ident::QualifiedName;
 use crate::options::{Column, PgStoreOptions};
 use crate::sql::catalog;
 use crate::stash::OnLiveConnection;
@@ -39,25 +40,40 @@ pub(crate) struct Statistics {
 
 impl Statistics {
     /// Analyzes the table now if its state column has no statistics and it
-    /// has rows.
+    /// has rows. On a partitioned table, its `live` partitions (those
+    /// holding the waiting and running jobs, which claims read) stand for
+    /// it: an `ANALYZE` of a partitioned table samples every partition,
+    /// however much history they hold, and Postgres plans a claim with the
+    /// statistics of the partitions it reads.
     pub(crate) async fn at_start(
         pool: &PgPool,
         options: &PgStoreOptions,
         absent: &[Column],
+        live: &[QualifiedName],
     ) -> Result<Statistics, StoreError> {
         let state = options
             .column_name(Column::State)
             .map(|c| c.as_str().to_owned())
             .unwrap_or_else(|| "state".into());
+        let tables = if live.is_empty() {
+            std::slice::from_ref(&options.table)
+        } else {
+            live
+        };
+        let (mut has_statistics, mut has_rows) = (true, false);
+        for table in tables {
+            let (statistics, rows): (bool, bool) =
+                sqlx::query_as(sqlx::AssertSqlSafe(catalog::statistics_present(table)))
+                    .bind(table.schema.as_str())
+                    .bind(table.name.as_str())
+                    .bind(&state)
+                    .fetch_one(pool)
+                    .await
+                    .map_err(|e| store_error("reading the table's statistics", e))?;
+            has_statistics &= statistics;
+            has_rows |= rows;
+        }
         let table = &options.table;
-        let (has_statistics, has_rows): (bool, bool) =
-            sqlx::query_as(sqlx::AssertSqlSafe(catalog::statistics_present(table)))
-                .bind(table.schema.as_str())
-                .bind(table.name.as_str())
-                .bind(&state)
-                .fetch_one(pool)
-                .await
-                .map_err(|e| store_error("reading the table's statistics", e))?;
         // The columns a claim's plan reads (the default order's, and the
         // conditions every claim has: paused and limited kinds too); a
         // custom order's columns are the user's to keep analyzed. State and
@@ -78,7 +94,15 @@ impl Statistics {
         .collect();
         let statistics = Statistics {
             pool: pool.clone(),
-            analyze: catalog::analyze(table, &columns).into(),
+            analyze: format!(
+                "ANALYZE {}",
+                tables
+                    .iter()
+                    .map(|table| catalog::analyze_target(table, &columns))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            )
+            .into(),
             last: Mutex::new(None),
         };
         if !has_statistics && has_rows {

@@ -264,7 +264,8 @@ where
                 options.table
             )));
         }
-        let statistics = Statistics::at_start(&pool, &options, &absent).await?;
+        let statistics =
+            Statistics::at_start(&pool, &options, &absent, &shape.live_partitions).await?;
         let sql = Arc::new(Statements::new(&options, &shape, &absent));
         let admin = PgAdmin::from_parts(pool.clone(), options.clone(), &shape, absent);
         admin.measure_clock().await?;

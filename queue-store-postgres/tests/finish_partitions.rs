@@ -478,3 +478,52 @@ async fn the_figures_of_a_partitioned_table_are_estimated_from_its_partitions() 
         );
     }
 }
+
+#[tokio::test]
+async fn a_partition_detached_but_not_dropped_is_dropped_by_the_next_purge() {
+    let test = "a_partition_detached_but_not_dropped_is_dropped_by_the_next_purge";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_partitioned_table(&pool).await;
+    let schema = table.name().schema.quoted();
+    let today = midnight(Utc::now());
+    make_day(&pool, &table, "completed", today - TimeDelta::days(5)).await;
+    let name = format!("jobs_completed_p{}", day(today - TimeDelta::days(5)));
+    // What a process that died between the detach and the drop leaves.
+    execute(
+        &pool,
+        format!("ALTER TABLE {schema}.\"jobs_completed\" DETACH PARTITION {schema}.\"{name}\""),
+    )
+    .await;
+    execute(&pool, format!("COMMENT ON TABLE {schema}.\"{name}\" IS 'queue: a partition of finished jobs detached for retention; dropped next'")).await;
+    // A table of the user's beside it, without the comment, stays.
+    execute(
+        &pool,
+        format!("CREATE TABLE {schema}.\"jobs_completed_p19990101\" (n int)"),
+    )
+    .await;
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin");
+    let params = queue_core::PurgeParams::new(vec![JobState::Completed], Utc::now(), 100);
+    Admin::purge(&admin, &params).await.expect("a purge");
+    let left = |name: String| {
+        let pool = pool.clone();
+        let schema = table.name().schema.as_str().to_owned();
+        async move {
+            sqlx::query_scalar::<_, bool>(
+                "SELECT EXISTS (SELECT 1 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                 WHERE n.nspname = $1 AND c.relname = $2)",
+            )
+            .bind(schema)
+            .bind(name)
+            .fetch_one(&pool)
+            .await
+            .expect("the catalog")
+        }
+    };
+    assert!(!left(name).await, "the detached partition is dropped");
+    assert!(
+        left("jobs_completed_p19990101".into()).await,
+        "the user's table stays"
+    );
+}

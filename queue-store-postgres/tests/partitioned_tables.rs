@@ -42,11 +42,10 @@ impl Handler<PgStore<Job>> for Slow {
     }
 }
 
-/// Rows per (partition, state).
-async fn placed(pool: &PgPool, schema: &str) -> Vec<(String, String, i64)> {
+/// Rows per (partition, state) of `table` (quoted).
+async fn placed(pool: &PgPool, table: &str) -> Vec<(String, String, i64)> {
     sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT tableoid::regclass::text, state, count(*) FROM {}.tasks GROUP BY 1, 2 ORDER BY 1, 2",
-        quoted(schema)
+        "SELECT tableoid::regclass::text, state, count(*) FROM {table} GROUP BY 1, 2 ORDER BY 1, 2"
     )))
     .fetch_all(pool)
     .await
@@ -62,6 +61,55 @@ async fn a_table_partitioned_by_state_drains_and_loses_nothing_when_rows_move() 
         let store = PgStore::<Job>::default_table(pool.clone(), options.mode(mode))
             .await
             .expect("a partitioned table is accepted");
+        let table = format!("{}.tasks", quoted(&schema));
+        let live = format!("{}.tasks_live", quoted(&schema));
+        drain_beside_an_operator(&pool, &store, mode, &table, &live, |partition| {
+            partition.ends_with("tasks_done\"") || partition.ends_with("tasks_done")
+        })
+        .await;
+    }
+}
+
+/// The same on the default table created partitioned by finish time: its
+/// rows move from the live partition to their state's partition of today.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_default_table_partitioned_by_finish_time_drains_and_loses_nothing() {
+    let test = "the_default_table_partitioned_by_finish_time_drains_and_loses_nothing";
+    let Some(pool) = pool(test).await else { return };
+    for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
+        let table = support::fresh_partitioned_table(&pool).await;
+        let store = support::store(&pool, &table, mode).await;
+        let schema = table.name().schema.quoted();
+        let today = chrono::Utc::now().format("%Y%m%d").to_string();
+        drain_beside_an_operator(
+            &pool,
+            &store,
+            mode,
+            &table.name().quoted(),
+            &format!("{schema}.jobs_live"),
+            |partition| {
+                partition.ends_with(&format!("jobs_completed_p{today}"))
+                    || partition.ends_with(&format!("jobs_failed_p{today}"))
+            },
+        )
+        .await;
+    }
+}
+
+/// Drains `JOBS` jobs from `store` (on `table`, whose waiting and running
+/// jobs are in `live`) while an operator fails the running ones of kind b;
+/// every job ends once, in a partition `finished` accepts.
+async fn drain_beside_an_operator(
+    pool: &PgPool,
+    store: &PgStore<Job>,
+    mode: ExecutionMode,
+    table: &str,
+    live: &str,
+    finished: impl Fn(&str) -> bool,
+) {
+    {
+        let pool = pool.clone();
+        let store = store.clone();
         let jobs: Vec<NewJob> = (0..JOBS)
             .map(|n| NewJob::new(if n % 2 == 0 { "a" } else { "b" }, serde_json::json!(n)))
             .collect();
@@ -99,13 +147,11 @@ async fn a_table_partitioned_by_state_drains_and_loses_nothing_when_rows_move() 
                 Err(error) if error.is_retryable() => conflicts += 1,
                 Err(error) => panic!("{mode:?}: {error}"),
             }
-            let live: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-                "SELECT count(*) FROM {}.tasks_live",
-                quoted(&schema)
-            )))
-            .fetch_one(&pool)
-            .await
-            .expect("the live rows");
+            let live: i64 =
+                sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {live}")))
+                    .fetch_one(&pool)
+                    .await
+                    .expect("the live rows");
             if live == 0 {
                 break;
             }
@@ -119,12 +165,12 @@ async fn a_table_partitioned_by_state_drains_and_loses_nothing_when_rows_move() 
         let report = running.await.expect("joined").expect("the worker ran");
         println!("{mode:?}: {failed_by_hand} failed by hand, {conflicts} writes met a moved row");
 
-        let rows = placed(&pool, &schema).await;
+        let rows = placed(&pool, table).await;
         let total: i64 = rows.iter().map(|(_, _, n)| n).sum();
         assert_eq!(total, JOBS, "{mode:?}: every job is there once: {rows:?}");
         for (partition, state, _) in &rows {
             assert!(
-                partition.ends_with("tasks_done\"") || partition.ends_with("tasks_done"),
+                finished(partition),
                 "{mode:?}: {state} rows in {partition}: {rows:?}"
             );
         }

@@ -53,6 +53,10 @@ struct Inner {
     workers_missing: std::sync::Mutex<Option<std::time::Instant>>,
     /// Whether Postgres partitions the table (see [`crate::partitions`]).
     partitioned: bool,
+    /// What an `ANALYZE` after a bulk operation reads: the table, or the
+    /// partitions of a partitioned one that hold its waiting and running
+    /// jobs (none known: nothing).
+    analyzed: Vec<crate::ident::QualifiedName>,
     /// When partitions ahead were last made (a partitioned table).
     partitions_made: std::sync::Mutex<Option<std::time::Instant>>,
 }
@@ -169,6 +173,11 @@ impl<K: PgKey> PgAdmin<K> {
         PgAdmin {
             inner: Arc::new(Inner {
                 sql: AdminStatements::new(&options, shape, &absent),
+                analyzed: if shape.partitioned {
+                    shape.live_partitions.clone()
+                } else {
+                    vec![options.table.clone()]
+                },
                 pool,
                 options,
                 absent,

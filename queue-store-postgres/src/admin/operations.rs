@@ -148,7 +148,18 @@ impl<K: PgKey> PgAdmin<K> {
     /// role that does not own the table gets a warning from Postgres, not
     /// an error.
     async fn analyze(&self) {
-        let table = self.inner.options.table.quoted();
+        // A partitioned table's live partitions: its finished jobs' are
+        // autovacuum's, and its figures read the partitions' statistics.
+        if self.inner.analyzed.is_empty() {
+            return;
+        }
+        let table = self
+            .inner
+            .analyzed
+            .iter()
+            .map(|t| t.quoted())
+            .collect::<Vec<_>>()
+            .join(", ");
         let analyzed = async {
             let mut tx = self.inner.pool.begin().await?;
             sqlx::query("SET LOCAL lock_timeout = '1s'")

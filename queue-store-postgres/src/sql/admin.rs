@@ -1421,6 +1421,7 @@ mod tests {
             failure_indexed: false,
             queued_indexed: false,
             partitioned: false,
+            live_partitions: Vec::new(),
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

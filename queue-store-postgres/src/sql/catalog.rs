@@ -9,7 +9,7 @@ use sqlx::{PgPool, Row};
 
 use super::{bookkeeping, TableShape};
 use crate::error::store_error;
-use crate::ident::QualifiedName;
+use crate::ident::{Ident, QualifiedName};
 use crate::options::{Column, PgStoreOptions};
 
 const RELATION: &str = "SELECT c.oid::int8 AS oid, c.relkind::text AS kind \
@@ -66,11 +66,12 @@ pub(crate) fn statistics_present(table: &QualifiedName) -> String {
     )
 }
 
-/// Refreshes the statistics of the table's `columns` (quoted names): those
-/// a claim's plan depends on, which is quicker than every column (a payload
-/// column's statistics are the dearest to compute).
-pub(crate) fn analyze(table: &QualifiedName, columns: &[String]) -> String {
-    format!("ANALYZE {} ({})", table.quoted(), columns.join(", "))
+/// What an `ANALYZE` refreshes of the table: its `columns` (quoted names),
+/// those a claim's plan depends on, which is quicker than every column (a
+/// payload column's statistics are the dearest to compute). One `ANALYZE`
+/// takes several, separated by commas.
+pub(crate) fn analyze_target(table: &QualifiedName, columns: &[String]) -> String {
+    format!("{} ({})", table.quoted(), columns.join(", "))
 }
 
 /// The predicates (NULL: none) of the unique, valid, immediate indexes of
@@ -84,8 +85,12 @@ const UNIQUE_INDEXES_ON: &str = "SELECT pg_get_expr(i.indpred, i.indrelid) AS pr
 
 /// The leaf partitions of the partitioned table `$1` (oid), each with its
 /// partition constraint; none for a table not partitioned.
-const LEAF_PARTITIONS: &str = "SELECT CAST(t.relid::oid AS int8), pg_get_partition_constraintdef(t.relid) \
-     FROM pg_catalog.pg_partition_tree(CAST($1::oid AS regclass)) AS t WHERE t.isleaf AND t.level > 0";
+const LEAF_PARTITIONS: &str =
+    "SELECT CAST(c.oid AS int8), CAST(n.nspname AS text), CAST(c.relname AS text), \
+     pg_get_partition_constraintdef(t.relid) \
+     FROM pg_catalog.pg_partition_tree(CAST($1::oid AS regclass)) AS t \
+     JOIN pg_catalog.pg_class AS c ON c.oid = t.relid \
+     JOIN pg_catalog.pg_namespace AS n ON n.oid = c.relnamespace WHERE t.isleaf AND t.level > 0";
 
 const ENUM_LABELS: &str =
     "SELECT enumlabel::text FROM pg_catalog.pg_enum WHERE enumtypid = $1::oid ORDER BY enumsortorder";
@@ -463,9 +468,15 @@ pub(crate) async fn inspect(
         .filter(|_| !absent.contains(&Column::AttemptsLeft))
         .and_then(|name| cols.get(name.as_str()))
         .and_then(|info| info.default_value.clone());
+    let partitioned = kind == "p";
+    let live = if partitioned {
+        live_partitions(pool, oid, options).await?
+    } else {
+        Vec::new()
+    };
     let unique_unenforced = match options.column_name(Column::UniqueKey) {
         Some(key) if !absent.contains(&Column::UniqueKey) => {
-            unique_index_problem(pool, oid, options, key.as_str()).await?
+            unique_index_problem(pool, oid, options, key.as_str(), &live).await?
         }
         _ => None,
     };
@@ -479,7 +490,6 @@ pub(crate) async fn inspect(
             }
         }
     }
-    let partitioned = kind == "p";
     let (finished_indexed, queued_indexed) =
         missing_indexes(pool, oid, partitioned, options, &absent).await?;
     let notify_trigger: bool = sqlx::query_scalar(HAS_TRIGGER)
@@ -537,6 +547,7 @@ pub(crate) async fn inspect(
             failure_indexed,
             queued_indexed,
             partitioned,
+            live_partitions: live.into_iter().map(|(_, name)| name).collect(),
         },
         absent,
     ))
@@ -682,6 +693,76 @@ async fn side_table(
     }))
 }
 
+/// Whether `condition` (an index predicate or a partition constraint of
+/// the table, the catalog's own text) holds for a row in each waiting or
+/// running state, with the text column `key`, if named, set.
+async fn holds_while_live(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    key: Option<&str>,
+    condition: &str,
+) -> Result<bool, StoreError> {
+    let state = options
+        .column_name(Column::State)
+        .map_or("state", |s| s.as_str());
+    for held_state in [JobState::Queued, JobState::Errored, JobState::Processing] {
+        let mut row = serde_json::json!({
+            state: options.state_values().get(held_state),
+        });
+        if let Some(key) = key {
+            row[key] = serde_json::json!("k");
+        }
+        // The condition is the catalog's own text (it calls only immutable
+        // functions), never user input.
+        let sql = format!(
+            "SELECT coalesce(({condition}), false) FROM \
+             (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
+            options.table.quoted()
+        );
+        // Not cached on the connection: the table's row type is in the
+        // plan, and a table dropped and created again under the same name
+        // has a new one ("cache lookup failed for type").
+        let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+            .bind(sqlx::types::Json(row))
+            .persistent(false)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| store_error("evaluating a unique index's predicate", e))?;
+        if !holds {
+            return Ok(false);
+        }
+    }
+    Ok(true)
+}
+
+/// The leaf partitions of the partitioned table `oid` that hold every
+/// waiting and running job (in a table partitioned by state, its live
+/// partition): their oids and names. None for a table not partitioned.
+async fn live_partitions(
+    pool: &PgPool,
+    oid: i64,
+    options: &PgStoreOptions,
+) -> Result<Vec<(i64, QualifiedName)>, StoreError> {
+    let leaves: Vec<(i64, String, String, Option<String>)> = sqlx::query_as(LEAF_PARTITIONS)
+        .bind(oid)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    let mut live = Vec::new();
+    for (leaf, schema, name, constraint) in leaves {
+        let Some(constraint) = constraint else {
+            continue;
+        };
+        if holds_while_live(pool, options, None, &constraint).await? {
+            live.push((
+                leaf,
+                QualifiedName::new(Ident::new(schema)?, Ident::new(name)?),
+            ));
+        }
+    }
+    Ok(live)
+}
+
 /// Why the table's unique-key column does not keep keys unique (`None`
 /// when it does), with the statement that would: an enqueue's
 /// `ON CONFLICT DO NOTHING` fires only on a unique index, so without one
@@ -691,64 +772,23 @@ async fn side_table(
 /// its predicate, if any, holds for a keyed row in each of the queued,
 /// errored and processing states: the predicate is evaluated by the
 /// database on such a row of the table's own type (every other column
-/// NULL), so any form of it is judged by what it does.
+/// NULL), so any form of it is judged by what it does. On a partitioned
+/// table, the indexes of the partitions in `live` (those holding every
+/// waiting and running job) count too: Postgres keeps a partitioned
+/// table's indexes unique only within each partition.
 async fn unique_index_problem(
     pool: &PgPool,
     oid: i64,
     options: &PgStoreOptions,
     key: &str,
+    live: &[(i64, QualifiedName)],
 ) -> Result<Option<String>, StoreError> {
     let table = &options.table;
     let held = [JobState::Queued, JobState::Errored, JobState::Processing];
     let state = options
         .column_name(Column::State)
         .map_or("state", |s| s.as_str());
-    // Whether `condition` (an index predicate or a partition constraint)
-    // holds for a row of every waiting or running state.
-    let holds_while_live = |condition: String| async move {
-        for held_state in held {
-            let row = serde_json::json!({
-                key: "k",
-                state: options.state_values().get(held_state),
-            });
-            // The condition is the catalog's own text (it calls only
-            // immutable functions), never user input.
-            let sql = format!(
-                "SELECT coalesce(({condition}), false) FROM \
-                 (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
-                table.quoted()
-            );
-            // Not cached on the connection: the table's row type is in the
-            // plan, and a table dropped and created again under the same
-            // name has a new one ("cache lookup failed for type").
-            let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-                .bind(sqlx::types::Json(row))
-                .persistent(false)
-                .fetch_one(pool)
-                .await
-                .map_err(|e| store_error("evaluating a unique index's predicate", e))?;
-            if !holds {
-                return Ok::<bool, StoreError>(false);
-            }
-        }
-        Ok(true)
-    };
-    // The table's own unique indexes; on a partitioned table, also those of
-    // the partition that holds every waiting and running job (Postgres
-    // keeps a partitioned table's indexes unique only within a partition).
-    let mut holders = vec![oid];
-    let partitions: Vec<(i64, Option<String>)> = sqlx::query_as(LEAF_PARTITIONS)
-        .bind(oid)
-        .fetch_all(pool)
-        .await
-        .map_err(|e| store_error("reading the catalog", e))?;
-    for (partition, constraint) in partitions {
-        if let Some(constraint) = constraint {
-            if holds_while_live(constraint).await? {
-                holders.push(partition);
-            }
-        }
-    }
+    let holders = std::iter::once(oid).chain(live.iter().map(|(leaf, _)| *leaf));
     let mut predicates: Vec<Option<String>> = Vec::new();
     for holder in holders {
         let found: Vec<Option<String>> = sqlx::query_scalar(UNIQUE_INDEXES_ON)
@@ -764,7 +804,7 @@ async fn unique_index_problem(
             // No predicate: a key is held for as long as its row exists.
             return Ok(None);
         };
-        if holds_while_live(predicate.clone()).await? {
+        if holds_while_live(pool, options, Some(key), predicate).await? {
             return Ok(None);
         }
     }

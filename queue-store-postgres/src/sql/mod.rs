@@ -255,6 +255,10 @@ pub(crate) struct TableShape {
     /// partitions of finish time that a purge drops whole
     /// ([`crate::partitions`]).
     pub partitioned: bool,
+    /// The partitions of a partitioned table that hold every waiting and
+    /// running job (the live partition of one partitioned by state): what
+    /// the store analyzes for its claims. Empty for a plain table.
+    pub live_partitions: Vec<crate::ident::QualifiedName>,
 }
 
 impl TableShape {
@@ -279,6 +283,7 @@ impl TableShape {
             failure_indexed: false,
             queued_indexed: true,
             partitioned: false,
+            live_partitions: Vec::new(),
         }
     }
 }

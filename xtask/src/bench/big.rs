@@ -129,7 +129,6 @@ pub(super) async fn operator_surfaces(
             base.purge_rows_per_second
         ),
     );
-    super::partitioned::retention(pool, sizes.big_rows, results).await?;
     Ok(())
 }
 

@@ -121,7 +121,11 @@ pub(super) async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
 }
 
 pub(super) async fn fresh_table(pool: &PgPool, name: &str) -> Result<JobTable> {
-    let table = JobTable::new("queue_bench", name)?;
+    created_anew(pool, JobTable::new("queue_bench", name)?).await
+}
+
+/// `table`, dropped if it exists and migrated anew.
+pub(super) async fn created_anew(pool: &PgPool, table: JobTable) -> Result<JobTable> {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP TABLE IF EXISTS {} CASCADE",
         table.name().quoted()

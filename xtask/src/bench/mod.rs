@@ -111,9 +111,10 @@ const QUICK: Sizes = Sizes {
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
 /// `versus` and `cold` need the peer queues, so a run without `--only` has
-/// them only with `--peers`; `big` fills a table of ten million rows, so a
-/// full run has it only with `--big` (`--quick` has it, small).
-const SCENARIOS: [&str; 18] = [
+/// them only with `--peers`; `big` and `big-retention` fill tables of ten
+/// million rows, so a full run has them only with `--big` (`--quick` has
+/// them, small).
+const SCENARIOS: [&str; 19] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -129,6 +130,7 @@ const SCENARIOS: [&str; 18] = [
     "drain-scheduled",
     "partitioned",
     "big",
+    "big-retention",
     "peers",
     "versus",
     "cold",
@@ -176,7 +178,7 @@ impl Args {
             Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
             None => match scenario {
                 "peers" | "versus" | "cold" => self.peers,
-                "big" => self.big || self.quick,
+                "big" | "big-retention" => self.big || self.quick,
                 _ => true,
             },
         }
@@ -340,6 +342,9 @@ pub async fn run(args: Args) -> Result<()> {
     }
     if args.runs("big") {
         big::operator_surfaces(&pool, sizes, &mut results).await?;
+    }
+    if args.runs("big-retention") {
+        partitioned::retention(&pool, sizes.big_rows, &mut results).await?;
     }
 
     let mut built = None;

@@ -148,14 +148,7 @@ async fn measure(
 pub(super) async fn partitioned_table(pool: &PgPool, name: &str) -> Result<JobTable> {
     let table =
         JobTable::new("queue_bench", name)?.partitioned_by_finish_time(FinishPartitions::DAILY);
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP TABLE IF EXISTS {} CASCADE",
-        table.name().quoted()
-    )))
-    .execute(pool)
-    .await?;
-    table.migrate(pool).await?;
-    Ok(table)
+    super::cluster::created_anew(pool, table).await
 }
 
 /// `rows` jobs that finished over the 30 days before yesterday, a day's
