@@ -166,26 +166,40 @@ fn partitioned_statements(
             .into(),
         params: Vec::new(),
     };
+    // Materialized, and the statistics of every partition read in one
+    // join: planned as nested loops over the leaves, the same read took
+    // over ten times as long with a hundred partitions.
     let values = |column: &str| {
         format!(
-            "SELECT l.oid, u.v, u.f FROM leaves AS l \
-             JOIN pg_catalog.pg_stats AS p ON p.schemaname = l.nspname AND p.tablename = l.relname \
-             AND p.attname = {column} AND NOT p.inherited, \
-             unnest(CAST(CAST(p.most_common_vals AS text) AS text[]), p.most_common_freqs) AS u(v, f)"
+            "SELECT st.oid, u.v, u.f FROM stats AS st, unnest(st.v, st.f) AS u(v, f) \
+             WHERE st.attname = {column}"
         )
     };
-    let (kinds, kind, kind_share, join_kinds) = match kind_column {
+    let (columns, kinds, kind, kind_share, join_kinds) = match kind_column {
         Some(kind_column) => (
+            format!("{state_column}, {kind_column}"),
             format!(", kinds AS ({})", values(&kind_column)),
             "k.v",
             "coalesce(k.f, 1)",
             "LEFT JOIN kinds AS k ON k.oid = l.oid",
         ),
-        None => (String::new(), "CAST(NULL AS text)", "1", ""),
+        None => (
+            state_column.to_owned(),
+            String::new(),
+            "CAST(NULL AS text)",
+            "1",
+            "",
+        ),
     };
     let shares = Statement {
         text: format!(
-            "WITH leaves AS ({leaves}), states AS ({}){kinds}, \
+            "WITH leaves AS MATERIALIZED ({leaves}), \
+             stats AS MATERIALIZED (SELECT l.oid, p.attname, \
+             CAST(CAST(p.most_common_vals AS text) AS text[]) AS v, p.most_common_freqs AS f \
+             FROM pg_catalog.pg_stats AS p JOIN leaves AS l \
+             ON p.schemaname = l.nspname AND p.tablename = l.relname \
+             WHERE p.attname IN ({columns}) AND NOT p.inherited), \
+             states AS ({}){kinds}, \
              total AS (SELECT sum(\"rows\") AS n FROM leaves) \
              SELECT s.v AS \"state\", {kind} AS \"kind\", \
              CAST(sum(l.\"rows\" * s.f * {kind_share}) / NULLIF(max(total.n), 0) AS float8) AS \"share\" \
