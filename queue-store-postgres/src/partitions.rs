@@ -197,27 +197,36 @@ pub(crate) async fn drop_finished(
         })
         .collect();
     let mut dropped = Dropped::default();
+    let mut detached = Vec::new();
     // A parent's partitions in few transactions: one commit (a flush of
-    // the log) for many drops, each holding the parent's lock briefly.
+    // the log) for many detaches, each holding the parent's lock briefly.
+    // Every detach first (the jobs are gone with it), then the drops,
+    // which free the files and take no lock a finishing job waits for.
     for parent in covered.chunk_by(|a, b| a.parent == b.parent) {
         for batch in parent.chunks(DROP_TOGETHER) {
-            if let Some(jobs) = drop_partitions(&mut conn, batch).await? {
+            if let Some(jobs) = detach_partitions(&mut conn, batch).await? {
                 dropped.partitions += batch.len() as u64;
                 dropped.jobs += jobs;
+                detached.extend(batch.iter().map(|p| p.name.as_str()));
             }
+        }
+    }
+    for batch in detached.chunks(DROP_TOGETHER) {
+        if let Err(error) = drop_tables(&mut conn, batch).await {
+            tracing::warn!(error = %error.chain(), "dropping detached partitions failed; the next purge drops them");
         }
     }
     Ok(dropped)
 }
 
-/// Detaches and drops `batch` (partitions of one parent) in one
-/// transaction; the jobs they held, or `None` when the parent's lock
-/// stayed out of reach.
-async fn drop_partitions(
+/// Detaches `batch` (partitions of one parent) in one transaction, marked
+/// for the drop that follows; the jobs they held, or `None` when the
+/// parent's lock stayed out of reach.
+async fn detach_partitions(
     conn: &mut sqlx::PgConnection,
     batch: &[&TimePartition],
 ) -> Result<Option<u64>, StoreError> {
-    let context = "dropping an old partition";
+    let context = "detaching an old partition";
     for attempt in 1..=LOCK_TRIES {
         let mut tx = sqlx::Connection::begin(&mut *conn)
             .await
@@ -259,16 +268,9 @@ async fn drop_partitions(
         .await;
         match detached {
             Ok(jobs) => {
-                // The jobs are gone with this commit; the files go after,
-                // in a transaction of their own, so that the parent's
-                // finishing jobs never wait for the files to be freed.
                 tx.commit().await.map_err(|e| store_error(context, e))?;
-                let names: Vec<&str> = batch.iter().map(|p| p.name.as_str()).collect();
-                if let Err(error) = drop_tables(&mut *conn, &names).await {
-                    tracing::warn!(error = %error.chain(), "dropping detached partitions failed; the next purge drops them");
-                }
                 for partition in batch {
-                    tracing::info!(partition = %partition.name, "old partition of finished jobs dropped");
+                    tracing::info!(partition = %partition.name, "old partition of finished jobs detached, to be dropped");
                 }
                 return Ok(Some(jobs));
             }

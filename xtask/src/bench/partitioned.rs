@@ -15,8 +15,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result};
 use chrono::{DurationRound, TimeDelta, Utc};
-use queue_core::retention::{prune, Retention};
-use queue_core::{Admin, Job, StatsParams};
+use queue_core::{Admin, Job, JobState, PurgeParams, StatsParams};
 use queue_store_postgres::{
     ExecutionMode, FinishPartitions, JobTable, PgAdmin, PgStore, PgStoreOptions,
 };
@@ -153,8 +152,9 @@ pub(super) async fn partitioned_table(pool: &PgPool, name: &str) -> Result<JobTa
 
 /// `rows` jobs that finished over the 30 days before yesterday, a day's
 /// partition each, in the default table partitioned by finish time
-/// (vacuumed and analyzed, as autovacuum leaves each partition); then the
-/// pruner with a retention of a day, timed, which drops every partition;
+/// (vacuumed and analyzed, as autovacuum leaves each partition); then a
+/// purge of every job finished before yesterday, timed, which drops every
+/// partition;
 /// and the figures of the table before, the median of 15 reads.
 pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -> Result<()> {
     let table = partitioned_table(pool, "by_finish_time").await?;
@@ -195,13 +195,6 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
         reads.push(started.elapsed().as_secs_f64() * 1000.0);
     }
     let figures = super::report::median(&reads);
-    let day = std::time::Duration::from_secs(86_400);
-    let retention = Retention {
-        completed: Some(day),
-        failed: Some(day),
-        canceled: Some(day),
-        ..Retention::default()
-    };
     // The partitions of finished jobs, read from the catalog alone (a read
     // of the table would wait for the detaches' locks, and hold them up).
     let attached = || async {
@@ -216,10 +209,26 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
     };
     let kept = attached().await? - 90;
     let started = Instant::now();
-    // "Now" is today's midnight: every job finished before yesterday.
+    // Every job finished before yesterday, as `queue purge --older-than`
+    // purges (the pruner takes one state at a time, each as this).
     let pruning = {
         let admin = admin.clone();
-        tokio::spawn(async move { prune(&admin, &retention, today, |_, _| {}).await })
+        tokio::spawn(async move {
+            let mut params = PurgeParams::new(
+                vec![JobState::Completed, JobState::Failed, JobState::Canceled],
+                today - TimeDelta::days(1),
+                5_000,
+            );
+            let mut purged = 0;
+            loop {
+                let batch = admin.purge(&params).await?;
+                purged += batch.purged;
+                if batch.purged < params.limit as u64 {
+                    return Ok::<u64, queue_core::StoreError>(purged);
+                }
+                params.finished_from = batch.last_finished.or(params.finished_from);
+            }
+        })
     };
     let mut gone = None;
     while !pruning.is_finished() {
@@ -228,7 +237,7 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
         }
         tokio::time::sleep(std::time::Duration::from_millis(1)).await;
     }
-    let report = pruning.await??;
+    let purged = pruning.await??;
     let took = started.elapsed().as_secs_f64();
     let gone = gone.unwrap_or(took);
     let left: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!("SELECT count(*) FROM {t}")))
@@ -248,7 +257,7 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
              their files were dropped too; {} jobs counted by the planner's statistics; \
              figures (stats) on the table before: {figures:.1} ms",
             took * 1000.0,
-            thousands(report.total())
+            thousands(purged)
         ),
     );
     sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {t} CASCADE")))
