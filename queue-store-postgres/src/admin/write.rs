@@ -207,10 +207,11 @@ impl<K: PgKey> PgAdmin<K> {
         last: Last<K>,
     ) -> Result<ActionReport<K>, StoreError> {
         let skipped = self.skipped(conn, targets, &changed, writes).await?;
-        let last = match last {
-            Last::None => None,
-            Last::Of(keys) => self.last_of(conn, targets, &keys).await?,
-            Last::Changed => self.last_of(conn, targets, &changed).await?,
+        // Keys name their jobs: no call follows.
+        let last = match (last, matches!(targets, Targets::Matching { .. })) {
+            (_, false) | (Last::None, _) => None,
+            (Last::Of(keys), true) => self.highest_of(conn, keys).await?,
+            (Last::Changed, true) => self.highest_of(conn, changed).await?,
         };
         Ok(ActionReport::new(done, stop_requested, skipped).last(last))
     }
@@ -339,24 +340,17 @@ impl<K: PgKey> PgAdmin<K> {
 
     /// Where the call after a [`Targets::Matching`] call that changed
     /// `changed` starts: the highest of them, in the key column's order
-    /// (every matching job below it was picked). `None` for keys.
-    async fn last_of(
+    /// (every matching job below it was picked).
+    async fn highest_of(
         &self,
         conn: &mut sqlx::PgConnection,
-        targets: &Targets<K>,
-        changed: &[K],
+        changed: Vec<K>,
     ) -> Result<Option<K>, StoreError> {
-        if !matches!(targets, Targets::Matching { .. }) || changed.is_empty() {
+        if changed.is_empty() {
             return Ok(None);
         }
         let context = "reading where the next batch starts";
-        let rows = rows_for_keys(
-            conn,
-            &self.inner.sql.highest_key(),
-            changed.to_vec(),
-            context,
-        )
-        .await?;
+        let rows = rows_for_keys(conn, &self.inner.sql.highest_key(), changed, context).await?;
         rows.first()
             .map(|row| row.try_get(0).map_err(|e| store_error(context, e)))
             .transpose()
