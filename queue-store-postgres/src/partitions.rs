@@ -480,15 +480,37 @@ async fn make_partition(
     let mut tx = sqlx::Connection::begin(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
-    for statement in statements {
-        sqlx::query(sqlx::AssertSqlSafe(statement))
-            .execute(&mut *tx)
-            .await
-            .map_err(|e| store_error(context, e))?;
+    let made = async {
+        for statement in statements {
+            sqlx::query(sqlx::AssertSqlSafe(statement))
+                .execute(&mut *tx)
+                .await?;
+        }
+        Ok::<(), sqlx::Error>(())
     }
-    tx.commit().await.map_err(|e| store_error(context, e))?;
-    tracing::debug!(partition = %name, "partition for finished jobs made");
-    Ok(())
+    .await;
+    match made {
+        Ok(()) => {
+            tx.commit().await.map_err(|e| store_error(context, e))?;
+            tracing::debug!(partition = %name, "partition for finished jobs made");
+            Ok(())
+        }
+        // Another process made it first (several start and migrate at
+        // once): the name taken, or the range.
+        Err(error) if made_elsewhere(&error) => {
+            tx.rollback().await.map_err(|e| store_error(context, e))?;
+            Ok(())
+        }
+        Err(error) => Err(store_error(context, error)),
+    }
+}
+
+/// Whether making a partition failed because another process made it:
+/// the name exists (42P07, or 23505 when both created it at once), or
+/// the range is another partition's (42P17).
+fn made_elsewhere(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(db)
+        if matches!(db.code().as_deref(), Some("42P07" | "23505" | "42P17")))
 }
 
 #[cfg(test)]

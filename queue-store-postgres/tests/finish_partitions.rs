@@ -527,3 +527,32 @@ async fn a_partition_detached_but_not_dropped_is_dropped_by_the_next_purge() {
         "the user's table stays"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processes_that_create_the_partitioned_table_at_once_all_succeed() {
+    let test = "processes_that_create_the_partitioned_table_at_once_all_succeed";
+    let Some(pool) = pool(test).await else { return };
+    let table = JobTable::new(&support::awkward_schema(), "jobs")
+        .expect("names")
+        .partitioned_by_finish_time(FinishPartitions::DAILY);
+    let runs: Vec<_> = (0..4)
+        .map(|_| {
+            let (pool, table) = (pool.clone(), table.clone());
+            tokio::spawn(async move { table.migrate(&pool).await })
+        })
+        .collect();
+    for run in runs {
+        run.await.expect("joined").expect("every migrate succeeds");
+    }
+    let today = format!("jobs_completed_p{}", day(Utc::now()));
+    let names: Vec<String> = leaves(&pool, &table)
+        .await
+        .into_iter()
+        .map(|(leaf, _)| leaf)
+        .collect();
+    assert_eq!(
+        names.iter().filter(|n| **n == today).count(),
+        1,
+        "{names:?}"
+    );
+}
