@@ -342,6 +342,11 @@ async fn the_api_starts_polls_and_aborts_operations_by_role() {
             Some(r#"{"bogus": 1}"#),
             "unknown field",
         ),
+        (
+            "/api/operations/retry",
+            Some("[null]"),
+            "must be a JSON object, not an array",
+        ),
         ("/api/operations/retry?state=lost", None, "unknown state"),
         // A misspelt filter would otherwise widen the retry to every job.
         (

@@ -578,6 +578,15 @@ async fn the_api_fails_a_job_with_a_reason() {
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
     let (status, body) = post(&app, &uri, r#"{}"#).await;
     assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    // The fields of a struct in an array, which serde alone would read.
+    let (status, body) = post(&app, &uri, r#"["bad deploy"]"#).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{body}");
+    assert!(
+        body["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains("must be a JSON object, not an array")),
+        "{body}"
+    );
     let (status, body) = post(&app, &uri, r#"{"reason": "bad deploy"}"#).await;
     assert_eq!(
         (status, body["changed"].as_u64()),
@@ -1085,6 +1094,8 @@ async fn the_api_sets_lists_and_clears_a_kinds_limits() {
         r#"{"burst": 3}"#,
         r#"{"per_second": -2}"#,
         r#"{"bogus": 1}"#,
+        // Serde would read the fields from an array; the schema says object.
+        "[null, null, null]",
     ] {
         let (status, body) = call(
             &app,

@@ -130,11 +130,35 @@ where
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &S) -> Result<Self, ApiError> {
-        match Json::<T>::from_request(request, state).await {
-            Ok(Json(value)) => Ok(ApiJson(value)),
+        match Json::<serde_json::Value>::from_request(request, state).await {
+            Ok(Json(value)) => from_object(value, "the body").map(ApiJson),
             Err(rejection) => Err(json_rejection(rejection)),
         }
     }
+}
+
+/// `value` as `T`, a request body the API documents as an object: serde
+/// would also read a struct from an array of its fields in order
+/// (`[null, null]`), which no schema of ours admits.
+pub(crate) fn from_object<T: serde::de::DeserializeOwned>(
+    value: serde_json::Value,
+    what: &str,
+) -> Result<T, ApiError> {
+    if !value.is_object() {
+        return Err(ApiError::bad_request(format!(
+            "{what} must be a JSON object, not {}",
+            match value {
+                serde_json::Value::Null => "null",
+                serde_json::Value::Bool(_) => "a boolean",
+                serde_json::Value::Number(_) => "a number",
+                serde_json::Value::String(_) => "a string",
+                serde_json::Value::Array(_) => "an array",
+                serde_json::Value::Object(_) => "an object",
+            }
+        )));
+    }
+    serde_json::from_value(value)
+        .map_err(|e| ApiError::bad_request(format!("Failed to deserialize {what}: {e}")))
 }
 
 fn json_rejection(rejection: JsonRejection) -> ApiError {

@@ -122,7 +122,8 @@ pub async fn set_limits(
         LimitsRequest::default()
     } else {
         serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not limits: {e}")))?
+            .map_err(|e| ApiError::bad_request(format!("the body is not limits: {e}")))
+            .and_then(|value| super::api::from_object(value, "the body (limits)"))?
     };
     let mut limits = KindLimits::default();
     if let Some(n) = request.max_running {

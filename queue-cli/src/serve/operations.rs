@@ -184,6 +184,7 @@ fn options<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, A
 fn required<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
     serde_json::from_slice(body)
         .map_err(|e| ApiError::bad_request(format!("the body is not the operation's options: {e}")))
+        .and_then(|value| super::api::from_object(value, "the body (the operation's options)"))
 }
 
 /// Starts `action` on the jobs `filter` matches, `batch` at a time.
