@@ -392,29 +392,17 @@ pub(crate) async fn keep_ahead(
         // From the range before now's (a job finishing now, on a clock a
         // little behind, finds its partition), every range missing.
         let mut next = range_start(now, width) - width;
-        let parent = QualifiedName::new(table.schema.clone(), Ident::new(parent_name.clone())?);
         let default = own
             .iter()
             .find(|p| p.range.is_none())
             .map(|p| p.name.clone());
         let mut made_here = 0;
         while next < now + ahead(width) && made_here < MAKE_AT_MOST {
-            let end = next + width;
             if !own.iter().any(|p| p.range.is_some_and(|(s, _)| s == next)) {
-                make_partition(
-                    &mut conn,
-                    table,
-                    state,
-                    &parent,
-                    default.as_deref(),
-                    next,
-                    end,
-                    width,
-                )
-                .await?;
+                make_partition(&mut conn, table, state, default.as_deref(), next, width).await?;
                 made_here += 1;
             }
-            next = end;
+            next += width;
         }
         made += made_here;
     }
@@ -443,18 +431,20 @@ fn partition_name(
 /// attached, so that the state's finishing jobs wait only for the attach
 /// (which Postgres runs beside inserts) and the scan of the default
 /// partition.
-#[allow(clippy::too_many_arguments)]
 async fn make_partition(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
     state: &str,
-    parent: &QualifiedName,
     default: Option<&str>,
     start: DateTime<Utc>,
-    end: DateTime<Utc>,
     width: TimeDelta,
 ) -> Result<(), StoreError> {
     let context = "making a partition for finished jobs";
+    let end = start + width;
+    let parent = QualifiedName::new(
+        table.schema.clone(),
+        Ident::new(finished_partition_name(table, state))?,
+    );
     let name = QualifiedName::new(
         table.schema.clone(),
         Ident::new(partition_name(table, state, start, width))?,

@@ -137,6 +137,17 @@ where
     }
 }
 
+/// A request body (`bytes`) as `T`: JSON, and an object ([`from_object`]);
+/// `what` names it in the errors.
+pub(crate) fn object_body<T: serde::de::DeserializeOwned>(
+    bytes: &[u8],
+    what: &str,
+) -> Result<T, ApiError> {
+    let value = serde_json::from_slice(bytes)
+        .map_err(|e| ApiError::bad_request(format!("the body is not {what}: {e}")))?;
+    from_object(value, &format!("the body ({what})"))
+}
+
 /// `value` as `T`, a request body the API documents as an object: serde
 /// would also read a struct from an array of its fields in order
 /// (`[null, null]`), which no schema of ours admits.

@@ -121,9 +121,7 @@ pub async fn set_limits(
     let request: LimitsRequest = if body.is_empty() {
         LimitsRequest::default()
     } else {
-        serde_json::from_slice(&body)
-            .map_err(|e| ApiError::bad_request(format!("the body is not limits: {e}")))
-            .and_then(|value| super::api::from_object(value, "the body (limits)"))?
+        super::api::object_body(&body, "limits")?
     };
     let mut limits = KindLimits::default();
     if let Some(n) = request.max_running {

@@ -182,9 +182,7 @@ fn options<T: Default + serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, A
 
 /// The options in a request's body, which must hold them.
 fn required<T: serde::de::DeserializeOwned>(body: &[u8]) -> Result<T, ApiError> {
-    serde_json::from_slice(body)
-        .map_err(|e| ApiError::bad_request(format!("the body is not the operation's options: {e}")))
-        .and_then(|value| super::api::from_object(value, "the body (the operation's options)"))
+    super::api::object_body(body, "the operation's options")
 }
 
 /// Starts `action` on the jobs `filter` matches, `batch` at a time.
