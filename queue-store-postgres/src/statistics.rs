@@ -12,6 +12,16 @@
 //! such a claim has almost always been planned from statistics that do not
 //! describe the table. `ANALYZE` samples at most 30,000 rows and takes no
 //! lock that claims, completions or enqueues wait for.
+//!
+//! A table that grows from (nearly) empty is analyzed as it grows, too:
+//! once this store has claimed as many jobs as the table held at start-up
+//! (at least [`GROWTH_FLOOR`]), and again each time it has claimed twice as
+//! many as at the last such analysis. Each connection caches its plans; one
+//! made while the table held a few pages reads the whole table (a job
+//! transaction's lock and completion by key, measured at 14-36 ms each at
+//! 20,000 rows; claims at 5-12 ms), and stays cached until an analysis
+//! changes the table's size in the catalog, which autovacuum does only at
+//! its next round (a minute apart by default).
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -29,6 +39,10 @@ use crate::stash::OnLiveConnection;
 pub(crate) const SLOW_CLAIM: Duration = Duration::from_millis(20);
 /// At most one `ANALYZE` a store asks for in this long.
 const AT_MOST_EVERY: Duration = Duration::from_secs(60);
+/// The fewest claims after which a growing table is analyzed again.
+pub(crate) const GROWTH_FLOOR: u64 = 1_000;
+/// At most one analysis for growth in this long.
+const GROWTH_AT_MOST_EVERY: Duration = Duration::from_secs(2);
 
 /// When the store last asked for the table to be analyzed.
 #[derive(Debug)]
@@ -36,6 +50,42 @@ pub(crate) struct Statistics {
     pool: PgPool,
     analyze: Arc<str>,
     last: Mutex<Option<Instant>>,
+    growth: Mutex<Growth>,
+}
+
+/// The claims since the last analysis for growth, and how many call for the
+/// next.
+#[derive(Debug)]
+struct Growth {
+    claimed: u64,
+    next_at: u64,
+    last: Option<Instant>,
+}
+
+impl Growth {
+    fn new(rows: u64) -> Self {
+        Growth {
+            claimed: 0,
+            next_at: rows.max(GROWTH_FLOOR),
+            last: None,
+        }
+    }
+
+    /// Counts `n` claimed jobs; whether the table is due an analysis now
+    /// (if so, the count starts again, towards twice as many).
+    fn claimed(&mut self, n: u64, now: Instant) -> bool {
+        self.claimed += n;
+        let rested = self
+            .last
+            .is_none_or(|at| now.duration_since(at) >= GROWTH_AT_MOST_EVERY);
+        if self.claimed < self.next_at || !rested {
+            return false;
+        }
+        self.claimed = 0;
+        self.next_at = self.next_at.saturating_mul(2);
+        self.last = Some(now);
+        true
+    }
 }
 
 impl Statistics {
@@ -60,9 +110,9 @@ impl Statistics {
         } else {
             live
         };
-        let (mut has_statistics, mut has_rows) = (true, false);
+        let (mut has_statistics, mut has_rows, mut estimate) = (true, false, 0u64);
         for table in tables {
-            let (statistics, rows): (bool, bool) =
+            let (statistics, rows, estimated): (bool, bool, Option<i64>) =
                 sqlx::query_as(sqlx::AssertSqlSafe(catalog::statistics_present(table)))
                     .bind(table.schema.as_str())
                     .bind(table.name.as_str())
@@ -72,6 +122,7 @@ impl Statistics {
                     .map_err(|e| store_error("reading the table's statistics", e))?;
             has_statistics &= statistics;
             has_rows |= rows;
+            estimate += estimated.and_then(|e| u64::try_from(e).ok()).unwrap_or(0);
         }
         let table = &options.table;
         // The columns a claim's plan reads (the default order's, and the
@@ -104,6 +155,7 @@ impl Statistics {
             )
             .into(),
             last: Mutex::new(None),
+            growth: Mutex::new(Growth::new(estimate)),
         };
         if !has_statistics && has_rows {
             tracing::info!(
@@ -127,6 +179,26 @@ impl Statistics {
             tracing::debug!(?elapsed, "a slow claim: analyzing the table");
             if let Err(error) = analyze(&pool, &analyze_table).await {
                 tracing::debug!(%error, "analyzing the table after a slow claim failed");
+            }
+        });
+    }
+
+    /// Counts `n` jobs claimed: once the table has grown by as many as it
+    /// held (see the module's text), analyzes it in the background.
+    pub(crate) fn claimed(&self, n: usize) {
+        let due = self
+            .growth
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .claimed(n as u64, Instant::now());
+        if !due {
+            return;
+        }
+        let (pool, analyze_table) = (self.pool.clone(), Arc::clone(&self.analyze));
+        tokio::spawn(async move {
+            tracing::debug!("the table grew: analyzing it");
+            if let Err(error) = analyze(&pool, &analyze_table).await {
+                tracing::debug!(%error, "analyzing the grown table failed");
             }
         });
     }
@@ -161,5 +233,33 @@ async fn analyze(pool: &PgPool, statement: &Arc<str>) -> Result<(), StoreError> 
         if let Some(done) = tries.settle(conn, done) {
             return done;
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_growing_table_is_analyzed_each_time_the_claims_double() {
+        let t = Instant::now();
+        let mut growth = Growth::new(0);
+        assert!(!growth.claimed(999, t), "fewer than the floor");
+        assert!(growth.claimed(1, t), "1,000 claimed into an empty table");
+        assert!(!growth.claimed(1_999, t + Duration::from_secs(10)));
+        assert!(
+            !growth.claimed(1, t + Duration::from_secs(1)),
+            "2,000 more, but within {GROWTH_AT_MOST_EVERY:?} of the last"
+        );
+        assert!(growth.claimed(0, t + Duration::from_secs(3)), "then");
+        assert!(!growth.claimed(3_999, t + Duration::from_secs(60)));
+        assert!(growth.claimed(1, t + Duration::from_secs(60)), "4,000");
+
+        let mut big = Growth::new(5_000_000);
+        assert!(
+            !big.claimed(4_999_999, t),
+            "a table of 5 M rows: analyzed after 5 M claims"
+        );
+        assert!(big.claimed(1, t));
     }
 }

@@ -22,7 +22,7 @@ use crate::admin::PgAdmin;
 use crate::bind::{bind_arg, lease_value, query, state, Value};
 use crate::completer::{complete_batches, Completion, FinishRow};
 use crate::conditions::{PgCondition, PgConditions};
-use crate::cursor::{ClaimCursor, Position};
+use crate::cursor::{ClaimCursor, NothingAtCursor, Position, Probed};
 use crate::error::store_error;
 use crate::job_transaction::{JobClaim, PgJobTransaction, PreparedStatements};
 use crate::kinds::ClaimRules;
@@ -596,6 +596,69 @@ where
         Ok(rows)
     }
 
+    /// Sends the cursor's probe off the claim path (see [`crate::cursor`]):
+    /// it reads where the first waiting job is, and moves the cursor there.
+    fn probe_cursor(&self) {
+        let store = self.clone();
+        tokio::spawn(async move { store.run_probe().await });
+    }
+
+    async fn run_probe(&self) {
+        let Some(cursor) = &self.inner.cursor else {
+            return;
+        };
+        let (Some(statement), Some(at)) = (&self.inner.sql.cursor_probe, cursor.position()) else {
+            // No cursor to probe from: the next claim reads from the start.
+            cursor.probe_ended(std::time::Instant::now(), Duration::ZERO, None);
+            return;
+        };
+        let began = std::time::Instant::now();
+        let found = tokio::time::timeout(PROBE_TIMEOUT, self.probe(statement, at)).await;
+        let took = began.elapsed();
+        let found = match found {
+            Ok(Ok(found)) => Some(found),
+            Ok(Err(error)) => {
+                tracing::debug!(%error, "the claim cursor's probe failed");
+                None
+            }
+            Err(_) => {
+                tracing::debug!(?took, "the claim cursor's probe timed out");
+                None
+            }
+        };
+        if cursor.probe_ended(std::time::Instant::now(), took, found) {
+            listen::wake_all(&self.inner.wake);
+        }
+    }
+
+    async fn probe(
+        &self,
+        statement: &crate::sql::Statement,
+        at: Position<R::Id>,
+    ) -> Result<Probed<R::Id>, StoreError> {
+        let context = "probing for the first waiting job";
+        let now = self.inner.admin.to_db(Utc::now());
+        let row = query(statement, |p| match p {
+            Param::CursorPriority => Some(Value::Int(at.priority)),
+            Param::CursorKey => Some(Value::Key(at.key.clone())),
+            Param::Now => Some(Value::Time(now)),
+            _ => None,
+        })?
+        .fetch_one(&self.inner.pool)
+        .await
+        .map_err(|e| store_error(context, e))?;
+        let get = |e| store_error(context, e);
+        let priority: Option<i64> = row.try_get("priority").map_err(get)?;
+        let key: Option<R::Id> = row.try_get("key").map_err(get)?;
+        Ok(Probed {
+            first: priority
+                .zip(key)
+                .map(|(priority, key)| Position { priority, key }),
+            before_cursor: row.try_get("before").map_err(get)?,
+            due_waiting: row.try_get("due").map_err(get)?,
+        })
+    }
+
     /// Where a claimed row is in the claim order, for the cursor; `None` if
     /// the row does not say (the next claim then reads from the start).
     fn position(&self, row: Option<&PgRow>) -> Option<Position<R::Id>> {
@@ -615,6 +678,9 @@ where
 // Where a claimed row carries what the store itself reads: the claim
 // statement returns these four columns first, in this order (read by
 // position: thousands of rows a second share one column list).
+/// How long the claim cursor's probe may take before it is given up (the
+/// next one goes out after the rescan interval).
+const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
 /// How soon an idle worker looks again at a kind its concurrency limit
 /// held back: a slot frees when a job of the kind ends, in any process.
 const LIMITED_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
@@ -712,12 +778,20 @@ where
             .cursor
             .as_ref()
             .filter(|_| conditions.is_empty() && paused.is_empty());
-        let after = cursor.and_then(|c| c.start(std::time::Instant::now()));
+        let start = cursor.map(|c| c.start(std::time::Instant::now()));
+        if start.as_ref().is_some_and(|s| s.probe) {
+            self.probe_cursor();
+        }
+        let after = start.as_ref().and_then(|s| s.at.clone());
         let started = std::time::Instant::now();
+        // How long the claim from the start took, if one ran (the cursor
+        // learns from it whether that walk is costly).
+        let mut from_start = None;
         let claimed = loop {
             if main_limit == 0 {
                 break Ok((on, Vec::new()));
             }
+            let began = std::time::Instant::now();
             let mut rows = self
                 .claim_rows(
                     on.conn(),
@@ -728,13 +802,26 @@ where
                     after.as_ref(),
                 )
                 .await;
+            if after.is_none() {
+                from_start = Some(began.elapsed());
+            }
             if after.is_some() && rows.as_ref().is_ok_and(Vec::is_empty) {
-                // Nothing after the cursor: the backlog is over, and jobs
+                // Nothing at the cursor: the backlog is over, and jobs
                 // that became claimable before it must not wait for the
-                // worker's next poll.
-                rows = self
-                    .claim_rows(on.conn(), &params, main_limit, conditions, paused, None)
-                    .await;
+                // worker's next poll. While the walk from the start is
+                // costly, a probe looks for them off the claim path.
+                let next = cursor.map(|c| c.nothing_at_cursor(std::time::Instant::now()));
+                match next {
+                    Some(NothingAtCursor::FromStart) => {
+                        let began = std::time::Instant::now();
+                        rows = self
+                            .claim_rows(on.conn(), &params, main_limit, conditions, paused, None)
+                            .await;
+                        from_start = Some(began.elapsed());
+                    }
+                    Some(NothingAtCursor::Probe) => self.probe_cursor(),
+                    Some(NothingAtCursor::Wait) | None => {}
+                }
             }
             match rows {
                 Ok(rows) => break Ok((on, rows)),
@@ -748,13 +835,22 @@ where
                 },
             }
         };
-        if claimed.as_ref().is_ok_and(|(_, rows)| !rows.is_empty()) {
-            self.inner.statistics.claim_took(started.elapsed());
+        if let Ok((_, rows)) = &claimed {
+            if !rows.is_empty() {
+                self.inner.statistics.claim_took(started.elapsed());
+                self.inner.statistics.claimed(rows.len() + limited.len());
+            }
         }
-        if let Some(cursor) = cursor {
+        if let (Some(cursor), Some(start)) = (cursor, &start) {
             match &claimed {
-                Ok((_, rows)) => cursor.ended(self.position(rows.last()), rows.len() >= main_limit),
-                Err(_) => cursor.ended(None, false),
+                Ok((_, rows)) => cursor.ended(
+                    start.epoch,
+                    self.position(rows.last()),
+                    rows.len() >= main_limit,
+                    from_start,
+                    false,
+                ),
+                Err(_) => cursor.ended(start.epoch, None, false, None, true),
             }
         }
         let (mut on, rows) = match claimed {

@@ -198,3 +198,133 @@ async fn without_a_priority_column_the_cursor_is_a_key() {
         "from the start: the job handed back"
     );
 }
+
+/// Claims (up to `limit` each) until `want` is among the jobs taken, for at
+/// most `within`; every job taken on the way, and how long it took.
+async fn claim_until(
+    b: &Backlog,
+    want: i64,
+    limit: usize,
+    within: Duration,
+) -> (Vec<i64>, Duration) {
+    let began = std::time::Instant::now();
+    let mut taken = Vec::new();
+    while !taken.contains(&want) {
+        assert!(
+            began.elapsed() < within,
+            "job {want} not claimed within {within:?}; taken meanwhile: {taken:?}"
+        );
+        taken.extend(b.claim(limit).await);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    (taken, began.elapsed())
+}
+
+#[tokio::test]
+async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_finds_what_it_passed()
+{
+    let test =
+        "while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_finds_what_it_passed";
+    let Some(pool) = pool(test).await else { return };
+    let rescan = Duration::from_millis(10);
+    let n = 50_000;
+    let b = Backlog::new(&pool, n, |o| o.claim_cursor(Some(rescan))).await;
+    // A session that keeps a snapshot from before any claim: the entry of
+    // every job claimed from now on stays in the claim index, and no scan
+    // can mark it dead.
+    let mut idle = pool.acquire().await.expect("a connection");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
+        b.table.name().quoted()
+    )))
+    .execute(&mut *idle)
+    .await
+    .expect("a snapshot held");
+    let mut claimed = 0;
+    while claimed < n {
+        claimed += b.claim(1_000).await.len();
+    }
+    // The next claims come back short; one of them reads from the start
+    // and walks 50,000 dead entries (milliseconds): the walk is costly.
+    let mut at_cursor = Vec::new();
+    for i in 0..5 {
+        let id = b
+            .table
+            .enqueue(&b.pool, &NewJob::new("k", serde_json::json!(i)))
+            .await
+            .expect("enqueue");
+        let began = std::time::Instant::now();
+        assert_eq!(b.claim(10).await, [id], "each new job, at once");
+        at_cursor.push(began.elapsed());
+    }
+    let began = std::time::Instant::now();
+    let fresh = b
+        .table
+        .enqueue(&b.pool, &NewJob::new("k", serde_json::json!("fresh")))
+        .await
+        .expect("enqueue");
+    assert_eq!(b.claim(10).await, [fresh]);
+    let costly_claim = began.elapsed();
+
+    // A key that commits after a later one was claimed: before the cursor.
+    let mut late = b.pool.begin().await.expect("a transaction");
+    let passed = b
+        .table
+        .enqueue(&mut *late, &NewJob::new("k", serde_json::json!("late")))
+        .await
+        .expect("enqueue");
+    let after = b
+        .table
+        .enqueue(&b.pool, &NewJob::new("k", serde_json::json!("after")))
+        .await
+        .expect("enqueue");
+    assert_eq!(
+        b.claim(10).await,
+        [after],
+        "the cursor passes the uncommitted key"
+    );
+    late.commit().await.expect("commit");
+    let (taken, waited) = claim_until(&b, passed, 10, Duration::from_secs(5)).await;
+    assert_eq!(taken, [passed], "the probe moved the cursor back to it");
+
+    // A higher priority, enqueued after the cursor's.
+    let high = b.enqueue_high().await;
+    let (taken, _) = claim_until(&b, high, 10, Duration::from_secs(5)).await;
+    assert_eq!(taken, [high]);
+    // Back in priority 0, after the high job's priority is done.
+    let low = b
+        .table
+        .enqueue(&b.pool, &NewJob::new("k", serde_json::json!("low")))
+        .await
+        .expect("enqueue");
+    let (taken, _) = claim_until(&b, low, 10, Duration::from_secs(5)).await;
+    assert_eq!(taken, [low], "the probe found priority 0 again");
+
+    // A job whose time came, read apart from the ready ones.
+    let due = b
+        .table
+        .enqueue(
+            &b.pool,
+            &NewJob::new("k", serde_json::json!("due"))
+                .process_after(chrono::Utc::now() - chrono::TimeDelta::seconds(1)),
+        )
+        .await
+        .expect("enqueue");
+    let (taken, _) = claim_until(&b, due, 10, Duration::from_secs(5)).await;
+    assert_eq!(taken, [due]);
+
+    sqlx::raw_sql("COMMIT")
+        .execute(&mut *idle)
+        .await
+        .expect("commit");
+    let again = b
+        .table
+        .enqueue(&b.pool, &NewJob::new("k", serde_json::json!("again")))
+        .await
+        .expect("enqueue");
+    let (taken, _) = claim_until(&b, again, 10, Duration::from_secs(5)).await;
+    assert_eq!(taken, [again], "the snapshot gone, claims go on");
+    eprintln!(
+        "claims of one new job: {at_cursor:?}, then {costly_claim:?}; the passed key waited {waited:?}"
+    );
+}

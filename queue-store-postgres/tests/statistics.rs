@@ -1,7 +1,7 @@
 //! The claim's plan depends on the table's statistics: without them the
 //! planner takes the jobs ready now for a handful and sorts all of them for
 //! each claim. A store analyzes a table of jobs that has none when it
-//! starts, and a table whose claim was slow, in the background.
+//! starts, and a table whose claim was slow or that grew, in the background.
 
 mod support;
 
@@ -116,6 +116,48 @@ async fn a_slow_claim_has_the_table_analyzed() {
         assert!(
             Instant::now() < deadline,
             "the table was not analyzed within 10 s of a slow claim"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test]
+async fn a_table_that_grows_from_empty_is_analyzed_as_its_jobs_are_claimed() {
+    let Some(pool) = pool("a_table_that_grows_from_empty_is_analyzed").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    let store = PgStore::<Job>::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .expect("a store");
+    insert_jobs(&pool, &table, 999).await;
+    let claim = |limit| {
+        store.claim(ClaimParams {
+            limit,
+            worker: "w",
+            conditions: None,
+            now: chrono::Utc::now(),
+        })
+    };
+    assert_eq!(claim(999).await.expect("a claim").len(), 999);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        statistics(&pool, &table).await.1,
+        None,
+        "fewer than 1,000 jobs claimed: not analyzed yet"
+    );
+    insert_jobs(&pool, &table, 1).await;
+    assert_eq!(claim(1).await.expect("a claim").len(), 1);
+    // Plans cached while the table held a few pages read it whole; the
+    // analysis has Postgres plan them again for its size now.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while statistics(&pool, &table).await.1.is_none() {
+        assert!(
+            Instant::now() < deadline,
+            "the table was not analyzed within 10 s of its 1,000th claim"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

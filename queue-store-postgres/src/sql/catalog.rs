@@ -61,8 +61,10 @@ pub(crate) fn statistics_present(table: &QualifiedName) -> String {
     format!(
         "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_stats \
          WHERE schemaname = $1 AND tablename = $2 AND attname = $3), \
-         EXISTS (SELECT 1 FROM {})",
-        table.quoted()
+         EXISTS (SELECT 1 FROM {t}), \
+         (SELECT greatest(c.reltuples, 0)::int8 FROM pg_catalog.pg_class AS c \
+          WHERE c.oid = '{t}'::regclass)",
+        t = table.quoted()
     )
 }
 

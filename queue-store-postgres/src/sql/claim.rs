@@ -243,7 +243,10 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
         },
     );
     // The cursor needs an order it can start in the middle of with one
-    // index condition: by key within one priority.
+    // index condition: by key within one priority. It starts at its
+    // position, included: the last job taken (claimed, so no longer
+    // waiting: one index entry more to step over), or the first waiting
+    // job a probe found.
     let cursor = t.options.cursor_rescan_after().is_some();
     let at_cursor = cursor.then(|| {
         let template = template(t, if split { Reads::Ready } else { Reads::OneScan });
@@ -252,11 +255,11 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
         let condition = match cursor_priority(t) {
             Some(priority) => {
                 params.extend([Param::CursorPriority, Param::CursorKey]);
-                format!(" AND {priority} = ${n} AND {} > ${}", t.id, n + 1)
+                format!(" AND {priority} = ${n} AND {} >= ${}", t.id, n + 1)
             }
             None => {
                 params.push(Param::CursorKey);
-                format!(" AND {} > ${n}", t.id)
+                format!(" AND {} >= ${n}", t.id)
             }
         };
         (template, condition, params)
@@ -266,6 +269,51 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
         at_cursor,
         kind: t.names.at(Column::Kind),
     }
+}
+
+/// The cursor's probe (see [`crate::cursor`]), read-only and without
+/// locks: the position of the first waiting job ready now in claim order
+/// (priority, 0 without the column, and key; no row when none waits),
+/// whether it is before the cursor ([`Param::CursorPriority`] and
+/// [`Param::CursorKey`]), and whether jobs whose time came wait apart (where
+/// claims read them apart, [`TableShape::due_apart`](super::TableShape::due_apart)),
+/// which only a claim from the start takes. `None` without a cursor.
+pub(super) fn cursor_probe(t: &Target) -> Option<Statement> {
+    t.options.cursor_rescan_after()?;
+    let (table, a, id) = (&t.table, &t.a, &t.id);
+    let mut b = Builder::default();
+    let priority = cursor_priority(t).unwrap_or_else(|| "0".to_owned());
+    let (cursor_priority, cursor_key) = (b.p(Param::CursorPriority), b.p(Param::CursorKey));
+    let now = b.p(Param::Now);
+    let not_expired = match t.names.at(Column::ExpiresAt) {
+        Some(expires) => format!(" AND ({expires} IS NULL OR {expires} > {now})"),
+        None => String::new(),
+    };
+    let after = t.names.at(Column::ProcessAfter);
+    let split = after.is_some() && t.shape.due_apart;
+    let ready = match &after {
+        Some(after) if split => format!(" AND {after} IS NULL"),
+        Some(after) => format!(" AND ({after} IS NULL OR {after} <= {now})"),
+        None => String::new(),
+    };
+    let due = match &after {
+        Some(after) if split => format!(
+            "EXISTS (SELECT 1 FROM {table} AS {a} WHERE {waiting} AND {after} IS NOT NULL \
+             AND {after} <= {now}{not_expired})",
+            waiting = waiting(t)
+        ),
+        _ => "false".to_owned(),
+    };
+    b.push(&format!(
+        "SELECT f.p AS \"priority\", f.k AS \"key\", \
+         coalesce(f.p > {cursor_priority} OR (f.p = {cursor_priority} AND f.k < {cursor_key}), false) AS \"before\", \
+         {due} AS \"due\" FROM (SELECT 1) AS one LEFT JOIN \
+         (SELECT {priority}::int8 AS p, {id} AS k FROM {table} AS {a} WHERE {waiting}{ready}{not_expired} \
+         ORDER BY {order} LIMIT 1) AS f ON true",
+        waiting = waiting(t),
+        order = claim_order(t)
+    ));
+    Some(b.build())
 }
 
 /// The priority column the cursor starts within, when the store keeps a
@@ -668,7 +716,7 @@ mod tests {
     }
 
     #[test]
-    fn the_cursor_claim_starts_after_a_key_within_a_priority() {
+    fn the_cursor_claim_starts_at_a_key_within_a_priority() {
         let options = PgStoreOptions::new("jobs").unwrap();
         let s = Statements::new(&options, &one_scan_shape(), &[]);
         let from_start = s.claim(&[], &[], 32);
@@ -677,7 +725,7 @@ mod tests {
             *after.text,
             from_start.text.replacen(
                 " ORDER BY",
-                " AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" > $5 ORDER BY",
+                " AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" >= $5 ORDER BY",
                 1
             ),
             "the claim from the start with one more condition, numbered after its inputs"
@@ -696,7 +744,7 @@ mod tests {
                  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
                  AND \"jobs\".\"process_after\" IS NULL \
                  AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
-                 AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" > $5 \
+                 AND \"jobs\".\"priority\" = $4 AND \"jobs\".\"id\" >= $5 \
                  ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED) UPDATE"
             ),
             "{}",
@@ -714,7 +762,7 @@ mod tests {
         assert!(
             after
                 .text
-                .contains(" AND \"jobs\".\"id\" > $4 ORDER BY \"jobs\".\"id\" LIMIT 8"),
+                .contains(" AND \"jobs\".\"id\" >= $4 ORDER BY \"jobs\".\"id\" LIMIT 8"),
             "{}",
             after.text
         );
@@ -728,8 +776,56 @@ mod tests {
         ] {
             let s = Statements::new(&without, &test_shape(), &[]);
             assert!(s.claim_after_cursor(32).is_none(), "{without:?}");
+            assert!(s.cursor_probe.is_none(), "{without:?}");
             assert!(!s.claim(&[], &[], 32).text.contains("__queue_priority"));
         }
+    }
+
+    #[test]
+    fn the_cursor_probe_reads_the_first_ready_job_and_whether_due_ones_wait_apart() {
+        let options = PgStoreOptions::new("jobs").unwrap();
+        let s = Statements::new(&options, &test_shape(), &[]);
+        let probe = s.cursor_probe.expect("a probe with the cursor");
+        assert_eq!(
+            &*probe.text,
+            "SELECT f.p AS \"priority\", f.k AS \"key\", \
+             coalesce(f.p > $1 OR (f.p = $1 AND f.k < $2), false) AS \"before\", \
+             EXISTS (SELECT 1 FROM \"public\".\"jobs\" AS \"jobs\" \
+             WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+             AND \"jobs\".\"process_after\" IS NOT NULL AND \"jobs\".\"process_after\" <= $3 \
+             AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $3)) AS \"due\" \
+             FROM (SELECT 1) AS one LEFT JOIN (SELECT \"jobs\".\"priority\"::int8 AS p, \"jobs\".\"id\" AS k \
+             FROM \"public\".\"jobs\" AS \"jobs\" \
+             WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+             AND \"jobs\".\"process_after\" IS NULL \
+             AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $3) \
+             ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 1) AS f ON true"
+        );
+        assert_eq!(
+            probe.params,
+            [Param::CursorPriority, Param::CursorKey, Param::Now]
+        );
+
+        // In one scan: the first job whose time has come, none apart.
+        let one_scan = Statements::new(&options, &one_scan_shape(), &[])
+            .cursor_probe
+            .expect("a probe");
+        assert!(one_scan.text.contains(
+            "AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $3)"
+        ));
+        assert!(one_scan.text.contains("false AS \"due\""));
+
+        // Without a priority column, every job is in priority 0.
+        let by_key = Statements::new(
+            &options.clone().without(Column::Priority).unwrap(),
+            &test_shape(),
+            &[],
+        )
+        .cursor_probe
+        .expect("a probe");
+        assert!(by_key
+            .text
+            .contains("(SELECT 0::int8 AS p, \"jobs\".\"id\" AS k"));
     }
 
     #[test]

@@ -356,6 +356,9 @@ pub(crate) struct Statements {
     /// The earliest `process_after` of a waiting job later than
     /// [`Param::Now`]; `None` without the column.
     pub next_due: Option<Statement>,
+    /// The claim cursor's probe (see [`crate::cursor`]); `None` without a
+    /// cursor.
+    pub cursor_probe: Option<Statement>,
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,
@@ -562,6 +565,7 @@ impl Statements {
             select_view: claim::select_view(&target),
             select_text: claim::select_text(&target),
             next_due: claim::next_due(&target),
+            cursor_probe: claim::cursor_probe(&target),
             claim,
             lock: transaction.lock,
             prepare_held: prepared::prepare_missing(&[

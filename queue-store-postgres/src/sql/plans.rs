@@ -266,8 +266,17 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     let plan = generic_plan(&mut connection, &at_cursor).await;
     assert!(
         plan.contains("jobs_claimable_idx")
-            && plan.contains("Index Cond: ((priority = $4) AND (id > $5))"),
+            && plan.contains("Index Cond: ((priority = $4) AND (id >= $5))"),
         "the cached plan starts the scan at the cursor: {plan}"
+    );
+    // The probe reads the first waiting job from the same index, in claim
+    // order, one entry at a time (a cached plan that sorted every waiting
+    // job would make each probe cost the backlog).
+    let probe = statements.cursor_probe.as_ref().expect("a probe");
+    let plan = generic_plan(&mut connection, probe).await;
+    assert!(
+        plan.contains("Index Scan using jobs_claimable_idx") && !plan.contains("Sort"),
+        "the probe's cached plan reads the claim index in order: {plan}"
     );
 
     // What each claim's scan reads, the cursor after the last completed job.

@@ -56,6 +56,8 @@ pub(super) struct Drained {
     pub wal_bytes_per_job: f64,
     pub commits_per_job: f64,
     pub cpu: Option<CpuPerJob>,
+    /// With readers polling meanwhile: what they read.
+    pub read: Option<super::pressure::Read>,
     /// With a pruner running: the rows it removed, and in how many seconds.
     pub pruned: Option<(u64, f64)>,
 }
@@ -125,6 +127,18 @@ pub(super) async fn drain(
     setup: StoreSetup,
     handlers: usize,
     n: usize,
+) -> Result<Drained> {
+    drain_beside(pool, setup, handlers, n, None).await
+}
+
+/// A drain, with `readers` polling the operator surfaces of `queue serve`
+/// meanwhile if given (the database's URL, for the server).
+pub(super) async fn drain_beside(
+    pool: &PgPool,
+    setup: StoreSetup,
+    handlers: usize,
+    n: usize,
+    readers: Option<&str>,
 ) -> Result<Drained> {
     let StoreSetup {
         mode,
@@ -219,11 +233,19 @@ pub(super) async fn drain(
     } else {
         None
     };
+    let polling = match readers {
+        Some(url) => Some(super::pressure::Readers::start(url, &table).await?),
+        None => None,
+    };
     let started = Instant::now();
     let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     wait_until_drained(pool, &table, first_id, &total, n, &running, started).await?;
     let elapsed = started.elapsed();
+    let read = match polling {
+        Some(readers) => Some(readers.stop().await?),
+        None => None,
+    };
     let cpu = CpuSample::per_job_since(cpu0, n);
     shutdown.cancel();
     running.await??;
@@ -259,6 +281,7 @@ pub(super) async fn drain(
         commits_per_job: (commits1 - commits0) as f64 / n as f64,
         cpu,
         pruned,
+        read,
     })
 }
 

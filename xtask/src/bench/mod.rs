@@ -24,10 +24,13 @@ mod http_enqueue;
 mod memory;
 mod partitioned;
 mod peers;
+mod pressure;
 #[path = "../../../bench/quiet.rs"]
 mod quiet;
 mod report;
 mod wake;
+
+use std::time::Duration;
 
 use anyhow::{Context, Result};
 use sqlx::postgres::PgPoolOptions;
@@ -69,6 +72,12 @@ pub(crate) struct Sizes {
     /// its figures are compared with.
     big_rows: u64,
     big_base_rows: u64,
+    /// The phases and rates of the idle-in-transaction scenario.
+    idle: pressure::IdlePhases,
+    /// The overload scenario's work per job and phases.
+    overload: pressure::OverloadSizes,
+    /// The jobs of each drain of the readers scenario.
+    readers_jobs: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -88,6 +97,19 @@ const FULL: Sizes = Sizes {
     bulk_drain_jobs: 2_000_000,
     big_rows: 10_000_000,
     big_base_rows: 100_000,
+    idle: pressure::IdlePhases {
+        clean: Duration::from_secs(60),
+        idle: Duration::from_secs(600),
+        after: Duration::from_secs(60),
+        rates: &[600, 2_000],
+    },
+    overload: pressure::OverloadSizes {
+        work: Duration::from_millis(5),
+        peak_jobs: 30_000,
+        over: Duration::from_secs(300),
+        settle: Duration::from_secs(30),
+    },
+    readers_jobs: 1_000_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -107,6 +129,19 @@ const QUICK: Sizes = Sizes {
     bulk_drain_jobs: 40_000,
     big_rows: 20_000,
     big_base_rows: 2_000,
+    idle: pressure::IdlePhases {
+        clean: Duration::from_secs(4),
+        idle: Duration::from_secs(6),
+        after: Duration::from_secs(4),
+        rates: &[600],
+    },
+    overload: pressure::OverloadSizes {
+        work: Duration::from_millis(5),
+        peak_jobs: 1_000,
+        over: Duration::from_secs(2),
+        settle: Duration::from_secs(2),
+    },
+    readers_jobs: 20_000,
 };
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
@@ -114,7 +149,7 @@ const QUICK: Sizes = Sizes {
 /// them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 19] = [
+const SCENARIOS: [&str; 22] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -131,6 +166,9 @@ const SCENARIOS: [&str; 19] = [
     "partitioned",
     "big",
     "big-retention",
+    "pressure-idle",
+    "pressure-overload",
+    "pressure-readers",
     "peers",
     "versus",
     "cold",
@@ -155,7 +193,9 @@ pub struct Args {
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
     /// drain-transactional, bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
-    /// growth, scheduled, drain-scheduled, big, peers, versus, cold.
+    /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
+    /// pressure-idle, pressure-overload, pressure-readers, peers, versus,
+    /// cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
 }
@@ -345,6 +385,22 @@ pub async fn run(args: Args) -> Result<()> {
     }
     if args.runs("big-retention") {
         partitioned::retention(&pool, sizes.big_rows, &mut results).await?;
+    }
+    if args.runs("pressure-idle") {
+        pressure::idle_in_transaction(&pool, &pg.url, sizes.idle, &mut results).await?;
+    }
+    if args.runs("pressure-overload") {
+        pressure::overload(&pool, sizes.overload, &mut results).await?;
+    }
+    if args.runs("pressure-readers") {
+        pressure::readers_beside_a_drain(
+            &pool,
+            &pg.url,
+            sizes.readers_jobs,
+            sizes.rounds,
+            &mut results,
+        )
+        .await?;
     }
 
     let mut built = None;

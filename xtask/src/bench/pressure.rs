@@ -1,0 +1,746 @@
+//! Pressure: the bad days of a Postgres queue, in both modes.
+//!
+//! Idle in transaction: jobs are offered at a steady rate to a 16-handler
+//! worker; after a clean phase, another session opens a transaction, takes
+//! a snapshot and sits idle (so vacuum can remove no dead row the drain
+//! leaves), then ends it, and the drain goes on for a while. The figures:
+//! completions against the offered rate (worst 10 s of each phase), the
+//! pickup latency (an enqueue's commit to its handler's start, which holds
+//! the claim that started it) of each phase as a ratio against the clean
+//! phase, how soon after the session ended pickups were back to the clean
+//! latency, and the dead rows and sizes the idle phase left.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use anyhow::{ensure, Context, Result};
+use async_trait::async_trait;
+use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, NewJob};
+use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
+use queue_worker::Worker;
+use sqlx::{Connection, PgPool};
+
+use super::cluster::{fresh_table, thousands};
+use super::drain::drain_options;
+use super::quiet;
+use super::report::Results;
+use super::wake::percentiles;
+
+/// How long each phase of the idle-in-transaction scenario lasts.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct IdlePhases {
+    pub clean: Duration,
+    pub idle: Duration,
+    pub after: Duration,
+    /// The offered rates (jobs/s) it runs at, each in both modes.
+    pub rates: &'static [u32],
+}
+
+/// Stamps when each job's handler started. In transactional mode it opens
+/// the job's transaction (`BEGIN` and the row lock), as a handler that
+/// writes does: without it, a job completes as in lease mode.
+struct Started {
+    at: Arc<Mutex<HashMap<i64, Instant>>>,
+    open_transaction: bool,
+    /// How long each job works (sleeps) after it started.
+    work: Duration,
+}
+
+#[async_trait]
+impl Handler<PgStore<Job>> for Started {
+    async fn handle(
+        &self,
+        _: &JobContext,
+        store: &mut PgJobTransaction,
+        job: &Job,
+    ) -> Result<(), JobError> {
+        let now = Instant::now();
+        if self.open_transaction {
+            store.transaction().await.map_err(JobError::retry)?;
+        }
+        self.at
+            .lock()
+            .map_err(|_| JobError::poison("poisoned"))?
+            .insert(job.id, now);
+        if !self.work.is_zero() {
+            tokio::time::sleep(self.work).await;
+        }
+        Ok(())
+    }
+}
+
+/// What one run saw: when each job was offered (its enqueue's commit) and
+/// when its handler started, against the run's start.
+struct Timeline {
+    offered: Vec<(i64, Duration)>,
+    started: HashMap<i64, Duration>,
+}
+
+impl Timeline {
+    /// Pickup latencies (ms) of the jobs offered in `[from, to)`.
+    fn pickups(&self, from: Duration, to: Duration) -> Vec<f64> {
+        self.offered
+            .iter()
+            .filter(|(_, at)| *at >= from && *at < to)
+            .map(|(id, at)| match self.started.get(id) {
+                Some(s) => s.saturating_sub(*at).as_secs_f64() * 1000.0,
+                None => f64::INFINITY,
+            })
+            .collect()
+    }
+
+    /// The lowest ratio of jobs started to jobs offered over the 10 s
+    /// windows of `[from, to)`.
+    fn worst_completion(&self, from: Duration, to: Duration) -> f64 {
+        let window = Duration::from_secs(10);
+        let mut worst = f64::INFINITY;
+        let mut at = from;
+        while at + window <= to {
+            let inside = |t: &Duration| *t >= at && *t < at + window;
+            let offered = self.offered.iter().filter(|(_, t)| inside(t)).count();
+            let started = self.started.values().filter(|t| inside(t)).count();
+            if offered > 0 {
+                worst = worst.min(started as f64 / offered as f64);
+            }
+            at += window;
+        }
+        if worst.is_finite() {
+            worst
+        } else {
+            // A phase shorter than a window: the phase as one.
+            let offered = self
+                .offered
+                .iter()
+                .filter(|(_, t)| *t >= from && *t < to)
+                .count();
+            let started = self
+                .started
+                .values()
+                .filter(|t| **t >= from && **t < to)
+                .count();
+            started as f64 / offered.max(1) as f64
+        }
+    }
+
+    /// The highest pickup p99 of the 10 s windows of `[from, to)`, and how
+    /// far into the phase its window started (s).
+    fn worst_p99(&self, from: Duration, to: Duration) -> (f64, f64) {
+        let window = Duration::from_secs(10);
+        let mut worst = (0.0, 0.0);
+        let mut at = from;
+        while at < to {
+            let ms = self.pickups(at, (at + window).min(to));
+            if !ms.is_empty() {
+                let p99 = percentiles(ms).p99;
+                if p99 > worst.0 {
+                    worst = (p99, (at - from).as_secs_f64());
+                }
+            }
+            at += window;
+        }
+        worst
+    }
+
+    /// The pickup p99 (ms) of each 10 s window of `[from, to)`, printed as
+    /// the run's timeline.
+    fn p99_by_window(&self, from: Duration, to: Duration) -> String {
+        let window = Duration::from_secs(10);
+        let mut out = Vec::new();
+        let mut at = from;
+        while at < to {
+            let ms = self.pickups(at, (at + window).min(to));
+            out.push(if ms.is_empty() {
+                "-".to_owned()
+            } else {
+                format!("{:.1}", percentiles(ms).p99)
+            });
+            at += window;
+        }
+        out.join(" ")
+    }
+
+    /// Seconds from `from` to the start of the first second whose pickup
+    /// p99 is within `bound` ms, if any second before `to` is.
+    fn back_within(&self, from: Duration, to: Duration, bound: f64) -> Option<f64> {
+        let mut at = from;
+        while at < to {
+            let next = at + Duration::from_secs(1);
+            let ms = self.pickups(at, next);
+            if !ms.is_empty() && percentiles(ms).p99 <= bound {
+                return Some((at - from).as_secs_f64());
+            }
+            at = next;
+        }
+        None
+    }
+}
+
+/// Offers jobs at a rate that may change from phase to phase: at each tick,
+/// whatever is due by then, so that a slow enqueue is made up at the next
+/// tick and the offered rate holds; records when each job was offered (its
+/// enqueue's commit, from `t0`).
+struct Offerer<'a> {
+    pool: &'a PgPool,
+    table: &'a JobTable,
+    t0: Instant,
+    /// Jobs due when the current rate was set, and when that was.
+    base: (f64, Duration),
+    rate: f64,
+    sent: u64,
+    offered: Vec<(i64, Duration)>,
+}
+
+impl<'a> Offerer<'a> {
+    fn new(pool: &'a PgPool, table: &'a JobTable, rate: f64) -> Self {
+        Offerer {
+            pool,
+            table,
+            t0: Instant::now(),
+            base: (0.0, Duration::ZERO),
+            rate,
+            sent: 0,
+            offered: Vec::new(),
+        }
+    }
+
+    fn elapsed(&self) -> Duration {
+        self.t0.elapsed()
+    }
+
+    fn set_rate(&mut self, rate: f64) {
+        let now = self.elapsed();
+        self.base = (self.due_at(now), now);
+        self.rate = rate;
+    }
+
+    fn due_at(&self, t: Duration) -> f64 {
+        self.base.0 + t.saturating_sub(self.base.1).as_secs_f64() * self.rate
+    }
+
+    /// Enqueues what is due by now, in one batch.
+    async fn top_up(&mut self) -> Result<()> {
+        let due = self.due_at(self.elapsed()) as u64;
+        if due > self.sent {
+            let jobs: Vec<NewJob> = (self.sent..due)
+                .map(|i| NewJob::new("noop", serde_json::json!(i)))
+                .collect();
+            let ids = self.table.enqueue_many(self.pool, &jobs).await?;
+            let at = self.elapsed();
+            self.offered.extend(ids.into_iter().map(|id| (id, at)));
+            self.sent = due;
+        }
+        Ok(())
+    }
+}
+
+/// A 10 ms tick that waits after a late one instead of bursting.
+fn ticks() -> tokio::time::Interval {
+    let mut ticks = tokio::time::interval(Duration::from_millis(10));
+    ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticks
+}
+
+/// The table's dead rows and sizes, as the idle session ends.
+struct Bloat {
+    dead_rows: i64,
+    table_mb: f64,
+    indexes_mb: f64,
+}
+
+async fn bloat(pool: &PgPool, table: &JobTable) -> Result<Bloat> {
+    let name = table.name().quoted();
+    let (dead_rows, table_bytes, index_bytes): (i64, i64, i64) =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT coalesce((SELECT n_dead_tup FROM pg_stat_user_tables WHERE relid = '{name}'::regclass), 0), \
+             pg_table_size('{name}'::regclass), pg_indexes_size('{name}'::regclass)"
+        )))
+        .fetch_one(pool)
+        .await?;
+    let mb = |b: i64| b as f64 / (1024.0 * 1024.0);
+    Ok(Bloat {
+        dead_rows,
+        table_mb: mb(table_bytes),
+        indexes_mb: mb(index_bytes),
+    })
+}
+
+/// A 16-handler worker in `mode` over a fresh table, idle, stamping when
+/// each job starts; each job works `work`.
+struct Stamped {
+    table: JobTable,
+    started: Arc<Mutex<HashMap<i64, Instant>>>,
+    shutdown: CancellationToken,
+    running: tokio::task::JoinHandle<Result<queue_worker::WorkerReport, queue_worker::WorkerError>>,
+}
+
+impl Stamped {
+    async fn start(pool: &PgPool, mode: ExecutionMode, work: Duration) -> Result<Stamped> {
+        let table = fresh_table(pool, "pressure").await?;
+        quiet::quiesce(pool).await?;
+        let store = PgStore::default_table(pool.clone(), table.store_options().mode(mode)).await?;
+        let started = Arc::new(Mutex::new(HashMap::new()));
+        let shutdown = CancellationToken::new();
+        let worker = Worker::new(
+            store,
+            Started {
+                at: started.clone(),
+                open_transaction: mode == ExecutionMode::Transactional,
+                work,
+            },
+            drain_options(16),
+        )?;
+        let running = tokio::spawn(worker.run(shutdown.clone()));
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok(Stamped {
+            table,
+            started,
+            shutdown,
+            running,
+        })
+    }
+
+    fn count(&self) -> usize {
+        self.started.lock().map(|s| s.len()).unwrap_or(0)
+    }
+
+    /// Waits until `n` jobs started (at most 120 s), stops the worker and
+    /// returns when each started, from `t0`.
+    async fn finish(self, n: usize, t0: Instant) -> Result<HashMap<i64, Duration>> {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.count() < n {
+            ensure!(
+                Instant::now() < deadline,
+                "{} of {n} offered jobs had not started 120 s after the offer ended",
+                n - self.count()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        self.shutdown.cancel();
+        self.running.await??;
+        let started = self
+            .started
+            .lock()
+            .map(|s| {
+                s.iter()
+                    .map(|(id, at)| (*id, at.saturating_duration_since(t0)))
+                    .collect()
+            })
+            .unwrap_or_default();
+        Ok(started)
+    }
+}
+
+/// Offers `rate` jobs a second to a 16-handler worker in `mode` through the
+/// three phases of `phases`; the idle session holds its snapshot through
+/// the middle one.
+async fn offer_through(
+    pool: &PgPool,
+    url: &str,
+    mode: ExecutionMode,
+    rate: u32,
+    phases: IdlePhases,
+) -> Result<(Timeline, Bloat)> {
+    let worker = Stamped::start(pool, mode, Duration::ZERO).await?;
+    let table = worker.table.clone();
+    let idle_from = phases.clean;
+    let idle_to = phases.clean + phases.idle;
+    let end = idle_to + phases.after;
+    let mut idle_session = None;
+    let mut bloat_at_end = None;
+    let mut offer = Offerer::new(pool, &table, f64::from(rate));
+    let mut ticks = ticks();
+    loop {
+        ticks.tick().await;
+        let now = offer.elapsed();
+        if now >= end {
+            break;
+        }
+        if now >= idle_from && now < idle_to && idle_session.is_none() {
+            // A session that takes a snapshot and keeps it: vacuum can
+            // remove no row that died after it.
+            let mut conn = sqlx::PgConnection::connect(url).await?;
+            sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+                .execute(&mut conn)
+                .await?;
+            idle_session = Some(conn);
+        }
+        if now >= idle_to {
+            if let Some(mut conn) = idle_session.take() {
+                bloat_at_end = Some(bloat(pool, &table).await?);
+                sqlx::raw_sql("COMMIT").execute(&mut conn).await?;
+                conn.close().await?;
+            }
+        }
+        offer.top_up().await?;
+    }
+    let (t0, offered) = (offer.t0, offer.offered);
+    let started = worker.finish(offered.len(), t0).await?;
+    let bloat = bloat_at_end.context("the idle session never ended")?;
+    Ok((Timeline { offered, started }, bloat))
+}
+
+/// The idle-in-transaction scenario at each rate, in both modes.
+pub(super) async fn idle_in_transaction(
+    pool: &PgPool,
+    url: &str,
+    phases: IdlePhases,
+    results: &mut Results,
+) -> Result<()> {
+    for &rate in phases.rates {
+        for (mode, name) in [
+            (ExecutionMode::Lease, "lease"),
+            (ExecutionMode::Transactional, "transactional"),
+        ] {
+            let (timeline, bloat) = offer_through(pool, url, mode, rate, phases).await?;
+            let (idle_from, idle_to) = (phases.clean, phases.clean + phases.idle);
+            let end = idle_to + phases.after;
+            // The first seconds hold the worker's start: the clean phase is
+            // measured from its second half.
+            let clean = percentiles(timeline.pickups(phases.clean / 2, idle_from));
+            let idle = percentiles(timeline.pickups(idle_from, idle_to));
+            let last = Duration::from_secs(10).min(phases.idle);
+            let idle_end = percentiles(timeline.pickups(idle_to - last, idle_to));
+            let after = percentiles(timeline.pickups(idle_to, end));
+            let completion = timeline.worst_completion(idle_from, idle_to);
+            let (worst_p99, worst_at) = timeline.worst_p99(idle_from, idle_to);
+            println!(
+                "  pressure: idle in transaction, {name}, {rate} jobs/s: pickup p99 (ms) by 10 s: {} | held: {} | after: {}",
+                timeline.p99_by_window(Duration::ZERO, idle_from),
+                timeline.p99_by_window(idle_from, idle_to),
+                timeline.p99_by_window(idle_to, end)
+            );
+            let what = |w: &str| format!("idle in transaction, {name}, {rate} jobs/s: {w}");
+            results.add(
+                "pressure",
+                what("completions, worst 10 s of the idle phase ÷ offered"),
+                completion,
+                "x",
+                format!(
+                    "a snapshot held {} s; target ≥ 0.99; clean phase {:.3}",
+                    phases.idle.as_secs(),
+                    timeline.worst_completion(phases.clean / 2, idle_from)
+                ),
+            );
+            results.add(
+                "pressure",
+                what("pickup p99, idle phase ÷ clean"),
+                idle.p99 / clean.p99,
+                "x",
+                format!(
+                    "target ≤ 3; clean p50 {:.2} ms, p99 {:.2} ms; idle p50 {:.2} ms, p99 {:.2} ms; its last {} s p50 {:.2} ms, p99 {:.2} ms; worst 10 s p99 {worst_p99:.2} ms, {worst_at:.0} s in",
+                    clean.p50,
+                    clean.p99,
+                    idle.p50,
+                    idle.p99,
+                    last.as_secs(),
+                    idle_end.p50,
+                    idle_end.p99
+                ),
+            );
+            let back = timeline.back_within(idle_to, end, 1.5 * clean.p99);
+            results.add(
+                "pressure",
+                what("back to the clean pickup p99 (within 1.5×) after the session ended"),
+                back.unwrap_or(f64::NAN),
+                "s",
+                format!(
+                    "target ≤ 60 s; p50 {:.2} ms, p99 {:.2} ms over the {} s after it",
+                    after.p50,
+                    after.p99,
+                    phases.after.as_secs()
+                ),
+            );
+            results.add(
+                "pressure",
+                what("dead rows as the session ended"),
+                bloat.dead_rows as f64,
+                "rows",
+                format!(
+                    "{} jobs offered; table {:.0} MB, indexes {:.0} MB",
+                    thousands(timeline.offered.len() as u64),
+                    bloat.table_mb,
+                    bloat.indexes_mb
+                ),
+            );
+        }
+    }
+    Ok(())
+}
+
+/// How the overload scenario runs.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct OverloadSizes {
+    /// How long each job works (sleeps): with 16 handlers, this sets the
+    /// drain's peak.
+    pub work: Duration,
+    /// The backlog whose drain measures the clean peak.
+    pub peak_jobs: usize,
+    /// How long twice the peak is offered.
+    pub over: Duration,
+    /// How long pickups are measured once the backlog is gone.
+    pub settle: Duration,
+}
+
+/// What one overload run measured.
+struct Overloaded {
+    /// The clean peak, jobs/s.
+    peak: f64,
+    /// Jobs started per second while twice the peak was offered.
+    during: f64,
+    /// Jobs waiting as the overload ended.
+    backlog: usize,
+    /// Jobs started per second from the overload's end until the backlog
+    /// was gone, and how long that took.
+    draining: f64,
+    drained_in: Duration,
+    /// Pickups of the jobs offered once the backlog was gone.
+    settled: Vec<f64>,
+}
+
+/// The rate offered once the overload ends, as a share of the peak: the
+/// backlog drains at the rest.
+const NORMAL_SHARE: f64 = 0.25;
+
+async fn overload_run(
+    pool: &PgPool,
+    mode: ExecutionMode,
+    sizes: OverloadSizes,
+) -> Result<Overloaded> {
+    let worker = Stamped::start(pool, mode, sizes.work).await?;
+    let table = worker.table.clone();
+    // The clean peak: a backlog enqueued at once, drained.
+    let began = Instant::now();
+    let jobs: Vec<NewJob> = (0..sizes.peak_jobs)
+        .map(|i| NewJob::new("noop", serde_json::json!(i)))
+        .collect();
+    for chunk in jobs.chunks(5_000) {
+        table.enqueue_many(pool, chunk).await?;
+    }
+    while worker.count() < sizes.peak_jobs {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let peak = sizes.peak_jobs as f64 / began.elapsed().as_secs_f64();
+    tokio::time::sleep(sizes.work * 4).await;
+
+    let before = worker.count();
+    let mut offer = Offerer::new(pool, &table, 2.0 * peak);
+    let mut ticks = ticks();
+    let started_by = |worker: &Stamped| worker.count() - before;
+    while offer.elapsed() < sizes.over {
+        ticks.tick().await;
+        offer.top_up().await?;
+    }
+    let over_at = offer.elapsed();
+    let started_at_over = started_by(&worker);
+    let backlog = offer.offered.len().saturating_sub(started_at_over);
+    offer.set_rate(NORMAL_SHARE * peak);
+    // Gone once no more wait than the handlers hold.
+    let deadline = Instant::now() + sizes.over * 20 + Duration::from_secs(60);
+    loop {
+        ticks.tick().await;
+        offer.top_up().await?;
+        if offer.offered.len() <= started_by(&worker) + 16 {
+            break;
+        }
+        ensure!(
+            Instant::now() < deadline,
+            "the backlog of {backlog} jobs was not gone {:?} after the overload",
+            deadline - over_at.min(sizes.over)
+        );
+    }
+    let gone_at = offer.elapsed();
+    let started_at_gone = started_by(&worker);
+    while offer.elapsed() < gone_at + sizes.settle {
+        ticks.tick().await;
+        offer.top_up().await?;
+    }
+    let (t0, offered) = (offer.t0, offer.offered);
+    let started = worker.finish(before + offered.len(), t0).await?;
+    let timeline = Timeline { offered, started };
+    let drained_in = gone_at - over_at;
+    Ok(Overloaded {
+        peak,
+        during: started_at_over as f64 / over_at.as_secs_f64(),
+        backlog,
+        draining: (started_at_gone - started_at_over) as f64 / drained_in.as_secs_f64(),
+        drained_in,
+        settled: timeline.pickups(gone_at, gone_at + sizes.settle),
+    })
+}
+
+/// Overload in both modes: twice the clean peak offered for a while, then
+/// a quarter of it until the backlog is gone, then pickups at that rate.
+pub(super) async fn overload(
+    pool: &PgPool,
+    sizes: OverloadSizes,
+    results: &mut Results,
+) -> Result<()> {
+    for (mode, name) in [
+        (ExecutionMode::Lease, "lease"),
+        (ExecutionMode::Transactional, "transactional"),
+    ] {
+        let run = overload_run(pool, mode, sizes).await?;
+        let what = |w: &str| format!("overload, {name}: {w}");
+        results.add(
+            "pressure",
+            what("backlog drain ÷ clean peak"),
+            run.draining / run.peak,
+            "x",
+            format!(
+                "target ≥ 0.9; peak {:.0} jobs/s (16 handlers, {} ms of work each); {:.0} jobs/s while twice the peak was offered for {} s ({:.2}x); a backlog of {} drained at {:.0} jobs/s in {:.1} s, with a quarter of the peak offered",
+                run.peak,
+                sizes.work.as_millis(),
+                run.during,
+                sizes.over.as_secs(),
+                run.during / run.peak,
+                thousands(run.backlog as u64),
+                run.draining,
+                run.drained_in.as_secs_f64()
+            ),
+        );
+        let settled = percentiles(run.settled.clone());
+        results.add(
+            "pressure",
+            what("pickup p99 once the backlog is gone"),
+            settled.p99,
+            "ms",
+            format!(
+                "target ≤ 5 ms; p50 {:.2} ms; {} jobs over {} s at a quarter of the peak",
+                settled.p50,
+                run.settled.len(),
+                sizes.settle.as_secs()
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Readers polling `queue serve`'s operator surfaces: each, every second,
+/// the stats and a filtered page of jobs, as a dashboard tab and a monitor
+/// would.
+pub(super) struct Readers {
+    _server: crate::served::Served,
+    stop: CancellationToken,
+    tasks: tokio::task::JoinSet<Result<Vec<f64>>>,
+}
+
+/// What the readers read.
+pub(super) struct Read {
+    /// Each request's time, ms.
+    pub requests: Vec<f64>,
+}
+
+/// How many readers poll.
+pub(super) const READERS: usize = 8;
+
+impl Readers {
+    /// `queue serve` (the release binary) on `table`, and [`READERS`]
+    /// readers polling it.
+    pub(super) async fn start(url: &str, table: &JobTable) -> Result<Readers> {
+        let binary = crate::served::queue_binary(!cfg!(debug_assertions))?;
+        let config = crate::served::target_dir().join("bench-readers.toml");
+        std::fs::write(
+            &config,
+            format!(
+                "schema = {:?}\ntable = {:?}\n",
+                table.name().schema.as_str(),
+                table.name().name.as_str()
+            ),
+        )?;
+        let server = crate::served::start(&binary, url, &config, &[])?;
+        let client = reqwest::Client::builder().build()?;
+        let paths = [
+            format!("{}/api/stats", server.base),
+            format!("{}/api/jobs?state=failed&kind=noop&limit=50", server.base),
+        ];
+        // One round first: the server's pool opens, its statements prepare.
+        for path in &paths {
+            client.get(path).send().await?.error_for_status()?;
+        }
+        let stop = CancellationToken::new();
+        let mut tasks = tokio::task::JoinSet::new();
+        for reader in 0..READERS {
+            let (client, paths, stop) = (client.clone(), paths.clone(), stop.clone());
+            tasks.spawn(async move {
+                // Spread over the second, as independent tabs would be.
+                let offset = Duration::from_millis(1000 * reader as u64 / READERS as u64);
+                tokio::time::sleep(offset).await;
+                let mut every = tokio::time::interval(Duration::from_secs(1));
+                let mut times = Vec::new();
+                loop {
+                    tokio::select! {
+                        _ = stop.cancelled() => return Ok(times),
+                        _ = every.tick() => {}
+                    }
+                    for path in &paths {
+                        let began = Instant::now();
+                        let response = client.get(path).send().await?;
+                        ensure!(
+                            response.status().is_success(),
+                            "GET {path} answered {}",
+                            response.status()
+                        );
+                        response.bytes().await?;
+                        times.push(began.elapsed().as_secs_f64() * 1000.0);
+                    }
+                }
+            });
+        }
+        Ok(Readers {
+            _server: server,
+            stop,
+            tasks,
+        })
+    }
+
+    /// Stops the readers and the server.
+    pub(super) async fn stop(mut self) -> Result<Read> {
+        self.stop.cancel();
+        let mut requests = Vec::new();
+        while let Some(done) = self.tasks.join_next().await {
+            requests.extend(done??);
+        }
+        Ok(Read { requests })
+    }
+}
+
+/// A 16-handler lease drain with [`READERS`] readers polling, against the
+/// drain alone, in alternating rounds.
+pub(super) async fn readers_beside_a_drain(
+    pool: &PgPool,
+    url: &str,
+    jobs: usize,
+    rounds: usize,
+    results: &mut Results,
+) -> Result<()> {
+    use super::drain::{drain, drain_beside, LEASE};
+    let (mut alone, mut beside, mut requests) = (Vec::new(), Vec::new(), Vec::new());
+    for _ in 0..rounds.max(1) {
+        alone.push(drain(pool, LEASE, 16, jobs).await?.jobs_per_second);
+        let drained = drain_beside(pool, LEASE, 16, jobs, Some(url)).await?;
+        beside.push(drained.jobs_per_second);
+        requests.extend(drained.read.map(|r| r.requests).unwrap_or_default());
+    }
+    let median = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (alone, beside) = (median(&mut alone), median(&mut beside));
+    let read = percentiles(requests.clone());
+    results.add(
+        "pressure",
+        "readers: lease drain beside 8 readers ÷ alone",
+        beside / alone,
+        "x",
+        format!(
+            "target ≥ 0.9; {beside:.0} against {alone:.0} jobs/s (medians of {} alternating rounds of {} jobs); each reader GETs /api/stats and a filtered page every second: {} requests, p50 {:.1} ms, p99 {:.1} ms",
+            rounds.max(1),
+            thousands(jobs as u64),
+            requests.len(),
+            read.p50,
+            read.p99
+        ),
+    );
+    Ok(())
+}
