@@ -31,6 +31,26 @@ pub fn queue_binary(release: bool) -> Result<PathBuf> {
         .join("queue"))
 }
 
+/// Starts `queue serve` (this profile's binary) on `table`, with a config
+/// file of that name in the target directory naming it.
+pub fn serve_table(
+    url: &str,
+    table: &queue_store_postgres::JobTable,
+    config_name: &str,
+) -> Result<Served> {
+    let binary = queue_binary(!cfg!(debug_assertions))?;
+    let config = target_dir().join(config_name);
+    std::fs::write(
+        &config,
+        format!(
+            "schema = {:?}\ntable = {:?}\n",
+            table.name().schema.as_str(),
+            table.name().name.as_str()
+        ),
+    )?;
+    start(&binary, url, &config, &[])
+}
+
 /// A running `queue serve`.
 pub struct Served {
     child: Child,

@@ -23,17 +23,7 @@ pub struct HttpEnqueue {
 
 /// Starts `queue serve` (this profile's binary) on `table`.
 fn serve(url: &str, table: &JobTable) -> Result<Served> {
-    let binary = served::queue_binary(!cfg!(debug_assertions))?;
-    let config = served::target_dir().join("bench-http-enqueue.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "schema = {:?}\ntable = {:?}\n",
-            table.name().schema.as_str(),
-            table.name().name.as_str()
-        ),
-    )?;
-    served::start(&binary, url, &config, &[])
+    served::serve_table(url, table, "bench-http-enqueue.toml")
 }
 
 /// `n` single inserts from [`CLIENTS`] connections; jobs per second.

@@ -14,6 +14,9 @@ pub(super) struct Row {
     value: f64,
     unit: &'static str,
     note: String,
+    /// `(at least, at most)`, for a figure that carries its own target
+    /// into the table of ratios.
+    target: Option<(Option<f64>, Option<f64>)>,
 }
 
 /// Every figure of a run, in the order measured.
@@ -38,6 +41,7 @@ impl Results {
             value,
             unit,
             note: note.into(),
+            target: None,
         };
         println!(
             "  {:<11} {:<48} {:>12} {:<6} {}",
@@ -48,6 +52,23 @@ impl Results {
             row.note
         );
         self.rows.push(row);
+    }
+
+    /// Adds a figure with its own `target` (`(at least, at most)`), which
+    /// the table of ratios then lists.
+    pub(super) fn add_against(
+        &mut self,
+        section: &'static str,
+        what: impl Into<String>,
+        value: f64,
+        unit: &'static str,
+        note: impl Into<String>,
+        target: (Option<f64>, Option<f64>),
+    ) {
+        self.add(section, what, value, unit, note);
+        if let Some(row) = self.rows.last_mut() {
+            row.target = Some(target);
+        }
     }
 
     /// A row with the median of rounds' figures, listing them all.
@@ -111,7 +132,7 @@ pub(super) fn median(values: &[f64]) -> f64 {
 /// A ratio the report states (or a figure with a target of its own), with
 /// its target.
 struct Ratio {
-    name: &'static str,
+    name: std::borrow::Cow<'static, str>,
     value: Option<f64>,
     /// `(at least, at most)`.
     target: (Option<f64>, Option<f64>),
@@ -193,15 +214,15 @@ pub(super) mod rows {
 
 fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
     use rows::*;
-    let r = |name, value, target| Ratio {
-        name,
+    let r = |name: &'static str, value, target| Ratio {
+        name: name.into(),
         value,
         target,
         unit: "×",
     };
     let mut out = vec![
         Ratio {
-            name: "a job scheduled 2 s ahead, from its due time to its start, at most",
+            name: "a job scheduled 2 s ahead, from its due time to its start, at most".into(),
             value: results.get(DUE_MAX),
             target: (None, Some(50.0)),
             unit: " ms",
@@ -297,6 +318,22 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             results.ratio(LEASE_16, &format!("{peer}: drain, 16 handlers")),
             (None, None),
         ));
+    }
+    // The figures that carry their own targets (the pressure scenarios).
+    for row in &results.rows {
+        if let Some(target) = row.target {
+            out.push(Ratio {
+                name: row.what.clone().into(),
+                value: Some(row.value),
+                target,
+                unit: match row.unit {
+                    "x" => "×",
+                    "ms" => " ms",
+                    "s" => " s",
+                    _ => "",
+                },
+            });
+        }
     }
     out
 }
