@@ -34,10 +34,19 @@ pub(crate) struct Position<K> {
     pub key: K,
 }
 
-/// A claim from the start that came back short and took this long says
-/// the walk to the first waiting job is costly. A short claim on a clean
-/// index takes 0.1-0.4 ms.
-const COSTLY_WALK: Duration = Duration::from_millis(1);
+/// A claim from the start that came back short and took this long makes
+/// the walk to the first waiting job suspect (a short claim on a clean
+/// index takes 0.1-0.4 ms, but a busy machine can make any claim slow):
+/// the store then measures it.
+const SUSPECT_WALK: Duration = Duration::from_millis(1);
+/// A walk that reads this many blocks (index and table pages, as `EXPLAIN
+/// (ANALYZE, BUFFERS)` counts them: about one for every hundred dead
+/// entries) is costly. A count, unlike a time, does not depend on how busy
+/// the machine is, so a small table never turns costly under load (which
+/// would make jobs before the cursor wait for a probe).
+pub(crate) const COSTLY_BLOCKS: u64 = 300;
+/// At most one measurement in this long.
+const MEASURE_AT_MOST_EVERY: Duration = Duration::from_secs(5);
 /// A probe faster than this says the walk is cheap again.
 const CHEAP_WALK: Duration = Duration::from_micros(500);
 /// Probes take at most one part in this of the time, however slow. Each
@@ -72,6 +81,9 @@ struct State<K> {
     costly: bool,
     /// Whether a probe is out.
     probing: bool,
+    /// Whether a measurement of the walk is out, and when the last went.
+    measuring: bool,
+    last_measure: Option<Instant>,
     /// When the last probe ended, and how long it took.
     last_probe: Option<(Instant, Duration)>,
     /// Moved by each probe that moves the cursor, so that a claim that went
@@ -124,6 +136,8 @@ impl<K: Clone> ClaimCursor<K> {
                 last_rescan: None,
                 costly: false,
                 probing: false,
+                measuring: false,
+                last_measure: None,
                 last_probe: None,
                 epoch: 0,
             }),
@@ -169,22 +183,33 @@ impl<K: Clone> ClaimCursor<K> {
     /// claim says the backlog goes on after its last job, and anything else
     /// (a short claim, a failed one) sends the next claim to the start;
     /// while the walk is costly, a short claim keeps the cursor at its last
-    /// job (or where it was, if it took none).
+    /// job (or where it was, if it took none). Whether the store should
+    /// measure the walk now (a short claim from the start was slow).
     pub(crate) fn ended(
         &self,
+        now: Instant,
         epoch: u64,
         last: Option<Position<K>>,
         full: bool,
         from_start: Option<Duration>,
         failed: bool,
-    ) {
+    ) -> bool {
         let mut state = self.lock();
-        if from_start.is_some_and(|took| took >= COSTLY_WALK) && !full && !failed {
-            state.costly = true;
+        let measure = from_start.is_some_and(|took| took >= SUSPECT_WALK)
+            && !full
+            && !failed
+            && !state.costly
+            && !state.measuring
+            && state
+                .last_measure
+                .is_none_or(|at| now.duration_since(at) >= MEASURE_AT_MOST_EVERY);
+        if measure {
+            state.measuring = true;
+            state.last_measure = Some(now);
         }
         if state.epoch != epoch {
             // A probe moved the cursor while this claim was out.
-            return;
+            return measure;
         }
         if failed {
             state.jump_to(None);
@@ -195,6 +220,18 @@ impl<K: Clone> ClaimCursor<K> {
             }
         } else {
             state.jump_to(last.filter(|_| full));
+        }
+        measure
+    }
+
+    /// Records a measurement of the walk from the start: the blocks it
+    /// read (`None`: it failed). At [`COSTLY_BLOCKS`] or more, the walk is
+    /// costly.
+    pub(crate) fn measured(&self, blocks: Option<u64>) {
+        let mut state = self.lock();
+        state.measuring = false;
+        if blocks.is_some_and(|b| b >= COSTLY_BLOCKS) {
+            state.costly = true;
         }
     }
 
@@ -327,7 +364,22 @@ mod tests {
     ) -> Start<i64> {
         let start = cursor.start(now);
         let from_start = start.at.is_none().then_some(took).flatten();
-        cursor.ended(start.epoch, last, full, from_start, false);
+        if cursor.ended(
+            Instant::now(),
+            start.epoch,
+            last.clone(),
+            full,
+            from_start,
+            false,
+        ) {
+            // The store measures the walk: costly, as measured at 30 ms.
+            cursor.measured(Some(COSTLY_BLOCKS * 10));
+            // The next claim reads from the start once more (the short
+            // claim had sent it there) and ends where this one did.
+            let next = cursor.start(now);
+            assert_eq!(next.at, None);
+            cursor.ended(Instant::now(), next.epoch, last, full, from_start, false);
+        }
         start
     }
 
@@ -340,16 +392,16 @@ mod tests {
             None,
             "the first claim reads from the start"
         );
-        cursor.ended(0, at(0, 48), true, FAST, false);
+        cursor.ended(Instant::now(), 0, at(0, 48), true, FAST, false);
         assert_eq!(cursor.start(t + Duration::from_millis(4)).at, at(0, 48));
-        cursor.ended(0, at(0, 96), true, None, false);
+        cursor.ended(Instant::now(), 0, at(0, 96), true, None, false);
         assert_eq!(cursor.start(t + Duration::from_millis(9)).at, at(0, 96));
         assert_eq!(
             cursor.start(t + Duration::from_millis(10)).at,
             None,
             "10 ms after the last read from the start, the next one"
         );
-        cursor.ended(0, at(5, 7), true, FAST, false);
+        cursor.ended(Instant::now(), 0, at(5, 7), true, FAST, false);
         assert_eq!(
             cursor.start(t + Duration::from_millis(12)).at,
             at(5, 7),
@@ -362,16 +414,16 @@ mod tests {
         let cursor = ClaimCursor::new(Duration::from_secs(3600));
         let t = Instant::now();
         assert_eq!(cursor.start(t).at, None);
-        cursor.ended(0, at(0, 48), true, FAST, false);
+        cursor.ended(Instant::now(), 0, at(0, 48), true, FAST, false);
         assert_eq!(cursor.start(t).at, at(0, 48));
-        cursor.ended(0, at(0, 60), false, None, false);
+        cursor.ended(Instant::now(), 0, at(0, 60), false, None, false);
         assert_eq!(
             cursor.start(t).at,
             None,
             "short: the backlog after it is gone"
         );
-        cursor.ended(0, at(0, 48), true, FAST, false);
-        cursor.ended(0, None, false, None, true);
+        cursor.ended(Instant::now(), 0, at(0, 48), true, FAST, false);
+        cursor.ended(Instant::now(), 0, None, false, None, true);
         assert_eq!(cursor.start(t).at, None, "failed");
         assert_eq!(
             cursor.nothing_at_cursor(t),
@@ -393,7 +445,7 @@ mod tests {
             "costly: a short claim keeps the cursor at its last job, past the rescan interval"
         );
         assert!(next.probe, "the first probe goes out at once");
-        cursor.ended(next.epoch, at(0, 12), false, None, false);
+        cursor.ended(Instant::now(), next.epoch, at(0, 12), false, None, false);
         let t1 = t + Duration::from_millis(51);
         let busy = cursor.start(t1);
         assert_eq!(
@@ -402,7 +454,7 @@ mod tests {
             "a claim starts a few claims back, for keys that committed late"
         );
         assert!(!busy.probe, "one probe out at a time");
-        cursor.ended(busy.epoch, None, false, None, false);
+        cursor.ended(Instant::now(), busy.epoch, None, false, None, false);
         assert_eq!(
             cursor.start(t1).at,
             at(0, 6),
@@ -441,15 +493,71 @@ mod tests {
         claim(&cursor, t, at(0, 1), false, SLOW);
         for key in 2..=10 {
             let out = cursor.start(t);
-            cursor.ended(out.epoch, at(0, key), false, None, false);
+            cursor.ended(Instant::now(), out.epoch, at(0, key), false, None, false);
         }
         assert_eq!(cursor.start(t).at, at(0, 3), "the last eight: 3 to 10");
         let out = cursor.start(t);
-        cursor.ended(out.epoch, at(2, 50), false, None, false);
+        cursor.ended(Instant::now(), out.epoch, at(2, 50), false, None, false);
         assert_eq!(
             cursor.start(t).at,
             at(2, 50),
             "another priority: nothing behind it"
+        );
+    }
+
+    #[test]
+    fn a_slow_claim_is_a_suspicion_and_only_a_walk_of_many_blocks_makes_it_costly() {
+        let cursor = ClaimCursor::new(Duration::from_millis(10));
+        let t = Instant::now();
+        let out = cursor.start(t);
+        assert!(
+            cursor.ended(t, out.epoch, at(0, 6), false, SLOW, false),
+            "a slow short claim from the start: measure the walk"
+        );
+        let again = cursor.start(t);
+        assert!(
+            !cursor.ended(t, again.epoch, at(0, 7), false, SLOW, false),
+            "one measurement at a time"
+        );
+        cursor.measured(Some(COSTLY_BLOCKS - 1));
+        assert_eq!(
+            cursor.start(t + Duration::from_millis(20)).at,
+            None,
+            "a busy machine, not a long walk: claims read from the start as before"
+        );
+        let soon = cursor.start(t + Duration::from_secs(1));
+        assert!(
+            !cursor.ended(
+                t + Duration::from_secs(1),
+                soon.epoch,
+                None,
+                false,
+                SLOW,
+                false
+            ),
+            "at most one measurement every few seconds"
+        );
+        let later = cursor.start(t + Duration::from_secs(6));
+        assert!(cursor.ended(
+            t + Duration::from_secs(6),
+            later.epoch,
+            at(0, 9),
+            false,
+            SLOW,
+            false
+        ));
+        cursor.measured(Some(COSTLY_BLOCKS));
+        let t7 = t + Duration::from_secs(7);
+        let next = cursor.start(t7);
+        assert_eq!(
+            next.at, None,
+            "the short claim had sent this one to the start"
+        );
+        cursor.ended(t7, next.epoch, at(0, 10), false, SLOW, false);
+        assert_eq!(
+            cursor.start(t7 + Duration::from_secs(1)).at,
+            at(0, 10),
+            "costly: short claims keep the cursor, past the rescan interval"
         );
     }
 
@@ -469,7 +577,7 @@ mod tests {
             cursor.probe_ended(t, Duration::from_millis(5), Some(late)),
             "a job the cursor passed (a key that committed late): wake"
         );
-        cursor.ended(out.epoch, at(0, 150), false, None, false);
+        cursor.ended(Instant::now(), out.epoch, at(0, 150), false, None, false);
         assert_eq!(
             cursor.start(t).at,
             at(0, 40),

@@ -607,13 +607,13 @@ where
         let Some(cursor) = &self.inner.cursor else {
             return;
         };
-        let (Some(statement), Some(at)) = (&self.inner.sql.cursor_probe, cursor.position()) else {
+        let (Some(probes), Some(at)) = (&self.inner.sql.cursor_probe, cursor.position()) else {
             // No cursor to probe from: the next claim reads from the start.
             cursor.probe_ended(std::time::Instant::now(), Duration::ZERO, None);
             return;
         };
         let began = std::time::Instant::now();
-        let found = tokio::time::timeout(PROBE_TIMEOUT, self.probe(statement, at)).await;
+        let found = tokio::time::timeout(PROBE_TIMEOUT, self.probe(&probes.probe, at)).await;
         let took = began.elapsed();
         let found = match found {
             Ok(Ok(found)) => Some(found),
@@ -629,6 +629,55 @@ where
         if cursor.probe_ended(std::time::Instant::now(), took, found) {
             listen::wake_all(&self.inner.wake);
         }
+    }
+
+    /// Measures the walk from the start of the claim order to the first
+    /// waiting job, off the claim path: the blocks it reads say whether it
+    /// is costly (see [`crate::cursor`]).
+    fn measure_walk(&self) {
+        let store = self.clone();
+        tokio::spawn(async move {
+            let Some(cursor) = &store.inner.cursor else {
+                return;
+            };
+            let measured = tokio::time::timeout(PROBE_TIMEOUT, store.walk_blocks()).await;
+            let blocks = match measured {
+                Ok(Ok(blocks)) => Some(blocks),
+                Ok(Err(error)) => {
+                    tracing::debug!(%error, "measuring the claim's walk failed");
+                    None
+                }
+                Err(_) => None,
+            };
+            if let Some(blocks) = blocks.filter(|b| *b >= crate::cursor::COSTLY_BLOCKS) {
+                tracing::info!(
+                    table = %store.inner.options.table,
+                    blocks,
+                    "a claim from the start walks the entries of many jobs no vacuum could remove (a session holding an old snapshot?): claims stay at the cursor, and a probe aside finds jobs before it"
+                );
+            }
+            cursor.measured(blocks);
+        });
+    }
+
+    /// The blocks `EXPLAIN (ANALYZE, BUFFERS)` counts for the walk.
+    async fn walk_blocks(&self) -> Result<u64, StoreError> {
+        let context = "measuring the claim's walk";
+        let Some(probes) = &self.inner.sql.cursor_probe else {
+            return Ok(0);
+        };
+        let now = self.inner.admin.to_db(Utc::now());
+        let explained: serde_json::Value = query(&probes.walk, |p| match p {
+            Param::Now => Some(Value::<R::Id>::Time(now)),
+            _ => None,
+        })?
+        .fetch_one(&self.inner.pool)
+        .await
+        .and_then(|row| row.try_get(0))
+        .map_err(|e| store_error(context, e))?;
+        let plan = &explained[0]["Plan"];
+        let blocks = |key: &str| plan[key].as_u64().unwrap_or(0);
+        Ok(blocks("Shared Hit Blocks") + blocks("Shared Read Blocks"))
     }
 
     async fn probe(
@@ -843,14 +892,29 @@ where
         }
         if let (Some(cursor), Some(start)) = (cursor, &start) {
             match &claimed {
-                Ok((_, rows)) => cursor.ended(
-                    start.epoch,
-                    self.position(rows.last()),
-                    rows.len() >= main_limit,
-                    from_start,
-                    false,
-                ),
-                Err(_) => cursor.ended(start.epoch, None, false, None, true),
+                Ok((_, rows)) => {
+                    let suspect = cursor.ended(
+                        std::time::Instant::now(),
+                        start.epoch,
+                        self.position(rows.last()),
+                        rows.len() >= main_limit,
+                        from_start,
+                        false,
+                    );
+                    if suspect {
+                        self.measure_walk();
+                    }
+                }
+                Err(_) => {
+                    cursor.ended(
+                        std::time::Instant::now(),
+                        start.epoch,
+                        None,
+                        false,
+                        None,
+                        true,
+                    );
+                }
             }
         }
         let (mut on, rows) = match claimed {

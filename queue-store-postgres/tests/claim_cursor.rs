@@ -226,6 +226,7 @@ async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_fin
     let test =
         "while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_finds_what_it_passed";
     let Some(pool) = pool(test).await else { return };
+    let (logged, _guard) = support::logs::Logged::at(tracing::Level::INFO);
     let rescan = Duration::from_millis(10);
     let n = 50_000;
     let b = Backlog::new(&pool, n, |o| o.claim_cursor(Some(rescan))).await;
@@ -245,9 +246,23 @@ async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_fin
         claimed += b.claim(1_000).await.len();
     }
     // The next claims come back short; one of them reads from the start
-    // and walks 50,000 dead entries (milliseconds): the walk is costly.
+    // and walks 50,000 dead entries (milliseconds): the store measures the
+    // walk (hundreds of blocks) and finds it costly.
     let mut at_cursor = Vec::new();
-    for i in 0..5 {
+    let mut i = 0;
+    let costly = |logged: &support::logs::Logged| {
+        logged
+            .messages()
+            .iter()
+            .any(|m| m.contains("claims stay at the cursor"))
+    };
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !costly(&logged) || i < 5 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the walk over 50,000 dead entries was not found costly; logged: {:?}",
+            logged.messages()
+        );
         let id = b
             .table
             .enqueue(&b.pool, &NewJob::new("k", serde_json::json!(i)))
@@ -256,6 +271,8 @@ async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_fin
         let began = std::time::Instant::now();
         assert_eq!(b.claim(10).await, [id], "each new job, at once");
         at_cursor.push(began.elapsed());
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(20)).await;
     }
     let began = std::time::Instant::now();
     let fresh = b

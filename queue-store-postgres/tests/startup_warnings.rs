@@ -4,36 +4,10 @@
 
 mod support;
 
-use std::sync::{Arc, Mutex};
-
 use queue_core::Job;
 use queue_store_postgres::PgStore;
+use support::logs::Logged;
 use support::{execute, fresh_table, partitioned_by_state, pool, quoted_schema};
-use tracing::field::{Field, Visit};
-use tracing_subscriber::layer::{Context, SubscriberExt};
-use tracing_subscriber::Layer;
-
-/// Keeps the message of every warning.
-#[derive(Clone, Default)]
-struct Warnings(Arc<Mutex<Vec<String>>>);
-
-impl<S: tracing::Subscriber> Layer<S> for Warnings {
-    fn on_event(&self, event: &tracing::Event<'_>, _: Context<'_, S>) {
-        struct Message(String);
-        impl Visit for Message {
-            fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
-                if field.name() == "message" {
-                    self.0 = format!("{value:?}");
-                }
-            }
-        }
-        if *event.metadata().level() == tracing::Level::WARN {
-            let mut message = Message(String::new());
-            event.record(&mut message);
-            self.0.lock().unwrap().push(message.0);
-        }
-    }
-}
 
 /// Starts a store over `table` with the warnings captured (this test's
 /// thread only: a current-thread runtime).
@@ -49,14 +23,11 @@ async fn warnings_of(
     pool: &sqlx::PgPool,
     options: queue_store_postgres::PgStoreOptions,
 ) -> Vec<String> {
-    let warnings = Warnings::default();
-    let _guard =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let (warnings, _guard) = Logged::at(tracing::Level::WARN);
     PgStore::<Job>::default_table(pool.clone(), options)
         .await
         .expect("a store");
-    let captured = warnings.0.lock().unwrap().clone();
-    captured
+    warnings.messages()
 }
 
 #[tokio::test]

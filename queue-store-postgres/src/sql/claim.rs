@@ -278,7 +278,7 @@ pub(super) fn statements(t: &Target) -> ClaimStatements {
 /// [`Param::CursorKey`]), and whether jobs whose time came wait apart (where
 /// claims read them apart, [`TableShape::due_apart`](super::TableShape::due_apart)),
 /// which only a claim from the start takes. `None` without a cursor.
-pub(super) fn cursor_probe(t: &Target) -> Option<Statement> {
+pub(super) fn cursor_probe(t: &Target) -> Option<CursorProbe> {
     t.options.cursor_rescan_after()?;
     let (table, a, id) = (&t.table, &t.a, &t.id);
     let mut b = Builder::default();
@@ -304,16 +304,39 @@ pub(super) fn cursor_probe(t: &Target) -> Option<Statement> {
         ),
         _ => "false".to_owned(),
     };
+    let first = format!(
+        "SELECT {priority}::int8 AS p, {id} AS k FROM {table} AS {a} WHERE {waiting}{ready}{not_expired} \
+         ORDER BY {order} LIMIT 1",
+        waiting = waiting(t),
+        order = claim_order(t)
+    );
+    let mut walk = Builder::default();
+    walk.p(Param::Now);
+    walk.push(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+        // The walk numbers its one input $1, the probe $3.
+        first.replace(&now, "$1")
+    ));
     b.push(&format!(
         "SELECT f.p AS \"priority\", f.k AS \"key\", \
          coalesce(f.p > {cursor_priority} OR (f.p = {cursor_priority} AND f.k < {cursor_key}), false) AS \"before\", \
-         {due} AS \"due\" FROM (SELECT 1) AS one LEFT JOIN \
-         (SELECT {priority}::int8 AS p, {id} AS k FROM {table} AS {a} WHERE {waiting}{ready}{not_expired} \
-         ORDER BY {order} LIMIT 1) AS f ON true",
-        waiting = waiting(t),
-        order = claim_order(t)
+         {due} AS \"due\" FROM (SELECT 1) AS one LEFT JOIN ({first}) AS f ON true"
     ));
-    Some(b.build())
+    Some(CursorProbe {
+        probe: b.build(),
+        walk: walk.build(),
+    })
+}
+
+/// The cursor's reads off the claim path.
+#[derive(Debug, Clone)]
+pub(crate) struct CursorProbe {
+    /// The probe: see [`cursor_probe`].
+    pub probe: Statement,
+    /// The walk from the start to the first waiting job, measured:
+    /// `EXPLAIN (ANALYZE, BUFFERS)` of the probe's read of that job, whose
+    /// blocks say whether the walk is costly (see [`crate::cursor`]).
+    pub walk: Statement,
 }
 
 /// The priority column the cursor starts within, when the store keeps a
@@ -785,7 +808,8 @@ mod tests {
     fn the_cursor_probe_reads_the_first_ready_job_and_whether_due_ones_wait_apart() {
         let options = PgStoreOptions::new("jobs").unwrap();
         let s = Statements::new(&options, &test_shape(), &[]);
-        let probe = s.cursor_probe.expect("a probe with the cursor");
+        let probes = s.cursor_probe.expect("a probe with the cursor");
+        let probe = &probes.probe;
         assert_eq!(
             &*probe.text,
             "SELECT f.p AS \"priority\", f.k AS \"key\", \
@@ -805,11 +829,23 @@ mod tests {
             probe.params,
             [Param::CursorPriority, Param::CursorKey, Param::Now]
         );
+        assert_eq!(
+            &*probes.walk.text,
+            "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) SELECT \"jobs\".\"priority\"::int8 AS p, \"jobs\".\"id\" AS k \
+             FROM \"public\".\"jobs\" AS \"jobs\" \
+             WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
+             AND \"jobs\".\"process_after\" IS NULL \
+             AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
+             ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 1",
+            "the walk measured: the probe's read of the first waiting job, its input renumbered"
+        );
+        assert_eq!(probes.walk.params, [Param::Now]);
 
         // In one scan: the first job whose time has come, none apart.
         let one_scan = Statements::new(&options, &one_scan_shape(), &[])
             .cursor_probe
-            .expect("a probe");
+            .expect("a probe")
+            .probe;
         assert!(one_scan.text.contains(
             "AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $3)"
         ));
@@ -822,7 +858,8 @@ mod tests {
             &[],
         )
         .cursor_probe
-        .expect("a probe");
+        .expect("a probe")
+        .probe;
         assert!(by_key
             .text
             .contains("(SELECT 0::int8 AS p, \"jobs\".\"id\" AS k"));

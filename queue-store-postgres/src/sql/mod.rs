@@ -358,7 +358,7 @@ pub(crate) struct Statements {
     pub next_due: Option<Statement>,
     /// The claim cursor's probe (see [`crate::cursor`]); `None` without a
     /// cursor.
-    pub cursor_probe: Option<Statement>,
+    pub cursor_probe: Option<claim::CursorProbe>,
     pub finish: Statement,
     /// The same for one attempt, without arrays (cheaper to plan and run).
     pub finish_one: Statement,

@@ -273,7 +273,7 @@ async fn a_claim_at_the_cursor_starts_its_index_scan_there() {
     // order, one entry at a time (a cached plan that sorted every waiting
     // job would make each probe cost the backlog).
     let probe = statements.cursor_probe.as_ref().expect("a probe");
-    let plan = generic_plan(&mut connection, probe).await;
+    let plan = generic_plan(&mut connection, &probe.probe).await;
     assert!(
         plan.contains("Index Scan using jobs_claimable_idx") && !plan.contains("Sort"),
         "the probe's cached plan reads the claim index in order: {plan}"

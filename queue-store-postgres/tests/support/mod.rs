@@ -8,6 +8,8 @@
 
 #![allow(dead_code)]
 
+pub mod logs;
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
