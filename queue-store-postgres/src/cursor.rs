@@ -10,8 +10,9 @@
 //! entry can be marked dead, and every claim from the start walks the
 //! entry of every job claimed since that snapshot: tens of milliseconds
 //! after a few minutes at a few hundred jobs a second, growing without
-//! end. When a claim from the start that came back short was that slow,
-//! the walk is *costly*: claims then always start at the cursor (kept
+//! end. When a claim from the start that came back short was slow, the
+//! store measures the walk off the claim path, in blocks read, and at
+//! [`COSTLY_BLOCKS`] or more the walk is *costly*: claims then always start at the cursor (kept
 //! after short claims too), a few claims back (so that a key that commits
 //! a little late is still ahead of it), and the walk from the start is
 //! left to a *probe*, a read of the first waiting job's position off the

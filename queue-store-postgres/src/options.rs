@@ -695,8 +695,11 @@ impl PgStoreOptions {
     /// While another session holds an old snapshot (idle in transaction, a
     /// long report or backup), vacuum removes nothing and the walk from the
     /// start grows with every job claimed: at 600 jobs/s, 22 ms after three
-    /// minutes. When a short claim from the start took over a millisecond,
-    /// claims stay at the cursor (eight claims back, for keys that commit a
+    /// minutes. When a short claim from the start took over a millisecond
+    /// and a measurement of that walk off the claim path (`EXPLAIN (ANALYZE,
+    /// BUFFERS)`, at most every 5 s) counts 100 blocks or more (about
+    /// 10,000 dead entries; a count, so a busy machine does not pass for
+    /// one), claims stay at the cursor (eight claims back, for keys that commit a
     /// little late), backlog or not, and a read of the first waiting job's
     /// position (a *probe*, off the claim path, at most one every this long
     /// and never more than a hundredth of the time) moves the cursor there
