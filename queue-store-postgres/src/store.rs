@@ -613,19 +613,8 @@ where
             return;
         };
         let began = std::time::Instant::now();
-        let found = tokio::time::timeout(PROBE_TIMEOUT, self.probe(&probes.probe, at)).await;
+        let found = aside("the claim cursor's probe", self.probe(&probes.probe, at)).await;
         let took = began.elapsed();
-        let found = match found {
-            Ok(Ok(found)) => Some(found),
-            Ok(Err(error)) => {
-                tracing::debug!(%error, "the claim cursor's probe failed");
-                None
-            }
-            Err(_) => {
-                tracing::debug!(?took, "the claim cursor's probe timed out");
-                None
-            }
-        };
         if cursor.probe_ended(std::time::Instant::now(), took, found) {
             listen::wake_all(&self.inner.wake);
         }
@@ -640,15 +629,7 @@ where
             let Some(cursor) = &store.inner.cursor else {
                 return;
             };
-            let measured = tokio::time::timeout(PROBE_TIMEOUT, store.walk_blocks()).await;
-            let blocks = match measured {
-                Ok(Ok(blocks)) => Some(blocks),
-                Ok(Err(error)) => {
-                    tracing::debug!(%error, "measuring the claim's walk failed");
-                    None
-                }
-                Err(_) => None,
-            };
+            let blocks = aside("measuring the claim's walk", store.walk_blocks()).await;
             if let Some(blocks) = blocks.filter(|b| *b >= crate::cursor::COSTLY_BLOCKS) {
                 tracing::info!(
                     table = %store.inner.options.table,
@@ -730,6 +711,26 @@ where
 /// How long the claim cursor's probe may take before it is given up (the
 /// next one goes out after the rescan interval).
 const PROBE_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// A read off the claim path (the cursor's probe, the measurement of its
+/// walk), given [`PROBE_TIMEOUT`]; `None` if it failed or timed out, which
+/// is logged at debug level: the claims go on as they were.
+async fn aside<T>(
+    what: &str,
+    read: impl std::future::Future<Output = Result<T, StoreError>>,
+) -> Option<T> {
+    match tokio::time::timeout(PROBE_TIMEOUT, read).await {
+        Ok(Ok(value)) => Some(value),
+        Ok(Err(error)) => {
+            tracing::debug!(%error, "{what} failed");
+            None
+        }
+        Err(_) => {
+            tracing::debug!("{what} timed out after {PROBE_TIMEOUT:?}");
+            None
+        }
+    }
+}
 /// How soon an idle worker looks again at a kind its concurrency limit
 /// held back: a slot frees when a job of the kind ends, in any process.
 const LIMITED_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
@@ -887,6 +888,9 @@ where
         if let Ok((_, rows)) = &claimed {
             if !rows.is_empty() {
                 self.inner.statistics.claim_took(started.elapsed());
+            }
+            // Jobs of limited kinds count towards the table's growth too.
+            if rows.len() + limited.len() > 0 {
                 self.inner.statistics.claimed(rows.len() + limited.len());
             }
         }

@@ -123,56 +123,45 @@ impl Timeline {
         }
     }
 
-    /// The highest pickup p99 of the 10 s windows of `[from, to)`, and how
-    /// far into the phase its window started (s).
-    fn worst_p99(&self, from: Duration, to: Duration) -> (f64, f64) {
-        let window = Duration::from_secs(10);
-        let mut worst = (0.0, 0.0);
+    /// The pickup p99 (ms) of each `window` of `[from, to)`, by how far into
+    /// it the window starts (`None`: no job was offered in it).
+    fn p99s(&self, from: Duration, to: Duration, window: Duration) -> Vec<(Duration, Option<f64>)> {
+        let mut out = Vec::new();
         let mut at = from;
         while at < to {
             let ms = self.pickups(at, (at + window).min(to));
-            if !ms.is_empty() {
-                let p99 = percentiles(ms).p99;
-                if p99 > worst.0 {
-                    worst = (p99, (at - from).as_secs_f64());
-                }
-            }
+            out.push((at - from, (!ms.is_empty()).then(|| percentiles(ms).p99)));
             at += window;
         }
-        worst
+        out
+    }
+
+    /// The highest pickup p99 of the 10 s windows of `[from, to)`, and how
+    /// far into the phase its window started (s).
+    fn worst_p99(&self, from: Duration, to: Duration) -> (f64, f64) {
+        self.p99s(from, to, Duration::from_secs(10))
+            .into_iter()
+            .filter_map(|(at, p99)| Some((p99?, at.as_secs_f64())))
+            .fold((0.0, 0.0), |worst, w| if w.0 > worst.0 { w } else { worst })
     }
 
     /// The pickup p99 (ms) of each 10 s window of `[from, to)`, printed as
     /// the run's timeline.
     fn p99_by_window(&self, from: Duration, to: Duration) -> String {
-        let window = Duration::from_secs(10);
-        let mut out = Vec::new();
-        let mut at = from;
-        while at < to {
-            let ms = self.pickups(at, (at + window).min(to));
-            out.push(if ms.is_empty() {
-                "-".to_owned()
-            } else {
-                format!("{:.1}", percentiles(ms).p99)
-            });
-            at += window;
-        }
-        out.join(" ")
+        self.p99s(from, to, Duration::from_secs(10))
+            .into_iter()
+            .map(|(_, p99)| p99.map_or_else(|| "-".to_owned(), |p| format!("{p:.1}")))
+            .collect::<Vec<_>>()
+            .join(" ")
     }
 
     /// Seconds from `from` to the start of the first second whose pickup
     /// p99 is within `bound` ms, if any second before `to` is.
     fn back_within(&self, from: Duration, to: Duration, bound: f64) -> Option<f64> {
-        let mut at = from;
-        while at < to {
-            let next = at + Duration::from_secs(1);
-            let ms = self.pickups(at, next);
-            if !ms.is_empty() && percentiles(ms).p99 <= bound {
-                return Some((at - from).as_secs_f64());
-            }
-            at = next;
-        }
-        None
+        self.p99s(from, to, Duration::from_secs(1))
+            .into_iter()
+            .find(|(_, p99)| p99.is_some_and(|p| p <= bound))
+            .map(|(at, _)| at.as_secs_f64())
     }
 }
 
