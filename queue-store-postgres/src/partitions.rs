@@ -496,11 +496,12 @@ async fn make_partition(
 }
 
 /// Whether making a partition failed because another process made it:
-/// the name exists (42P07, or 23505 when both created it at once), or
-/// the range is another partition's (42P17).
+/// the name exists (42P07; when both created it at once, 23505 or 42710,
+/// the row type of the same name, whichever catalog entry collided
+/// first), or the range is another partition's (42P17).
 fn made_elsewhere(error: &sqlx::Error) -> bool {
     matches!(error, sqlx::Error::Database(db)
-        if matches!(db.code().as_deref(), Some("42P07" | "23505" | "42P17")))
+        if matches!(db.code().as_deref(), Some("42P07" | "23505" | "42710" | "42P17")))
 }
 
 #[cfg(test)]
