@@ -1,6 +1,7 @@
 //! The peers of `cargo xtask bench --peers`: the same drain and wake-latency
 //! scenarios as the project's own, for graphile_worker 0.14 (local queue of
-//! 64, 5 ms batched completion), sqlxmq 0.6 and apalis-postgres 1.0, each in
+//! 64, 5 ms batched completion), sqlxmq 0.6, apalis-postgres 1.0 and awa 0.6
+//! (its queue-storage engine, as its own benchmark adapter runs it), each in
 //! a database of its own on the server `DATABASE_URL` names. Every drain
 //! verifies that each job ran exactly once.
 //!
@@ -185,10 +186,12 @@ async fn fresh_database(admin: &sqlx::PgPool, url: &str, name: &str) -> Result<S
     sqlx::query(&format!("CREATE DATABASE {name}"))
         .execute(admin)
         .await?;
-    let (base, _) = url
+    // The URL's parameters (its sslmode above all) stay.
+    let (base, rest) = url
         .rsplit_once('/')
         .context("DATABASE_URL has no database name")?;
-    Ok(format!("{base}/{name}"))
+    let query = rest.split_once('?').map(|(_, q)| format!("?{q}"));
+    Ok(format!("{base}/{name}{}", query.unwrap_or_default()))
 }
 
 mod graphile {
@@ -213,6 +216,10 @@ mod graphile {
     }
 
     async fn worker(url: &str) -> Result<Arc<graphile_worker::Worker>> {
+        worker_with(url, 40).await
+    }
+
+    async fn worker_with(url: &str, max_pg_conn: u32) -> Result<Arc<graphile_worker::Worker>> {
         let worker = WorkerOptions::default()
             .concurrency(HANDLERS)
             .schema("graphile_worker")
@@ -220,7 +227,7 @@ mod graphile {
             .complete_job_batch_delay(Duration::from_millis(5))
             .define_job::<Noop>()
             .database_url(url)
-            .max_pg_conn(40)
+            .max_pg_conn(max_pg_conn)
             .init()
             .await?;
         Ok(Arc::new(worker))
@@ -260,26 +267,74 @@ mod graphile {
         Ok(elapsed)
     }
 
-    /// The drain as a user first meets it: the jobs enqueued into the fresh
-    /// database by a worker of their own, then the clock started before the
-    /// worker that drains them is built (its pool, its schema check), with
-    /// no vacuum and no settling.
-    pub async fn cold(url: &str, jobs: usize) -> Result<()> {
+    /// How a cold drain treats graphile_worker: what `--cold` measures by
+    /// default is the drain as a user first meets it; each field gives it
+    /// one thing that can make it faster.
+    #[derive(Clone, Copy, Debug, Default)]
+    pub struct ColdTreatment {
+        /// The draining worker's `init()` (its pool, its schema check) runs
+        /// before the clock starts.
+        pub init_before_clock: bool,
+        /// Its pool's size (`max_pg_conn`); 40 unless given.
+        pub max_pg_conn: Option<u32>,
+        /// `ANALYZE` of its jobs table before the clock starts, so that the
+        /// planner knows the enqueued jobs (this queue's store analyzes a
+        /// table without statistics at start-up, inside its clock).
+        pub analyze: bool,
+    }
+
+    impl ColdTreatment {
+        fn describe(&self) -> String {
+            format!(
+                "init() {} the clock, max_pg_conn {}, {}",
+                if self.init_before_clock {
+                    "before"
+                } else {
+                    "inside"
+                },
+                self.max_pg_conn.unwrap_or(40),
+                if self.analyze {
+                    "analyzed"
+                } else {
+                    "no statistics"
+                }
+            )
+        }
+    }
+
+    /// The drain in a fresh database: the jobs enqueued by a worker of
+    /// their own, then the clock started (by default before the worker
+    /// that drains them is built), with no vacuum and no settling.
+    pub async fn cold(url: &str, jobs: usize, treatment: ColdTreatment) -> Result<()> {
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(2)
             .connect(url)
             .await?;
         enqueue(&*worker(url).await?, jobs).await?;
+        let max_pg_conn = treatment.max_pg_conn.unwrap_or(40);
+        if treatment.analyze {
+            sqlx::query("ANALYZE graphile_worker._private_jobs")
+                .execute(&pool)
+                .await?;
+        }
+        let early = if treatment.init_before_clock {
+            Some(worker_with(url, max_pg_conn).await?)
+        } else {
+            None
+        };
         let s = begin_scenario(jobs);
         let started = Instant::now();
-        let w = worker(url).await?;
+        let w = match early {
+            Some(w) => w,
+            None => worker_with(url, max_pg_conn).await?,
+        };
         let elapsed = drain(w, &s, &pool, jobs, started).await?;
         report(
             "graphile_worker",
             "cold drain, 16 handlers",
             jobs as f64 / elapsed.as_secs_f64(),
             "jobs/s",
-            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion; fresh database, no vacuum, clock from the worker's construction"),
+            &format!("{jobs} jobs, exactly once; local queue 64, 5 ms batched completion; fresh database, no vacuum; {}", treatment.describe()),
         );
         Ok(())
     }
@@ -557,6 +612,329 @@ mod apalis_pg {
     }
 }
 
+mod awa {
+    use super::*;
+    use awa_model::{insert, migrations, InsertOpts, JobArgs, QueueStorage, QueueStorageConfig};
+    use awa_worker::{Client, JobContext, JobError, JobResult, QueueConfig, TransitionWorkerRole};
+    use serde::{Deserialize, Serialize};
+
+    const QUEUE: &str = "bench";
+
+    #[derive(Serialize, Deserialize)]
+    pub struct Noop {
+        i: usize,
+    }
+
+    impl JobArgs for Noop {
+        fn kind() -> &'static str {
+            "noop"
+        }
+    }
+
+    /// One way of running awa's worker; the drain tries each and keeps the
+    /// fastest (`--awa-sweep` tries more).
+    #[derive(Clone, Copy, Debug)]
+    pub struct Setup {
+        /// Handlers (`QueueConfig::max_workers`).
+        pub workers: u32,
+        /// Dispatcher loops claiming for the queue.
+        pub claimers: u16,
+        /// Jobs claimed per round trip.
+        pub claim_batch: usize,
+        /// Connections in the client's pool.
+        pub connections: u32,
+        /// The receipt short path for zero-deadline jobs (awa's default).
+        pub receipts: bool,
+        /// How often the lease ring rotates: 50 ms in the cross-queue
+        /// adapter, 1 s by awa's default.
+        pub lease_rotate_ms: u64,
+    }
+
+    impl Setup {
+        fn describe(&self) -> String {
+            format!(
+                "{} handlers, {} claimer(s), claim batch {}, pool {}, receipts {}, lease rotation {} ms",
+                self.workers,
+                self.claimers,
+                self.claim_batch,
+                self.connections,
+                if self.receipts { "on" } else { "off" },
+                self.lease_rotate_ms
+            )
+        }
+    }
+
+    /// Like the cross-queue harness's adapter: 16 handlers (as every queue
+    /// here gets), one claimer, awa's claim batch, a pool of 20.
+    pub const ADAPTER: Setup = Setup {
+        workers: 16,
+        claimers: 1,
+        claim_batch: 512,
+        connections: 20,
+        receipts: true,
+        lease_rotate_ms: 50,
+    };
+
+    /// The setups the drain tries: the adapter's, and the fastest three
+    /// `--awa-sweep` found on a 2-core machine (docs/benchmarks.md, "awa").
+    pub const TRIED: [Setup; 4] = [
+        ADAPTER,
+        Setup {
+            workers: 256,
+            claimers: 1,
+            claim_batch: 512,
+            connections: 40,
+            receipts: true,
+            lease_rotate_ms: 1000,
+        },
+        Setup {
+            workers: 256,
+            claimers: 1,
+            claim_batch: 512,
+            connections: 40,
+            receipts: true,
+            lease_rotate_ms: 50,
+        },
+        Setup {
+            workers: 1024,
+            claimers: 1,
+            claim_batch: 512,
+            connections: 80,
+            receipts: true,
+            lease_rotate_ms: 50,
+        },
+    ];
+
+    /// Every setup `--awa-sweep` measures. awa's drain grows with its
+    /// handlers (the cross-queue harness found its peak at 1,024), so the
+    /// sweep goes that far. A first sweep also tried 4 claimers (slower
+    /// at every size), claim batches of 128 (no faster) and no receipts
+    /// (no faster, and only in a schema of its own).
+    pub fn sweep() -> Vec<Setup> {
+        let mut all = Vec::new();
+        for workers in [16, 64, 256, 512, 1024] {
+            for connections in [40, 80] {
+                for lease_rotate_ms in [50, 1000] {
+                    all.push(Setup {
+                        workers,
+                        claimers: 1,
+                        claim_batch: 512,
+                        connections,
+                        receipts: true,
+                        lease_rotate_ms,
+                    });
+                }
+            }
+        }
+        all
+    }
+
+    fn storage(setup: &Setup) -> QueueStorageConfig {
+        QueueStorageConfig {
+            lease_claim_receipts: setup.receipts,
+            // awa keeps its default schema for its default layout; any
+            // other needs a schema of its own.
+            schema: if setup.receipts {
+                QueueStorageConfig::default().schema
+            } else {
+                "awa_no_receipts".into()
+            },
+            ..QueueStorageConfig::default()
+        }
+    }
+
+    /// awa's schema and its queue-storage engine, installed fresh.
+    async fn prepare(pool: &sqlx::PgPool, setup: &Setup) -> Result<QueueStorage> {
+        migrations::run(pool).await?;
+        let store = QueueStorage::new(storage(setup))?;
+        store.install(pool).await?;
+        store.reset(pool).await?;
+        Ok(store)
+    }
+
+    fn client(pool: sqlx::PgPool, setup: &Setup) -> Result<Client> {
+        Ok(Client::builder(pool)
+            .queue(
+                QUEUE,
+                QueueConfig {
+                    max_workers: setup.workers,
+                    poll_interval: Duration::from_millis(50),
+                    claimers: setup.claimers,
+                    claim_batch_size: setup.claim_batch,
+                    ..QueueConfig::default()
+                },
+            )
+            // Queue segments rotate every second (the adapter's and awa's
+            // default).
+            .queue_storage(
+                storage(setup),
+                Duration::from_millis(1000),
+                Duration::from_millis(setup.lease_rotate_ms),
+            )
+            .transition_role(TransitionWorkerRole::QueueStorageTarget)
+            .register::<Noop, _, _>(|job: Noop, _ctx: &JobContext| {
+                record(job.i);
+                async { Ok::<JobResult, JobError>(JobResult::Completed) }
+            })
+            .build()?)
+    }
+
+    fn params(i: usize) -> Result<awa_model::InsertParams> {
+        Ok(insert::params_with(
+            &Noop { i },
+            InsertOpts {
+                queue: QUEUE.into(),
+                ..Default::default()
+            },
+        )?)
+    }
+
+    /// Enqueues `jobs` jobs in batches of 1,000 (awa binds each job's
+    /// columns, and a statement takes at most 65,535 values).
+    async fn enqueue(store: &QueueStorage, pool: &sqlx::PgPool, jobs: usize) -> Result<()> {
+        for start in (0..jobs).step_by(1000) {
+            let batch = (start..(start + 1000).min(jobs))
+                .map(params)
+                .collect::<Result<Vec<_>>>()?;
+            store.enqueue_params_batch(pool, &batch).await?;
+        }
+        Ok(())
+    }
+
+    /// Waits until awa counts `jobs` jobs finished.
+    async fn wait_for_terminal(
+        store: &QueueStorage,
+        pool: &sqlx::PgPool,
+        jobs: usize,
+    ) -> Result<()> {
+        let started = Instant::now();
+        loop {
+            let counts = store.queue_counts(pool, QUEUE).await?;
+            if counts.terminal >= jobs as i64 {
+                return Ok(());
+            }
+            ensure!(
+                started.elapsed() < Duration::from_secs(300),
+                "awa: only {} of {jobs} jobs finished",
+                counts.terminal
+            );
+            tokio::time::sleep(Duration::from_millis(2)).await;
+        }
+    }
+
+    /// One prepared drain of `jobs` jobs in a fresh database: enqueued,
+    /// settled like every drain here, then timed from the client's start
+    /// to the last job counted finished; jobs per second and the CPU note.
+    async fn drain(
+        admin: &sqlx::PgPool,
+        url: &str,
+        jobs: usize,
+        setup: &Setup,
+    ) -> Result<(f64, String)> {
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(setup.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool, setup).await?;
+        enqueue(&store, &pool, jobs).await?;
+        settle(&pool).await?;
+        let client = client(pool.clone(), setup)?;
+        let s = begin_scenario(jobs);
+        let started = Instant::now();
+        let cpu0 = CpuSample::now();
+        client.start().await?;
+        wait_for_handlers(&s, jobs, Duration::from_secs(600)).await?;
+        wait_for_terminal(&store, &pool, jobs).await?;
+        let elapsed = started.elapsed();
+        let cpu = cpu_note(cpu0, jobs);
+        client.shutdown(Duration::from_secs(5)).await;
+        check_exactly_once("awa", &s)?;
+        pool.close().await;
+        drop_database(admin, "peer_awa").await?;
+        Ok((jobs as f64 / elapsed.as_secs_f64(), cpu))
+    }
+
+    /// `--awa-sweep`: every setup of [`sweep`], one drain each.
+    pub async fn run_sweep(admin: &sqlx::PgPool, url: &str, jobs: usize) -> Result<()> {
+        for setup in sweep() {
+            let (rate, cpu) = drain(admin, url, jobs, &setup).await?;
+            report(
+                "awa",
+                "sweep drain",
+                rate,
+                "jobs/s",
+                &format!("{}{cpu}", setup.describe()),
+            );
+        }
+        Ok(())
+    }
+
+    pub async fn run(admin: &sqlx::PgPool, url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
+        // The drain: each tried setup once; the adapter's figure is the one
+        // with 16 handlers like every peer, the best is awa's best.
+        let mut best: Option<(f64, Setup)> = None;
+        for setup in TRIED {
+            let (rate, cpu) = drain(admin, url, jobs, &setup).await?;
+            report(
+                "awa",
+                &format!("drain: {}", setup.describe()),
+                rate,
+                "jobs/s",
+                &format!("{jobs} jobs, exactly once; queue storage{cpu}"),
+            );
+            if setup.workers == 16 && setup.claimers == 1 {
+                report(
+                    "awa",
+                    "drain, 16 handlers",
+                    rate,
+                    "jobs/s",
+                    &format!("{jobs} jobs, exactly once; the cross-queue adapter's setup{cpu}"),
+                );
+            }
+            if best.is_none_or(|(b, _)| rate > b) {
+                best = Some((rate, setup));
+            }
+        }
+        if let Some((rate, setup)) = best {
+            report(
+                "awa",
+                "best drain",
+                rate,
+                "jobs/s",
+                &format!("{jobs} jobs; {}", setup.describe()),
+            );
+        }
+        if wake_jobs == 0 {
+            return Ok(());
+        }
+        // Wake latency, with the adapter's setup.
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(ADAPTER.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool, &ADAPTER).await?;
+        quiet::quiesce(&pool).await?;
+        let client = client(pool.clone(), &ADAPTER)?;
+        let s = begin_scenario(wake_jobs);
+        client.start().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let committed = trickle(&s, wake_jobs, |i| {
+            let (store, pool) = (&store, &pool);
+            async move {
+                store.enqueue_params_batch(pool, &[params(i)?]).await?;
+                Ok(())
+            }
+        })
+        .await?;
+        client.shutdown(Duration::from_secs(5)).await;
+        report_wake("awa", wake_jobs, latencies(&committed, &s));
+        pool.close().await;
+        drop_database(admin, "peer_awa").await
+    }
+}
+
 /// The peer job queues' drains and wake-ups, on the server DATABASE_URL names.
 #[derive(clap::Parser)]
 struct Args {
@@ -566,12 +944,24 @@ struct Args {
     /// Jobs of the wake scenario (0: drains only).
     #[arg(long, default_value_t = 500)]
     wake_jobs: usize,
-    /// One peer only: graphile_worker, sqlxmq or apalis.
+    /// One peer only: graphile_worker, sqlxmq, apalis or awa.
     #[arg(long)]
     only: Option<String>,
+    /// awa's drain under every setup of its sweep, to find its best.
+    #[arg(long)]
+    awa_sweep: bool,
     /// graphile_worker's cold drain alone.
     #[arg(long)]
     cold: bool,
+    /// With `--cold`: graphile_worker's `init()` before the clock starts.
+    #[arg(long)]
+    init_before_clock: bool,
+    /// With `--cold`: graphile_worker's pool size (40 by default).
+    #[arg(long)]
+    max_pg_conn: Option<u32>,
+    /// With `--cold`: `ANALYZE` graphile_worker's jobs before the clock.
+    #[arg(long)]
+    analyze: bool,
 }
 
 #[tokio::main]
@@ -581,14 +971,27 @@ async fn main() -> Result<()> {
         wake_jobs,
         only,
         cold,
+        init_before_clock,
+        max_pg_conn,
+        analyze,
+        awa_sweep,
     } = clap::Parser::parse();
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must name the server")?;
     let admin = sqlx::PgPool::connect(&url).await?;
     if cold {
         let db = fresh_database(&admin, &url, "peer_graphile_cold").await?;
         eprintln!("peers: graphile_worker, cold");
-        graphile::cold(&db, jobs).await?;
+        let treatment = graphile::ColdTreatment {
+            init_before_clock,
+            max_pg_conn,
+            analyze,
+        };
+        graphile::cold(&db, jobs, treatment).await?;
         return drop_database(&admin, "peer_graphile_cold").await;
+    }
+    if awa_sweep {
+        eprintln!("peers: awa, sweep");
+        return awa::run_sweep(&admin, &url, jobs).await;
     }
     let wanted = |peer: &str| only.as_deref().is_none_or(|o| o == peer);
     if wanted("graphile_worker") {
@@ -608,6 +1011,10 @@ async fn main() -> Result<()> {
         eprintln!("peers: apalis");
         apalis_pg::run(&db, jobs, wake_jobs).await?;
         drop_database(&admin, "peer_apalis").await?;
+    }
+    if wanted("awa") {
+        eprintln!("peers: awa");
+        awa::run(&admin, &url, jobs, wake_jobs).await?;
     }
     Ok(())
 }

@@ -1,8 +1,10 @@
 //! The drain as a user first meets it: a fresh database, jobs enqueued, and
 //! the clock started when the worker is constructed, so that connecting
-//! the pool, the store's start-up checks and the LISTEN connection count;
-//! no vacuum and no settling, for this queue and graphile_worker alike
-//! (16 handlers, a local queue of 64 each), alternating, medians.
+//! the pool, the store's start-up checks (and its ANALYZE of a table
+//! without statistics) and the LISTEN connection count; no vacuum and no
+//! settling (16 handlers, a local queue of 64 each), alternating, medians.
+//! graphile_worker runs twice a round: as a user meets it, and at its best
+//! ([`GraphileCold::BEST`]), which the target is against.
 
 use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -17,7 +19,7 @@ use sqlx::PgPool;
 
 use super::cluster::enqueue_all;
 use super::drain::{drain_options, wait_until_drained, Counted};
-use super::peers::Peers;
+use super::peers::{GraphileCold, Peers};
 use super::report::{rows, Results};
 use super::Sizes;
 use crate::pg::Postgres;
@@ -36,11 +38,7 @@ fn database_url(url: &str, database: &str) -> Result<String> {
 /// One cold drain of `n` jobs: jobs per second from the worker's
 /// construction to the last completion.
 pub(super) async fn drain(admin: &PgPool, url: &str, n: usize) -> Result<f64> {
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"
-    )))
-    .execute(admin)
-    .await?;
+    drop_database(admin).await?;
     sqlx::query(sqlx::AssertSqlSafe(format!("CREATE DATABASE {DATABASE}")))
         .execute(admin)
         .await?;
@@ -95,11 +93,24 @@ pub(super) async fn drain(admin: &PgPool, url: &str, n: usize) -> Result<f64> {
     );
     pool.close().await;
     app.close().await;
+    // Dropped now, not at the next drain's start, so that no autovacuum
+    // of its finished rows can fall into the next system's drain.
+    drop_database(admin).await?;
     Ok(n as f64 / elapsed.as_secs_f64())
 }
 
-/// For each size, this queue's cold drain and graphile_worker's, one after
-/// the other for `sizes.rounds` rounds, medians.
+async fn drop_database(admin: &PgPool) -> Result<()> {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP DATABASE IF EXISTS {DATABASE} WITH (FORCE)"
+    )))
+    .execute(admin)
+    .await?;
+    Ok(())
+}
+
+/// For each size, this queue's cold drain and graphile_worker's (at its
+/// best, and as met), one after the other for `sizes.rounds` rounds, each
+/// round starting with the next of the three; medians.
 pub(super) async fn head_to_head(
     peers: &Peers,
     pg: &Postgres,
@@ -108,14 +119,31 @@ pub(super) async fn head_to_head(
     results: &mut Results,
 ) -> Result<()> {
     for &jobs in sizes.cold_jobs {
-        let (mut ours, mut theirs) = (Vec::new(), Vec::new());
+        let mut figures: [Vec<f64>; 3] = Default::default();
         for round in 1..=sizes.rounds {
             println!("cold, {jobs} jobs: round {round} of {}", sizes.rounds);
-            ours.push(drain(pool, &pg.url, jobs).await?);
-            theirs.push(peers.graphile_drain(pg, jobs, true).await?);
+            for turn in 0..3 {
+                let which = (round + turn) % 3;
+                let figure = match which {
+                    0 => drain(pool, &pg.url, jobs).await?,
+                    1 => {
+                        peers
+                            .graphile_drain(pg, jobs, Some(GraphileCold::BEST))
+                            .await?
+                    }
+                    _ => {
+                        peers
+                            .graphile_drain(pg, jobs, Some(GraphileCold::AS_MET))
+                            .await?
+                    }
+                };
+                figures[which].push(figure);
+            }
         }
+        let [ours, best, as_met] = figures;
         results.add_median("cold", &rows::cold_ours(jobs), "jobs/s", &ours);
-        results.add_median("cold", &rows::cold_peer(jobs), "jobs/s", &theirs);
+        results.add_median("cold", &rows::cold_peer(jobs), "jobs/s", &best);
+        results.add_median("cold", &rows::cold_peer_as_met(jobs), "jobs/s", &as_met);
     }
     Ok(())
 }

@@ -181,7 +181,7 @@ pub struct Args {
     /// are not comparable, and the document is not written).
     #[arg(long)]
     quick: bool,
-    /// Also measure graphile_worker, sqlxmq and apalis (built from
+    /// Also measure graphile_worker, sqlxmq, apalis and awa (built from
     /// bench/peers), with the head-to-heads against graphile_worker.
     #[arg(long)]
     peers: bool,
