@@ -73,7 +73,7 @@ pub(crate) struct Sizes {
     big_rows: u64,
     big_base_rows: u64,
     /// The phases and rates of the idle-in-transaction scenario.
-    idle: pressure::IdlePhases,
+    idle: pressure::IdlePhases<'static>,
     /// The overload scenario's work per job and phases.
     overload: pressure::OverloadSizes,
     /// The jobs of each drain of the readers scenario.
@@ -149,7 +149,7 @@ const QUICK: Sizes = Sizes {
 /// them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 22] = [
+const SCENARIOS: [&str; 23] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -166,7 +166,8 @@ const SCENARIOS: [&str; 22] = [
     "partitioned",
     "big",
     "big-retention",
-    "pressure-idle",
+    "pressure-idle-600",
+    "pressure-idle-2000",
     "pressure-overload",
     "pressure-readers",
     "peers",
@@ -194,7 +195,8 @@ pub struct Args {
     /// without writing the document: ceiling, drain-lease,
     /// drain-transactional, bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
-    /// pressure-idle, pressure-overload, pressure-readers, peers, versus,
+    /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
+    /// run 600 only), pressure-overload, pressure-readers, peers, versus,
     /// cold.
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
@@ -386,8 +388,16 @@ pub async fn run(args: Args) -> Result<()> {
     if args.runs("big-retention") {
         partitioned::retention(&pool, sizes.big_rows, &mut results).await?;
     }
-    if args.runs("pressure-idle") {
-        pressure::idle_in_transaction(&pool, &pg.url, sizes.idle, &mut results).await?;
+    let idle_rates: Vec<u32> = (sizes.idle.rates.iter())
+        .copied()
+        .filter(|rate| args.runs(&format!("pressure-idle-{rate}")))
+        .collect();
+    if !idle_rates.is_empty() {
+        let phases = pressure::IdlePhases {
+            rates: &idle_rates,
+            ..sizes.idle
+        };
+        pressure::idle_in_transaction(&pool, &pg.url, phases, &mut results).await?;
     }
     if args.runs("pressure-overload") {
         pressure::overload(&pool, sizes.overload, &mut results).await?;

@@ -29,12 +29,12 @@ use super::wake::percentiles;
 
 /// How long each phase of the idle-in-transaction scenario lasts.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct IdlePhases {
+pub(crate) struct IdlePhases<'a> {
     pub clean: Duration,
     pub idle: Duration,
     pub after: Duration,
     /// The offered rates (jobs/s) it runs at, each in both modes.
-    pub rates: &'static [u32],
+    pub rates: &'a [u32],
 }
 
 /// Stamps when each job's handler started. In transactional mode it opens
@@ -328,7 +328,7 @@ async fn offer_through(
     url: &str,
     mode: ExecutionMode,
     rate: u32,
-    phases: IdlePhases,
+    phases: IdlePhases<'_>,
 ) -> Result<(Timeline, Bloat)> {
     let worker = Stamped::start(pool, mode, Duration::ZERO).await?;
     let table = worker.table.clone();
@@ -373,7 +373,7 @@ async fn offer_through(
 pub(super) async fn idle_in_transaction(
     pool: &PgPool,
     url: &str,
-    phases: IdlePhases,
+    phases: IdlePhases<'_>,
     results: &mut Results,
 ) -> Result<()> {
     for &rate in phases.rates {
