@@ -1,7 +1,9 @@
 //! Figures compared across minutes on a machine whose speed drifts by a
 //! fifth within them: measured in alternating rounds, medians. The ceiling
-//! with both drains, and the drain of due jobs alone and beside jobs
-//! scheduled ahead.
+//! with both drains, the drain of due jobs alone and beside jobs scheduled
+//! ahead, and the rotation the head-to-heads share ([`rotating`]).
+
+use std::future::Future;
 
 use anyhow::Result;
 use sqlx::PgPool;
@@ -80,4 +82,29 @@ pub(super) async fn beside_scheduled(
     results.add_median("scheduled", rows::DUE_ALONE, "jobs/s", &alone);
     results.add_median("scheduled", rows::DUE_BESIDE, "jobs/s", &behind);
     Ok(())
+}
+
+/// `N` measurements, `measure(which)` for `which` in `0..N`, in `rounds`
+/// rounds, each round starting with the next of them so that none always
+/// follows the same one (on two cores, the drain that followed
+/// graphile_worker's in every round measured about a tenth slower than the
+/// same drain elsewhere in the run); each one's figures, in round order.
+pub(super) async fn rotating<const N: usize, F, Fut>(
+    label: &str,
+    rounds: usize,
+    mut measure: F,
+) -> Result<[Vec<f64>; N]>
+where
+    F: FnMut(usize) -> Fut,
+    Fut: Future<Output = Result<f64>>,
+{
+    let mut figures: [Vec<f64>; N] = std::array::from_fn(|_| Vec::new());
+    for round in 1..=rounds {
+        println!("{label}: round {round} of {rounds}");
+        for turn in 0..N {
+            let which = (round + turn) % N;
+            figures[which].push(measure(which).await?);
+        }
+    }
+    Ok(figures)
 }

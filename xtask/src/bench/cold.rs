@@ -17,6 +17,7 @@ use queue_worker::Worker;
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
+use super::alternating::rotating;
 use super::cluster::enqueue_all;
 use super::drain::{drain_options, wait_until_drained, Counted};
 use super::peers::{GraphileCold, Peers};
@@ -109,8 +110,8 @@ async fn drop_database(admin: &PgPool) -> Result<()> {
 }
 
 /// For each size, this queue's cold drain and graphile_worker's (at its
-/// best, and as met), one after the other for `sizes.rounds` rounds, each
-/// round starting with the next of the three; medians.
+/// best, and as met), one after the other for `sizes.rounds` rounds
+/// ([`rotating`]); medians.
 pub(super) async fn head_to_head(
     peers: &Peers,
     pg: &Postgres,
@@ -119,28 +120,16 @@ pub(super) async fn head_to_head(
     results: &mut Results,
 ) -> Result<()> {
     for &jobs in sizes.cold_jobs {
-        let mut figures: [Vec<f64>; 3] = Default::default();
-        for round in 1..=sizes.rounds {
-            println!("cold, {jobs} jobs: round {round} of {}", sizes.rounds);
-            for turn in 0..3 {
-                let which = (round + turn) % 3;
-                let figure = match which {
-                    0 => drain(pool, &pg.url, jobs).await?,
-                    1 => {
-                        peers
-                            .graphile_drain(pg, jobs, Some(GraphileCold::BEST))
-                            .await?
-                    }
-                    _ => {
-                        peers
-                            .graphile_drain(pg, jobs, Some(GraphileCold::AS_MET))
-                            .await?
-                    }
-                };
-                figures[which].push(figure);
-            }
-        }
-        let [ours, best, as_met] = figures;
+        let label = format!("cold, {jobs} jobs");
+        let [ours, best, as_met] = rotating(&label, sizes.rounds, move |which| async move {
+            let treatment = match which {
+                0 => return drain(pool, &pg.url, jobs).await,
+                1 => GraphileCold::BEST,
+                _ => GraphileCold::AS_MET,
+            };
+            peers.graphile_drain(pg, jobs, Some(treatment)).await
+        })
+        .await?;
         results.add_median("cold", &rows::cold_ours(jobs), "jobs/s", &ours);
         results.add_median("cold", &rows::cold_peer(jobs), "jobs/s", &best);
         results.add_median("cold", &rows::cold_peer_as_met(jobs), "jobs/s", &as_met);

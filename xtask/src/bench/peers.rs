@@ -9,6 +9,7 @@ use std::process::Stdio;
 use anyhow::{ensure, Context, Result};
 use sqlx::PgPool;
 
+use super::alternating::rotating;
 use super::drain::{drain, LEASE, LEASE_DELETING};
 use super::report::{rows, Results};
 use super::Sizes;
@@ -221,10 +222,7 @@ pub(super) async fn run_peers(
 /// The lease drain (16 handlers, keeping and deleting completed jobs) and
 /// graphile_worker's, one after the other for a few rounds (one in a quick
 /// run): the machine's speed drifts by a fifth within minutes, and
-/// alternating makes the drift hit all three alike. Each round starts with
-/// the next of the three, so that none always follows the same one (the
-/// drain that followed graphile_worker's in every round measured about a
-/// tenth slower than the same drain elsewhere in the run). Medians.
+/// alternating makes the drift hit all three alike ([`rotating`]). Medians.
 pub(super) async fn head_to_head(
     peers: &Peers,
     pg: &Postgres,
@@ -232,29 +230,16 @@ pub(super) async fn head_to_head(
     sizes: &Sizes,
     results: &mut Results,
 ) -> Result<()> {
-    let mut figures: [Vec<f64>; 3] = Default::default();
-    let rounds = sizes.rounds;
-    for round in 1..=rounds {
-        println!("head-to-head: round {round} of {rounds}");
-        for turn in 0..3 {
-            let which = (round + turn) % 3;
-            let figure = match which {
-                0 => peers.graphile_drain(pg, sizes.drain_jobs, None).await?,
-                1 => {
-                    drain(pool, LEASE, 16, sizes.drain_jobs)
-                        .await?
-                        .jobs_per_second
-                }
-                _ => {
-                    drain(pool, LEASE_DELETING, 16, sizes.drain_jobs)
-                        .await?
-                        .jobs_per_second
-                }
-            };
-            figures[which].push(figure);
-        }
-    }
-    let [theirs, ours, ours_deleting] = figures;
+    let jobs = sizes.drain_jobs;
+    let [theirs, ours, ours_deleting] =
+        rotating("head-to-head", sizes.rounds, move |which| async move {
+            Ok(match which {
+                0 => peers.graphile_drain(pg, jobs, None).await?,
+                1 => drain(pool, LEASE, 16, jobs).await?.jobs_per_second,
+                _ => drain(pool, LEASE_DELETING, 16, jobs).await?.jobs_per_second,
+            })
+        })
+        .await?;
     results.add_median("versus", rows::VERSUS_OURS, "jobs/s", &ours);
     results.add_median("versus", rows::VERSUS_DELETING, "jobs/s", &ours_deleting);
     results.add_median("versus", rows::VERSUS_PEER, "jobs/s", &theirs);
