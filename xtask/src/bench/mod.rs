@@ -236,7 +236,18 @@ pub async fn run(args: Args) -> Result<()> {
         .max_connections(100)
         .connect(&pg.url)
         .await
-        .context("connecting to Postgres")?;
+        .with_context(|| {
+            if ["sslmode=require", "sslmode=verify"]
+                .iter()
+                .any(|mode| pg.url.contains(mode))
+            {
+                "connecting to Postgres: the URL requires TLS, and the bench speaks none \
+                 (its figures and the peers' are taken over plain connections); use \
+                 sslmode=disable or prefer"
+            } else {
+                "connecting to Postgres"
+            }
+        })?;
     let machine = machine(&pool, &pg).await?;
     println!("{machine}");
     warm_up(&pool, sizes).await?;
