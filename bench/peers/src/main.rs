@@ -632,121 +632,71 @@ mod awa {
     }
 
     /// One way of running awa's worker; the drain tries each and keeps the
-    /// fastest (`--awa-sweep` tries more).
-    #[derive(Clone, Copy, Debug)]
+    /// fastest (`--awa-sweep` tries more). Everything else is awa's
+    /// default: one claimer, claims of up to 512 jobs, claim receipts on.
+    /// A first sweep also tried 4 claimers (slower at every size), claim
+    /// batches of 128 (no faster) and no receipts (no faster, and only in a
+    /// schema of its own); docs/benchmarks.md, "awa", has its figures.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
     pub struct Setup {
         /// Handlers (`QueueConfig::max_workers`).
         pub workers: u32,
-        /// Dispatcher loops claiming for the queue.
-        pub claimers: u16,
-        /// Jobs claimed per round trip.
-        pub claim_batch: usize,
         /// Connections in the client's pool.
         pub connections: u32,
-        /// The receipt short path for zero-deadline jobs (awa's default).
-        pub receipts: bool,
         /// How often the lease ring rotates: 50 ms in the cross-queue
         /// adapter, 1 s by awa's default.
         pub lease_rotate_ms: u64,
     }
 
     impl Setup {
+        const fn new(workers: u32, connections: u32, lease_rotate_ms: u64) -> Setup {
+            Setup {
+                workers,
+                connections,
+                lease_rotate_ms,
+            }
+        }
+
         fn describe(&self) -> String {
             format!(
-                "{} handlers, {} claimer(s), claim batch {}, pool {}, receipts {}, lease rotation {} ms",
-                self.workers,
-                self.claimers,
-                self.claim_batch,
-                self.connections,
-                if self.receipts { "on" } else { "off" },
-                self.lease_rotate_ms
+                "{} handlers, pool {}, lease rotation {} ms",
+                self.workers, self.connections, self.lease_rotate_ms
             )
         }
     }
 
     /// Like the cross-queue harness's adapter: 16 handlers (as every queue
-    /// here gets), one claimer, awa's claim batch, a pool of 20.
-    pub const ADAPTER: Setup = Setup {
-        workers: 16,
-        claimers: 1,
-        claim_batch: 512,
-        connections: 20,
-        receipts: true,
-        lease_rotate_ms: 50,
-    };
+    /// here gets), a pool of 20, leases rotated every 50 ms.
+    pub const ADAPTER: Setup = Setup::new(16, 20, 50);
 
     /// The setups the drain tries: the adapter's, and the fastest three
     /// `--awa-sweep` found on a 2-core machine (docs/benchmarks.md, "awa").
     pub const TRIED: [Setup; 4] = [
         ADAPTER,
-        Setup {
-            workers: 256,
-            claimers: 1,
-            claim_batch: 512,
-            connections: 40,
-            receipts: true,
-            lease_rotate_ms: 1000,
-        },
-        Setup {
-            workers: 256,
-            claimers: 1,
-            claim_batch: 512,
-            connections: 40,
-            receipts: true,
-            lease_rotate_ms: 50,
-        },
-        Setup {
-            workers: 1024,
-            claimers: 1,
-            claim_batch: 512,
-            connections: 80,
-            receipts: true,
-            lease_rotate_ms: 50,
-        },
+        Setup::new(256, 40, 1000),
+        Setup::new(256, 40, 50),
+        Setup::new(1024, 80, 50),
     ];
 
     /// Every setup `--awa-sweep` measures. awa's drain grows with its
     /// handlers (the cross-queue harness found its peak at 1,024), so the
-    /// sweep goes that far. A first sweep also tried 4 claimers (slower
-    /// at every size), claim batches of 128 (no faster) and no receipts
-    /// (no faster, and only in a schema of its own).
+    /// sweep goes that far.
     pub fn sweep() -> Vec<Setup> {
         let mut all = Vec::new();
         for workers in [16, 64, 256, 512, 1024] {
             for connections in [40, 80] {
                 for lease_rotate_ms in [50, 1000] {
-                    all.push(Setup {
-                        workers,
-                        claimers: 1,
-                        claim_batch: 512,
-                        connections,
-                        receipts: true,
-                        lease_rotate_ms,
-                    });
+                    all.push(Setup::new(workers, connections, lease_rotate_ms));
                 }
             }
         }
         all
     }
 
-    fn storage(setup: &Setup) -> QueueStorageConfig {
-        QueueStorageConfig {
-            lease_claim_receipts: setup.receipts,
-            // awa keeps its default schema for its default layout; any
-            // other needs a schema of its own.
-            schema: if setup.receipts {
-                QueueStorageConfig::default().schema
-            } else {
-                "awa_no_receipts".into()
-            },
-            ..QueueStorageConfig::default()
-        }
-    }
-
     /// awa's schema and its queue-storage engine, installed fresh.
-    async fn prepare(pool: &sqlx::PgPool, setup: &Setup) -> Result<QueueStorage> {
+    async fn prepare(pool: &sqlx::PgPool) -> Result<QueueStorage> {
         migrations::run(pool).await?;
-        let store = QueueStorage::new(storage(setup))?;
+        let store = QueueStorage::new(QueueStorageConfig::default())?;
         store.install(pool).await?;
         store.reset(pool).await?;
         Ok(store)
@@ -759,15 +709,13 @@ mod awa {
                 QueueConfig {
                     max_workers: setup.workers,
                     poll_interval: Duration::from_millis(50),
-                    claimers: setup.claimers,
-                    claim_batch_size: setup.claim_batch,
                     ..QueueConfig::default()
                 },
             )
             // Queue segments rotate every second (the adapter's and awa's
             // default).
             .queue_storage(
-                storage(setup),
+                QueueStorageConfig::default(),
                 Duration::from_millis(1000),
                 Duration::from_millis(setup.lease_rotate_ms),
             )
@@ -836,7 +784,7 @@ mod awa {
             .max_connections(setup.connections)
             .connect(&db)
             .await?;
-        let store = prepare(&pool, setup).await?;
+        let store = prepare(&pool).await?;
         enqueue(&store, &pool, jobs).await?;
         settle(&pool).await?;
         let client = client(pool.clone(), setup)?;
@@ -883,7 +831,7 @@ mod awa {
                 "jobs/s",
                 &format!("{jobs} jobs, exactly once; queue storage{cpu}"),
             );
-            if setup.workers == 16 && setup.claimers == 1 {
+            if setup == ADAPTER {
                 report(
                     "awa",
                     "drain, 16 handlers",
@@ -914,7 +862,7 @@ mod awa {
             .max_connections(ADAPTER.connections)
             .connect(&db)
             .await?;
-        let store = prepare(&pool, &ADAPTER).await?;
+        let store = prepare(&pool).await?;
         quiet::quiesce(&pool).await?;
         let client = client(pool.clone(), &ADAPTER)?;
         let s = begin_scenario(wake_jobs);

@@ -45,8 +45,8 @@ impl GraphileCold {
         analyze: false,
     };
 
-    /// graphile_worker at its best (see docs/benchmarks.md, "The cold
-    /// drain"): the statistics this queue's store gathers for itself at
+    /// graphile_worker at its best (see docs/benchmarks.md, "Cold start"):
+    /// the statistics this queue's store gathers for itself at
     /// start-up, inside its clock, given to graphile_worker outside its
     /// clock, with its `init()` outside the clock too and a pool of 20.
     pub const BEST: GraphileCold = GraphileCold {
