@@ -455,21 +455,17 @@ impl<K: PgKey> PgAdmin<K> {
             Some(statement) if params.limit > 0 => statement,
             _ => return Ok(PurgeReport::new(0, None)),
         };
-        let rows = query(&statement, |p| match p {
+        let row = query(&statement, |p| match p {
             Param::Limit => Some(Value::Int(i64::try_from(params.limit).unwrap_or(i64::MAX))),
             other => self.filter_value(&filter, other),
         })?
-        .fetch_all(&mut *conn)
+        .fetch_one(&mut *conn)
         .await
         .map_err(|e| store_error(context, e))?;
-        let mut latest: Option<DateTime<Utc>> = None;
-        for row in &rows {
-            let finished: Option<DateTime<Utc>> =
-                row.try_get(1).map_err(|e| store_error(context, e))?;
-            latest = latest.max(finished);
-        }
+        let purged: i64 = row.try_get(0).map_err(|e| store_error(context, e))?;
+        let latest: Option<DateTime<Utc>> = row.try_get(1).map_err(|e| store_error(context, e))?;
         Ok(PurgeReport::new(
-            rows.len() as u64,
+            u64::try_from(purged).unwrap_or(0),
             // On the callers' clock, as the next batch's bound is given.
             latest.map(|at| self.to_local(at)),
         ))
