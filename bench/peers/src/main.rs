@@ -60,9 +60,16 @@ fn record(i: usize) {
 }
 
 fn check_exactly_once(peer: &str, s: &Scenario) -> Result<()> {
+    check_first_exactly_once(peer, s, s.runs.len())
+}
+
+/// [`check_exactly_once`] over jobs `0..n` (a scenario that offers jobs
+/// for a while makes room for more than it offers).
+fn check_first_exactly_once(peer: &str, s: &Scenario, n: usize) -> Result<()> {
     let wrong: Vec<(usize, u32)> = s
         .runs
         .iter()
+        .take(n)
         .enumerate()
         .map(|(i, r)| (i, r.load(Ordering::Relaxed)))
         .filter(|(_, r)| *r != 1)
@@ -620,6 +627,10 @@ mod awa {
 
     const QUEUE: &str = "bench";
 
+    /// How long each job works (sleeps) after it started: none but in the
+    /// overload scenario.
+    static WORK_MICROS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
     #[derive(Serialize, Deserialize)]
     pub struct Noop {
         i: usize,
@@ -722,7 +733,13 @@ mod awa {
             .transition_role(TransitionWorkerRole::QueueStorageTarget)
             .register::<Noop, _, _>(|job: Noop, _ctx: &JobContext| {
                 record(job.i);
-                async { Ok::<JobResult, JobError>(JobResult::Completed) }
+                let work = Duration::from_micros(WORK_MICROS.load(Ordering::Relaxed));
+                async move {
+                    if !work.is_zero() {
+                        tokio::time::sleep(work).await;
+                    }
+                    Ok::<JobResult, JobError>(JobResult::Completed)
+                }
             })
             .build()?)
     }
@@ -779,6 +796,19 @@ mod awa {
         jobs: usize,
         setup: &Setup,
     ) -> Result<(f64, String)> {
+        let (rate, cpu, _) = drain_read(admin, url, jobs, setup, false).await?;
+        Ok((rate, cpu))
+    }
+
+    /// [`drain`], with `readers`: [`READERS`] readers polling awa's admin
+    /// figures beside it (see [`Readers`]); also each read's time, ms.
+    async fn drain_read(
+        admin: &sqlx::PgPool,
+        url: &str,
+        jobs: usize,
+        setup: &Setup,
+        readers: bool,
+    ) -> Result<(f64, String, Vec<f64>)> {
         let db = fresh_database(admin, url, "peer_awa").await?;
         let pool = sqlx::postgres::PgPoolOptions::new()
             .max_connections(setup.connections)
@@ -787,6 +817,10 @@ mod awa {
         let store = prepare(&pool).await?;
         enqueue(&store, &pool, jobs).await?;
         settle(&pool).await?;
+        let readers = match readers {
+            true => Some(Readers::start(&db).await?),
+            false => None,
+        };
         let client = client(pool.clone(), setup)?;
         let s = begin_scenario(jobs);
         let started = Instant::now();
@@ -796,11 +830,133 @@ mod awa {
         wait_for_terminal(&store, &pool, jobs).await?;
         let elapsed = started.elapsed();
         let cpu = cpu_note(cpu0, jobs);
+        let reads = match readers {
+            Some(readers) => readers.stop().await?,
+            None => Vec::new(),
+        };
         client.shutdown(Duration::from_secs(5)).await;
         check_exactly_once("awa", &s)?;
         pool.close().await;
         drop_database(admin, "peer_awa").await?;
-        Ok((jobs as f64 / elapsed.as_secs_f64(), cpu))
+        Ok((jobs as f64 / elapsed.as_secs_f64(), cpu, reads))
+    }
+
+    /// How many readers poll, as in the project's readers scenario.
+    const READERS: usize = 8;
+
+    /// Readers of awa's operator figures, as its dashboard reads them
+    /// (awa_model::admin, which its web UI's API calls; no HTTP here):
+    /// each, every second, the count of jobs by state and a page of 50
+    /// failed jobs of the drain's kind, on a pool of its own.
+    struct Readers {
+        pool: sqlx::PgPool,
+        stop: Arc<std::sync::atomic::AtomicBool>,
+        tasks: tokio::task::JoinSet<Result<Vec<f64>>>,
+    }
+
+    impl Readers {
+        async fn start(db: &str) -> Result<Readers> {
+            let pool = sqlx::postgres::PgPoolOptions::new()
+                .max_connections(READERS as u32)
+                .connect(db)
+                .await?;
+            let filter = awa_model::admin::ListJobsFilter {
+                state: Some(awa_model::JobState::Failed),
+                kind: Some("noop".into()),
+                limit: Some(50),
+                ..Default::default()
+            };
+            // One round first, as the project's readers do.
+            awa_model::admin::state_counts(&pool).await?;
+            awa_model::admin::list_jobs(&pool, &filter).await?;
+            let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+            let mut tasks = tokio::task::JoinSet::new();
+            for reader in 0..READERS {
+                let (pool, filter, stop) = (pool.clone(), filter.clone(), stop.clone());
+                tasks.spawn(async move {
+                    // Spread over the second, as independent tabs would be.
+                    let offset = Duration::from_millis(1000 * reader as u64 / READERS as u64);
+                    tokio::time::sleep(offset).await;
+                    let mut every = tokio::time::interval(Duration::from_secs(1));
+                    let mut times = Vec::new();
+                    while !stop.load(Ordering::Relaxed) {
+                        every.tick().await;
+                        let began = Instant::now();
+                        awa_model::admin::state_counts(&pool).await?;
+                        times.push(began.elapsed().as_secs_f64() * 1000.0);
+                        let began = Instant::now();
+                        awa_model::admin::list_jobs(&pool, &filter).await?;
+                        times.push(began.elapsed().as_secs_f64() * 1000.0);
+                    }
+                    Ok(times)
+                });
+            }
+            Ok(Readers { pool, stop, tasks })
+        }
+
+        async fn stop(mut self) -> Result<Vec<f64>> {
+            self.stop.store(true, Ordering::Relaxed);
+            let mut times = Vec::new();
+            while let Some(done) = self.tasks.join_next().await {
+                times.extend(done??);
+            }
+            self.pool.close().await;
+            Ok(times)
+        }
+    }
+
+    /// `--awa-readers`: awa's [`PRESSURE`] drain of `jobs` jobs alone and
+    /// beside [`READERS`] readers, alternating for `rounds` rounds; the
+    /// medians, and the reads' p50 and p99.
+    pub async fn readers(
+        admin: &sqlx::PgPool,
+        url: &str,
+        jobs: usize,
+        rounds: usize,
+    ) -> Result<()> {
+        let (mut alone, mut beside, mut reads) = (Vec::new(), Vec::new(), Vec::new());
+        for _ in 0..rounds.max(1) {
+            alone.push(drain(admin, url, jobs, &PRESSURE).await?.0);
+            let (rate, _, times) = drain_read(admin, url, jobs, &PRESSURE, true).await?;
+            beside.push(rate);
+            reads.extend(times);
+        }
+        let median = |v: &mut Vec<f64>| {
+            v.sort_by(f64::total_cmp);
+            v[v.len() / 2]
+        };
+        reads.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            reads
+                .get(((reads.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let note = format!(
+            "medians of {} alternating rounds of {jobs} jobs, {}",
+            rounds.max(1),
+            PRESSURE.describe()
+        );
+        report(
+            "awa",
+            "readers: drain alone",
+            median(&mut alone),
+            "jobs/s",
+            &note,
+        );
+        report(
+            "awa",
+            "readers: drain beside 8 readers",
+            median(&mut beside),
+            "jobs/s",
+            &format!(
+                "each reader reads the counts by state and a page of failed jobs every second: {} reads, p50 {:.1} ms, p99 {:.1} ms",
+                reads.len(),
+                at(0.5),
+                at(0.99)
+            ),
+        );
+        Ok(())
     }
 
     /// `--awa-sweep`: every setup of [`sweep`], one drain each.
@@ -816,6 +972,334 @@ mod awa {
             );
         }
         Ok(())
+    }
+
+    /// How awa meets the pressure scenarios: the setup of its best steady
+    /// drain (the adapter's 16 handlers drain about 1,500 jobs/s, below the
+    /// 2,000 the faster idle-in-transaction run offers).
+    pub const PRESSURE: Setup = Setup::new(256, 40, 1000);
+
+    /// The phases of the idle-in-transaction scenario: clean, the snapshot
+    /// held, after it.
+    pub struct IdlePhases {
+        pub rate: u32,
+        pub clean: Duration,
+        pub idle: Duration,
+        pub after: Duration,
+    }
+
+    /// `--awa-idle`: the project's idle-in-transaction scenario
+    /// (xtask/src/bench/pressure.rs) on awa. Jobs are offered at a steady
+    /// rate (at each 10 ms tick, whatever is due, in one batch) to awa's
+    /// [`PRESSURE`] setup; through the middle phase another session of the
+    /// same database holds a snapshot (`REPEATABLE READ`, idle), so vacuum
+    /// removes no row that died after it. Writes `out`: a first line `#
+    /// dead_rows table_bytes index_bytes` (awa's schema, as the session
+    /// ended), then a line per job, `offered_us<TAB>started_us` (`-` if it
+    /// never started) from the run's start; the offer is stamped when its
+    /// batch committed, the start when the handler ran.
+    pub async fn idle_in_transaction(
+        admin: &sqlx::PgPool,
+        url: &str,
+        phases: &IdlePhases,
+        out: &std::path::Path,
+    ) -> Result<()> {
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(PRESSURE.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool).await?;
+        quiet::quiesce(&pool).await?;
+        let (idle_from, idle_to) = (phases.clean, phases.clean + phases.idle);
+        let end = idle_to + phases.after;
+        let rate = f64::from(phases.rate);
+        let most = (rate * end.as_secs_f64()).ceil() as usize + 1;
+        let s = begin_scenario(most);
+        let client = client(pool.clone(), &PRESSURE)?;
+        client.start().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let mut offer = Offer::new(rate, most);
+        let mut idle_session: Option<sqlx::PgConnection> = None;
+        let mut bloat = None;
+        let mut ticks = ticks();
+        loop {
+            ticks.tick().await;
+            let now = offer.elapsed();
+            if now >= end {
+                break;
+            }
+            if now >= idle_from && now < idle_to && idle_session.is_none() {
+                use sqlx::Connection;
+                let mut conn = sqlx::PgConnection::connect(&db).await?;
+                sqlx::raw_sql(
+                    "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class",
+                )
+                .execute(&mut conn)
+                .await?;
+                idle_session = Some(conn);
+            }
+            if now >= idle_to {
+                if let Some(mut conn) = idle_session.take() {
+                    use sqlx::Connection;
+                    bloat = Some(schema_bloat(&pool).await?);
+                    sqlx::raw_sql("COMMIT").execute(&mut conn).await?;
+                    conn.close().await?;
+                }
+            }
+            offer.top_up(&store, &pool).await?;
+        }
+        let (t0, offered) = (offer.t0, offer.offered);
+        let n = offered.len();
+        let waited = wait_for_handlers(&s, n, Duration::from_secs(120)).await;
+        client.shutdown(Duration::from_secs(5)).await;
+        waited?;
+        check_first_exactly_once("awa", &s, n)?;
+        let (dead, table, indexes) = bloat.context("the idle session never ended")?;
+        let started = s.started.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut text = format!("# {dead} {table} {indexes}\n");
+        for (i, at) in offered.iter().enumerate() {
+            let start = started.get(i).copied().flatten().map_or_else(
+                || "-".to_owned(),
+                |t| t.saturating_duration_since(t0).as_micros().to_string(),
+            );
+            text.push_str(&format!("{}\t{start}\n", at.as_micros()));
+        }
+        std::fs::write(out, text).with_context(|| format!("writing {}", out.display()))?;
+        pool.close().await;
+        drop_database(admin, "peer_awa").await
+    }
+
+    /// Offers jobs at a rate that may change: at each tick, whatever is due
+    /// by then, in batches of 1,000 (so a slow enqueue is made up at the
+    /// next tick), each job's offer stamped when its batch committed; at
+    /// most `most` jobs. The project's pressure scenarios offer the same
+    /// way (xtask/src/bench/pressure.rs).
+    struct Offer {
+        t0: Instant,
+        /// Jobs due when the current rate was set, and when that was.
+        base: (f64, Duration),
+        rate: f64,
+        most: usize,
+        offered: Vec<Duration>,
+    }
+
+    impl Offer {
+        fn new(rate: f64, most: usize) -> Offer {
+            Offer {
+                t0: Instant::now(),
+                base: (0.0, Duration::ZERO),
+                rate,
+                most,
+                offered: Vec::with_capacity(most),
+            }
+        }
+
+        fn elapsed(&self) -> Duration {
+            self.t0.elapsed()
+        }
+
+        fn due_at(&self, t: Duration) -> f64 {
+            self.base.0 + t.saturating_sub(self.base.1).as_secs_f64() * self.rate
+        }
+
+        fn set_rate(&mut self, rate: f64) {
+            let now = self.elapsed();
+            self.base = (self.due_at(now), now);
+            self.rate = rate;
+        }
+
+        async fn top_up(&mut self, store: &QueueStorage, pool: &sqlx::PgPool) -> Result<()> {
+            let due = (self.due_at(self.elapsed()) as usize).min(self.most);
+            let sent = self.offered.len();
+            if due > sent {
+                for start in (sent..due).step_by(1000) {
+                    let batch = (start..(start + 1000).min(due))
+                        .map(params)
+                        .collect::<Result<Vec<_>>>()?;
+                    store.enqueue_params_batch(pool, &batch).await?;
+                }
+                let at = self.elapsed();
+                self.offered.resize(due, at);
+            }
+            Ok(())
+        }
+    }
+
+    /// A 10 ms tick that waits after a late one instead of bursting.
+    fn ticks() -> tokio::time::Interval {
+        let mut ticks = tokio::time::interval(Duration::from_millis(10));
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
+    }
+
+    /// The overload scenario's sizes (xtask/src/bench/pressure.rs).
+    pub struct OverloadSizes {
+        pub work: Duration,
+        pub peak_jobs: usize,
+        pub over: Duration,
+        pub settle: Duration,
+    }
+
+    /// The rate offered once the overload ends, as a share of the peak.
+    const NORMAL_SHARE: f64 = 0.25;
+
+    /// `--awa-overload`: the project's overload scenario on awa, with the
+    /// adapter's 16 handlers, as the scenario has (each job works `work`,
+    /// so the handlers set the peak). The clean peak: `peak_jobs` enqueued
+    /// at once and drained. Then twice the peak is offered for `over`, then
+    /// a quarter of it until the backlog is gone (no more jobs waiting than
+    /// the handlers hold), then pickups at that rate for `settle`.
+    pub async fn overload(admin: &sqlx::PgPool, url: &str, sizes: &OverloadSizes) -> Result<()> {
+        WORK_MICROS.store(
+            u64::try_from(sizes.work.as_micros()).unwrap_or(u64::MAX),
+            Ordering::Relaxed,
+        );
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(ADAPTER.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool).await?;
+        quiet::quiesce(&pool).await?;
+        let client = client(pool.clone(), &ADAPTER)?;
+        client.start().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let s = begin_scenario(sizes.peak_jobs);
+        let began = Instant::now();
+        enqueue(&store, &pool, sizes.peak_jobs).await?;
+        wait_for_handlers(&s, sizes.peak_jobs, Duration::from_secs(600)).await?;
+        let peak = sizes.peak_jobs as f64 / began.elapsed().as_secs_f64();
+        tokio::time::sleep(sizes.work * 4).await;
+        check_exactly_once("awa", &s)?;
+
+        let limit = sizes.over * 20 + Duration::from_secs(60);
+        let most = (peak
+            * (2.0 * sizes.over.as_secs_f64()
+                + NORMAL_SHARE * (limit + sizes.settle).as_secs_f64()))
+        .ceil() as usize
+            + 1;
+        let s = begin_scenario(most);
+        let started = || s.total.load(Ordering::Relaxed);
+        let mut offer = Offer::new(2.0 * peak, most);
+        let mut ticks = ticks();
+        while offer.elapsed() < sizes.over {
+            ticks.tick().await;
+            offer.top_up(&store, &pool).await?;
+        }
+        let over_at = offer.elapsed();
+        let started_at_over = started();
+        let backlog = offer.offered.len().saturating_sub(started_at_over);
+        offer.set_rate(NORMAL_SHARE * peak);
+        let deadline = Instant::now() + limit;
+        loop {
+            ticks.tick().await;
+            offer.top_up(&store, &pool).await?;
+            if offer.offered.len() <= started() + ADAPTER.workers as usize {
+                break;
+            }
+            ensure!(
+                Instant::now() < deadline,
+                "awa: the backlog of {backlog} jobs was not gone {limit:?} after the overload"
+            );
+        }
+        let gone_at = offer.elapsed();
+        let started_at_gone = started();
+        while offer.elapsed() < gone_at + sizes.settle {
+            ticks.tick().await;
+            offer.top_up(&store, &pool).await?;
+        }
+        let (t0, offered) = (offer.t0, offer.offered);
+        let waited = wait_for_handlers(&s, offered.len(), Duration::from_secs(120)).await;
+        client.shutdown(Duration::from_secs(5)).await;
+        waited?;
+        check_first_exactly_once("awa", &s, offered.len())?;
+        let starts = s.started.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let mut settled: Vec<f64> = offered
+            .iter()
+            .zip(&starts)
+            .filter(|(at, _)| **at >= gone_at && **at < gone_at + sizes.settle)
+            .map(|(at, start)| {
+                start.map_or(f64::INFINITY, |t| {
+                    t.saturating_duration_since(t0)
+                        .saturating_sub(*at)
+                        .as_secs_f64()
+                        * 1000.0
+                })
+            })
+            .collect();
+        settled.sort_by(f64::total_cmp);
+        let at = |q: f64| {
+            settled
+                .get(((settled.len().max(1) - 1) as f64 * q).round() as usize)
+                .copied()
+                .unwrap_or(f64::NAN)
+        };
+        let drained_in = gone_at.saturating_sub(over_at);
+        let during = started_at_over as f64 / over_at.as_secs_f64();
+        let draining = (started_at_gone - started_at_over) as f64 / drained_in.as_secs_f64();
+        report(
+            "awa",
+            "overload: clean peak",
+            peak,
+            "jobs/s",
+            &format!(
+                "{} handlers, {} ms of work each, {} jobs drained",
+                ADAPTER.workers,
+                sizes.work.as_millis(),
+                sizes.peak_jobs
+            ),
+        );
+        report(
+            "awa",
+            "overload: started while twice the peak was offered",
+            during,
+            "jobs/s",
+            &format!("for {} s", sizes.over.as_secs()),
+        );
+        report(
+            "awa",
+            "overload: backlog drain",
+            draining,
+            "jobs/s",
+            &format!(
+                "a backlog of {backlog} drained in {:.1} s, with a quarter of the peak offered",
+                drained_in.as_secs_f64()
+            ),
+        );
+        report(
+            "awa",
+            "overload: pickup p50 once the backlog is gone",
+            at(0.5),
+            "ms",
+            "",
+        );
+        report(
+            "awa",
+            "overload: pickup p99 once the backlog is gone",
+            at(0.99),
+            "ms",
+            &format!(
+                "{} jobs over {} s at a quarter of the peak",
+                settled.len(),
+                sizes.settle.as_secs()
+            ),
+        );
+        WORK_MICROS.store(0, Ordering::Relaxed);
+        pool.close().await;
+        drop_database(admin, "peer_awa").await
+    }
+
+    /// Dead rows, table bytes and index bytes of awa's schema.
+    async fn schema_bloat(pool: &sqlx::PgPool) -> Result<(i64, i64, i64)> {
+        Ok(sqlx::query_as(
+            "SELECT coalesce(sum(n_dead_tup), 0)::int8, \
+             coalesce(sum(pg_table_size(relid)), 0)::int8, \
+             coalesce(sum(pg_indexes_size(relid)), 0)::int8 \
+             FROM pg_stat_user_tables WHERE schemaname = 'awa'",
+        )
+        .fetch_one(pool)
+        .await?)
     }
 
     pub async fn run(admin: &sqlx::PgPool, url: &str, jobs: usize, wake_jobs: usize) -> Result<()> {
@@ -910,6 +1394,40 @@ struct Args {
     /// With `--cold`: `ANALYZE` graphile_worker's jobs before the clock.
     #[arg(long)]
     analyze: bool,
+    /// awa in the idle-in-transaction scenario, this many jobs a second
+    /// offered; with `--clean`, `--idle`, `--after` (seconds) and
+    /// `--timeline` (the file it writes).
+    #[arg(long, requires = "timeline")]
+    awa_idle: Option<u32>,
+    /// The clean phase of `--awa-idle`, in seconds.
+    #[arg(long, default_value_t = 60)]
+    clean: u64,
+    /// How long `--awa-idle`'s session holds its snapshot, in seconds.
+    #[arg(long, default_value_t = 600)]
+    idle: u64,
+    /// The phase after the session ended, in seconds.
+    #[arg(long, default_value_t = 60)]
+    after: u64,
+    /// Where `--awa-idle` writes each job's offer and start.
+    #[arg(long)]
+    timeline: Option<std::path::PathBuf>,
+    /// awa in the overload scenario: each job works this many ms; with
+    /// `--peak-jobs`, `--over` and `--settle`.
+    #[arg(long)]
+    awa_overload: Option<u64>,
+    /// The backlog whose drain measures `--awa-overload`'s clean peak.
+    #[arg(long, default_value_t = 30_000)]
+    peak_jobs: usize,
+    /// How long `--awa-overload` offers twice the peak, in seconds.
+    #[arg(long, default_value_t = 300)]
+    over: u64,
+    /// How long pickups are measured once the backlog is gone, in seconds.
+    #[arg(long, default_value_t = 30)]
+    settle: u64,
+    /// awa's drain of `--jobs` jobs alone and beside 8 readers, this many
+    /// alternating rounds.
+    #[arg(long)]
+    awa_readers: Option<usize>,
 }
 
 #[tokio::main]
@@ -923,9 +1441,43 @@ async fn main() -> Result<()> {
         max_pg_conn,
         analyze,
         awa_sweep,
+        awa_idle,
+        clean,
+        idle,
+        after,
+        timeline,
+        awa_overload,
+        peak_jobs,
+        over,
+        settle,
+        awa_readers,
     } = clap::Parser::parse();
     let url = std::env::var("DATABASE_URL").context("DATABASE_URL must name the server")?;
     let admin = sqlx::PgPool::connect(&url).await?;
+    if let (Some(rate), Some(out)) = (awa_idle, timeline) {
+        eprintln!("peers: awa, idle in transaction, {rate} jobs/s");
+        let phases = awa::IdlePhases {
+            rate,
+            clean: Duration::from_secs(clean),
+            idle: Duration::from_secs(idle),
+            after: Duration::from_secs(after),
+        };
+        return awa::idle_in_transaction(&admin, &url, &phases, &out).await;
+    }
+    if let Some(work_ms) = awa_overload {
+        eprintln!("peers: awa, overload");
+        let sizes = awa::OverloadSizes {
+            work: Duration::from_millis(work_ms),
+            peak_jobs,
+            over: Duration::from_secs(over),
+            settle: Duration::from_secs(settle),
+        };
+        return awa::overload(&admin, &url, &sizes).await;
+    }
+    if let Some(rounds) = awa_readers {
+        eprintln!("peers: awa, readers");
+        return awa::readers(&admin, &url, jobs, rounds).await;
+    }
     if cold {
         let db = fresh_database(&admin, &url, "peer_graphile_cold").await?;
         eprintln!("peers: graphile_worker, cold");

@@ -66,43 +66,66 @@ pub(super) async fn operator_surfaces(
     let (b, s) = (thousands(sizes.big_rows), thousands(sizes.big_base_rows));
     let ratio =
         |big: f64, base: f64| format!("{:.2}x the same at {s} rows ({base:.1})", big / base);
-    for (what, big, base) in [
-        ("figures (stats), estimated", big.stats, base.stats),
-        ("figures (stats --exact)", big.exact_stats, base.exact_stats),
-        ("timeline, last hour by minute", big.timeline, base.timeline),
+    // Issue 30's targets: the figures and the timeline in 50 ms, a list
+    // page in 100 ms; counting every job is the opt-in, with none.
+    let (figures, page) = (Some(50.0), Some(100.0));
+    for (what, big, base, at_most) in [
+        ("figures (stats), estimated", big.stats, base.stats, figures),
+        (
+            "figures (stats --exact)",
+            big.exact_stats,
+            base.exact_stats,
+            None,
+        ),
+        (
+            "timeline, last hour by minute",
+            big.timeline,
+            base.timeline,
+            figures,
+        ),
         (
             "list page: failed, newest first",
             big.failed_page,
             base.failed_page,
+            page,
         ),
         (
             "list page: a kind with one job",
             big.rare_kind_page,
             base.rare_kind_page,
+            page,
         ),
         (
             "list page: a minute's finished jobs",
             big.finished_range_page,
             base.finished_range_page,
+            page,
         ),
         (
             "list page: an hour's queued jobs, 10 days ago",
             big.queued_range_page,
             base.queued_range_page,
+            page,
         ),
         (
             "list page: a failure text no job has (no trigram index: the 50,000 jobs a page searches)",
             big.failure_text_page,
             base.failure_text_page,
+            page,
         ),
     ] {
-        results.add(
-            "big",
-            format!("{what}, p50 at {b} rows"),
-            big,
-            "ms",
-            ratio(big, base),
-        );
+        let what = format!("{what}, p50 at {b} rows");
+        match at_most {
+            Some(at_most) => results.add_against(
+                "big",
+                what,
+                big,
+                "ms",
+                ratio(big, base),
+                (None, Some(at_most)),
+            ),
+            None => results.add("big", what, big, "ms", ratio(big, base)),
+        }
     }
     results.add(
         "big",
@@ -110,13 +133,20 @@ pub(super) async fn operator_surfaces(
         big.claim_building_p99,
         "ms",
         format!(
-            "{:.2}x the idle p99 ({:.2} ms), target ≤ 2; the longest claim {:.1} ms; the build {:.1} s ({:.1} s at {s} rows)",
-            big.claim_building_p99 / big.claim_idle_p99,
-            big.claim_idle_p99,
-            big.claim_building_max,
-            big.build_seconds,
-            base.build_seconds
+            "the longest claim {:.1} ms; the build {:.1} s ({:.1} s at {s} rows)",
+            big.claim_building_max, big.build_seconds, base.build_seconds
         ),
+    );
+    results.add_against(
+        "big",
+        format!("claim p99 while migrate builds ÷ idle, at {b} rows"),
+        big.claim_building_p99 / big.claim_idle_p99,
+        "x",
+        format!(
+            "idle: 5 s before the build and 5 s after, p99 {:.2} ms",
+            big.claim_idle_p99
+        ),
+        (None, Some(2.0)),
     );
     results.add(
         "big",
@@ -213,7 +243,8 @@ struct Migration {
 
 /// Claims one job at a time for five seconds, then while `queue migrate`
 /// builds version 8's indexes again (dropped, and the version forgotten,
-/// so that the table is as version 7 left it); their p99 each.
+/// so that the table is as version 7 left it), then for five seconds more;
+/// the p99 of the claims during the build, and of the ten idle seconds.
 async fn claims_beside_a_build(pool: &PgPool, table: &JobTable) -> Result<Migration> {
     let name = table.name();
     let derived = |suffix: &str| -> Result<String> {
@@ -243,16 +274,23 @@ async fn claims_beside_a_build(pool: &PgPool, table: &JobTable) -> Result<Migrat
         let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
         (probing, prober)
     };
-    let (probing, prober) = probe();
-    tokio::time::sleep(std::time::Duration::from_secs(5)).await;
-    probing.store(false, Ordering::SeqCst);
-    let idle = ms(prober.await.context("the prober")?);
+    let idle_for = |seconds| async move {
+        let (probing, prober) = probe();
+        tokio::time::sleep(std::time::Duration::from_secs(seconds)).await;
+        probing.store(false, Ordering::SeqCst);
+        anyhow::Ok(ms(prober.await.context("the prober")?))
+    };
+    let mut idle = idle_for(5).await?;
     let (probing, prober) = probe();
     let started = Instant::now();
     let applied = table.migrate(pool).await?;
     let build_seconds = started.elapsed().as_secs_f64();
     probing.store(false, Ordering::SeqCst);
     let building = ms(prober.await.context("the prober")?);
+    // Idle again after the build: a checkpoint or autovacuum in one idle
+    // window moved a single window's p99 by half (0.73 to 1.15 ms in two
+    // runs), so the idle figure is taken on both sides of the build.
+    idle.extend(idle_for(5).await?);
     anyhow::ensure!(
         applied.iter().any(|m| m.version == 8),
         "the migration did not build version 8"

@@ -2,17 +2,19 @@
 //! a million failed jobs, or a purge of a million old ones, hold up the
 //! workers' claims?
 //!
-//! Three phases on the same table shape: queued jobs to drain (lowest
-//! keys, so the drain claims them first) and a million finished jobs
-//! behind them. In each, a 16-handler lease worker drains while a prober
-//! claims one job at a time beside it and times each claim. In the first
-//! phase a bulk operation retries every failed job meanwhile, in the
-//! second one purges every old completed job, each run as `queue serve`
-//! runs it (the one runner, [`queue_core::run_operation`], with its
-//! background pace), and the claims are timed while both the operation
-//! and the drain of the queued jobs go on; the third phase is the drain
-//! alone, timed as long as the retry (or until its queued jobs are
-//! drained). The figures are the claim p99 of each, and their ratios.
+//! Phases on the same table shape: queued jobs to drain (lowest keys, so
+//! the drain claims them first) and a million finished jobs behind them.
+//! In each, a 16-handler lease worker drains while a prober claims one job
+//! at a time beside it and times each claim. In the first phase a bulk
+//! operation retries every failed job meanwhile, in the next two one
+//! purges every old completed job (deleting rows, then on a table
+//! partitioned by finish time, dropping partitions), each run as `queue
+//! serve` runs it (the one runner, [`queue_core::run_operation`], with its
+//! background pace), and the claims are timed while both the operation and
+//! the drain of the queued jobs go on; the last two phases are the drain
+//! alone, timed as long as the retry and as long as the purge (or until
+//! its queued jobs are drained). The figures are the claim p99 of each,
+//! and their ratios.
 
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -33,9 +35,12 @@ use sqlx::PgPool;
 
 use super::cluster::{fresh_table, thousands};
 use super::drain::drain_options;
-use super::report::Results;
+use super::report::{median, Results};
 use super::wake::percentiles;
 use super::Sizes;
+
+/// Rounds of a purge beside the drain and the drain alone as long.
+const PURGE_ROUNDS: usize = 3;
 
 /// Completes every job, counting those of the drain (kind `noop`).
 struct Counting(Arc<AtomicUsize>);
@@ -91,21 +96,39 @@ pub(super) async fn beside_a_drain(
         "the bulk retry changed {} of {failed} failed jobs",
         retrying.changed
     );
-    let purging = phase(pool, sizes, Some(Work::Purge), None).await?;
-    ensure!(
-        purging.changed == failed,
-        "the purge removed {} of {failed} old jobs",
-        purging.changed
-    );
+    // A purge of a million rows takes seconds, so a phase has a few
+    // hundred claims and its p99 is one of the slowest few: rounds of a
+    // purge and the drain alone as long, alternating, pooled.
+    let (mut purge_claims, mut alone_claims) = (Vec::new(), Vec::new());
+    let (mut purge_rates, mut purge_window, mut alone_window) =
+        (Vec::new(), Duration::ZERO, Duration::ZERO);
+    for _ in 0..sizes.rounds.clamp(1, PURGE_ROUNDS) {
+        let purging = phase(pool, sizes, Some(Work::Purge), None).await?;
+        ensure!(
+            purging.changed == failed,
+            "the purge removed {} of {failed} old jobs",
+            purging.changed
+        );
+        let alone = phase(pool, sizes, None, Some(purging.window)).await?;
+        purge_rates.push(failed as f64 / purging.work_time.as_secs_f64());
+        purge_window += purging.window;
+        alone_window += alone.window;
+        purge_claims.extend(purging.claims);
+        alone_claims.extend(alone.claims);
+    }
     let dropping = phase(pool, sizes, Some(Work::PurgePartitions), None).await?;
     ensure!(
         dropping.changed == failed,
         "the purge of the partitioned table removed {} of {failed} old jobs",
         dropping.changed
     );
+    // The purges are compared with the drain alone over the purge's own
+    // window: a drain's claims are slower later in it than in its first
+    // seconds, so the retry's longer window would flatter a short purge.
     let alone = phase(pool, sizes, None, Some(retrying.window)).await?;
     let during = percentiles(retrying.claims.clone());
     let without = percentiles(alone.claims.clone());
+    let without_purging = percentiles(alone_claims.clone());
     let rate = failed as f64 / retrying.work_time.as_secs_f64();
     let note = format!(
         "{} failed jobs behind {} queued ones; lease, 16 handlers, a prober claiming one at a time",
@@ -124,17 +147,23 @@ pub(super) async fn beside_a_drain(
             BACKGROUND_PACE.as_millis()
         ),
     );
-    let beside_purge = percentiles(purging.claims.clone());
-    results.add(
+    let beside_purge = percentiles(purge_claims.clone());
+    results.add_against(
         "bulk",
         "purge of old jobs beside a drain",
-        failed as f64 / purging.work_time.as_secs_f64(),
+        median(&purge_rates),
         "rows/s",
         format!(
-            "{} completed jobs finished 40 days ago, in {:.1} s, oldest first from each batch's position, paced as the retry",
+            "{} completed jobs finished 40 days ago, oldest first from each batch's position, paced as the retry; median of {} rounds: {} rows/s",
             thousands(failed),
-            purging.work_time.as_secs_f64()
+            purge_rates.len(),
+            purge_rates
+                .iter()
+                .map(|r| format!("{r:.0}"))
+                .collect::<Vec<_>>()
+                .join(", ")
         ),
+        (Some(100_000.0), None),
     );
     results.add(
         "bulk",
@@ -142,30 +171,51 @@ pub(super) async fn beside_a_drain(
         beside_purge.p99,
         "ms",
         format!(
-            "{} claims over {:.1} s",
-            purging.claims.len(),
-            purging.window.as_secs_f64()
+            "{} claims over {:.1} s, the rounds pooled",
+            purge_claims.len(),
+            purge_window.as_secs_f64()
         ),
     );
     results.add(
         "bulk",
+        "claim p99, drain alone as long as the purge",
+        without_purging.p99,
+        "ms",
+        format!(
+            "{} claims over {:.1} s, each round's drain alone after its purge",
+            alone_claims.len(),
+            alone_window.as_secs_f64()
+        ),
+    );
+    results.add_against(
+        "bulk",
         "claim p99 beside the purge / alone",
-        beside_purge.p99 / without.p99,
+        beside_purge.p99 / without_purging.p99,
         "x",
-        "target ≤ 1.2",
+        "",
+        (None, Some(1.2)),
     );
     let beside_drops = percentiles(dropping.claims.clone());
-    results.add(
+    results.add_against(
         "bulk",
         "purge of old jobs beside a drain, the table partitioned by finish time",
         failed as f64 / dropping.work_time.as_secs_f64(),
         "rows/s",
         format!(
-            "the same jobs, their days' partitions dropped, in {:.2} s; claim p99 {:.2} ms, {:.2}x the drain alone (target ≤ 1.2)",
+            "the same jobs, their days' partitions dropped, in {:.2} s; claim p99 {:.2} ms ({} claims)",
             dropping.work_time.as_secs_f64(),
             beside_drops.p99,
-            beside_drops.p99 / without.p99
+            dropping.claims.len()
         ),
+        (Some(100_000.0), None),
+    );
+    results.add_against(
+        "bulk",
+        "claim p99 beside the partitions' purge / alone as long as the purge of rows",
+        beside_drops.p99 / without_purging.p99,
+        "x",
+        "",
+        (None, Some(1.2)),
     );
     results.add("bulk", "claim p99, drain alone", without.p99, "ms", note);
     results.add(
@@ -181,12 +231,13 @@ pub(super) async fn beside_a_drain(
             alone.window.as_secs_f64()
         ),
     );
-    results.add(
+    results.add_against(
         "bulk",
         "claim p99 beside the bulk retry / alone",
         during.p99 / without.p99,
         "x",
-        "target ≤ 1.2",
+        "",
+        (None, Some(1.2)),
     );
     results.add("bulk", "claim p50, drain alone", without.p50, "ms", "");
     results.add(

@@ -145,11 +145,11 @@ const QUICK: Sizes = Sizes {
 };
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
-/// `versus` and `cold` need the peer queues, so a run without `--only` has
-/// them only with `--peers`; `big` and `big-retention` fill tables of ten
+/// `versus`, `cold` and the `awa-pressure` ones need the peer queues, so a
+/// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 23] = [
+const SCENARIOS: [&str; 26] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -173,6 +173,9 @@ const SCENARIOS: [&str; 23] = [
     "peers",
     "versus",
     "cold",
+    "awa-pressure-idle",
+    "awa-pressure-overload",
+    "awa-pressure-readers",
 ];
 
 /// `cargo xtask bench`'s flags.
@@ -197,7 +200,9 @@ pub struct Args {
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
     /// run 600 only), pressure-overload, pressure-readers, peers, versus,
-    /// cold.
+    /// cold, awa-pressure-idle (awa in the idle-in-transaction scenario, at
+    /// both rates), awa-pressure-overload, awa-pressure-readers (its drain
+    /// of the drain scenarios' size beside 8 readers of its admin figures).
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
 }
@@ -220,6 +225,7 @@ impl Args {
             Some(only) => only.iter().any(|o| scenario.starts_with(o.as_str())),
             None => match scenario {
                 "peers" | "versus" | "cold" => self.peers,
+                awa if awa.starts_with("awa-pressure") => self.peers,
                 "big" | "big-retention" => self.big || self.quick,
                 _ => true,
             },
@@ -428,7 +434,13 @@ pub async fn run(args: Args) -> Result<()> {
     if args.runs("peers") {
         built = Some(peers::run_peers(&pg, sizes, &mut results).await?);
     }
-    for scenario in ["versus", "cold"] {
+    for scenario in [
+        "versus",
+        "cold",
+        "awa-pressure-idle",
+        "awa-pressure-overload",
+        "awa-pressure-readers",
+    ] {
         if !args.runs(scenario) {
             continue;
         }
@@ -438,7 +450,17 @@ pub async fn run(args: Args) -> Result<()> {
         };
         match scenario {
             "versus" => peers::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
-            _ => cold::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
+            "cold" => cold::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
+            "awa-pressure-idle" => {
+                pressure::awa_idle_in_transaction(peers, &pg, sizes.idle, &mut results).await?
+            }
+            "awa-pressure-overload" => {
+                pressure::awa_overload(peers, &pg, sizes.overload, &mut results).await?
+            }
+            _ => {
+                let jobs = sizes.drain_jobs;
+                pressure::awa_readers(peers, &pg, jobs, sizes.rounds, &mut results).await?
+            }
         }
     }
 

@@ -139,42 +139,53 @@ impl Peers {
         if let Some(cold) = cold {
             args.extend(cold.args());
         }
+        let stdout = self.run_args(pg, &args).await?;
+        peer_rows(&stdout)
+    }
+}
+
+/// The figures the peers' program printed, one a line:
+/// `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
+pub(super) fn peer_rows(stdout: &str) -> Result<Vec<PeerRow>> {
+    let mut rows = Vec::new();
+    for line in stdout.lines() {
+        let fields: Vec<&str> = line.split('\t').collect();
+        if let [peer, scenario, value, unit, note] = fields[..] {
+            rows.push(PeerRow {
+                peer: peer.to_owned(),
+                scenario: scenario.to_owned(),
+                value: value
+                    .parse()
+                    .with_context(|| format!("bad figure in {line:?}"))?,
+                unit: match unit {
+                    "jobs/s" => "jobs/s",
+                    "ms" => "ms",
+                    _ => "",
+                },
+                note: note.to_owned(),
+            });
+        }
+    }
+    Ok(rows)
+}
+
+impl Peers {
+    /// Runs the peers' program with `args` on `pg`; its standard output.
+    pub(super) async fn run_args(&self, pg: &Postgres, args: &[String]) -> Result<String> {
         let out = tokio::process::Command::new(self.target.join("release/queue-bench-peers"))
-            .args(&args)
+            .args(args)
             .env("DATABASE_URL", without_tls(&pg.url))
             .stderr(Stdio::inherit())
             .output()
             .await?;
-        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
         ensure!(
             out.status.success(),
             "the peer benchmarks failed:\n{stdout}"
         );
-        // Lines: `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
-        let mut rows = Vec::new();
-        for line in stdout.lines() {
-            let fields: Vec<&str> = line.split('\t').collect();
-            if let [peer, scenario, value, unit, note] = fields[..] {
-                rows.push(PeerRow {
-                    peer: peer.to_owned(),
-                    scenario: scenario.to_owned(),
-                    value: value
-                        .parse()
-                        .with_context(|| format!("bad figure in {line:?}"))?,
-                    unit: match unit {
-                        "jobs/s" => "jobs/s",
-                        "ms" => "ms",
-                        _ => "",
-                    },
-                    note: note.to_owned(),
-                });
-            }
-        }
-        Ok(rows)
+        Ok(stdout)
     }
-}
 
-impl Peers {
     /// graphile_worker's drain of `jobs` jobs at 16 handlers, prepared like
     /// the project's or `cold`; jobs per second.
     pub(super) async fn graphile_drain(

@@ -21,8 +21,11 @@ use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use queue_worker::Worker;
 use sqlx::{Connection, PgPool};
 
+use crate::pg::Postgres;
+
 use super::cluster::{fresh_table, thousands};
 use super::drain::drain_options;
+use super::peers::Peers;
 use super::quiet;
 use super::report::Results;
 use super::wake::percentiles;
@@ -382,83 +385,274 @@ pub(super) async fn idle_in_transaction(
             (ExecutionMode::Transactional, "transactional"),
         ] {
             let (timeline, bloat) = offer_through(pool, url, mode, rate, phases).await?;
-            let (idle_from, idle_to) = (phases.clean, phases.clean + phases.idle);
-            let end = idle_to + phases.after;
-            // The first seconds hold the worker's start: the clean phase is
-            // measured from its second half.
-            let clean = percentiles(timeline.pickups(phases.clean / 2, idle_from));
-            let idle = percentiles(timeline.pickups(idle_from, idle_to));
-            let last = Duration::from_secs(10).min(phases.idle);
-            let idle_end = percentiles(timeline.pickups(idle_to - last, idle_to));
-            let after = percentiles(timeline.pickups(idle_to, end));
-            let completion = timeline.worst_completion(idle_from, idle_to);
-            let (worst_p99, worst_at) = timeline.worst_p99(idle_from, idle_to);
-            println!(
-                "  pressure: idle in transaction, {name}, {rate} jobs/s: pickup p99 (ms) by 10 s: {} | held: {} | after: {}",
-                timeline.p99_by_window(Duration::ZERO, idle_from),
-                timeline.p99_by_window(idle_from, idle_to),
-                timeline.p99_by_window(idle_to, end)
-            );
-            let what = |w: &str| format!("idle in transaction, {name}, {rate} jobs/s: {w}");
-            results.add_against(
-                "pressure",
-                what("completions, worst 10 s of the idle phase ÷ offered"),
-                completion,
-                "x",
-                format!(
-                    "a snapshot held {} s; clean phase {:.3}",
-                    phases.idle.as_secs(),
-                    timeline.worst_completion(phases.clean / 2, idle_from)
-                ),
-                (Some(0.99), None),
-            );
-            results.add_against(
-                "pressure",
-                what("pickup p99, idle phase ÷ clean"),
-                idle.p99 / clean.p99,
-                "x",
-                format!(
-                    "clean p50 {:.2} ms, p99 {:.2} ms; idle p50 {:.2} ms, p99 {:.2} ms; its last {} s p50 {:.2} ms, p99 {:.2} ms; worst 10 s p99 {worst_p99:.2} ms, {worst_at:.0} s in",
-                    clean.p50,
-                    clean.p99,
-                    idle.p50,
-                    idle.p99,
-                    last.as_secs(),
-                    idle_end.p50,
-                    idle_end.p99
-                ),
-                (None, Some(3.0)),
-            );
-            let back = timeline.back_within(idle_to, end, 1.5 * clean.p99);
-            results.add_against(
-                "pressure",
-                what("back to the clean pickup p99 (within 1.5×) after the session ended"),
-                // Never within the phase after it: infinite, and missed.
-                back.unwrap_or(f64::INFINITY),
-                "s",
-                format!(
-                    "p50 {:.2} ms, p99 {:.2} ms over the {} s after it",
-                    after.p50,
-                    after.p99,
-                    phases.after.as_secs()
-                ),
-                (None, Some(60.0)),
-            );
-            results.add(
-                "pressure",
-                what("dead rows as the session ended"),
-                bloat.dead_rows as f64,
-                "rows",
-                format!(
-                    "{} jobs offered; table {:.0} MB, indexes {:.0} MB",
-                    thousands(timeline.offered.len() as u64),
-                    bloat.table_mb,
-                    bloat.indexes_mb
-                ),
-            );
+            report_idle(results, name, rate, phases, &timeline, &bloat);
         }
     }
     Ok(())
+}
+
+/// The idle-in-transaction figures of one run (`name`: the mode, or the
+/// peer), against the targets of issue 32.
+fn report_idle(
+    results: &mut Results,
+    name: &str,
+    rate: u32,
+    phases: IdlePhases<'_>,
+    timeline: &Timeline,
+    bloat: &Bloat,
+) {
+    let (idle_from, idle_to) = (phases.clean, phases.clean + phases.idle);
+    let end = idle_to + phases.after;
+    // The first seconds hold the worker's start: the clean phase is
+    // measured from its second half.
+    let clean = percentiles(timeline.pickups(phases.clean / 2, idle_from));
+    let idle = percentiles(timeline.pickups(idle_from, idle_to));
+    let last = Duration::from_secs(10).min(phases.idle);
+    let idle_end = percentiles(timeline.pickups(idle_to - last, idle_to));
+    let after = percentiles(timeline.pickups(idle_to, end));
+    let completion = timeline.worst_completion(idle_from, idle_to);
+    let (worst_p99, worst_at) = timeline.worst_p99(idle_from, idle_to);
+    println!(
+        "  pressure: idle in transaction, {name}, {rate} jobs/s: pickup p99 (ms) by 10 s: {} | held: {} | after: {}",
+        timeline.p99_by_window(Duration::ZERO, idle_from),
+        timeline.p99_by_window(idle_from, idle_to),
+        timeline.p99_by_window(idle_to, end)
+    );
+    let what = |w: &str| format!("idle in transaction, {name}, {rate} jobs/s: {w}");
+    results.add_against(
+        "pressure",
+        what("completions, worst 10 s of the idle phase ÷ offered"),
+        completion,
+        "x",
+        format!(
+            "a snapshot held {} s; clean phase {:.3}",
+            phases.idle.as_secs(),
+            timeline.worst_completion(phases.clean / 2, idle_from)
+        ),
+        (Some(0.99), None),
+    );
+    results.add_against(
+        "pressure",
+        what("pickup p99, idle phase ÷ clean"),
+        idle.p99 / clean.p99,
+        "x",
+        format!(
+            "clean p50 {:.2} ms, p99 {:.2} ms; idle p50 {:.2} ms, p99 {:.2} ms; its last {} s p50 {:.2} ms, p99 {:.2} ms; worst 10 s p99 {worst_p99:.2} ms, {worst_at:.0} s in",
+            clean.p50,
+            clean.p99,
+            idle.p50,
+            idle.p99,
+            last.as_secs(),
+            idle_end.p50,
+            idle_end.p99
+        ),
+        (None, Some(3.0)),
+    );
+    let back = timeline.back_within(idle_to, end, 1.5 * clean.p99);
+    results.add_against(
+        "pressure",
+        what("back to the clean pickup p99 (within 1.5×) after the session ended"),
+        // Never within the phase after it: infinite, and missed.
+        back.unwrap_or(f64::INFINITY),
+        "s",
+        format!(
+            "p50 {:.2} ms, p99 {:.2} ms over the {} s after it",
+            after.p50,
+            after.p99,
+            phases.after.as_secs()
+        ),
+        (None, Some(60.0)),
+    );
+    results.add(
+        "pressure",
+        what("dead rows as the session ended"),
+        bloat.dead_rows as f64,
+        "rows",
+        format!(
+            "{} jobs offered; table {:.0} MB, indexes {:.0} MB",
+            thousands(timeline.offered.len() as u64),
+            bloat.table_mb,
+            bloat.indexes_mb
+        ),
+    );
+}
+
+/// awa in the idle-in-transaction scenario at each rate of `phases`, its
+/// pressure setup (bench/peers: its best drain's 256 handlers). The peers'
+/// program offers the jobs and holds the snapshot as [`offer_through`]
+/// does, in awa's own database, and writes when each job was offered and
+/// started; the figures are computed here, by the code that computes this
+/// queue's.
+pub(super) async fn awa_idle_in_transaction(
+    peers: &Peers,
+    pg: &Postgres,
+    phases: IdlePhases<'_>,
+    results: &mut Results,
+) -> Result<()> {
+    for &rate in phases.rates {
+        let file = tempfile::NamedTempFile::new()?;
+        let secs = |d: Duration| d.as_secs().to_string();
+        let args = [
+            "--awa-idle".to_owned(),
+            rate.to_string(),
+            "--clean".to_owned(),
+            secs(phases.clean),
+            "--idle".to_owned(),
+            secs(phases.idle),
+            "--after".to_owned(),
+            secs(phases.after),
+            "--timeline".to_owned(),
+            file.path().display().to_string(),
+        ];
+        peers.run_args(pg, &args).await?;
+        let text = std::fs::read_to_string(file.path()).context("awa's timeline")?;
+        let (timeline, bloat) = read_timeline(&text)?;
+        report_idle(results, "awa", rate, phases, &timeline, &bloat);
+    }
+    Ok(())
+}
+
+/// awa in the overload scenario (bench/peers: the adapter's 16 handlers,
+/// each job working `sizes.work`, as this queue's run has): its figures,
+/// and the two this queue's are judged by.
+pub(super) async fn awa_overload(
+    peers: &Peers,
+    pg: &Postgres,
+    sizes: OverloadSizes,
+    results: &mut Results,
+) -> Result<()> {
+    let args = [
+        "--awa-overload".to_owned(),
+        sizes.work.as_millis().to_string(),
+        "--peak-jobs".to_owned(),
+        sizes.peak_jobs.to_string(),
+        "--over".to_owned(),
+        sizes.over.as_secs().to_string(),
+        "--settle".to_owned(),
+        sizes.settle.as_secs().to_string(),
+    ];
+    let rows = super::peers::peer_rows(&peers.run_args(pg, &args).await?)?;
+    let figure = |scenario: &str| {
+        rows.iter()
+            .find(|r| r.scenario == scenario)
+            .map(|r| r.value)
+            .with_context(|| format!("awa printed no {scenario:?} figure"))
+    };
+    let (peak, draining) = (
+        figure("overload: clean peak")?,
+        figure("overload: backlog drain")?,
+    );
+    let p99 = figure("overload: pickup p99 once the backlog is gone")?;
+    for row in &rows {
+        results.add(
+            "peer",
+            format!("awa: {}", row.scenario),
+            row.value,
+            row.unit,
+            row.note.clone(),
+        );
+    }
+    results.add_against(
+        "pressure",
+        "overload, awa: backlog drain ÷ clean peak",
+        draining / peak,
+        "x",
+        format!("{draining:.0} against {peak:.0} jobs/s (its rows under \"peer\")"),
+        (Some(0.9), None),
+    );
+    results.add_against(
+        "pressure",
+        "overload, awa: pickup p99 once the backlog is gone",
+        p99,
+        "ms",
+        "",
+        (None, Some(5.0)),
+    );
+    Ok(())
+}
+
+/// awa's best steady drain (bench/peers) of `jobs` jobs alone and beside 8
+/// readers of its admin figures, in alternating rounds: the ratio this
+/// queue's readers scenario is judged by.
+pub(super) async fn awa_readers(
+    peers: &Peers,
+    pg: &Postgres,
+    jobs: usize,
+    rounds: usize,
+    results: &mut Results,
+) -> Result<()> {
+    let args = [
+        "--awa-readers".to_owned(),
+        rounds.max(1).to_string(),
+        "--jobs".to_owned(),
+        jobs.to_string(),
+    ];
+    let rows = super::peers::peer_rows(&peers.run_args(pg, &args).await?)?;
+    let row = |scenario: &str| {
+        rows.iter()
+            .find(|r| r.scenario == scenario)
+            .with_context(|| format!("awa printed no {scenario:?} figure"))
+    };
+    let (alone, beside) = (
+        row("readers: drain alone")?,
+        row("readers: drain beside 8 readers")?,
+    );
+    results.add_against(
+        "pressure",
+        "readers: awa drain beside 8 readers ÷ alone",
+        beside.value / alone.value,
+        "x",
+        format!(
+            "{:.0} against {:.0} jobs/s ({}); {}",
+            beside.value, alone.value, alone.note, beside.note
+        ),
+        (Some(0.9), None),
+    );
+    Ok(())
+}
+
+/// A peer's timeline as the peers' program writes it: `# dead_rows
+/// table_bytes index_bytes`, then a line per job, `offered_us<TAB>
+/// started_us` (`-`: never started), the job's id its line's number.
+fn read_timeline(text: &str) -> Result<(Timeline, Bloat)> {
+    let mut lines = text.lines();
+    let head = lines.next().context("an empty timeline")?;
+    let sizes: Vec<i64> = head
+        .strip_prefix("# ")
+        .context("the timeline's first line is not its sizes")?
+        .split_whitespace()
+        .map(|n| n.parse().with_context(|| format!("bad size in {head:?}")))
+        .collect::<Result<_>>()?;
+    let [dead_rows, table, indexes] = sizes[..] else {
+        anyhow::bail!("the timeline's sizes are not three numbers: {head:?}");
+    };
+    let mb = |b: i64| b as f64 / (1024.0 * 1024.0);
+    let mut timeline = Timeline {
+        offered: Vec::new(),
+        started: HashMap::new(),
+    };
+    for (id, line) in (0_i64..).zip(lines) {
+        let (offered, started) = line
+            .split_once('\t')
+            .with_context(|| format!("bad timeline line {line:?}"))?;
+        let micros = |t: &str| -> Result<Duration> {
+            Ok(Duration::from_micros(
+                t.parse().with_context(|| format!("bad time in {line:?}"))?,
+            ))
+        };
+        timeline.offered.push((id, micros(offered)?));
+        if started != "-" {
+            timeline.started.insert(id, micros(started)?);
+        }
+    }
+    Ok((
+        timeline,
+        Bloat {
+            dead_rows,
+            table_mb: mb(table),
+            indexes_mb: mb(indexes),
+        },
+    ))
 }
 
 /// How the overload scenario runs.
@@ -729,4 +923,43 @@ pub(super) async fn readers_beside_a_drain(
         (Some(0.9), None),
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_peers_timeline_reads_as_offers_starts_and_sizes() {
+        let text = "# 1200 2097152 1048576\n1000\t1500\n2000\t-\n3000\t2900\n";
+        let (timeline, bloat) = read_timeline(text).expect("a well-formed timeline");
+        assert_eq!(bloat.dead_rows, 1200);
+        assert!((bloat.table_mb - 2.0).abs() < 1e-9);
+        assert!((bloat.indexes_mb - 1.0).abs() < 1e-9);
+        assert_eq!(
+            timeline.offered,
+            vec![
+                (0, Duration::from_millis(1)),
+                (1, Duration::from_millis(2)),
+                (2, Duration::from_millis(3)),
+            ]
+        );
+        // The second job never started; the third started before its
+        // offer was stamped, which counts as a pickup of 0 ms.
+        let pickups = timeline.pickups(Duration::ZERO, Duration::from_secs(1));
+        assert_eq!(pickups[0], 0.5);
+        assert!(pickups[1].is_infinite());
+        assert_eq!(pickups[2], 0.0);
+    }
+
+    #[test]
+    fn a_timeline_without_its_sizes_is_refused() {
+        let error = read_timeline("1000\t1500\n").err().map(|e| e.to_string());
+        assert_eq!(
+            error.as_deref(),
+            Some("the timeline's first line is not its sizes")
+        );
+        assert!(read_timeline("# 1 2\n").is_err());
+        assert!(read_timeline("# 1 2 3\n1000 1500\n").is_err());
+    }
 }
