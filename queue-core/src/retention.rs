@@ -1,13 +1,12 @@
 //! Retention: how long finished jobs are kept, and the pass that removes
 //! the older ones.
 //!
-//! [`prune`] is the one piece of code that removes finished jobs: the
-//! worker's periodic pruner (`queue_worker::Pruner`) and the `queue purge`
-//! command both run it. It goes state by state, in batches of
-//! [`Retention::batch`] jobs through [`Admin::purge`], pausing
-//! [`Retention::pause`] between batches, so that a backlog of a million old
-//! rows is removed in short statements that leave room for the queue's own
-//! work. Several processes may prune at once: a batch only ever takes jobs
+//! [`prune`] is how the worker's periodic pruner (`queue_worker::Pruner`)
+//! removes finished jobs. It goes state by state, in batches of
+//! [`Retention::batch`] jobs through [`Admin::purge`], pausing after each
+//! as a background operation does ([`Retention::pause`] and as long again
+//! as the batch took), so that a backlog of a million old rows is removed
+//! in short statements that leave room for the queue's own work. Several processes may prune at once: a batch only ever takes jobs
 //! that are finished and old enough, and one a concurrent pass removed
 //! first is simply not counted twice.
 
@@ -18,6 +17,7 @@ use chrono::{DateTime, Utc};
 use crate::admin::{Admin, PurgeParams};
 use crate::error::StoreError;
 use crate::job::JobState;
+use crate::operations::{BACKGROUND_PACE, BACKGROUND_YIELD, DEFAULT_PURGE_BATCH};
 
 /// How long jobs are kept once finished, per final state; `None` keeps
 /// them forever.
@@ -29,21 +29,27 @@ pub struct Retention {
     pub failed: Option<Duration>,
     /// Canceled jobs likewise.
     pub canceled: Option<Duration>,
-    /// Jobs removed per statement. Default 1,000.
+    /// Jobs removed per statement. Default [`DEFAULT_PURGE_BATCH`], as a
+    /// purge operation's.
     pub batch: usize,
-    /// The pause between two batches of one pass. Default 10 ms.
+    /// The pause after each batch of one pass, before the next; the pass
+    /// also waits as long again as the batch took
+    /// ([`BACKGROUND_YIELD`]), so that it keeps the database busy half the
+    /// time at most on any machine, as a background operation does.
+    /// Default [`BACKGROUND_PACE`].
     pub pause: Duration,
 }
 
 impl Default for Retention {
-    /// Keeps everything (no age set), in batches of 1,000.
+    /// Keeps everything (no age set), in batches of [`DEFAULT_PURGE_BATCH`]
+    /// paced as a background operation.
     fn default() -> Self {
         Retention {
             completed: None,
             failed: None,
             canceled: None,
-            batch: 1_000,
-            pause: Duration::from_millis(10),
+            batch: DEFAULT_PURGE_BATCH as usize,
+            pause: BACKGROUND_PACE,
         }
     }
 }
@@ -127,11 +133,17 @@ pub async fn prune<A: Admin + ?Sized>(
         };
         let mut params = PurgeParams::new(vec![state], finished_before, retention.batch);
         let mut removed = 0;
+        let mut took = Duration::ZERO;
         loop {
-            if report.batches > 0 && !retention.pause.is_zero() {
-                tokio::time::sleep(retention.pause).await;
+            if report.batches > 0 {
+                let pause = retention.pause + took.mul_f64(BACKGROUND_YIELD);
+                if !pause.is_zero() {
+                    tokio::time::sleep(pause).await;
+                }
             }
+            let started = std::time::Instant::now();
             let purged = admin.purge(&params).await?;
+            took = started.elapsed();
             let n = purged.purged;
             report.batches += 1;
             removed += n;

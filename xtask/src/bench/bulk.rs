@@ -5,14 +5,16 @@
 //! Phases on the same table shape: queued jobs to drain (lowest keys, so
 //! the drain claims them first) and a million finished jobs behind them.
 //! In each, a 16-handler lease worker drains while a prober claims one job
-//! at a time beside it and times each claim. In the first phase a bulk
-//! operation retries every failed job meanwhile, in the next two one
-//! purges every old completed job (deleting rows, then on a table
-//! partitioned by finish time, dropping partitions), each run as `queue
-//! serve` runs it (the one runner, [`queue_core::run_operation`], with its
-//! background pace), and the claims are timed while both the operation and
-//! the drain of the queued jobs go on; the last two phases are the drain
-//! alone, timed as long as the retry and as long as the purge (or until
+//! at a time beside it and times each claim. Beside the drain: a bulk
+//! operation retries every failed job; one purges every old completed job
+//! (rounds, each followed by the drain alone as long); a worker's pruner
+//! removes them (rounds likewise); one purge drops the old days'
+//! partitions of a table partitioned by finish time. The operations run as
+//! `queue serve` runs them (the one runner, [`queue_core::run_operation`],
+//! with its background pace), the pruner as a worker's does
+//! ([`queue_core::prune`], its default batches and pace); the claims are
+//! timed while both the removal and the drain of the queued jobs go on.
+//! The last phase is the drain alone, timed as long as the retry (or until
 //! its queued jobs are drained). The figures are the claim p99 of each,
 //! and their ratios.
 
@@ -24,9 +26,9 @@ use anyhow::{ensure, Context, Result};
 use chrono::DurationRound;
 use queue_core::testkit::probe_claims;
 use queue_core::{
-    run_operation, Admin, CancellationToken, Handler, Job, JobContext, JobError, JobFilter,
-    JobState, NewOperation, OperationAction, OperationState, RunOptions, StopAs, TakeOperation,
-    BACKGROUND_PACE, BACKGROUND_YIELD,
+    prune, run_operation, Admin, CancellationToken, Handler, Job, JobContext, JobError, JobFilter,
+    JobState, NewOperation, OperationAction, OperationState, Retention, RunOptions, StopAs,
+    TakeOperation, BACKGROUND_PACE, BACKGROUND_YIELD,
 };
 use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgJobTransaction, PgStore};
 use queue_worker::Worker;
@@ -81,6 +83,9 @@ enum Work {
     /// The same on the default table partitioned by finish time, a
     /// partition a day: the purge drops the old days' partitions.
     PurgePartitions,
+    /// The same jobs removed by a worker's pruner (`queue_core::prune`,
+    /// its default batches and pace), completed jobs kept 30 days.
+    Prune,
 }
 
 /// Both phases, into `results`.
@@ -96,27 +101,12 @@ pub(super) async fn beside_a_drain(
         "the bulk retry changed {} of {failed} failed jobs",
         retrying.changed
     );
-    // A purge of a million rows takes seconds, so a phase has a few
-    // hundred claims and its p99 is one of the slowest few: rounds of a
-    // purge and the drain alone as long, alternating, pooled.
-    let (mut purge_claims, mut alone_claims) = (Vec::new(), Vec::new());
-    let (mut purge_rates, mut purge_window, mut alone_window) =
-        (Vec::new(), Duration::ZERO, Duration::ZERO);
-    for _ in 0..sizes.rounds.clamp(1, PURGE_ROUNDS) {
-        let purging = phase(pool, sizes, Some(Work::Purge), None).await?;
-        ensure!(
-            purging.changed == failed,
-            "the purge removed {} of {failed} old jobs",
-            purging.changed
-        );
-        let alone = phase(pool, sizes, None, Some(purging.window)).await?;
-        purge_rates.push(failed as f64 / purging.work_time.as_secs_f64());
-        purge_window += purging.window;
-        alone_window += alone.window;
-        purge_claims.extend(purging.claims);
-        alone_claims.extend(alone.claims);
-    }
-    let dropping = phase(pool, sizes, Some(Work::PurgePartitions), None).await?;
+    let purged = rounds_beside(pool, sizes, Work::Purge).await?;
+    let pruned = rounds_beside(pool, sizes, Work::Prune).await?;
+    // Dropping the partitions takes under a second, a handful of claims:
+    // they are timed for as long as a round of the purge of rows was.
+    let purge_round = purged.window / purged.rates.len().max(1) as u32;
+    let dropping = phase(pool, sizes, Some(Work::PurgePartitions), Some(purge_round)).await?;
     ensure!(
         dropping.changed == failed,
         "the purge of the partitioned table removed {} of {failed} old jobs",
@@ -128,7 +118,7 @@ pub(super) async fn beside_a_drain(
     let alone = phase(pool, sizes, None, Some(retrying.window)).await?;
     let during = percentiles(retrying.claims.clone());
     let without = percentiles(alone.claims.clone());
-    let without_purging = percentiles(alone_claims.clone());
+    let without_purging = percentiles(purged.alone_claims.clone());
     let rate = failed as f64 / retrying.work_time.as_secs_f64();
     let note = format!(
         "{} failed jobs behind {} queued ones; lease, 16 handlers, a prober claiming one at a time",
@@ -147,54 +137,8 @@ pub(super) async fn beside_a_drain(
             BACKGROUND_PACE.as_millis()
         ),
     );
-    let beside_purge = percentiles(purge_claims.clone());
-    results.add_against(
-        "bulk",
-        "purge of old jobs beside a drain",
-        median(&purge_rates),
-        "rows/s",
-        format!(
-            "{} completed jobs finished 40 days ago, oldest first from each batch's position, paced as the retry; median of {} rounds: {} rows/s",
-            thousands(failed),
-            purge_rates.len(),
-            purge_rates
-                .iter()
-                .map(|r| format!("{r:.0}"))
-                .collect::<Vec<_>>()
-                .join(", ")
-        ),
-        (Some(100_000.0), None),
-    );
-    results.add(
-        "bulk",
-        "claim p99, drain beside the purge",
-        beside_purge.p99,
-        "ms",
-        format!(
-            "{} claims over {:.1} s, the rounds pooled",
-            purge_claims.len(),
-            purge_window.as_secs_f64()
-        ),
-    );
-    results.add(
-        "bulk",
-        "claim p99, drain alone as long as the purge",
-        without_purging.p99,
-        "ms",
-        format!(
-            "{} claims over {:.1} s, each round's drain alone after its purge",
-            alone_claims.len(),
-            alone_window.as_secs_f64()
-        ),
-    );
-    results.add_against(
-        "bulk",
-        "claim p99 beside the purge / alone",
-        beside_purge.p99 / without_purging.p99,
-        "x",
-        "",
-        (None, Some(1.2)),
-    );
+    purged.report(results, "the purge", failed);
+    pruned.report(results, "the pruner", failed);
     let beside_drops = percentiles(dropping.claims.clone());
     results.add_against(
         "bulk",
@@ -202,10 +146,11 @@ pub(super) async fn beside_a_drain(
         failed as f64 / dropping.work_time.as_secs_f64(),
         "rows/s",
         format!(
-            "the same jobs, their days' partitions dropped, in {:.2} s; claim p99 {:.2} ms ({} claims)",
+            "the same jobs, their days' partitions dropped, in {:.2} s; claim p99 {:.2} ms ({} claims over {:.1} s from its start)",
             dropping.work_time.as_secs_f64(),
             beside_drops.p99,
-            dropping.claims.len()
+            dropping.claims.len(),
+            dropping.window.as_secs_f64()
         ),
         (Some(100_000.0), None),
     );
@@ -250,8 +195,109 @@ pub(super) async fn beside_a_drain(
     Ok(())
 }
 
+/// Rounds of a removal of old jobs beside a drain, each followed by the
+/// drain alone as long; the rounds pooled.
+struct Rounds {
+    claims: Vec<f64>,
+    alone_claims: Vec<f64>,
+    rates: Vec<f64>,
+    window: Duration,
+    alone_window: Duration,
+}
+
+/// [`PURGE_ROUNDS`] rounds (one in a quick run) of `work` beside a drain
+/// and the drain alone as long: a removal of a million rows takes
+/// seconds, so one phase has a few hundred claims and its p99 is one of
+/// the slowest few.
+async fn rounds_beside(pool: &PgPool, sizes: &Sizes, work: Work) -> Result<Rounds> {
+    let mut rounds = Rounds {
+        claims: Vec::new(),
+        alone_claims: Vec::new(),
+        rates: Vec::new(),
+        window: Duration::ZERO,
+        alone_window: Duration::ZERO,
+    };
+    for _ in 0..sizes.rounds.clamp(1, PURGE_ROUNDS) {
+        let removing = phase(pool, sizes, Some(work), None).await?;
+        ensure!(
+            removing.changed == sizes.bulk_rows,
+            "{work:?} removed {} of {} old jobs",
+            removing.changed,
+            sizes.bulk_rows
+        );
+        let alone = phase(pool, sizes, None, Some(removing.window)).await?;
+        rounds
+            .rates
+            .push(sizes.bulk_rows as f64 / removing.work_time.as_secs_f64());
+        rounds.window += removing.window;
+        rounds.alone_window += alone.window;
+        rounds.claims.extend(removing.claims);
+        rounds.alone_claims.extend(alone.claims);
+    }
+    Ok(rounds)
+}
+
+impl Rounds {
+    /// Its rate, claim p99 beside and alone, and their ratio, against issue
+    /// 30's targets; `what` names the removal ("the purge").
+    fn report(&self, results: &mut Results, what: &str, rows: u64) {
+        let (beside, alone) = (
+            percentiles(self.claims.clone()),
+            percentiles(self.alone_claims.clone()),
+        );
+        results.add_against(
+            "bulk",
+            format!("{what} of old jobs beside a drain"),
+            median(&self.rates),
+            "rows/s",
+            format!(
+                "{} completed jobs finished 40 days ago, oldest first from each batch's position, paced as a background operation; median of {} rounds: {} rows/s",
+                thousands(rows),
+                self.rates.len(),
+                self.rates
+                    .iter()
+                    .map(|r| format!("{r:.0}"))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            (Some(100_000.0), None),
+        );
+        results.add(
+            "bulk",
+            format!("claim p99, drain beside {what}"),
+            beside.p99,
+            "ms",
+            format!(
+                "{} claims over {:.1} s, the rounds pooled",
+                self.claims.len(),
+                self.window.as_secs_f64()
+            ),
+        );
+        results.add(
+            "bulk",
+            format!("claim p99, drain alone as long as {what}"),
+            alone.p99,
+            "ms",
+            format!(
+                "{} claims over {:.1} s, each round's drain alone after it",
+                self.alone_claims.len(),
+                self.alone_window.as_secs_f64()
+            ),
+        );
+        results.add_against(
+            "bulk",
+            format!("claim p99 beside {what} / alone"),
+            beside.p99 / alone.p99,
+            "x",
+            "",
+            (None, Some(1.2)),
+        );
+    }
+}
+
 /// One phase: with `work`, the drain beside that bulk operation, measured
-/// until it ends; without, the drain alone for `window`.
+/// until it ends (and for at least `window`, if one is given); without,
+/// the drain alone for `window`.
 async fn phase(
     pool: &PgPool,
     sizes: &Sizes,
@@ -285,7 +331,7 @@ async fn phase(
             sizes.bulk_drain_jobs
         ),
         match work {
-            Some(Work::Purge | Work::PurgePartitions) => format!(
+            Some(Work::Purge | Work::PurgePartitions | Work::Prune) => format!(
                 "INSERT INTO {t} (kind, state, finished_at) \
                  SELECT 'import', 'completed', now() - interval '40 days' + n * interval '1 millisecond' \
                  FROM generate_series(1, {}) AS n",
@@ -325,15 +371,23 @@ async fn phase(
     let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
     let working = work.map(|work| {
         let (pool, table) = (store_pool.clone(), table.clone());
-        tokio::spawn(async move { run_all(&pool, &table, work).await })
+        // How long it ran, from the phase's start: the claims may be timed
+        // on after it ended.
+        tokio::spawn(async move {
+            let changed = run_all(&pool, &table, work).await?;
+            anyhow::Ok((changed, started.elapsed()))
+        })
     });
-    // Timed while the drain's queued jobs last, and the retry runs (or for
-    // the retry's window).
+    // Timed while the drain's queued jobs last and the operation runs, for
+    // at least `window` if one is given (or, without an operation, for
+    // `window`).
     let limit = Duration::from_secs(600);
     loop {
         let drain_over = drained.load(Ordering::Relaxed) >= sizes.bulk_drain_jobs;
         let over = match (&working, window) {
-            (Some(work), _) => work.is_finished(),
+            (Some(work), window) => {
+                work.is_finished() && window.is_none_or(|w| started.elapsed() >= w)
+            }
             (None, Some(window)) => started.elapsed() >= window,
             (None, None) => true,
         };
@@ -347,10 +401,7 @@ async fn phase(
     probing.store(false, Ordering::SeqCst);
     let claims = prober.await.context("the prober")?;
     let (changed, work_time) = match working {
-        Some(work) => {
-            let changed = work.await.context("the bulk operation")??;
-            (changed, started.elapsed())
-        }
+        Some(work) => work.await.context("the bulk operation")??,
         None => (0, Duration::ZERO),
     };
     ensure!(
@@ -373,9 +424,17 @@ async fn phase(
 
 /// Retries every failed job of `table`, or purges every completed one
 /// finished over 30 days ago, as one operation, run as `queue serve` runs
-/// one; returns how many jobs it changed.
+/// one, or as a worker's pruner prunes; returns how many jobs it changed.
 async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
     let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options()).await?;
+    if work == Work::Prune {
+        let retention = Retention {
+            completed: Some(Duration::from_secs(30 * 24 * 3600)),
+            ..Retention::default()
+        };
+        let pass = prune(&admin, &retention, chrono::Utc::now(), |_, _| {}).await?;
+        return Ok(pass.total());
+    }
     let (filter, action) = match work {
         Work::Retry => (
             JobFilter::default().states([JobState::Failed]),
@@ -383,7 +442,7 @@ async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
                 reset_attempts: false,
             },
         ),
-        Work::Purge | Work::PurgePartitions => (
+        Work::Purge | Work::PurgePartitions | Work::Prune => (
             JobFilter::default()
                 .states([JobState::Completed])
                 .finished_before(chrono::Utc::now() - chrono::TimeDelta::days(30)),

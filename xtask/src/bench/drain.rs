@@ -213,7 +213,6 @@ pub(super) async fn drain_beside(
                 interval: Duration::from_millis(100),
                 retention: Retention {
                     completed: Some(Duration::from_secs(30 * 24 * 3600)),
-                    batch: 5_000,
                     ..Retention::default()
                 },
                 ..PrunerOptions::default()

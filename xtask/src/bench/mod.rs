@@ -149,7 +149,7 @@ const QUICK: Sizes = Sizes {
 /// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 26] = [
+const SCENARIOS: [&str; 27] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -173,7 +173,8 @@ const SCENARIOS: [&str; 26] = [
     "peers",
     "versus",
     "cold",
-    "awa-pressure-idle",
+    "awa-pressure-idle-600",
+    "awa-pressure-idle-2000",
     "awa-pressure-overload",
     "awa-pressure-readers",
 ];
@@ -200,8 +201,8 @@ pub struct Args {
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
     /// run 600 only), pressure-overload, pressure-readers, peers, versus,
-    /// cold, awa-pressure-idle (awa in the idle-in-transaction scenario, at
-    /// both rates), awa-pressure-overload, awa-pressure-readers (its drain
+    /// cold, awa-pressure-idle-600, awa-pressure-idle-2000 (awa in the
+    /// idle-in-transaction scenario), awa-pressure-overload, awa-pressure-readers (its drain
     /// of the drain scenarios' size beside 8 readers of its admin figures).
     #[arg(long, value_delimiter = ',', value_parser = scenario_prefix)]
     only: Option<Vec<String>>,
@@ -434,6 +435,10 @@ pub async fn run(args: Args) -> Result<()> {
     if args.runs("peers") {
         built = Some(peers::run_peers(&pg, sizes, &mut results).await?);
     }
+    let awa_idle_rates: Vec<u32> = (sizes.idle.rates.iter())
+        .copied()
+        .filter(|rate| args.runs(&format!("awa-pressure-idle-{rate}")))
+        .collect();
     for scenario in [
         "versus",
         "cold",
@@ -441,7 +446,11 @@ pub async fn run(args: Args) -> Result<()> {
         "awa-pressure-overload",
         "awa-pressure-readers",
     ] {
-        if !args.runs(scenario) {
+        let wanted = match scenario {
+            "awa-pressure-idle" => !awa_idle_rates.is_empty(),
+            _ => args.runs(scenario),
+        };
+        if !wanted {
             continue;
         }
         let peers = match &built {
@@ -452,7 +461,11 @@ pub async fn run(args: Args) -> Result<()> {
             "versus" => peers::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
             "cold" => cold::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
             "awa-pressure-idle" => {
-                pressure::awa_idle_in_transaction(peers, &pg, sizes.idle, &mut results).await?
+                let phases = pressure::IdlePhases {
+                    rates: &awa_idle_rates,
+                    ..sizes.idle
+                };
+                pressure::awa_idle_in_transaction(peers, &pg, phases, &mut results).await?
             }
             "awa-pressure-overload" => {
                 pressure::awa_overload(peers, &pg, sizes.overload, &mut results).await?
