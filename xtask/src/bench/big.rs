@@ -41,6 +41,7 @@ struct Figures {
     exact_stats: f64,
     timeline: f64,
     failed_page: f64,
+    failed_of_kind_page: f64,
     rare_kind_page: f64,
     finished_range_page: f64,
     queued_range_page: f64,
@@ -87,6 +88,12 @@ pub(super) async fn operator_surfaces(
             "list page: failed, newest first",
             big.failed_page,
             base.failed_page,
+            page,
+        ),
+        (
+            "list page: failed jobs of a common kind none of whose jobs failed",
+            big.failed_of_kind_page,
+            base.failed_of_kind_page,
             page,
         ),
         (
@@ -178,6 +185,13 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
     let page = |filter: JobFilter| ListParams::first(filter, 50);
     let failed = page(JobFilter::default().states([JobState::Failed]));
     let failed_page = timed(READS, || admin.list(&failed)).await?;
+    // kind_5 holds a twentieth of the jobs, none failed (fill's pattern).
+    let failed_of_kind = page(
+        JobFilter::default()
+            .states([JobState::Failed])
+            .kinds(["kind_5"]),
+    );
+    let failed_of_kind_page = timed(READS, || admin.list(&failed_of_kind)).await?;
     let rare = page(JobFilter::default().kinds(["rare"]));
     let rare_kind_page = timed(READS, || admin.list(&rare)).await?;
     let minute_from = Utc::now() - TimeDelta::days(10);
@@ -220,6 +234,7 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
         exact_stats,
         timeline,
         failed_page,
+        failed_of_kind_page,
         rare_kind_page,
         finished_range_page,
         queued_range_page,
