@@ -754,6 +754,28 @@ mod awa {
         )?)
     }
 
+    /// awa in a fresh database, quiesced, its client with `setup` started
+    /// and idle for half a second: the pool (and the database's URL), the
+    /// storage, the client. For the scenarios that offer jobs to a running
+    /// worker (wake-up, overload, idle in transaction).
+    async fn running(
+        admin: &sqlx::PgPool,
+        url: &str,
+        setup: &Setup,
+    ) -> Result<(sqlx::PgPool, String, QueueStorage, Client)> {
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(setup.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool).await?;
+        quiet::quiesce(&pool).await?;
+        let client = client(pool.clone(), setup)?;
+        client.start().await?;
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        Ok((pool, db, store, client))
+    }
+
     /// Enqueues `jobs` jobs in batches of 1,000 (awa binds each job's
     /// columns, and a statement takes at most 65,535 values).
     async fn enqueue(store: &QueueStorage, pool: &sqlx::PgPool, jobs: usize) -> Result<()> {
@@ -1004,21 +1026,12 @@ mod awa {
         phases: &IdlePhases,
         out: &std::path::Path,
     ) -> Result<()> {
-        let db = fresh_database(admin, url, "peer_awa").await?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(PRESSURE.connections)
-            .connect(&db)
-            .await?;
-        let store = prepare(&pool).await?;
-        quiet::quiesce(&pool).await?;
         let (idle_from, idle_to) = (phases.clean, phases.clean + phases.idle);
         let end = idle_to + phases.after;
         let rate = f64::from(phases.rate);
         let most = (rate * end.as_secs_f64()).ceil() as usize + 1;
         let s = begin_scenario(most);
-        let client = client(pool.clone(), &PRESSURE)?;
-        client.start().await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (pool, db, store, client) = running(admin, url, &PRESSURE).await?;
         let mut offer = Offer::new(rate, most);
         let mut idle_session: Option<sqlx::PgConnection> = None;
         let mut bloat = None;
@@ -1155,16 +1168,7 @@ mod awa {
             u64::try_from(sizes.work.as_micros()).unwrap_or(u64::MAX),
             Ordering::Relaxed,
         );
-        let db = fresh_database(admin, url, "peer_awa").await?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(ADAPTER.connections)
-            .connect(&db)
-            .await?;
-        let store = prepare(&pool).await?;
-        quiet::quiesce(&pool).await?;
-        let client = client(pool.clone(), &ADAPTER)?;
-        client.start().await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (pool, _, store, client) = running(admin, url, &ADAPTER).await?;
         let s = begin_scenario(sizes.peak_jobs);
         let began = Instant::now();
         enqueue(&store, &pool, sizes.peak_jobs).await?;
@@ -1341,17 +1345,8 @@ mod awa {
             return Ok(());
         }
         // Wake latency, with the adapter's setup.
-        let db = fresh_database(admin, url, "peer_awa").await?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(ADAPTER.connections)
-            .connect(&db)
-            .await?;
-        let store = prepare(&pool).await?;
-        quiet::quiesce(&pool).await?;
-        let client = client(pool.clone(), &ADAPTER)?;
         let s = begin_scenario(wake_jobs);
-        client.start().await?;
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        let (pool, _, store, client) = running(admin, url, &ADAPTER).await?;
         let committed = trickle(&s, wake_jobs, |i| {
             let (store, pool) = (&store, &pool);
             async move {
