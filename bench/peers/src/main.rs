@@ -754,6 +754,23 @@ mod awa {
         )?)
     }
 
+    /// A fresh database for awa with its schema and queue storage
+    /// installed, and a pool of `setup`'s size: the pool, the database's
+    /// URL, the storage.
+    async fn fresh(
+        admin: &sqlx::PgPool,
+        url: &str,
+        setup: &Setup,
+    ) -> Result<(sqlx::PgPool, String, QueueStorage)> {
+        let db = fresh_database(admin, url, "peer_awa").await?;
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(setup.connections)
+            .connect(&db)
+            .await?;
+        let store = prepare(&pool).await?;
+        Ok((pool, db, store))
+    }
+
     /// awa in a fresh database, quiesced, its client with `setup` started
     /// and idle for half a second: the pool (and the database's URL), the
     /// storage, the client. For the scenarios that offer jobs to a running
@@ -763,12 +780,7 @@ mod awa {
         url: &str,
         setup: &Setup,
     ) -> Result<(sqlx::PgPool, String, QueueStorage, Client)> {
-        let db = fresh_database(admin, url, "peer_awa").await?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(setup.connections)
-            .connect(&db)
-            .await?;
-        let store = prepare(&pool).await?;
+        let (pool, db, store) = fresh(admin, url, setup).await?;
         quiet::quiesce(&pool).await?;
         let client = client(pool.clone(), setup)?;
         client.start().await?;
@@ -831,12 +843,7 @@ mod awa {
         setup: &Setup,
         readers: bool,
     ) -> Result<(f64, String, Vec<f64>)> {
-        let db = fresh_database(admin, url, "peer_awa").await?;
-        let pool = sqlx::postgres::PgPoolOptions::new()
-            .max_connections(setup.connections)
-            .connect(&db)
-            .await?;
-        let store = prepare(&pool).await?;
+        let (pool, db, store) = fresh(admin, url, setup).await?;
         enqueue(&store, &pool, jobs).await?;
         settle(&pool).await?;
         let readers = match readers {
