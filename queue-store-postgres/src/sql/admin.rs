@@ -1122,7 +1122,7 @@ impl AdminStatements {
             }
             // A delete on a plain table finds the rows it locked again by
             // their place, not by a second descent of the key's index for
-            // each (a purge's batch took 28 % longer that way). A row
+            // each (a purge's batch took a third longer that way). A row
             // updated between the statement's snapshot and its lock is
             // locked at its new place, which that snapshot cannot see:
             // it is left, never another row taken. A partitioned table
