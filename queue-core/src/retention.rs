@@ -6,9 +6,10 @@
 //! [`Retention::batch`] jobs through [`Admin::purge`], pausing after each
 //! as a background operation does ([`Retention::pause`] and as long again
 //! as the batch took), so that a backlog of a million old rows is removed
-//! in short statements that leave room for the queue's own work. Several processes may prune at once: a batch only ever takes jobs
-//! that are finished and old enough, and one a concurrent pass removed
-//! first is simply not counted twice.
+//! in short statements that leave room for the queue's own work. Several
+//! processes may prune at once: a batch only ever takes jobs that are
+//! finished and old enough, and one a concurrent pass removed first is
+//! simply not counted twice.
 
 use std::time::Duration;
 

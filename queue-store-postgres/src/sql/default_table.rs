@@ -197,7 +197,7 @@ pub(crate) fn migrations(
         ),
         indexes(
             11,
-            "indexes of failed and canceled jobs by key and by kind, for lists of those states \
+            "indexes of failed and canceled jobs by key and by state, kind and key, for lists of those states \
              (built concurrently: claims go on while they build)",
             version_11(table),
         ),
@@ -207,11 +207,12 @@ pub(crate) fn migrations(
 /// Version 11: failed and canceled jobs by key, and by state, kind and
 /// key. A list of failed jobs reads them here, newest first (those of a
 /// kind with few failures through the second), instead of walking every
-/// finished job (of the kind) for the few that failed: with a million completed jobs of the drain's kind and none
-/// failed, a page of its failed jobs read all million, and eight dashboard
-/// tabs asking for it every second held a lease drain to a quarter of its
-/// speed. Only those two states are in them, rare next to completed jobs:
-/// a job that completes writes no entry.
+/// finished job (of the kind) for the few that failed: with a million
+/// completed jobs of the drain's kind and none failed, a page of its
+/// failed jobs read all million, and eight dashboard tabs asking for it
+/// every second held a lease drain to a quarter of its speed. Only those
+/// two states are in them, rare next to completed jobs: a job that
+/// completes writes no entry.
 fn version_11(table: &QualifiedName) -> Vec<(String, String)> {
     let unsuccessful = "WHERE \"state\" IN ('failed', 'canceled')";
     vec![
