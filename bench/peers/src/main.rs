@@ -122,8 +122,26 @@ fn latencies(committed: &[Instant], s: &Scenario) -> (f64, f64, f64) {
         })
         .collect();
     ms.sort_by(f64::total_cmp);
-    let at = |q: f64| ms[((ms.len() as f64 - 1.0) * q).round() as usize];
-    (at(0.5), at(0.99), ms.last().copied().unwrap_or(0.0))
+    (
+        quantile(&ms, 0.5),
+        quantile(&ms, 0.99),
+        ms.last().copied().unwrap_or(0.0),
+    )
+}
+
+/// The `q` quantile of `sorted` (ascending), nearest rank; NaN if empty.
+fn quantile(sorted: &[f64], q: f64) -> f64 {
+    let rank = (sorted.len().max(1) - 1) as f64 * q;
+    sorted
+        .get(rank.round() as usize)
+        .copied()
+        .unwrap_or(f64::NAN)
+}
+
+/// The median of `values`.
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    quantile(values, 0.5)
 }
 
 /// The wake scenario's load: `n` jobs enqueued one by one at ~50/s (each
@@ -950,17 +968,7 @@ mod awa {
             beside.push(rate);
             reads.extend(times);
         }
-        let median = |v: &mut Vec<f64>| {
-            v.sort_by(f64::total_cmp);
-            v[v.len() / 2]
-        };
         reads.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            reads
-                .get(((reads.len().max(1) - 1) as f64 * q).round() as usize)
-                .copied()
-                .unwrap_or(f64::NAN)
-        };
         let note = format!(
             "medians of {} alternating rounds of {jobs} jobs, {}",
             rounds.max(1),
@@ -981,8 +989,8 @@ mod awa {
             &format!(
                 "each reader reads the counts by state and a page of failed jobs every second: {} reads, p50 {:.1} ms, p99 {:.1} ms",
                 reads.len(),
-                at(0.5),
-                at(0.99)
+                quantile(&reads, 0.5),
+                quantile(&reads, 0.99)
             ),
         );
         Ok(())
@@ -1240,12 +1248,6 @@ mod awa {
             })
             .collect();
         settled.sort_by(f64::total_cmp);
-        let at = |q: f64| {
-            settled
-                .get(((settled.len().max(1) - 1) as f64 * q).round() as usize)
-                .copied()
-                .unwrap_or(f64::NAN)
-        };
         let drained_in = gone_at.saturating_sub(over_at);
         let during = started_at_over as f64 / over_at.as_secs_f64();
         let draining = (started_at_gone - started_at_over) as f64 / drained_in.as_secs_f64();
@@ -1281,14 +1283,14 @@ mod awa {
         report(
             "awa",
             "overload: pickup p50 once the backlog is gone",
-            at(0.5),
+            quantile(&settled, 0.5),
             "ms",
             "",
         );
         report(
             "awa",
             "overload: pickup p99 once the backlog is gone",
-            at(0.99),
+            quantile(&settled, 0.99),
             "ms",
             &format!(
                 "{} jobs over {} s at a quarter of the peak",

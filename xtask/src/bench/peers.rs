@@ -144,6 +144,14 @@ impl Peers {
     }
 }
 
+/// `peer`'s row of `scenario` among `rows`, or an error that says the
+/// peer printed none.
+pub(super) fn peer_row<'a>(rows: &'a [PeerRow], peer: &str, scenario: &str) -> Result<&'a PeerRow> {
+    rows.iter()
+        .find(|r| r.peer == peer && r.scenario == scenario)
+        .with_context(|| format!("{peer} printed no {scenario:?} figure"))
+}
+
 /// The figures the peers' program printed, one a line:
 /// `peer<TAB>scenario<TAB>value<TAB>unit<TAB>note`.
 pub(super) fn peer_rows(stdout: &str) -> Result<Vec<PeerRow>> {
@@ -200,10 +208,7 @@ impl Peers {
             "drain, 16 handlers"
         };
         let rows = self.run(pg, jobs, 0, Some("graphile_worker"), cold).await?;
-        rows.iter()
-            .find(|r| r.scenario == scenario)
-            .map(|r| r.value)
-            .with_context(|| format!("graphile_worker printed no {scenario} figure"))
+        Ok(peer_row(&rows, "graphile_worker", scenario)?.value)
     }
 }
 

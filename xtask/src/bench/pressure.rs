@@ -25,9 +25,9 @@ use crate::pg::Postgres;
 
 use super::cluster::{fresh_table, thousands};
 use super::drain::drain_options;
-use super::peers::Peers;
+use super::peers::{peer_row, Peers};
 use super::quiet;
-use super::report::Results;
+use super::report::{median, Results};
 use super::wake::percentiles;
 
 /// How long each phase of the idle-in-transaction scenario lasts.
@@ -532,12 +532,7 @@ pub(super) async fn awa_overload(
         sizes.settle.as_secs().to_string(),
     ];
     let rows = super::peers::peer_rows(&peers.run_args(pg, &args).await?)?;
-    let figure = |scenario: &str| {
-        rows.iter()
-            .find(|r| r.scenario == scenario)
-            .map(|r| r.value)
-            .with_context(|| format!("awa printed no {scenario:?} figure"))
-    };
+    let figure = |scenario: &str| Ok::<_, anyhow::Error>(peer_row(&rows, "awa", scenario)?.value);
     let (peak, draining) = (
         figure("overload: clean peak")?,
         figure("overload: backlog drain")?,
@@ -588,11 +583,7 @@ pub(super) async fn awa_readers(
         jobs.to_string(),
     ];
     let rows = super::peers::peer_rows(&peers.run_args(pg, &args).await?)?;
-    let row = |scenario: &str| {
-        rows.iter()
-            .find(|r| r.scenario == scenario)
-            .with_context(|| format!("awa printed no {scenario:?} figure"))
-    };
+    let row = |scenario: &str| peer_row(&rows, "awa", scenario);
     let (alone, beside) = (
         row("readers: drain alone")?,
         row("readers: drain beside 8 readers")?,
@@ -901,11 +892,7 @@ pub(super) async fn readers_beside_a_drain(
         beside.push(drained.jobs_per_second);
         requests.extend(drained.read.map(|r| r.requests).unwrap_or_default());
     }
-    let median = |v: &mut Vec<f64>| {
-        v.sort_by(f64::total_cmp);
-        v[v.len() / 2]
-    };
-    let (alone, beside) = (median(&mut alone), median(&mut beside));
+    let (alone, beside) = (median(&alone), median(&beside));
     let read = percentiles(requests.clone());
     results.add_against(
         "pressure",
