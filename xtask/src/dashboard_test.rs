@@ -125,7 +125,11 @@ fn jobs() -> (Vec<NewJob>, NewJob, Vec<NewJob>) {
 /// (or `DATABASE_URL`).
 pub async fn command(screenshots: Option<PathBuf>) -> Result<()> {
     let shots = screenshots.unwrap_or_else(default_shots);
-    let pg = crate::pg::Postgres::start(crate::pg::ClusterOptions { durable: false }).await?;
+    let pg = crate::pg::Postgres::start(crate::pg::ClusterOptions {
+        durable: false,
+        statements: false,
+    })
+    .await?;
     let result = run(&pg.url, &shots).await;
     drop(pg);
     result

@@ -130,7 +130,11 @@ pub async fn run(args: Args) -> Result<()> {
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
-    let pg = Postgres::start(ClusterOptions { durable: true }).await?;
+    let pg = Postgres::start(ClusterOptions {
+        durable: true,
+        statements: false,
+    })
+    .await?;
     println!("demo: Postgres from {}", pg.origin);
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)

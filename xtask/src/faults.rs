@@ -228,7 +228,11 @@ pub async fn run(only: &[String]) -> Result<()> {
     let mut failures = Vec::new();
     for fault in faults {
         for mode in [ExecutionMode::Lease, ExecutionMode::Transactional] {
-            let pg = Postgres::start_local(ClusterOptions { durable: false }).context(
+            let pg = Postgres::start_local(ClusterOptions {
+                durable: false,
+                statements: false,
+            })
+            .context(
                 "the fault tests stop and start PostgreSQL, so they need its local binaries",
             )?;
             warnings::take();
@@ -327,7 +331,10 @@ pub async fn run(only: &[String]) -> Result<()> {
         }
     }
     if run_schedulers {
-        let pg = Postgres::start_local(ClusterOptions { durable: false })?;
+        let pg = Postgres::start_local(ClusterOptions {
+            durable: false,
+            statements: false,
+        })?;
         let figures = schedulers(&pg).await?;
         println!(
             "faults: three worker processes running a one-second schedule for {} s, one \

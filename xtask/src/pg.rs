@@ -21,6 +21,10 @@ pub struct ClusterOptions {
     /// Keep Postgres' default durability (fsync, synchronous_commit). Tests
     /// turn it off for speed; benchmarks keep it.
     pub durable: bool,
+    /// Load pg_stat_statements (with planning times), for the bench's
+    /// profile of where a job's time goes. Only a throwaway cluster from
+    /// the local binaries can; the other servers ignore it.
+    pub statements: bool,
 }
 
 /// A running server and how to reach it.
@@ -384,6 +388,12 @@ impl Cluster {
         if !options.durable {
             server_options
                 .push_str(" -c fsync=off -c synchronous_commit=off -c full_page_writes=off");
+        }
+        if options.statements {
+            server_options.push_str(
+                " -c shared_preload_libraries=pg_stat_statements \
+                 -c pg_stat_statements.track_planning=on",
+            );
         }
         self.server_options = server_options;
         self.start_server()

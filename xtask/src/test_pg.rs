@@ -15,7 +15,11 @@ use anyhow::{bail, Context, Result};
 use crate::pg::{ClusterOptions, Postgres};
 
 pub async fn run(extra: &[String]) -> Result<()> {
-    let pg = Postgres::start(ClusterOptions { durable: false }).await?;
+    let pg = Postgres::start(ClusterOptions {
+        durable: false,
+        statements: false,
+    })
+    .await?;
     eprintln!("test-pg: Postgres from {}", pg.origin);
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".into());
     let mut command = Command::new(cargo);

@@ -8,6 +8,7 @@ use queue_core::NewJob;
 use queue_store_postgres::JobTable;
 use sqlx::PgPool;
 
+use super::cpu::{CpuPerJob, CpuSample};
 use super::drain::{drain, LEASE};
 use super::Sizes;
 use crate::pg::Postgres;
@@ -79,6 +80,35 @@ pub(super) async fn machine(pool: &PgPool, pg: &Postgres) -> Result<String> {
 /// pgbench's single-row UPDATE by key at 8 clients: what a design that
 /// spends one transaction per job can reach at best.
 pub(super) async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
+    Ok(pgbench_costed(pg, seconds).await?.tps)
+}
+
+/// The ceiling and what a transaction of it costs.
+pub(super) struct Ceiling {
+    pub tps: f64,
+    /// CPU per transaction (`None` without Linux's `/proc`); pgbench is in
+    /// the rest of the machine, this process idles.
+    pub cpu: Option<CpuPerJob>,
+}
+
+impl Ceiling {
+    /// The CPU per transaction, for a row's note.
+    pub fn cpu_note(&self) -> String {
+        match &self.cpu {
+            Some(cpu) => format!(
+                "CPU/transaction: Postgres {:.0} µs ({:.0} in the kernel), pgbench and the rest \
+                 of the machine {:.0} µs",
+                cpu.postgres_us,
+                cpu.postgres_kernel_us,
+                cpu.rest_us + cpu.worker_us
+            ),
+            None => String::new(),
+        }
+    }
+}
+
+/// [`pgbench`], with the CPU its transactions cost.
+pub(super) async fn pgbench_costed(pg: &Postgres, seconds: u32) -> Result<Ceiling> {
     let pgbench = crate::pg::find_tool("pgbench")?;
     let init = tokio::process::Command::new(&pgbench)
         .args(["-i", "-q", "-s", "1", &pg.url])
@@ -97,6 +127,7 @@ pub(super) async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
         &script,
         "\\set aid random(1, 100000)\nUPDATE pgbench_accounts SET abalance = abalance + 1 WHERE aid = :aid;\n",
     )?;
+    let cpu0 = CpuSample::now();
     let out = tokio::process::Command::new(&pgbench)
         .args(["-n", "-c", "8", "-j", "2", "-T", &seconds.to_string(), "-f"])
         .arg(&script)
@@ -117,7 +148,16 @@ pub(super) async fn pgbench(pg: &Postgres, seconds: u32) -> Result<f64> {
         .and_then(|l| l.trim_start_matches("tps = ").split_whitespace().next())
         .and_then(|v| v.parse::<f64>().ok())
         .with_context(|| format!("no tps in pgbench's output: {stdout}"))?;
-    Ok(tps)
+    let transactions = stdout
+        .lines()
+        .find_map(|l| l.strip_prefix("number of transactions actually processed: "))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse::<usize>().ok())
+        .with_context(|| format!("no count of transactions in pgbench's output: {stdout}"))?;
+    Ok(Ceiling {
+        tps,
+        cpu: CpuSample::per_job_since(cpu0, transactions.max(1)),
+    })
 }
 
 pub(super) async fn fresh_table(pool: &PgPool, name: &str) -> Result<JobTable> {

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicU32, AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use anyhow::{ensure, Result};
+use anyhow::{ensure, Context, Result};
 use async_trait::async_trait;
 use queue_core::{CancellationToken, Handler, Job, JobContext, JobError, Retention};
 use queue_store_postgres::{CompletedJobs, ExecutionMode, JobTable, PgJobTransaction, PgStore};
@@ -60,6 +60,8 @@ pub(super) struct Drained {
     pub read: Option<super::pressure::Read>,
     /// With a pruner running: the rows it removed, and in how many seconds.
     pub pruned: Option<(u64, f64)>,
+    /// With `Beside::statements`: what pg_stat_statements counted.
+    pub statements: Vec<Statement>,
 }
 
 pub(super) async fn wal_and_commits(pool: &PgPool) -> Result<(i64, i64)> {
@@ -128,17 +130,64 @@ pub(super) async fn drain(
     handlers: usize,
     n: usize,
 ) -> Result<Drained> {
-    drain_beside(pool, setup, handlers, n, None).await
+    drain_beside(pool, setup, handlers, n, Beside::default()).await
 }
 
-/// A drain, with `readers` polling the operator surfaces of `queue serve`
-/// meanwhile if given (the database's URL, for the server).
+/// What a drain runs or reads beside its jobs.
+#[derive(Debug, Clone, Copy, Default)]
+pub(super) struct Beside<'a> {
+    /// Readers polling the operator surfaces of `queue serve` meanwhile
+    /// (the database's URL, for the server).
+    pub readers: Option<&'a str>,
+    /// The statements the drain ran, from pg_stat_statements (which the
+    /// server must have loaded), reset when the worker starts.
+    pub statements: bool,
+}
+
+/// A statement as pg_stat_statements counted it over a drain.
+pub(super) struct Statement {
+    /// The normalised text.
+    pub query: String,
+    pub calls: i64,
+    pub rows: i64,
+    /// Executor time, all calls together.
+    pub exec_ms: f64,
+    /// Planning time, all calls together.
+    pub plan_ms: f64,
+}
+
+/// The statements run since the last reset, the most costly first, without
+/// those of the bench itself (its wait for the last completions).
+async fn statements_since_reset(pool: &PgPool) -> Result<Vec<Statement>> {
+    let rows: Vec<(String, i64, i64, f64, f64)> = sqlx::query_as(
+        "SELECT query, calls, rows, total_exec_time, total_plan_time FROM pg_stat_statements \
+         WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+           AND query NOT LIKE '%pg_stat_statements%' \
+           AND query NOT LIKE 'SELECT count(*) FROM % AND state <> %' \
+         ORDER BY total_exec_time + total_plan_time DESC",
+    )
+    .fetch_all(pool)
+    .await
+    .context("reading pg_stat_statements (is it in shared_preload_libraries?)")?;
+    Ok(rows
+        .into_iter()
+        .map(|(query, calls, rows, exec_ms, plan_ms)| Statement {
+            query,
+            calls,
+            rows,
+            exec_ms,
+            plan_ms,
+        })
+        .collect())
+}
+
+/// A drain, with what `beside` asks for.
 pub(super) async fn drain_beside(
     pool: &PgPool,
     setup: StoreSetup,
     handlers: usize,
     n: usize,
-    readers: Option<&str>,
+    beside: Beside<'_>,
 ) -> Result<Drained> {
     let StoreSetup {
         mode,
@@ -232,10 +281,16 @@ pub(super) async fn drain_beside(
     } else {
         None
     };
-    let polling = match readers {
+    let polling = match beside.readers {
         Some(url) => Some(super::pressure::Readers::start(url, &table).await?),
         None => None,
     };
+    if beside.statements {
+        sqlx::query("SELECT pg_stat_statements_reset()")
+            .execute(pool)
+            .await
+            .context("resetting pg_stat_statements (is it in shared_preload_libraries?)")?;
+    }
     let started = Instant::now();
     let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
@@ -246,6 +301,11 @@ pub(super) async fn drain_beside(
         None => None,
     };
     let cpu = CpuSample::per_job_since(cpu0, n);
+    let statements = if beside.statements {
+        statements_since_reset(pool).await?
+    } else {
+        Vec::new()
+    };
     shutdown.cancel();
     running.await??;
     tokio::time::sleep(Duration::from_millis(1100)).await;
@@ -281,6 +341,7 @@ pub(super) async fn drain_beside(
         cpu,
         pruned,
         read,
+        statements,
     })
 }
 

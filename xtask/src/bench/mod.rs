@@ -6,7 +6,7 @@
 //! each job ran exactly once and fails loudly otherwise.
 //!
 //! One module per idea: the cluster and its ceiling ([`cluster`]), each
-//! scenario ([`drain`], [`bookkeeping`], [`bulk`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
+//! scenario ([`drain`], [`profile`], [`bookkeeping`], [`bulk`], [`alternating`], [`enqueue`], [`wake`], [`memory`],
 //! [`claims`], [`big`], [`peers`], [`cold`]), and the report ([`report`]).
 
 mod alternating;
@@ -25,6 +25,7 @@ mod memory;
 mod partitioned;
 mod peers;
 mod pressure;
+mod profile;
 #[path = "../../../bench/quiet.rs"]
 mod quiet;
 mod report;
@@ -37,7 +38,7 @@ use sqlx::postgres::PgPoolOptions;
 
 use crate::pg::{ClusterOptions, Postgres};
 use claims::{claim_latency, Ahead};
-use cluster::{fresh_table, machine, pgbench, thousands, warm_up};
+use cluster::{fresh_table, machine, pgbench_costed, thousands, warm_up};
 use drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL, TRANSACTIONAL_RIDING};
 pub use memory::memory_worker;
 use report::{rows, Results};
@@ -149,10 +150,11 @@ const QUICK: Sizes = Sizes {
 /// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 27] = [
+const SCENARIOS: [&str; 28] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
+    "profile",
     "bookkeeping",
     "retention",
     "bulk",
@@ -197,7 +199,8 @@ pub struct Args {
     big: bool,
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
-    /// drain-transactional, bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
+    /// drain-transactional, profile (where a job's CPU goes, on a cluster
+    /// of its own with pg_stat_statements), bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
     /// run 600 only), pressure-overload, pressure-readers, peers, versus,
@@ -237,7 +240,11 @@ impl Args {
 pub async fn run(args: Args) -> Result<()> {
     let sizes = if args.quick { &QUICK } else { &FULL };
     let provenance = report::provenance();
-    let pg = Postgres::start(ClusterOptions { durable: true }).await?;
+    let pg = Postgres::start(ClusterOptions {
+        durable: true,
+        statements: false,
+    })
+    .await?;
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(100)
@@ -261,9 +268,9 @@ pub async fn run(args: Args) -> Result<()> {
     let mut results = Results::default();
 
     if args.runs("ceiling") {
-        let ceiling = pgbench(&pg, sizes.pgbench_seconds).await?;
-        let note = format!("{} s", sizes.pgbench_seconds);
-        results.add("ceiling", rows::CEILING, ceiling, "tps", note);
+        let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
+        let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
+        results.add("ceiling", rows::CEILING, ceiling.tps, "tps", note);
     }
 
     for (setup, handlers, scenario, what) in [
@@ -304,6 +311,10 @@ pub async fn run(args: Args) -> Result<()> {
                 sizes.drain_jobs, drained.wal_bytes_per_job, drained.commits_per_job
             ),
         );
+    }
+
+    if args.runs("profile") {
+        profile::where_the_time_goes(sizes, &mut results).await?;
     }
 
     if args.runs("bookkeeping") {

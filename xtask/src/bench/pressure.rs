@@ -884,11 +884,21 @@ pub(super) async fn readers_beside_a_drain(
     rounds: usize,
     results: &mut Results,
 ) -> Result<()> {
-    use super::drain::{drain, drain_beside, LEASE};
+    use super::drain::{drain, drain_beside, Beside, LEASE};
     let (mut alone, mut beside, mut requests) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
         alone.push(drain(pool, LEASE, 16, jobs).await?.jobs_per_second);
-        let drained = drain_beside(pool, LEASE, 16, jobs, Some(url)).await?;
+        let drained = drain_beside(
+            pool,
+            LEASE,
+            16,
+            jobs,
+            Beside {
+                readers: Some(url),
+                ..Beside::default()
+            },
+        )
+        .await?;
         beside.push(drained.jobs_per_second);
         requests.extend(drained.read.map(|r| r.requests).unwrap_or_default());
     }
