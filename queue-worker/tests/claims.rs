@@ -263,3 +263,42 @@ async fn a_retry_due_before_the_next_poll_wakes_the_worker() {
     shutdown.cancel();
     running.await.unwrap().unwrap();
 }
+
+/// A claim that found fewer jobs than it asked for took all there were, so
+/// the worker waits for news instead of sending claims that find nothing
+/// before the job it found has even started (each woken job used to cost
+/// the claim that took it and two more that came back empty).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_that_comes_back_short_is_not_followed_by_claims_that_find_nothing() {
+    let memory = MemoryStore::new();
+    let store = Slowed::new(memory.clone(), Duration::ZERO);
+    let options = WorkerOptions {
+        // Far longer than the test: only notifications wake the worker.
+        poll_interval: Duration::from_secs(60),
+        ..fast_options().handlers(2).prefetch(6)
+    };
+    let worker = Worker::new(store.clone(), Quick, options).unwrap();
+    let shutdown = CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    eventually("the worker's first claims", || async {
+        store.claims.load(Ordering::SeqCst) > 0
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let idle = store.claims.load(Ordering::SeqCst);
+    for i in 0..5 {
+        let id = memory.enqueue(NewJob::new("quick", serde_json::json!(i)));
+        common::wait_for_state(&memory, id, JobState::Completed).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let claims = store.claims.load(Ordering::SeqCst) - idle;
+    // Per job: the claim that took it, and one that the notification's
+    // permit sends after it (the notification woke the worker while it
+    // waited, and also leaves a permit for a worker about to wait).
+    assert!(
+        claims <= 2 * 5,
+        "{claims} claims for 5 jobs enqueued one at a time"
+    );
+    shutdown.cancel();
+    running.await.unwrap().unwrap();
+}

@@ -95,7 +95,13 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                 match claimed {
                     Ok(jobs) => {
                         failures = 0;
-                        if jobs.is_empty() {
+                        // A claim that came back short took every job it
+                        // could find: wait for news, as after an empty one,
+                        // instead of asking again at once. A notification
+                        // that came meanwhile left a permit, so the wait
+                        // ends at once for a job the claim did not see.
+                        let short = jobs.len() < permits.num_permits();
+                        if short {
                             if pause.is_none() {
                                 let store = shared.store.clone();
                                 let (poll, clock) = (options.poll_interval, options.clock.clone());

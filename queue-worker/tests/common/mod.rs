@@ -105,6 +105,8 @@ pub struct Slowed {
     /// The next this many attempts whose handler fails are cut off by the
     /// store (as a connection lost under the handler would).
     pub cut_offs: Arc<AtomicUsize>,
+    /// Claims sent so far.
+    pub claims: Arc<AtomicUsize>,
 }
 
 /// Takes one from `counter` if it is above zero.
@@ -135,6 +137,7 @@ impl Slowed {
             failing_claims: Arc::default(),
             failing_finishes: Arc::default(),
             cut_offs: Arc::default(),
+            claims: Arc::default(),
         }
     }
 
@@ -155,6 +158,7 @@ impl Store for Slowed {
         &self,
         params: ClaimParams<'_, MemoryCondition>,
     ) -> Result<Vec<Claimed<Self>>, StoreError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
         if take_one(&self.failing_claims) {
             self.record("claim failed".into());
             return Err(connection_died("claiming jobs"));
