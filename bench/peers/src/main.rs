@@ -144,14 +144,21 @@ fn median(values: &mut [f64]) -> f64 {
     quantile(values, 0.5)
 }
 
+/// What the wake scenario's load left: when each enqueue committed, and
+/// the CPU per job meanwhile (a `cpu_note`), idle polling included.
+struct Trickled {
+    committed: Vec<Instant>,
+    cpu: String,
+}
+
 /// The wake scenario's load: `n` jobs enqueued one by one at ~50/s (each
-/// committed by `enqueue`), then waits for all handlers; returns when each
-/// enqueue committed.
-async fn trickle<F, Fut>(s: &Scenario, n: usize, mut enqueue: F) -> Result<Vec<Instant>>
+/// committed by `enqueue`), then waits for all handlers.
+async fn trickle<F, Fut>(s: &Scenario, n: usize, mut enqueue: F) -> Result<Trickled>
 where
     F: FnMut(usize) -> Fut,
     Fut: std::future::Future<Output = Result<()>>,
 {
+    let cpu0 = CpuSample::now();
     let mut committed = Vec::with_capacity(n);
     let mut ticks = tokio::time::interval(Duration::from_millis(20));
     for i in 0..n {
@@ -160,7 +167,10 @@ where
         committed.push(Instant::now());
     }
     wait_for_handlers(s, n, Duration::from_secs(60)).await?;
-    Ok(committed)
+    Ok(Trickled {
+        committed,
+        cpu: cpu_note(cpu0, n),
+    })
 }
 
 /// `; CPU/job: ...` since `before`, for a drain's note (empty where `/proc`
@@ -171,12 +181,15 @@ fn cpu_note(before: Option<CpuSample>, jobs: usize) -> String {
         .unwrap_or_default()
 }
 
+/// One figure, to three decimals (a wake-up's milliseconds need them).
 fn report(peer: &str, scenario: &str, value: f64, unit: &str, note: &str) {
-    println!("{peer}\t{scenario}\t{value:.1}\t{unit}\t{note}");
+    println!("{peer}\t{scenario}\t{value:.3}\t{unit}\t{note}");
 }
 
-fn report_wake(peer: &str, n: usize, (p50, p99, max): (f64, f64, f64)) {
-    let note = format!("{n} jobs at ~50/s, idle workers");
+fn report_wake(peer: &str, trickled: &Trickled, s: &Scenario) {
+    let (p50, p99, max) = latencies(&trickled.committed, s);
+    let n = trickled.committed.len();
+    let note = format!("{n} jobs at ~50/s, idle workers{}", trickled.cpu);
     report(peer, "wake p50", p50, "ms", &note);
     report(peer, "wake p99", p99, "ms", "");
     report(peer, "wake max", max, "ms", "");
@@ -398,7 +411,7 @@ mod graphile {
             async move { w.run().await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let committed = trickle(&s, wake_jobs, |i| {
+        let trickled = trickle(&s, wake_jobs, |i| {
             let utils = &utils;
             async move {
                 utils.add_job(Noop { i }, JobSpec::default()).await?;
@@ -408,7 +421,7 @@ mod graphile {
         .await?;
         w.request_shutdown();
         let _ = running.await?;
-        report_wake("graphile_worker", wake_jobs, latencies(&committed, &s));
+        report_wake("graphile_worker", &trickled, &s);
         Ok(())
     }
 }
@@ -528,7 +541,7 @@ mod mq {
         let s = begin_scenario(wake_jobs);
         let handle = start(&pool).await?;
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let committed = trickle(&s, wake_jobs, |i| {
+        let trickled = trickle(&s, wake_jobs, |i| {
             let pool = &pool;
             async move {
                 noop.builder().set_json(&i)?.spawn(pool).await?;
@@ -538,7 +551,7 @@ mod mq {
         .await?;
         let mut handle = handle;
         handle.stop().await;
-        report_wake("sqlxmq", wake_jobs, latencies(&committed, &s));
+        report_wake("sqlxmq", &trickled, &s);
         Ok(())
     }
 }
@@ -621,7 +634,7 @@ mod apalis_pg {
             async move { run_worker(&pool, stopped).await }
         });
         tokio::time::sleep(Duration::from_millis(500)).await;
-        let committed = trickle(&s, wake_jobs, |i| {
+        let trickled = trickle(&s, wake_jobs, |i| {
             let mut backend = backend.clone();
             async move {
                 let mut one = stream::iter([TaskBuilder::new(i).build()]);
@@ -632,7 +645,7 @@ mod apalis_pg {
         .await?;
         let _ = stop.send(());
         let _ = running.await?;
-        report_wake("apalis", wake_jobs, latencies(&committed, &s));
+        report_wake("apalis", &trickled, &s);
         Ok(())
     }
 }
@@ -1356,7 +1369,7 @@ mod awa {
         // Wake latency, with the adapter's setup.
         let s = begin_scenario(wake_jobs);
         let (pool, _, store, client) = running(admin, url, &ADAPTER).await?;
-        let committed = trickle(&s, wake_jobs, |i| {
+        let trickled = trickle(&s, wake_jobs, |i| {
             let (store, pool) = (&store, &pool);
             async move {
                 store.enqueue_params_batch(pool, &[params(i)?]).await?;
@@ -1365,7 +1378,7 @@ mod awa {
         })
         .await?;
         client.shutdown(Duration::from_secs(5)).await;
-        report_wake("awa", wake_jobs, latencies(&committed, &s));
+        report_wake("awa", &trickled, &s);
         pool.close().await;
         drop_database(admin, "peer_awa").await
     }

@@ -338,8 +338,10 @@ pub async fn run(args: Args) -> Result<()> {
     }
 
     if args.runs("wake") {
-        let wake = wake::wake_latency(&pool, sizes.wake_jobs).await?;
-        let note = format!("{} jobs at ~50/s, idle workers", sizes.wake_jobs);
+        let woken = wake::wake_latency(&pool, sizes.wake_jobs).await?;
+        let cpu = woken.cpu.map(|c| format!("; {c}")).unwrap_or_default();
+        let note = format!("{} jobs at ~50/s, idle workers{cpu}", sizes.wake_jobs);
+        let wake = woken.latency;
         results.add("wake", rows::WAKE_P50, wake.p50, "ms", note);
         results.add("wake", rows::WAKE_P99, wake.p99, "ms", "");
         results.add(

@@ -13,6 +13,7 @@ use queue_worker::{Worker, WorkerOptions};
 use sqlx::PgPool;
 
 use super::cluster::fresh_table;
+use super::cpu::{CpuPerJob, CpuSample};
 use super::quiet;
 
 pub(super) struct Latency {
@@ -125,8 +126,16 @@ pub(super) fn waits_ms(
     percentiles(ms)
 }
 
-pub(super) async fn wake_latency(pool: &PgPool, n: usize) -> Result<Latency> {
+/// The wake scenario's figures: the latencies, and the CPU per job over
+/// the scenario, idle polling included.
+pub(super) struct Woken {
+    pub latency: Latency,
+    pub cpu: Option<CpuPerJob>,
+}
+
+pub(super) async fn wake_latency(pool: &PgPool, n: usize) -> Result<Woken> {
     let worker = StampingWorker::start(pool, "wake").await?;
+    let cpu0 = CpuSample::now();
     let mut committed = BTreeMap::new();
     let mut ticks = tokio::time::interval(Duration::from_millis(20));
     for i in 0..n {
@@ -138,7 +147,10 @@ pub(super) async fn wake_latency(pool: &PgPool, n: usize) -> Result<Latency> {
         committed.insert(id, Instant::now());
     }
     let started = worker.finish(n).await?;
-    Ok(waits_ms(committed.into_iter(), &started))
+    Ok(Woken {
+        latency: waits_ms(committed.into_iter(), &started),
+        cpu: CpuSample::per_job_since(cpu0, n),
+    })
 }
 
 /// Jobs scheduled 2 s ahead, 100 ms apart, enqueued together while the
