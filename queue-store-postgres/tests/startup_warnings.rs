@@ -163,3 +163,45 @@ fn partitioned_options(schema: &str) -> queue_store_postgres::PgStoreOptions {
         .and_then(|o| o.schema(schema))
         .expect("valid names")
 }
+
+/// A page of failed jobs reads an index of them where there is one; a
+/// table without one is told the two statements that make them, and an
+/// index made as told is found.
+#[tokio::test]
+async fn a_table_without_an_index_of_failed_jobs_is_told_how_to_make_one() {
+    let Some(pool) = pool("a_table_without_an_index_of_failed_jobs").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let failed_list = "no index serves a list of failed or canceled jobs";
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        !warned.iter().any(|w| w.contains(failed_list)),
+        "the default table has them: {warned:?}"
+    );
+    let schema = table.name().schema.quoted();
+    let name = table.name().name.as_str().to_owned();
+    for suffix in ["unsuccessful_idx", "unsuccessful_kind_idx"] {
+        execute(&pool, format!("DROP INDEX {schema}.\"{name}_{suffix}\"")).await;
+    }
+    let warned = warnings_of_start(&pool, &table).await;
+    let t = table.name().quoted();
+    let unsuccessful = "\"state\" IN (E'failed', E'canceled')";
+    let by_key = format!("CREATE INDEX CONCURRENTLY ON {t} (\"id\") WHERE {unsuccessful}");
+    let by_kind = format!(
+        "CREATE INDEX CONCURRENTLY ON {t} (\"state\", \"kind\", \"id\") WHERE {unsuccessful}"
+    );
+    let told = warned
+        .iter()
+        .find(|w| w.contains(failed_list))
+        .unwrap_or_else(|| panic!("{failed_list} in {warned:?}"));
+    assert!(told.contains(&by_key) && told.contains(&by_kind), "{told}");
+    // The completed jobs' index by kind (its predicate holds for completed
+    // rows too) is no index of failed jobs; the one made as told is.
+    execute(&pool, by_key.replace(" CONCURRENTLY", "")).await;
+    let warned = warnings_of_start(&pool, &table).await;
+    assert!(
+        !warned.iter().any(|w| w.contains(failed_list)),
+        "the index made as told is found: {warned:?}"
+    );
+}

@@ -35,6 +35,10 @@ const HAS_INDEX_ON: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS 
      JOIN pg_catalog.pg_attribute AS a ON a.attrelid = i.indrelid AND a.attnum = i.indkey[0] \
      WHERE i.indrelid = $1::oid AND a.attname = $2)";
 
+/// The predicates of the partial indexes of the table `$1`.
+const PARTIAL_INDEX_PREDICATES: &str = "SELECT pg_get_expr(i.indpred, i.indrelid) \
+     FROM pg_catalog.pg_index AS i WHERE i.indrelid = $1::oid AND i.indpred IS NOT NULL";
+
 /// Whether the table `$1` has a valid index named `$2` (in its schema).
 const HAS_VALID_INDEX_NAMED: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_index AS i \
      JOIN pg_catalog.pg_class AS c ON c.oid = i.indexrelid \
@@ -635,7 +639,101 @@ async fn missing_indexes(
             );
         }
     }
+    if !absent.contains(&Column::State) && !serves_failed_lists(pool, oid, options).await? {
+        let state = options
+            .column_name(Column::State)
+            .map_or_else(|| "\"state\"".to_owned(), |s| s.quoted());
+        let values = options.state_values();
+        let unsuccessful = format!(
+            "{state} IN ({}, {})",
+            super::literal(values.get(JobState::Failed)),
+            super::literal(values.get(JobState::Canceled))
+        );
+        let id = options
+            .column_name(Column::Id)
+            .map_or_else(|| "\"id\"".to_owned(), |i| i.quoted());
+        let mut definitions = vec![format!("({id}) WHERE {unsuccessful}")];
+        if let Some(kind) = options
+            .column_name(Column::Kind)
+            .filter(|_| !absent.contains(&Column::Kind))
+        {
+            definitions.push(format!(
+                "({state}, {}, {id}) WHERE {unsuccessful}",
+                kind.quoted()
+            ));
+        }
+        let create: Vec<String> = definitions
+            .iter()
+            .map(|definition| {
+                if partitioned {
+                    format!("CREATE INDEX ON {table} {definition}")
+                } else {
+                    format!("CREATE INDEX CONCURRENTLY ON {table} {definition}")
+                }
+            })
+            .collect();
+        let partitioned_note = if partitioned {
+            " (a partitioned table's are not built concurrently: to keep writes going, create \
+             each ON ONLY the table, then each partition's with CREATE INDEX CONCURRENTLY, \
+             attached with ALTER INDEX .. ATTACH PARTITION)"
+        } else {
+            ""
+        };
+        tracing::warn!(
+            %table,
+            "no index serves a list of failed or canceled jobs: a page of them walks every job \
+             newer than the failures it shows (a page of one kind, every job of that kind), which \
+             is slow on a big table where few jobs fail; create them with: {}{partitioned_note}",
+            create.join("; ")
+        );
+    }
     Ok((finished_indexed, queued_indexed))
+}
+
+/// Whether an index of the table `oid` finds failed and canceled jobs
+/// without reading the others: one that starts with the state column, or
+/// a partial one whose predicate holds for a failed and a canceled row and
+/// not for a completed or a waiting one.
+async fn serves_failed_lists(
+    pool: &PgPool,
+    oid: i64,
+    options: &PgStoreOptions,
+) -> Result<bool, StoreError> {
+    let Some(state) = options.column_name(Column::State) else {
+        return Ok(false);
+    };
+    let leads: bool = sqlx::query_scalar(HAS_INDEX_ON)
+        .bind(oid)
+        .bind(state.as_str())
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    if leads {
+        return Ok(true);
+    }
+    let predicates: Vec<String> = sqlx::query_scalar(PARTIAL_INDEX_PREDICATES)
+        .bind(oid)
+        .fetch_all(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))?;
+    for predicate in predicates {
+        let mut only_unsuccessful = true;
+        for (held, wanted) in [
+            (JobState::Failed, true),
+            (JobState::Canceled, true),
+            (JobState::Completed, false),
+            (JobState::Queued, false),
+        ] {
+            if holds_in_state(pool, options, None, &predicate, held).await? != wanted {
+                only_unsuccessful = false;
+                break;
+            }
+        }
+        if only_unsuccessful {
+            return Ok(true);
+        }
+    }
+    Ok(false)
 }
 
 /// The bookkeeping table `name`, checked against the catalog (it exists,
@@ -704,37 +802,49 @@ async fn holds_while_live(
     key: Option<&str>,
     condition: &str,
 ) -> Result<bool, StoreError> {
-    let state = options
-        .column_name(Column::State)
-        .map_or("state", |s| s.as_str());
     for held_state in [JobState::Queued, JobState::Errored, JobState::Processing] {
-        let mut row = serde_json::json!({
-            state: options.state_values().get(held_state),
-        });
-        if let Some(key) = key {
-            row[key] = serde_json::json!("k");
-        }
-        // The condition is the catalog's own text (it calls only immutable
-        // functions), never user input.
-        let sql = format!(
-            "SELECT coalesce(({condition}), false) FROM \
-             (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
-            options.table.quoted()
-        );
-        // Not cached on the connection: the table's row type is in the
-        // plan, and a table dropped and created again under the same name
-        // has a new one ("cache lookup failed for type").
-        let holds: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
-            .bind(sqlx::types::Json(row))
-            .persistent(false)
-            .fetch_one(pool)
-            .await
-            .map_err(|e| store_error("evaluating a unique index's predicate", e))?;
-        if !holds {
+        if !holds_in_state(pool, options, key, condition, held_state).await? {
             return Ok(false);
         }
     }
     Ok(true)
+}
+
+/// Whether `condition` (the catalog's own text) holds for a row of the
+/// table in `state`, with the text column `key`, if named, set, and every
+/// other column NULL.
+async fn holds_in_state(
+    pool: &PgPool,
+    options: &PgStoreOptions,
+    key: Option<&str>,
+    condition: &str,
+    held_state: JobState,
+) -> Result<bool, StoreError> {
+    let state = options
+        .column_name(Column::State)
+        .map_or("state", |s| s.as_str());
+    let mut row = serde_json::json!({
+        state: options.state_values().get(held_state),
+    });
+    if let Some(key) = key {
+        row[key] = serde_json::json!("k");
+    }
+    // The condition is the catalog's own text (it calls only immutable
+    // functions), never user input.
+    let sql = format!(
+        "SELECT coalesce(({condition}), false) FROM \
+         (SELECT (jsonb_populate_record(NULL::{}, $1)).*) AS \"__queue_row\"",
+        options.table.quoted()
+    );
+    // Not cached on the connection: the table's row type is in the plan,
+    // and a table dropped and created again under the same name has a new
+    // one ("cache lookup failed for type").
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql))
+        .bind(sqlx::types::Json(row))
+        .persistent(false)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("evaluating an index's predicate", e))
 }
 
 /// The leaf partitions of the partitioned table `oid` that hold every
