@@ -5,6 +5,7 @@
 //! rows they cannot see. Workers also poll (their poll interval), which
 //! covers notifications lost while the listener reconnects.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,15 +14,55 @@ use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 
-/// Wakes every waiting worker, and leaves a permit for one about to wait.
-pub(crate) fn wake_all(wake: &Notify) {
-    wake.notify_waiters();
-    wake.notify_one();
+/// News of jobs for the workers of one store: the notifications received,
+/// counted, and the count the latest claim started after. A worker whose
+/// claim came back short waits only when no notification came since a
+/// claim started: the job of one that came before is that claim's to see.
+/// (A permit left on a `Notify` for a worker about to wait sent one claim
+/// more after every notification, which found nothing when the claim the
+/// notification woke had taken the job.)
+#[derive(Default)]
+pub(crate) struct Wake {
+    notify: Notify,
+    /// Notifications received so far.
+    received: AtomicU64,
+    /// The most notifications any claim had been sent after.
+    seen: AtomicU64,
+}
+
+impl Wake {
+    /// New jobs may be claimable: wakes every waiting worker, and the next
+    /// wait of any other returns at once.
+    pub(crate) fn all(&self) {
+        self.received.fetch_add(1, Ordering::SeqCst);
+        self.notify.notify_waiters();
+    }
+
+    /// A claim is about to be sent: it sees the jobs of every notification
+    /// received so far (Postgres notifies only after the commit).
+    pub(crate) fn claim_starts(&self) {
+        self.seen
+            .fetch_max(self.received.load(Ordering::SeqCst), Ordering::SeqCst);
+    }
+
+    /// Waits for a notification that came after every claim so far was
+    /// sent (returns at once if one already has), at most `max_wait`.
+    pub(crate) async fn wait(&self, max_wait: Duration) {
+        let notified = self.notify.notified();
+        tokio::pin!(notified);
+        // Registered before the check, so that a notification between the
+        // check and the wait still wakes this one.
+        notified.as_mut().enable();
+        if self.received.load(Ordering::SeqCst) > self.seen.load(Ordering::SeqCst) {
+            return;
+        }
+        let _ = tokio::time::timeout(max_wait, notified).await;
+    }
 }
 
 /// Spawns the listener task; it runs until aborted, reconnecting after
 /// errors.
-pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Notify>) -> JoinHandle<()> {
+pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHandle<()> {
     // A pool of one connection, separate from the store's pool, so the
     // listener never takes a connection the workers need.
     // A connection that died under the listener (killed, server restarted)
@@ -50,21 +91,74 @@ pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Notify>) -> JoinHa
     })
 }
 
-async fn listen(pool: &PgPool, channel: &str, wake: &Notify) -> Result<(), sqlx::Error> {
+async fn listen(pool: &PgPool, channel: &str, wake: &Wake) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(channel).await?;
     tracing::debug!(channel, "listening for new jobs");
     // Jobs may have arrived while no one listened.
-    wake_all(wake);
+    wake.all();
     loop {
         match listener.try_recv().await? {
-            Some(_) => wake_all(wake),
+            Some(_) => wake.all(),
             None => {
                 // The connection dropped and was re-established by sqlx:
                 // notifications in between are lost, so look now.
                 tracing::info!(channel, "LISTEN connection re-established");
-                wake_all(wake);
+                wake.all();
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Instant;
+
+    const LONG: Duration = Duration::from_secs(5);
+
+    /// How long `wake.wait(LONG)` took.
+    async fn waited(wake: &Wake) -> Duration {
+        let began = Instant::now();
+        wake.wait(LONG).await;
+        began.elapsed()
+    }
+
+    #[tokio::test]
+    async fn a_notification_after_the_last_claim_began_ends_the_next_wait_at_once() {
+        let wake = Wake::default();
+        wake.claim_starts();
+        wake.all();
+        assert!(waited(&wake).await < Duration::from_secs(1));
+    }
+
+    #[tokio::test]
+    async fn a_notification_the_last_claim_began_after_does_not_end_a_wait() {
+        let wake = Wake::default();
+        wake.all();
+        wake.claim_starts();
+        let began = Instant::now();
+        wake.wait(Duration::from_millis(200)).await;
+        assert!(
+            began.elapsed() >= Duration::from_millis(200),
+            "the claim saw that notification's jobs: nothing new to wait for"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_notification_wakes_every_waiting_worker() {
+        let wake = Arc::new(Wake::default());
+        wake.claim_starts();
+        let waiters: Vec<_> = (0..3)
+            .map(|_| {
+                let wake = wake.clone();
+                tokio::spawn(async move { waited(&wake).await })
+            })
+            .collect();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wake.all();
+        for waiter in waiters {
+            assert!(waiter.await.unwrap() < Duration::from_secs(1));
         }
     }
 }

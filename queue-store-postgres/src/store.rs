@@ -15,7 +15,7 @@ use queue_core::{
 };
 use sqlx::postgres::PgRow;
 use sqlx::{FromRow, PgConnection, PgPool, Postgres, Row};
-use tokio::sync::{mpsc, oneshot, Notify};
+use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::admin::PgAdmin;
@@ -49,7 +49,7 @@ struct Inner<R: JobRecord> {
     sql: Arc<Statements>,
     states: Arc<StateValues>,
     decode: RecordDecoder<R>,
-    wake: Arc<Notify>,
+    wake: Arc<listen::Wake>,
     listener: JoinHandle<()>,
     /// The batched completer: outcomes that need no job transaction.
     completer: mpsc::UnboundedSender<Completion<R::Id>>,
@@ -277,7 +277,7 @@ where
         };
         let states = Arc::new(options.states.clone());
         let options_table = options.table.clone();
-        let wake = Arc::new(Notify::new());
+        let wake = Arc::new(listen::Wake::default());
         let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
         let stash = Stash::new(pool.clone());
         let (completer, outcomes) = mpsc::unbounded_channel();
@@ -616,7 +616,7 @@ where
         let found = aside("the claim cursor's probe", self.probe(&probes.probe, at)).await;
         let took = began.elapsed();
         if cursor.probe_ended(std::time::Instant::now(), took, found) {
-            listen::wake_all(&self.inner.wake);
+            self.inner.wake.all();
         }
     }
 
@@ -782,6 +782,7 @@ where
                 )));
             }
         }
+        self.inner.wake.claim_starts();
         let mut on = self.inner.stash.lend("claiming jobs").await?;
         let rules = if self.inner.sql.claims_read_kind() {
             match self.inner.rules.current(on.conn()).await {
@@ -1255,7 +1256,7 @@ where
     }
 
     async fn wait_for_jobs(&self, max_wait: Duration) {
-        let _ = tokio::time::timeout(max_wait, self.inner.wake.notified()).await;
+        self.inner.wake.wait(max_wait).await;
     }
 
     async fn next_due(&self, after: DateTime<Utc>) -> Result<Option<DateTime<Utc>>, StoreError> {
