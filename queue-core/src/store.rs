@@ -298,7 +298,10 @@ pub trait Store: Send + Sync + 'static {
 
     /// Waits until jobs may have become available (a notification) or
     /// `max_wait` has passed, whichever comes first. Stores without
-    /// notifications simply sleep.
+    /// notifications simply sleep. A store that notifies ends the wait at
+    /// once for a notification that came after the worker's last claim
+    /// was sent (that claim may not have seen its jobs), so none is lost
+    /// between a claim and the wait.
     async fn wait_for_jobs(&self, max_wait: Duration);
 
     /// The earliest time after `after` at which a waiting job comes due

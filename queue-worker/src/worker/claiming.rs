@@ -97,9 +97,9 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                         failures = 0;
                         // A claim that came back short took every job it
                         // could find: wait for news, as after an empty one,
-                        // instead of asking again at once. A notification
-                        // that came meanwhile left a permit, so the wait
-                        // ends at once for a job the claim did not see.
+                        // instead of asking again at once. The store's wait
+                        // ends at once for a notification the claim may not
+                        // have seen (`Store::wait_for_jobs`).
                         let short = jobs.len() < permits.num_permits();
                         if short {
                             if pause.is_none() {
