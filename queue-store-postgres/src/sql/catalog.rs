@@ -603,12 +603,7 @@ async fn missing_indexes(
         else {
             continue;
         };
-        let indexed: bool = sqlx::query_scalar(HAS_INDEX_ON)
-            .bind(oid)
-            .bind(name.as_str())
-            .fetch_one(pool)
-            .await
-            .map_err(|e| store_error("reading the catalog", e))?;
+        let indexed = has_index_on(pool, oid, name.as_str()).await?;
         match column {
             Column::FinishedAt => finished_indexed = indexed,
             Column::QueuedAt => queued_indexed = indexed,
@@ -690,6 +685,16 @@ async fn missing_indexes(
     Ok((finished_indexed, queued_indexed))
 }
 
+/// Whether an index of the table `oid` starts with the column `name`.
+async fn has_index_on(pool: &PgPool, oid: i64, name: &str) -> Result<bool, StoreError> {
+    sqlx::query_scalar(HAS_INDEX_ON)
+        .bind(oid)
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))
+}
+
 /// Whether an index of the table `oid` finds failed and canceled jobs
 /// without reading the others: one that starts with the state column, or
 /// a partial one whose predicate holds for a failed and a canceled row and
@@ -702,13 +707,7 @@ async fn serves_failed_lists(
     let Some(state) = options.column_name(Column::State) else {
         return Ok(false);
     };
-    let leads: bool = sqlx::query_scalar(HAS_INDEX_ON)
-        .bind(oid)
-        .bind(state.as_str())
-        .fetch_one(pool)
-        .await
-        .map_err(|e| store_error("reading the catalog", e))?;
-    if leads {
+    if has_index_on(pool, oid, state.as_str()).await? {
         return Ok(true);
     }
     let predicates: Vec<String> = sqlx::query_scalar(PARTIAL_INDEX_PREDICATES)
