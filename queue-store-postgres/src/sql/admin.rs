@@ -508,6 +508,8 @@ impl AdminStatements {
         // only them, however many jobs of that kind completed.
         if let Some(states) = &filter.states {
             let st = &self.state_type;
+            // As many as `PgStoreOptions::stored_values` binds: failed's
+            // with the expired jobs' own value, if the table has one.
             let values = states.len()
                 + usize::from(states.contains(&JobState::Failed) && self.expired_value.is_some());
             let array = format!(
