@@ -726,10 +726,13 @@ impl AdminStatements {
         };
         let select = |columns: &str, limit: &str| {
             let page = |part: &str| {
-                let rows = format!(
-                    "SELECT {columns} FROM {from}{anchor} WHERE {condition}{after}{part}",
-                    from = self.from(),
-                );
+                let rows_of = |columns: &str| {
+                    format!(
+                        "SELECT {columns} FROM {from}{anchor} WHERE {condition}{after}{part}",
+                        from = self.from(),
+                    )
+                };
+                let rows = rows_of(columns);
                 if read == ListRead::Windows {
                     // OFFSET 0 keeps the order and the limit out of the
                     // window's read: the planner reads its every match
@@ -738,18 +741,16 @@ impl AdminStatements {
                     format!(
                         "SELECT * FROM ({rows} OFFSET 0) AS \"__queue_range\" ORDER BY {outer_order} LIMIT {limit}"
                     )
-                } else if !part.is_empty() && read == ListRead::Walk && anchor.is_empty() {
-                    // A kind's part: its keys first, then their rows. Keys
-                    // alone come from an index of the part's states, kind
-                    // and key without reading a row, in key order; for
-                    // whole rows the planner may walk the key's index
-                    // instead, reading every job newer than the matches
-                    // (a second on ten million rows for failed jobs of a
-                    // kind none of which failed).
-                    let keys = format!(
-                        "SELECT {id} FROM {from} WHERE {condition}{after}{part} ORDER BY {order_by} LIMIT {limit}",
-                        from = self.from(),
-                    );
+                } else if !part.is_empty() && read == ListRead::Walk {
+                    // A kind's part (listed by key, so with no anchor):
+                    // its keys first, then their rows. Keys alone come
+                    // from an index of the part's states, kind and key
+                    // without reading a row, in key order; for whole rows
+                    // the planner may walk the key's index instead,
+                    // reading every job newer than the matches (a second
+                    // on ten million rows for failed jobs of a kind none
+                    // of which failed).
+                    let keys = format!("{} ORDER BY {order_by} LIMIT {limit}", rows_of(&id));
                     format!(
                         "SELECT {columns} FROM {from} WHERE {id} IN ({keys}) ORDER BY {order_by} LIMIT {limit}",
                         from = self.from(),

@@ -573,6 +573,9 @@ async fn missing_indexes(
     absent: &[Column],
 ) -> Result<(bool, bool), StoreError> {
     let table = options.table_name();
+    let id = options
+        .column_name(Column::Id)
+        .map_or_else(|| "\"id\"".to_owned(), |i| i.quoted());
     let mut finished_indexed = false;
     let mut queued_indexed = false;
     for (column, reads, definition) in [
@@ -610,23 +613,10 @@ async fn missing_indexes(
             _ => {}
         }
         if !indexed {
-            let id = options
-                .column_name(Column::Id)
-                .map(|i| i.quoted())
-                .unwrap_or_else(|| "\"id\"".into());
             let definition = definition
                 .replace("{c}", &name.quoted())
                 .replace("{id}", &id);
-            // Postgres builds no index of a partitioned table concurrently.
-            let create = if partitioned {
-                format!(
-                    "CREATE INDEX ON {table} {definition} (a partitioned table's is not built concurrently: \
-                     to keep writes going, create it ON ONLY the table, then each partition's with \
-                     CREATE INDEX CONCURRENTLY, attached with ALTER INDEX .. ATTACH PARTITION)"
-                )
-            } else {
-                format!("CREATE INDEX CONCURRENTLY ON {table} {definition}")
-            };
+            let create = index_statements(table, &[definition], partitioned);
             tracing::warn!(
                 %table,
                 column = name.as_str(),
@@ -644,9 +634,6 @@ async fn missing_indexes(
             super::literal(values.get(JobState::Failed)),
             super::literal(values.get(JobState::Canceled))
         );
-        let id = options
-            .column_name(Column::Id)
-            .map_or_else(|| "\"id\"".to_owned(), |i| i.quoted());
         let mut definitions = vec![format!("({id}) WHERE {unsuccessful}")];
         if let Some(kind) = options
             .column_name(Column::Kind)
@@ -657,32 +644,40 @@ async fn missing_indexes(
                 kind.quoted()
             ));
         }
-        let create: Vec<String> = definitions
-            .iter()
-            .map(|definition| {
-                if partitioned {
-                    format!("CREATE INDEX ON {table} {definition}")
-                } else {
-                    format!("CREATE INDEX CONCURRENTLY ON {table} {definition}")
-                }
-            })
-            .collect();
-        let partitioned_note = if partitioned {
-            " (a partitioned table's are not built concurrently: to keep writes going, create \
-             each ON ONLY the table, then each partition's with CREATE INDEX CONCURRENTLY, \
-             attached with ALTER INDEX .. ATTACH PARTITION)"
-        } else {
-            ""
-        };
+        let create = index_statements(table, &definitions, partitioned);
         tracing::warn!(
             %table,
             "no index serves a list of failed or canceled jobs: a page of them walks every job \
              newer than the failures it shows (a page of one kind, every job of that kind), which \
-             is slow on a big table where few jobs fail; create them with: {}{partitioned_note}",
-            create.join("; ")
+             is slow on a big table where few jobs fail; create them with: {create}"
         );
     }
     Ok((finished_indexed, queued_indexed))
+}
+
+/// The statements that create an index of each of `definitions` on
+/// `table`: concurrently, or on a `partitioned` table (which Postgres
+/// cannot index concurrently) not, with how to keep writes going.
+fn index_statements(table: &QualifiedName, definitions: &[String], partitioned: bool) -> String {
+    let how = if partitioned {
+        "CREATE INDEX"
+    } else {
+        "CREATE INDEX CONCURRENTLY"
+    };
+    let statements: Vec<String> = definitions
+        .iter()
+        .map(|definition| format!("{how} ON {table} {definition}"))
+        .collect();
+    let statements = statements.join("; ");
+    if partitioned {
+        format!(
+            "{statements} (a partitioned table's indexes are not built concurrently: to keep \
+             writes going, create each ON ONLY the table, then each partition's with CREATE \
+             INDEX CONCURRENTLY, attached with ALTER INDEX .. ATTACH PARTITION)"
+        )
+    } else {
+        statements
+    }
 }
 
 /// Whether an index of the table `oid` starts with the column `name`.
