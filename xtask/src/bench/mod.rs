@@ -1,7 +1,8 @@
 //! `cargo xtask bench [--quick] [--peers] [--only S,..]`: measures the queue,
 //! a physical ceiling (pgbench) and, with `--peers`, other Rust job queues,
 //! in one run on the same Postgres, and prints the figures and their ratios.
-//! The full run also writes them into `docs/benchmarks.md`. Figures are
+//! The full run also writes them into `docs/benchmarks.md`, and resumes
+//! where it stopped when it was cut short ([`progress`]). Figures are
 //! printed, never asserted, except correctness: every drain verifies that
 //! each job ran exactly once and fails loudly otherwise.
 //!
@@ -26,6 +27,7 @@ mod partitioned;
 mod peers;
 mod pressure;
 mod profile;
+mod progress;
 #[path = "../../../bench/quiet.rs"]
 mod quiet;
 mod report;
@@ -41,6 +43,7 @@ use claims::{claim_latency, Ahead};
 use cluster::{fresh_table, machine, pgbench_costed, thousands, warm_up};
 use drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL, TRANSACTIONAL_RIDING};
 pub use memory::memory_worker;
+use progress::Progress;
 use report::{rows, Results};
 
 /// How big each scenario is.
@@ -265,14 +268,33 @@ pub async fn run(args: Args) -> Result<()> {
     let machine = machine(&pool, &pg).await?;
     println!("{machine}");
     warm_up(&pool, sizes).await?;
-    let mut results = Results::default();
+    // A full run keeps its progress, and resumes a run cut short.
+    let mut progress = if args.quick || args.only.is_some() {
+        None
+    } else {
+        Some(Progress::resume_or_start(args.peers, args.big, &machine)?)
+    };
+    let mut results = progress.as_ref().map(Progress::results).unwrap_or_default();
+    // Whether a scenario is still to measure; noting one measured.
+    let due = |progress: &Option<Progress>, scenario: &str| {
+        args.runs(scenario) && !progress.as_ref().is_some_and(|p| p.measured(scenario))
+    };
+    let measured = |progress: &mut Option<Progress>, scenarios: &[&str], results: &Results| {
+        progress
+            .as_mut()
+            .map_or(Ok(()), |p| p.finished(scenarios, results))
+    };
 
-    if args.runs("ceiling") {
+    if due(&progress, "ceiling") {
         let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
         let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
         results.add("ceiling", rows::CEILING, ceiling.tps, "tps", note);
+        measured(&mut progress, &["ceiling"], &results)?;
     }
 
+    let drains: Vec<&str> = (["drain-lease", "drain-transactional"].into_iter())
+        .filter(|scenario| due(&progress, scenario))
+        .collect();
     for (setup, handlers, scenario, what) in [
         (LEASE, 16, "drain-lease", rows::LEASE_16),
         (LEASE, 64, "drain-lease", "lease, 64 handlers"),
@@ -296,7 +318,7 @@ pub async fn run(args: Args) -> Result<()> {
             "transactional, 64 handlers, lock rides (1 ms)",
         ),
     ] {
-        if !args.runs(scenario) {
+        if !drains.contains(&scenario) {
             continue;
         }
         let drained = drain(&pool, setup, handlers, sizes.drain_jobs).await?;
@@ -312,32 +334,39 @@ pub async fn run(args: Args) -> Result<()> {
             ),
         );
     }
+    measured(&mut progress, &drains, &results)?;
 
-    if args.runs("profile") {
+    if due(&progress, "profile") {
         profile::where_the_time_goes(sizes, &mut results).await?;
+        measured(&mut progress, &["profile"], &results)?;
     }
 
-    if args.runs("bookkeeping") {
+    if due(&progress, "bookkeeping") {
         bookkeeping::as_it_is_against_changed(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["bookkeeping"], &results)?;
     }
 
-    if args.runs("retention") {
+    if due(&progress, "retention") {
         retention(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["retention"], &results)?;
     }
 
-    if args.runs("bulk") {
+    if due(&progress, "bulk") {
         bulk::beside_a_drain(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["bulk"], &results)?;
     }
 
-    if args.runs("alternating") {
+    if due(&progress, "alternating") {
         alternating::ceiling_and_drains(&pg, &pool, sizes, &mut results).await?;
+        measured(&mut progress, &["alternating"], &results)?;
     }
 
-    if args.runs("enqueue") {
+    if due(&progress, "enqueue") {
         enqueue(&pg, &pool, sizes, &mut results).await?;
+        measured(&mut progress, &["enqueue"], &results)?;
     }
 
-    if args.runs("wake") {
+    if due(&progress, "wake") {
         let woken = wake::wake_latency(&pool, sizes.wake_jobs).await?;
         let cpu = woken.cpu.map(|c| format!("; {c}")).unwrap_or_default();
         let note = format!("{} jobs at ~50/s, idle workers{cpu}", sizes.wake_jobs);
@@ -358,9 +387,10 @@ pub async fn run(args: Args) -> Result<()> {
         );
         results.add("wake", rows::DUE_P50, due.p50, "ms", note);
         results.add("wake", rows::DUE_MAX, due.max, "ms", "");
+        measured(&mut progress, &["wake"], &results)?;
     }
 
-    if args.runs("memory") {
+    if due(&progress, "memory") {
         let memory = memory::memory(&pg, &pool, sizes.memory_jobs).await?;
         results.add(
             "memory",
@@ -376,17 +406,19 @@ pub async fn run(args: Args) -> Result<()> {
             "KB",
             "",
         );
+        measured(&mut progress, &["memory"], &results)?;
     }
 
-    if args.runs("growth") {
+    if due(&progress, "growth") {
         for rows in sizes.growth_rows {
             let p50 = claim_latency(&pool, Ahead::Finished(rows)).await?;
             let what = format!("claim p50 with {} finished rows", thousands(rows));
             results.add("growth", what, p50, "ms", "");
         }
+        measured(&mut progress, &["growth"], &results)?;
     }
 
-    if args.runs("scheduled") {
+    if due(&progress, "scheduled") {
         let waiting = thousands(sizes.waiting_rows);
         for (ahead, what, note) in [
             (Ahead::Scheduled(0), rows::CLAIM_NONE_WAITING, String::new()),
@@ -404,36 +436,42 @@ pub async fn run(args: Args) -> Result<()> {
             let p50 = claim_latency(&pool, ahead).await?;
             results.add("scheduled", what, p50, "ms", note);
         }
+        measured(&mut progress, &["scheduled"], &results)?;
     }
 
-    if args.runs("drain-scheduled") {
+    if due(&progress, "drain-scheduled") {
         alternating::beside_scheduled(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["drain-scheduled"], &results)?;
     }
 
-    if args.runs("partitioned") {
+    if due(&progress, "partitioned") {
         partitioned::claims(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["partitioned"], &results)?;
     }
-    if args.runs("big") {
+    if due(&progress, "big") {
         big::operator_surfaces(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["big"], &results)?;
     }
-    if args.runs("big-retention") {
+    if due(&progress, "big-retention") {
         partitioned::retention(&pool, sizes.big_rows, &mut results).await?;
+        measured(&mut progress, &["big-retention"], &results)?;
     }
-    let idle_rates: Vec<u32> = (sizes.idle.rates.iter())
-        .copied()
-        .filter(|rate| args.runs(&format!("pressure-idle-{rate}")))
-        .collect();
-    if !idle_rates.is_empty() {
-        let phases = pressure::IdlePhases {
-            rates: &idle_rates,
-            ..sizes.idle
-        };
-        pressure::idle_in_transaction(&pool, &pg.url, phases, &mut results).await?;
+    for rate in sizes.idle.rates {
+        let scenario = format!("pressure-idle-{rate}");
+        if due(&progress, &scenario) {
+            let phases = pressure::IdlePhases {
+                rates: &[*rate],
+                ..sizes.idle
+            };
+            pressure::idle_in_transaction(&pool, &pg.url, phases, &mut results).await?;
+            measured(&mut progress, &[&scenario], &results)?;
+        }
     }
-    if args.runs("pressure-overload") {
+    if due(&progress, "pressure-overload") {
         pressure::overload(&pool, sizes.overload, &mut results).await?;
+        measured(&mut progress, &["pressure-overload"], &results)?;
     }
-    if args.runs("pressure-readers") {
+    if due(&progress, "pressure-readers") {
         pressure::readers_beside_a_drain(
             &pool,
             &pg.url,
@@ -442,28 +480,22 @@ pub async fn run(args: Args) -> Result<()> {
             &mut results,
         )
         .await?;
+        measured(&mut progress, &["pressure-readers"], &results)?;
     }
 
     let mut built = None;
-    if args.runs("peers") {
+    if due(&progress, "peers") {
         built = Some(peers::run_peers(&pg, sizes, &mut results).await?);
+        measured(&mut progress, &["peers"], &results)?;
     }
-    let awa_idle_rates: Vec<u32> = (sizes.idle.rates.iter())
-        .copied()
-        .filter(|rate| args.runs(&format!("awa-pressure-idle-{rate}")))
+    let awa_idle: Vec<(u32, String)> = (sizes.idle.rates.iter())
+        .map(|rate| (*rate, format!("awa-pressure-idle-{rate}")))
         .collect();
-    for scenario in [
-        "versus",
-        "cold",
-        "awa-pressure-idle",
-        "awa-pressure-overload",
-        "awa-pressure-readers",
-    ] {
-        let wanted = match scenario {
-            "awa-pressure-idle" => !awa_idle_rates.is_empty(),
-            _ => args.runs(scenario),
-        };
-        if !wanted {
+    let awa_scenarios = (["versus", "cold"].into_iter())
+        .chain(awa_idle.iter().map(|(_, scenario)| scenario.as_str()))
+        .chain(["awa-pressure-overload", "awa-pressure-readers"]);
+    for scenario in awa_scenarios {
+        if !due(&progress, scenario) {
             continue;
         }
         let peers = match &built {
@@ -473,21 +505,26 @@ pub async fn run(args: Args) -> Result<()> {
         match scenario {
             "versus" => peers::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
             "cold" => cold::head_to_head(peers, &pg, &pool, sizes, &mut results).await?,
-            "awa-pressure-idle" => {
+            "awa-pressure-overload" => {
+                pressure::awa_overload(peers, &pg, sizes.overload, &mut results).await?
+            }
+            "awa-pressure-readers" => {
+                let jobs = sizes.drain_jobs;
+                pressure::awa_readers(peers, &pg, jobs, sizes.rounds, &mut results).await?
+            }
+            idle => {
+                let rate = (awa_idle.iter())
+                    .find(|(_, scenario)| scenario == idle)
+                    .map(|(rate, _)| *rate)
+                    .context("an awa idle-in-transaction scenario names its rate")?;
                 let phases = pressure::IdlePhases {
-                    rates: &awa_idle_rates,
+                    rates: &[rate],
                     ..sizes.idle
                 };
                 pressure::awa_idle_in_transaction(peers, &pg, phases, &mut results).await?
             }
-            "awa-pressure-overload" => {
-                pressure::awa_overload(peers, &pg, sizes.overload, &mut results).await?
-            }
-            _ => {
-                let jobs = sizes.drain_jobs;
-                pressure::awa_readers(peers, &pg, jobs, sizes.rounds, &mut results).await?
-            }
         }
+        measured(&mut progress, &[scenario], &results)?;
     }
 
     let cold_sizes = if args.runs("cold") {
@@ -495,10 +532,15 @@ pub async fn run(args: Args) -> Result<()> {
     } else {
         &[]
     };
+    let (provenance, machine) = match &progress {
+        Some(progress) => (progress.provenance(), progress.machine.clone()),
+        None => (provenance, machine),
+    };
     let report = report::report(&provenance, &machine, &results, args.quick, cold_sizes);
     println!("\n{report}");
-    if !args.quick && args.only.is_none() {
+    if let Some(progress) = progress {
         report::write_doc(&report)?;
+        progress.remove()?;
     }
     pool.close().await;
     drop(pg);

@@ -7,12 +7,16 @@ use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
 
-/// One line of the results table.
+/// One line of the results table (kept in a run's progress file between
+/// its parts, [`super::progress`]).
+#[derive(Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Row {
-    section: &'static str,
+    section: String,
     what: String,
+    /// A figure that is not a number (a ratio of nothing) is kept as null.
+    #[serde(with = "number_or_null")]
     value: f64,
-    unit: &'static str,
+    unit: String,
     note: String,
     /// `(at least, at most)`, for a figure that carries its own target
     /// into the table of ratios.
@@ -20,7 +24,7 @@ pub(super) struct Row {
 }
 
 /// Every figure of a run, in the order measured.
-#[derive(Default)]
+#[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Results {
     rows: Vec<Row>,
 }
@@ -36,10 +40,10 @@ impl Results {
         note: impl Into<String>,
     ) {
         let row = Row {
-            section,
+            section: section.to_owned(),
             what: what.into(),
             value,
-            unit,
+            unit: unit.to_owned(),
             note: note.into(),
             target: None,
         };
@@ -101,6 +105,24 @@ impl Results {
 
     fn ratio(&self, a: &str, b: &str) -> Option<f64> {
         Some(self.get(a)? / self.get(b)?)
+    }
+}
+
+/// JSON has no NaN or infinity: such a figure is written as null and read
+/// back as NaN.
+mod number_or_null {
+    use serde::{Deserialize, Deserializer, Serializer};
+
+    pub(super) fn serialize<S: Serializer>(value: &f64, s: S) -> Result<S::Ok, S::Error> {
+        if value.is_finite() {
+            s.serialize_f64(*value)
+        } else {
+            s.serialize_none()
+        }
+    }
+
+    pub(super) fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<f64, D::Error> {
+        Ok(Option::<f64>::deserialize(d)?.unwrap_or(f64::NAN))
     }
 }
 
@@ -356,7 +378,7 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
                 name: row.what.clone().into(),
                 value: Some(row.value),
                 target,
-                unit: match row.unit {
+                unit: match row.unit.as_str() {
                     "x" => "×",
                     "ms" => " ms",
                     "s" => " s",
