@@ -486,6 +486,51 @@ async fn roles_decide_the_writes_and_the_audit_log_names_the_token() {
     assert_eq!(log["next"], Value::Null, "one page");
 }
 
+/// Concurrent writes share the audit log's appends, and none is lost or
+/// answered early: each request, once answered, finds its own entry, and
+/// the log holds every one of them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_writes_are_each_in_the_audit_log_when_answered() {
+    const WRITES: usize = 40;
+    let app = app(MemoryStore::new(), Tokens::default());
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..WRITES {
+        let app = app.clone();
+        tasks.spawn(async move {
+            let kind = format!("kind-{n}");
+            let (status, _, body) =
+                send(&app, Method::POST, &format!("/api/kinds/{kind}/pause"), &[]).await;
+            assert_eq!(status, StatusCode::OK, "{body}");
+            let (_, _, body) = send(&app, Method::GET, "/api/audit?limit=1000", &[]).await;
+            let log: Value = serde_json::from_str(&body).expect("JSON");
+            assert!(
+                log["entries"]
+                    .as_array()
+                    .expect("entries")
+                    .iter()
+                    .any(|e| e["target"]["kind"] == kind.as_str()),
+                "the pause of {kind} was answered before its entry was written: {body}"
+            );
+            kind
+        });
+    }
+    let mut kinds = Vec::new();
+    while let Some(kind) = tasks.join_next().await {
+        kinds.push(kind.expect("a write"));
+    }
+    let (_, _, body) = send(&app, Method::GET, "/api/audit?limit=1000", &[]).await;
+    let log: Value = serde_json::from_str(&body).expect("JSON");
+    let mut logged: Vec<String> = log["entries"]
+        .as_array()
+        .expect("entries")
+        .iter()
+        .map(|e| e["target"]["kind"].as_str().unwrap_or("").to_owned())
+        .collect();
+    logged.sort();
+    kinds.sort();
+    assert_eq!(logged, kinds, "one entry per write");
+}
+
 /// `/api/schedules` lists each schedule with its next occurrence and its
 /// latest one's job, found by the occurrence's unique key.
 #[tokio::test]

@@ -1097,10 +1097,16 @@ pub trait Admin: Send + Sync + 'static {
     /// kind.
     async fn limits(&self) -> Result<Vec<KindLimit>, StoreError>;
 
-    /// Appends `entry` to the audit log, at the store's time. Refused
-    /// ([`StoreError::Refused`]) where the store keeps no audit log (its
-    /// table not created): the surface then says so.
-    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError>;
+    /// Appends `entries` to the audit log in the order given, at the
+    /// store's time, all or none: a server that records many writes at
+    /// once appends them in one write (one commit) instead of one each.
+    /// A store may commit them without waiting for the disk (the Postgres
+    /// store does; a crash of its server within `wal_writer_delay` loses
+    /// them): an entry is written after the write it records, which is
+    /// durable on its own. Refused ([`StoreError::Refused`]) where the
+    /// store keeps no audit log (its table not created): the surface then
+    /// says so.
+    async fn append_audit(&self, entries: &[NewAuditEntry]) -> Result<(), StoreError>;
 
     /// Entries of the audit log, newest first.
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError>;

@@ -439,11 +439,13 @@ impl Admin for MemoryStore {
             .collect())
     }
 
-    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+    async fn append_audit(&self, entries: &[NewAuditEntry]) -> Result<(), StoreError> {
         let now = self.clock().now();
         let mut state = self.lock();
-        let id = state.audit.last().map_or(1, |last| last.id + 1);
-        state.audit.push(AuditEntry::new(id, now, entry.clone()));
+        for entry in entries {
+            let id = state.audit.last().map_or(1, |last| last.id + 1);
+            state.audit.push(AuditEntry::new(id, now, entry.clone()));
+        }
         Ok(())
     }
 

@@ -1403,8 +1403,8 @@ where
         self.inner.admin.limits().await
     }
 
-    async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {
-        self.inner.admin.append_audit(entry).await
+    async fn append_audit(&self, entries: &[queue_core::NewAuditEntry]) -> Result<(), StoreError> {
+        self.inner.admin.append_audit(entries).await
     }
 
     async fn audit(

@@ -162,7 +162,7 @@ pub(crate) async fn record(
         Err(error) => (false, format!("{error:#}")),
     };
     let entry = NewAuditEntry::new(context.actor.clone(), action, target, ok, outcome);
-    if let Err(error) = admin.append_audit(&entry).await {
+    if let Err(error) = admin.append_audit(std::slice::from_ref(&entry)).await {
         eprintln!("queue: warning: this {action} is not in the audit log: {error}");
     }
 }

@@ -46,6 +46,8 @@ pub struct Api {
     pub schedules: Arc<Vec<queue_worker::Schedule>>,
     /// Wakes this server's operation runner when an operation is started.
     pub operations: Arc<tokio::sync::Notify>,
+    /// Appends the API's writes to the audit log.
+    pub audit: super::audit::AuditWriter,
 }
 
 /// How long the queue's figures serve every caller (`/api/stats`, every
@@ -54,18 +56,24 @@ pub struct Api {
 pub const STATS_FRESH: Duration = Duration::from_secs(1);
 
 impl Api {
-    /// The API over `admin`, whose keys are of type `key`.
+    /// The API over `admin`, whose keys are of type `key`. Starts the
+    /// audit log's writer, which `health` watches: call it within a Tokio
+    /// runtime.
     pub fn new(
         admin: Arc<TextAdmin>,
         key: queue_store_postgres::PgKeyType,
         stalled_max_age: Duration,
     ) -> Self {
+        let (audit, writing) = super::audit::AuditWriter::spawn(admin.clone());
+        let health = Arc::new(super::health::Health::default());
+        health.watch("audit writer", writing.abort_handle());
         Api {
+            audit,
             admin,
             key,
             stalled_max_age,
             depth: Arc::default(),
-            health: Arc::default(),
+            health,
             stats: Arc::default(),
             exact_stats: Arc::default(),
             stats_reads: Arc::default(),

@@ -4,6 +4,7 @@
 //! the log.
 
 use std::collections::HashMap;
+use std::sync::Arc;
 
 use axum::body::Body;
 use axum::extract::{MatchedPath, Path, Request, State};
@@ -14,10 +15,12 @@ use axum::Json;
 use queue_core::{AuditParams, NewAuditEntry};
 use serde::{Deserialize, Serialize};
 use serde_json::{json, Value};
+use tokio::sync::{mpsc, oneshot};
 use utoipa::{IntoParams, ToSchema};
 
 use super::api::{Api, ApiQuery, ErrorBody};
 use super::auth::Actor;
+use super::erased::TextAdmin;
 use super::error::ApiError;
 
 /// How much of a response an entry keeps as its outcome.
@@ -72,10 +75,67 @@ pub async fn record(State(api): State<Api>, request: Request, next: Next) -> Res
     let kept = &bytes[..bytes.len().min(OUTCOME_BYTES)];
     let outcome = format!("{} {}", status.as_u16(), String::from_utf8_lossy(kept));
     let entry = NewAuditEntry::new(actor, action, target, status.is_success(), outcome);
-    if let Err(error) = api.admin.append_audit(&entry).await {
-        tracing::warn!("a {} is not in the audit log: {error}", entry.action);
+    let action = entry.action.clone();
+    if let Err(error) = api.audit.append(entry).await {
+        tracing::warn!("a {action} is not in the audit log: {error}");
     }
     Response::from_parts(parts, Body::from(bytes))
+}
+
+/// The most entries one append writes.
+const MAX_BATCH: usize = 500;
+
+/// An entry on its way to the log, and who waits for it to be written.
+type Pending = (NewAuditEntry, oneshot::Sender<Result<(), String>>);
+
+/// Writes the server's audit entries, many requests' in one append: the
+/// entries that arrive while one append is being written go together into
+/// the next, so concurrent writes share one insert and one commit instead
+/// of one each (a single-job enqueue is two commits with its entry). Each
+/// request still waits until its own entry is written.
+#[derive(Clone)]
+pub struct AuditWriter {
+    sender: mpsc::Sender<Pending>,
+}
+
+impl AuditWriter {
+    /// Starts the task that appends to `admin`'s log; it ends when the
+    /// last writer is dropped. Call it within a Tokio runtime.
+    pub fn spawn(admin: Arc<TextAdmin>) -> (Self, tokio::task::JoinHandle<()>) {
+        let (sender, receiver) = mpsc::channel(MAX_BATCH);
+        let task = tokio::spawn(write(admin, receiver));
+        (AuditWriter { sender }, task)
+    }
+
+    /// Appends `entry` and waits until it is written; the error says why
+    /// it was not.
+    pub async fn append(&self, entry: NewAuditEntry) -> Result<(), String> {
+        let (done, written) = oneshot::channel();
+        let stopped = || "the audit writer has stopped".to_owned();
+        self.sender
+            .send((entry, done))
+            .await
+            .map_err(|_| stopped())?;
+        written.await.map_err(|_| stopped())?
+    }
+}
+
+/// The writer's loop: waits for an entry, takes every other one already
+/// waiting (up to [`MAX_BATCH`]), appends them in one write and answers
+/// each.
+async fn write(admin: Arc<TextAdmin>, mut receiver: mpsc::Receiver<Pending>) {
+    let mut batch = Vec::with_capacity(MAX_BATCH);
+    while receiver.recv_many(&mut batch, MAX_BATCH).await > 0 {
+        let (entries, waiting): (Vec<_>, Vec<_>) = batch.drain(..).unzip();
+        let result = admin
+            .append_audit(&entries)
+            .await
+            .map_err(|error| error.to_string());
+        for done in waiting {
+            // A request that went away no longer waits; its entry stands.
+            let _ = done.send(result.clone());
+        }
+    }
 }
 
 /// The action and target of a write to the route `matched` with path

@@ -244,8 +244,8 @@ where
         self.0.workers(seen_since).await
     }
 
-    async fn append_audit(&self, entry: &queue_core::NewAuditEntry) -> Result<(), StoreError> {
-        self.0.append_audit(entry).await
+    async fn append_audit(&self, entries: &[queue_core::NewAuditEntry]) -> Result<(), StoreError> {
+        self.0.append_audit(entries).await
     }
 
     async fn audit(

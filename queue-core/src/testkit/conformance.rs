@@ -2098,8 +2098,9 @@ pub async fn admin_pause_holds_a_kind_until_resumed<H: Harness>(h: &H) {
     );
 }
 
-/// The audit log keeps each entry as appended, at the store's time, and
-/// reads newest first: a page, the page before an id, one actor's.
+/// The audit log keeps each entry as appended, alone or several at once
+/// (in their order; none is a no-op), at the store's time, and reads
+/// newest first: a page, the page before an id, one actor's.
 pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
     let store = h.store().await;
     let entries = [
@@ -2112,18 +2113,22 @@ pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
         ),
         ("alice", "delete", serde_json::json!({"ids": ["7"]}), false),
     ];
-    for (actor, action, target, ok) in &entries {
-        let outcome = if *ok {
-            "done"
-        } else {
-            "job 7 was not deleted: it is gone"
-        };
-        Admin::append_audit(
-            &store,
-            &NewAuditEntry::new(*actor, *action, target.clone(), *ok, outcome),
-        )
-        .await
-        .expect("append_audit failed");
+    let entries: Vec<NewAuditEntry> = entries
+        .iter()
+        .map(|(actor, action, target, ok)| {
+            let outcome = if *ok {
+                "done"
+            } else {
+                "job 7 was not deleted: it is gone"
+            };
+            NewAuditEntry::new(*actor, *action, target.clone(), *ok, outcome)
+        })
+        .collect();
+    // One entry alone, then two in one append: a batch keeps its order.
+    for batch in [&entries[..1], &entries[1..], &[]] {
+        Admin::append_audit(&store, batch)
+            .await
+            .expect("append_audit failed");
     }
     let all = Admin::audit(&store, &AuditParams::newest(10))
         .await
@@ -2139,7 +2144,10 @@ pub async fn admin_audit_log_reads_newest_first<H: Harness>(h: &H) {
         ],
         "newest first"
     );
-    assert_eq!(all[1].entry.target, entries[1].2, "the target as given");
+    assert_eq!(
+        all[1].entry.target, entries[1].target,
+        "the target as given"
+    );
     assert_eq!(all[0].entry.outcome, "job 7 was not deleted: it is gone");
     assert!(all[0].id > all[1].id && all[1].id > all[2].id, "{all:?}");
     assert!(all[0].at >= all[2].at, "the store's time, in order");

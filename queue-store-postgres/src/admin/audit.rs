@@ -10,15 +10,21 @@ use crate::record::PgKey;
 use crate::sql::audit;
 
 impl<K: PgKey> PgAdmin<K> {
-    pub(super) async fn append_entry(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
+    pub(super) async fn append_entries(&self, entries: &[NewAuditEntry]) -> Result<(), StoreError> {
+        if entries.is_empty() {
+            return Ok(());
+        }
         let table = audit::audit_table(&self.inner.options.table);
+        let text = |f: fn(&NewAuditEntry) -> &str| entries.iter().map(f).collect::<Vec<_>>();
+        let targets: Vec<&serde_json::Value> = entries.iter().map(|e| &e.target).collect();
+        let oks: Vec<bool> = entries.iter().map(|e| e.ok).collect();
         let mut conn = self.connection("appending to the audit log").await?;
         sqlx::query(sqlx::AssertSqlSafe(audit::append(&table)))
-            .bind(&entry.actor)
-            .bind(&entry.action)
-            .bind(&entry.target)
-            .bind(&entry.outcome)
-            .bind(entry.ok)
+            .bind(text(|e| &e.actor))
+            .bind(text(|e| &e.action))
+            .bind(sqlx::types::Json(targets))
+            .bind(text(|e| &e.outcome))
+            .bind(oks)
             .execute(&mut *conn)
             .await
             .map_err(|e| beside_error(&table, "audit entries", "appending to the audit log", e))?;

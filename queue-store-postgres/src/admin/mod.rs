@@ -390,8 +390,8 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         self.read_limits().await
     }
 
-    async fn append_audit(&self, entry: &NewAuditEntry) -> Result<(), StoreError> {
-        self.append_entry(entry).await
+    async fn append_audit(&self, entries: &[NewAuditEntry]) -> Result<(), StoreError> {
+        self.append_entries(entries).await
     }
 
     async fn audit(&self, params: &AuditParams) -> Result<Vec<AuditEntry>, StoreError> {
