@@ -240,14 +240,35 @@ impl Args {
     }
 }
 
+/// `url` with TLS turned off, unless it names an `sslmode` itself. Every
+/// client of the bench connects through it: this queue's pool, `queue
+/// serve`, the peers and pgbench. Under the default `sslmode=prefer`, a
+/// client built with TLS speaks it to a server that offers it (the
+/// throwaway cluster does), and one built without does not, so the same
+/// drain measured two costs: graphile_worker's cold drain of 20,000 jobs
+/// 18,200 jobs/s with TLS and 26,500 without; this queue's lease drain at
+/// 16 handlers 16,600 and 16,900 jobs/s with TLS (an xtask built together
+/// with `queue-cli`, whose store has `tls-rustls`) against 46,800 and
+/// 50,600 without, alternating on one server; and pgbench, through libpq,
+/// took the ceiling with TLS (10,500 and 10,800 tps against 11,700 and
+/// 11,600 without) where this queue's drains ran without.
+pub(super) fn without_tls(url: &str) -> String {
+    if url.contains("sslmode=") {
+        return url.to_owned();
+    }
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}sslmode=disable")
+}
+
 pub async fn run(args: Args) -> Result<()> {
     let sizes = if args.quick { &QUICK } else { &FULL };
     let provenance = report::provenance();
-    let pg = Postgres::start(ClusterOptions {
+    let mut pg = Postgres::start(ClusterOptions {
         durable: true,
         statements: false,
     })
     .await?;
+    pg.url = without_tls(&pg.url);
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(100)

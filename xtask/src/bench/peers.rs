@@ -70,20 +70,6 @@ impl GraphileCold {
     }
 }
 
-/// `url` with TLS turned off, unless it names an `sslmode` itself: this
-/// queue's bench connects without TLS (its sqlx is built without it), and
-/// the peers' sqlx has it, so that under the default `sslmode=prefer` they
-/// paid for TLS against a server that offers it (the throwaway cluster
-/// does) and this queue did not: graphile_worker's cold drain of 20,000
-/// jobs measured 18,200 jobs/s with TLS and 26,500 without.
-fn without_tls(url: &str) -> String {
-    if url.contains("sslmode=") {
-        return url.to_owned();
-    }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}sslmode=disable")
-}
-
 /// One figure a peer run printed.
 pub(super) struct PeerRow {
     pub peer: String,
@@ -182,7 +168,7 @@ impl Peers {
     pub(super) async fn run_args(&self, pg: &Postgres, args: &[String]) -> Result<String> {
         let out = tokio::process::Command::new(self.target.join("release/queue-bench-peers"))
             .args(args)
-            .env("DATABASE_URL", without_tls(&pg.url))
+            .env("DATABASE_URL", &pg.url)
             .stderr(Stdio::inherit())
             .output()
             .await?;
@@ -264,10 +250,12 @@ pub(super) async fn head_to_head(
 
 #[cfg(test)]
 mod tests {
-    use super::without_tls;
+    use crate::bench::without_tls;
 
+    /// Every client of the bench (this queue, `queue serve`, the peers,
+    /// pgbench) gets the same URL, plain unless it says otherwise.
     #[test]
-    fn the_peers_connect_without_tls_unless_the_url_says_otherwise() {
+    fn the_bench_connects_without_tls_unless_the_url_says_otherwise() {
         assert_eq!(
             without_tls("postgres://u@h:5/db"),
             "postgres://u@h:5/db?sslmode=disable"

@@ -19,7 +19,7 @@ const STATEMENTS_SHOWN: usize = 5;
 
 /// Both modes' drains at 16 handlers, profiled.
 pub(super) async fn where_the_time_goes(sizes: &Sizes, results: &mut Results) -> Result<()> {
-    let pg = Postgres::start_local(ClusterOptions {
+    let mut pg = Postgres::start_local(ClusterOptions {
         durable: true,
         statements: true,
     })
@@ -27,6 +27,7 @@ pub(super) async fn where_the_time_goes(sizes: &Sizes, results: &mut Results) ->
         "the profile runs on a cluster of its own with pg_stat_statements loaded, \
          started from the local PostgreSQL binaries (initdb, pg_ctl)",
     )?;
+    pg.url = super::without_tls(&pg.url);
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(100)
