@@ -16,13 +16,13 @@ impl<K: PgKey> PgAdmin<K> {
         }
         let table = audit::audit_table(&self.inner.options.table);
         let text = |f: fn(&NewAuditEntry) -> &str| entries.iter().map(f).collect::<Vec<_>>();
-        let targets: Vec<&serde_json::Value> = entries.iter().map(|e| &e.target).collect();
+        let targets: Vec<serde_json::Value> = entries.iter().map(|e| e.target.clone()).collect();
         let oks: Vec<bool> = entries.iter().map(|e| e.ok).collect();
         let mut conn = self.connection("appending to the audit log").await?;
         sqlx::query(sqlx::AssertSqlSafe(audit::append(&table)))
             .bind(text(|e| &e.actor))
             .bind(text(|e| &e.action))
-            .bind(sqlx::types::Json(targets))
+            .bind(targets)
             .bind(text(|e| &e.outcome))
             .bind(oks)
             .execute(&mut *conn)

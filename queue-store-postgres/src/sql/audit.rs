@@ -36,20 +36,19 @@ pub(crate) fn migrations(audit: &QualifiedName) -> Vec<MigrationSql> {
 }
 
 /// Appends entries in the order given, one per element of the arrays:
-/// `$1` actors, `$2` actions, `$3` targets (one JSON array), `$4`
+/// `$1` actors, `$2` actions, `$3` targets, `$4`
 /// outcomes, `$5` oks. Its commit does not wait for the WAL flush: the
 /// write an entry records committed before it, and a second flush per
 /// request cost single-job enqueues over HTTP a fifth of their rate.
 pub(crate) fn append(audit: &QualifiedName) -> String {
     format!(
         "INSERT INTO {} (\"actor\", \"action\", \"target\", \"outcome\", \"ok\") \
-         SELECT e.actor, e.action, t.target, e.outcome, e.ok \
-         FROM unnest($1::text[], $2::text[], $4::text[], $5::bool[]) WITH ORDINALITY \
-         AS e(actor, action, outcome, ok, n) \
-         JOIN jsonb_array_elements($3::jsonb) WITH ORDINALITY AS t(target, n) USING (n) \
-         WHERE (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
-         ORDER BY n",
-        audit.quoted()
+         SELECT e.actor, e.action, e.target, e.outcome, e.ok \
+         FROM unnest($1::text[], $2::text[], $3::jsonb[], $4::text[], $5::bool[]) WITH ORDINALITY \
+         AS e(actor, action, target, outcome, ok, n) \
+         WHERE {} ORDER BY n",
+        audit.quoted(),
+        super::SYNCHRONOUS_COMMIT_OFF
     )
 }
 

@@ -355,11 +355,9 @@ fn template(t: &Target, reads: Reads) -> Template {
     let mut pieces = Vec::new();
     let order = claim_order(t);
     let synchronous_off = if options.claim_commit == ClaimCommit::Async {
-        // An initplan run once per claim; `true`: for the statement's own
-        // transaction only, so it holds at its commit and is gone after.
-        " AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off'"
+        format!(" AND {}", super::SYNCHRONOUS_COMMIT_OFF)
     } else {
-        ""
+        String::new()
     };
     let not_expired = |b: &mut Builder| match names.at(Column::ExpiresAt) {
         // Expired jobs are never started; the resetter's sweep ends them.

@@ -4,6 +4,13 @@
 //! [`Param`] so that optional columns can drop out of a statement without
 //! leaving an unbound parameter behind.
 
+/// A condition true once per statement that turns `synchronous_commit` off
+/// for the statement's own transaction: an initplan run once; `true` in
+/// `set_config` keeps it to that transaction, so it holds at its commit
+/// and is gone after.
+pub(crate) const SYNCHRONOUS_COMMIT_OFF: &str =
+    "(SELECT set_config('synchronous_commit', 'off', true)) = 'off'";
+
 pub(crate) mod admin;
 pub(crate) mod audit;
 pub(crate) mod bookkeeping;
