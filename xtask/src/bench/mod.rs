@@ -31,6 +31,7 @@ mod progress;
 #[path = "../../../bench/quiet.rs"]
 mod quiet;
 mod report;
+mod tls;
 mod wake;
 
 use std::time::Duration;
@@ -153,10 +154,11 @@ const QUICK: Sizes = Sizes {
 /// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 28] = [
+const SCENARIOS: [&str; 29] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
+    "drain-tls",
     "profile",
     "bookkeeping",
     "retention",
@@ -202,7 +204,8 @@ pub struct Args {
     big: bool,
     /// Only these scenarios (a prefix picks every one that starts with it),
     /// without writing the document: ceiling, drain-lease,
-    /// drain-transactional, profile (where a job's CPU goes, on a cluster
+    /// drain-transactional, drain-tls (the lease drain over TLS and plain,
+    /// alternating), profile (where a job's CPU goes, on a cluster
     /// of its own with pg_stat_statements), bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
@@ -245,19 +248,16 @@ impl Args {
 /// serve`, the peers and pgbench. Under the default `sslmode=prefer`, a
 /// client built with TLS speaks it to a server that offers it (the
 /// throwaway cluster does), and one built without does not, so the same
-/// drain measured two costs: graphile_worker's cold drain of 20,000 jobs
-/// 18,200 jobs/s with TLS and 26,500 without; this queue's lease drain at
-/// 16 handlers 16,600 and 16,900 jobs/s with TLS (an xtask built together
-/// with `queue-cli`, whose store has `tls-rustls`) against 46,800 and
-/// 50,600 without, alternating on one server; and pgbench, through libpq,
+/// drain measured two costs (graphile_worker's cold drain of 20,000 jobs
+/// 18,200 jobs/s with TLS and 26,500 without), and pgbench, through libpq,
 /// took the ceiling with TLS (10,500 and 10,800 tps against 11,700 and
-/// 11,600 without) where this queue's drains ran without.
+/// 11,600 without) where this queue's drains ran without. TLS is measured
+/// apart, in `drain-tls` ([`tls`]).
 pub(super) fn without_tls(url: &str) -> String {
     if url.contains("sslmode=") {
         return url.to_owned();
     }
-    let separator = if url.contains('?') { '&' } else { '?' };
-    format!("{url}{separator}sslmode=disable")
+    tls::with_sslmode(url, "disable")
 }
 
 pub async fn run(args: Args) -> Result<()> {
@@ -274,18 +274,7 @@ pub async fn run(args: Args) -> Result<()> {
         .max_connections(100)
         .connect(&pg.url)
         .await
-        .with_context(|| {
-            if ["sslmode=require", "sslmode=verify"]
-                .iter()
-                .any(|mode| pg.url.contains(mode))
-            {
-                "connecting to Postgres: the URL requires TLS, and the bench speaks none \
-                 (its figures and the peers' are taken over plain connections); use \
-                 sslmode=disable or prefer"
-            } else {
-                "connecting to Postgres"
-            }
-        })?;
+        .with_context(|| format!("connecting to Postgres ({})", pg.origin))?;
     let machine = machine(&pool, &pg).await?;
     println!("{machine}");
     warm_up(&pool, sizes).await?;
@@ -356,6 +345,11 @@ pub async fn run(args: Args) -> Result<()> {
         );
     }
     measured(&mut progress, &drains, &results)?;
+
+    if due(&progress, "drain-tls") {
+        tls::lease_drain_over_tls(&pg.url, &pool, sizes, &mut results).await?;
+        measured(&mut progress, &["drain-tls"], &results)?;
+    }
 
     if due(&progress, "profile") {
         profile::where_the_time_goes(sizes, &mut results).await?;

@@ -197,6 +197,8 @@ pub(super) mod rows {
     /// The lease drain with `CompletedJobs::Delete`: what graphile_worker
     /// does with a completed job.
     pub const LEASE_DELETING_16: &str = "lease, 16 handlers, completed jobs deleted";
+    pub const LEASE_PLAIN_BESIDE_TLS: &str = "lease, 16 handlers, plain, alternating with TLS";
+    pub const LEASE_TLS: &str = "lease, 16 handlers, over TLS (sslmode=require), alternating";
     pub const ALTERNATING_CEILING: &str = "pgbench ceiling, alternating with the drains";
     pub const ALTERNATING_LEASE: &str = "lease drain, 16 handlers, alternating with the ceiling";
     pub const ALTERNATING_TRANSACTIONAL: &str =
@@ -276,6 +278,11 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             "transactional drain of a table as it is ÷ the same table with the columns added (medians)",
             results.ratio(BOOKKEEPING_TRANSACTIONAL, CHANGED_TRANSACTIONAL),
             (Some(0.8), None),
+        ),
+        r(
+            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)",
+            results.ratio(LEASE_TLS, LEASE_PLAIN_BESIDE_TLS),
+            (Some(0.9), None),
         ),
         r(
             "lease drain (16) ÷ pgbench ceiling, single runs",
