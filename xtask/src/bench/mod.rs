@@ -243,23 +243,6 @@ impl Args {
     }
 }
 
-/// `url` with TLS turned off, unless it names an `sslmode` itself. Every
-/// client of the bench connects through it: this queue's pool, `queue
-/// serve`, the peers and pgbench. Under the default `sslmode=prefer`, a
-/// client built with TLS speaks it to a server that offers it (the
-/// throwaway cluster does), and one built without does not, so the same
-/// drain measured two costs (graphile_worker's cold drain of 20,000 jobs
-/// 18,200 jobs/s with TLS and 26,500 without), and pgbench, through libpq,
-/// took the ceiling with TLS (10,500 and 10,800 tps against 11,700 and
-/// 11,600 without) where this queue's drains ran without. TLS is measured
-/// apart, in `drain-tls` ([`tls`]).
-pub(super) fn without_tls(url: &str) -> String {
-    if url.contains("sslmode=") {
-        return url.to_owned();
-    }
-    tls::with_sslmode(url, "disable")
-}
-
 pub async fn run(args: Args) -> Result<()> {
     let sizes = if args.quick { &QUICK } else { &FULL };
     let provenance = report::provenance();
@@ -268,7 +251,7 @@ pub async fn run(args: Args) -> Result<()> {
         statements: false,
     })
     .await?;
-    pg.url = without_tls(&pg.url);
+    pg.url = tls::without_tls(&pg.url);
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(100)

@@ -247,26 +247,3 @@ pub(super) async fn head_to_head(
     results.add_median("versus", rows::VERSUS_PEER, "jobs/s", &theirs);
     Ok(())
 }
-
-#[cfg(test)]
-mod tests {
-    use crate::bench::without_tls;
-
-    /// Every client of the bench (this queue, `queue serve`, the peers,
-    /// pgbench) gets the same URL, plain unless it says otherwise.
-    #[test]
-    fn the_bench_connects_without_tls_unless_the_url_says_otherwise() {
-        assert_eq!(
-            without_tls("postgres://u@h:5/db"),
-            "postgres://u@h:5/db?sslmode=disable"
-        );
-        assert_eq!(
-            without_tls("postgres://u@h:5/db?application_name=x"),
-            "postgres://u@h:5/db?application_name=x&sslmode=disable"
-        );
-        assert_eq!(
-            without_tls("postgres://u@h:5/db?sslmode=require"),
-            "postgres://u@h:5/db?sslmode=require"
-        );
-    }
-}

@@ -27,7 +27,7 @@ pub(super) async fn where_the_time_goes(sizes: &Sizes, results: &mut Results) ->
         "the profile runs on a cluster of its own with pg_stat_statements loaded, \
          started from the local PostgreSQL binaries (initdb, pg_ctl)",
     )?;
-    pg.url = super::without_tls(&pg.url);
+    pg.url = super::tls::without_tls(&pg.url);
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(100)

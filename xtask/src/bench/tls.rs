@@ -1,8 +1,10 @@
-//! The lease drain over TLS against the same drain in plain text,
-//! alternating on one server. sqlx-core 0.9.0 left Nagle's algorithm on,
-//! and over TLS every batched completion (longer than one TLS record) then
-//! waited for the server's delayed acknowledgement: the drain ran at a
-//! third of its plain rate (vendor/README.md). This keeps that in view.
+//! Which protocol the bench's clients speak: plain text unless the URL
+//! says otherwise ([`without_tls`]); and the lease drain over TLS against
+//! the same drain in plain text, alternating on one server. sqlx-core
+//! 0.9.0 left Nagle's algorithm on, and over TLS every batched completion
+//! (longer than one TLS record) then waited for the server's delayed
+//! acknowledgement: the drain ran at a third of its plain rate
+//! (vendor/README.md). This keeps that in view.
 
 use anyhow::Result;
 use sqlx::postgres::PgPoolOptions;
@@ -13,8 +15,25 @@ use super::drain::{drain, LEASE};
 use super::report::{rows, Results};
 use super::Sizes;
 
+/// `url` with TLS turned off, unless it names an `sslmode` itself. Every
+/// client of the bench connects through it: this queue's pool, `queue
+/// serve`, the peers and pgbench. Under the default `sslmode=prefer`, a
+/// client built with TLS speaks it to a server that offers it (the
+/// throwaway cluster does), and one built without does not, so the same
+/// drain measured two costs (graphile_worker's cold drain of 20,000 jobs
+/// 18,200 jobs/s with TLS and 26,500 without), and pgbench, through libpq,
+/// took the ceiling with TLS (10,500 and 10,800 tps against 11,700 and
+/// 11,600 without) where this queue's drains ran without. TLS is measured
+/// apart, in `drain-tls` ([`lease_drain_over_tls`]).
+pub(super) fn without_tls(url: &str) -> String {
+    if url.contains("sslmode=") {
+        return url.to_owned();
+    }
+    with_sslmode(url, "disable")
+}
+
 /// `url` with its `sslmode` set to `mode`, replacing one it names.
-pub(super) fn with_sslmode(url: &str, mode: &str) -> String {
+fn with_sslmode(url: &str, mode: &str) -> String {
     if let Some(start) = url.find("sslmode=") {
         let value = start + "sslmode=".len();
         let end = url[value..].find('&').map_or(url.len(), |i| value + i);
@@ -66,7 +85,25 @@ pub(super) async fn lease_drain_over_tls(
 
 #[cfg(test)]
 mod tests {
-    use super::with_sslmode;
+    use super::{with_sslmode, without_tls};
+
+    /// Every client of the bench (this queue, `queue serve`, the peers,
+    /// pgbench) gets the same URL, plain unless it says otherwise.
+    #[test]
+    fn the_bench_connects_without_tls_unless_the_url_says_otherwise() {
+        assert_eq!(
+            without_tls("postgres://u@h:5/db"),
+            "postgres://u@h:5/db?sslmode=disable"
+        );
+        assert_eq!(
+            without_tls("postgres://u@h:5/db?application_name=x"),
+            "postgres://u@h:5/db?application_name=x&sslmode=disable"
+        );
+        assert_eq!(
+            without_tls("postgres://u@h:5/db?sslmode=require"),
+            "postgres://u@h:5/db?sslmode=require"
+        );
+    }
 
     #[test]
     fn sslmode_is_added_or_replaced() {
