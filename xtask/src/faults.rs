@@ -64,10 +64,15 @@ enum Fault {
     SlotsHeld,
 }
 
-/// sqlx's on-release warnings a run may log (see [`Noise::forbidden`]);
-/// before the store checked the connections it hands back, a minute of
-/// backend kills logged 172.
-const ON_RELEASE_BUDGET: usize = 2;
+/// sqlx's on-release warnings a run of backend kills may log (see
+/// [`Noise::forbidden`]): a fifth of its 40 kills. Each is a kill that
+/// landed between the store's check of a connection it hands back and the
+/// pool's own ping, so their number is a matter of timing: none in ten
+/// release-build runs here, one to three a run in fresh-clone CI's debug
+/// builds (three failed a budget of two on 2026-11-28). A path that hands
+/// connections back unchecked logs dozens: before the store checked them,
+/// a minute of kills logged 172.
+const ON_RELEASE_BUDGET: usize = 8;
 
 /// How long backends are killed.
 const KILLS_FOR: Duration = Duration::from_secs(20);
@@ -188,8 +193,8 @@ impl Noise {
     /// [`ON_RELEASE_BUDGET`] sqlx warnings for connections handed back
     /// dead. (The store pings every connection it hands back and closes a
     /// dead one quietly; a backend killed in the instant between that and
-    /// the pool's own ping still makes sqlx warn, about once in a run of
-    /// forty kills.)
+    /// the pool's own ping still makes sqlx warn, up to a few times in a
+    /// run of forty kills.)
     fn forbidden(&self) -> Vec<String> {
         let server = self
             .server_errors
