@@ -114,7 +114,14 @@ pub(super) async fn claim_loop<S: Store, H: Handler<S>>(
                             // Another claim found jobs: there may be more.
                             pause = None;
                         }
+                        let started = !jobs.is_empty();
                         start_jobs(shared, jobs, permits, tasks).await;
+                        if short && started {
+                            // The jobs' tasks start before this loop sends
+                            // the idle wait's probe of the next due time,
+                            // which a woken job would otherwise wait for.
+                            tokio::task::yield_now().await;
+                        }
                     }
                     Err(error) if error.is_retryable() => {
                         let wait = claim_backoff(failures, options.poll_interval);
