@@ -320,12 +320,11 @@ async fn claims_beside_a_build(pool: &PgPool, table: &JobTable) -> Result<Migrat
         );
     }
     idle.extend(idle_for(5).await?);
-    build_seconds.sort_by(f64::total_cmp);
     Ok(Migration {
         idle_p99: percentiles(idle).p99,
         building_max: building.iter().copied().fold(0.0, f64::max),
         building_p99: percentiles(building).p99,
-        build_seconds: build_seconds[BUILDS / 2],
+        build_seconds: median(&build_seconds),
     })
 }
 
