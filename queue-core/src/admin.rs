@@ -899,6 +899,11 @@ pub struct PurgeParams {
 pub struct PurgeReport {
     /// Jobs removed.
     pub purged: u64,
+    /// Jobs the batch found to remove, at most the limit: more than
+    /// `purged` when another transaction took or changed some of them
+    /// first. Only a batch that found fewer than its limit has reached the
+    /// end of the jobs to purge.
+    pub found: u64,
     /// The latest finish time among them, where a store purges oldest
     /// first: the next call's [`PurgeParams::finished_from`]. `None` when
     /// it removed none, or takes jobs in another order.
@@ -907,11 +912,20 @@ pub struct PurgeReport {
 
 impl PurgeReport {
     /// `purged` jobs removed, the latest of them finished at
-    /// `last_finished`.
+    /// `last_finished`; as many found (see [`PurgeReport::found`]).
     pub fn new(purged: u64, last_finished: Option<DateTime<Utc>>) -> Self {
         PurgeReport {
             purged,
+            found: purged,
             last_finished,
+        }
+    }
+
+    /// The same, with `found` jobs found (no fewer than it removed).
+    pub fn found(self, found: u64) -> Self {
+        PurgeReport {
+            found: found.max(self.purged),
+            ..self
         }
     }
 }
@@ -1177,7 +1191,8 @@ pub trait Admin: Send + Sync + 'static {
     /// Deletes up to `params.limit` jobs in `params.states` that finished
     /// before `params.finished_before` (and at or after
     /// `params.finished_from`); returns how many, and where the next batch
-    /// starts. Call again, from there, while it purges `params.limit`.
+    /// starts. Call again, from there, while it finds `params.limit`
+    /// ([`PurgeReport::found`]).
     async fn purge(&self, params: &PurgeParams) -> Result<PurgeReport, StoreError> {
         let Some(filter) = params.filter()? else {
             return Ok(PurgeReport::new(0, None));

@@ -108,7 +108,7 @@ impl PruneReport {
 
 /// Removes the finished jobs `retention` no longer keeps at `now`: for each
 /// state with an age, batches of jobs that finished before `now - age`,
-/// until a batch comes back short. `on_batch` hears of each batch (its
+/// until a batch finds fewer than [`Retention::batch`]. `on_batch` hears of each batch (its
 /// state and how many it removed), for progress and metrics. Stops at the
 /// first error; what was removed before it stays removed.
 pub async fn prune<A: Admin + ?Sized>(
@@ -149,7 +149,9 @@ pub async fn prune<A: Admin + ?Sized>(
             report.batches += 1;
             removed += n;
             on_batch(state, n);
-            if n < retention.batch as u64 {
+            // A batch may remove fewer than it found (another pruner took
+            // some first): only one that found fewer is the last.
+            if purged.found < retention.batch as u64 {
                 break;
             }
             // On from the last batch's latest finish time, where the store

@@ -357,3 +357,168 @@ async fn a_purge_reads_on_from_its_last_batch_and_a_stopped_one_finishes_when_ru
     assert_eq!(count("old").await, 0, "every old job is gone");
     assert_eq!(count("young").await, 30_000, "every younger one stays");
 }
+
+/// A purge's batch takes no row locks (a lock on each row before its
+/// delete doubled the batch's cost), so it guards each row by its place: a
+/// finished job that another transaction changes while the batch waits on
+/// it (here retried: queued again) is left as it now is, and the batch
+/// reports it found but did not remove it. A row only held, never
+/// changed, is removed once its holder lets go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purge_leaves_a_job_changed_while_it_waited_and_says_it_found_it() {
+    let Some(pool) = pool("a_purge_leaves_a_job_changed_while_it_waited").await else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let table = jobs.name().quoted();
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'old', 'completed', now() - interval '40 days' FROM generate_series(1, 10); \
+         ANALYZE {table}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the finished jobs");
+    let ids: Vec<i64> = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT id FROM {table} ORDER BY id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("the keys");
+    let (retried, held) = (ids[0], ids[1]);
+    let admin = queue_store_postgres::PgAdmin::<i64>::new(pool.clone(), jobs.store_options())
+        .await
+        .expect("an admin");
+
+    // One transaction queues the first job again, another only holds the
+    // second's row; neither has ended when the purge starts.
+    let mut retrying = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {table} SET state = 'queued', finished_at = NULL WHERE id = $1"
+    )))
+    .bind(retried)
+    .execute(&mut *retrying)
+    .await
+    .expect("the retry");
+    let mut holding = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {table} WHERE id = $1 FOR KEY SHARE"
+    )))
+    .bind(held)
+    .execute(&mut *holding)
+    .await
+    .expect("the hold");
+
+    let purge = {
+        let params = PurgeParams::new(
+            vec![JobState::Completed],
+            chrono::Utc::now() - chrono::TimeDelta::days(30),
+            100,
+        );
+        tokio::spawn(async move { Admin::purge(&admin, &params).await })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        !purge.is_finished(),
+        "the purge waits for the rows others hold"
+    );
+    retrying.commit().await.expect("the retry commits");
+    holding.rollback().await.expect("the hold ends");
+    let report = purge.await.expect("the purge's task").expect("the purge");
+    assert_eq!(report.found, 10, "it found every old job");
+    assert_eq!(report.purged, 9, "it removed all but the retried one");
+    let left: Vec<(i64, String)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, state FROM {table} ORDER BY id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("what is left");
+    assert_eq!(left, vec![(retried, "queued".to_owned())]);
+}
+
+/// Two purges at once over the same old jobs, a pruner and an operator's
+/// purge operation: each job is removed once and counted once, neither
+/// stops while old jobs are left (a batch whose jobs the other took first
+/// removes none, yet found some), and every old job is gone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pruner_and_a_purge_operation_at_once_remove_every_old_job_once() {
+    let Some(pool) = pool("a_pruner_and_a_purge_operation_at_once").await else {
+        return;
+    };
+    let jobs = fresh_table(&pool).await;
+    let table = jobs.name().quoted();
+    const OLD: u64 = 40_000;
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'old', 'completed', now() - interval '40 days' + n * interval '1 millisecond' \
+         FROM generate_series(1, {OLD}) AS n; \
+         INSERT INTO {table} (kind, state, finished_at) \
+         SELECT 'young', 'completed', now() - interval '1 hour' FROM generate_series(1, 100); \
+         ANALYZE {table}"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the finished jobs");
+    let admin = Arc::new(
+        queue_store_postgres::PgAdmin::<i64>::new(pool.clone(), jobs.store_options())
+            .await
+            .expect("an admin"),
+    );
+    let filter = queue_core::JobFilter::default()
+        .states([JobState::Completed])
+        .finished_before(chrono::Utc::now() - chrono::TimeDelta::days(30));
+    let op = admin
+        .create_operation(
+            &queue_core::NewOperation::new(queue_core::OperationAction::Purge, filter, "test", OLD)
+                .batch(500),
+        )
+        .await
+        .expect("the operation");
+    let taken = admin
+        .take_operation(&queue_core::TakeOperation::id("test", op.id))
+        .await
+        .expect("taking it")
+        .expect("it is free");
+    let operating = {
+        let admin = admin.clone();
+        tokio::spawn(async move {
+            queue_core::run_operation(
+                &*admin,
+                taken,
+                "test",
+                &CancellationToken::new(),
+                queue_core::RunOptions::new(Duration::ZERO, queue_core::StopAs::HandedBack),
+                |_| {},
+            )
+            .await
+        })
+    };
+    let retention = Retention {
+        completed: Some(Duration::from_secs(30 * 86_400)),
+        batch: 500,
+        pause: Duration::ZERO,
+        ..Retention::default()
+    };
+    let pruned = queue_core::prune(&*admin, &retention, chrono::Utc::now(), |_, _| {})
+        .await
+        .expect("the pruner");
+    let done = operating
+        .await
+        .expect("the operation's task")
+        .expect("the operation");
+    assert_eq!(done.state, queue_core::OperationState::Done);
+    assert_eq!(
+        pruned.total() + done.done,
+        OLD,
+        "each old job removed once, and counted once (pruner {}, operation {})",
+        pruned.total(),
+        done.done
+    );
+    let left: Vec<(String, i64)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT kind, count(*) FROM {table} GROUP BY kind ORDER BY kind"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("what is left");
+    assert_eq!(left, vec![("young".to_owned(), 100)]);
+}

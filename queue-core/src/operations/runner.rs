@@ -118,13 +118,18 @@ where
             let ran = batch(admin, &op, &filter, limit, &mut purged_to).await;
             took = started.elapsed();
             match ran {
-                Ok((moved, cursor)) => {
+                Ok(Batch {
+                    moved,
+                    cursor,
+                    found_none,
+                }) => {
                     failures = 0;
                     let step = OperationStep::batch(op.id, runner, moved, cursor);
-                    // Only an empty batch ends it before the total: a
-                    // retry's batch comes back short while more jobs
-                    // match when two of them share a unique key.
-                    if moved == 0 || op.done + moved >= op.total {
+                    // Only a batch that found nothing ends it before the
+                    // total: a retry's batch comes back short while more
+                    // jobs match when two of them share a unique key, and
+                    // a purge's when another took some of its jobs first.
+                    if found_none || op.done + moved >= op.total {
                         step.ending(OperationState::Done, None)
                     } else {
                         step
@@ -156,17 +161,26 @@ where
     Ok(op)
 }
 
+/// What one batch did.
+struct Batch<K> {
+    /// How many jobs it changed.
+    moved: u64,
+    /// The position after it, where the store reports one.
+    cursor: Option<K>,
+    /// Whether it found no job left to change.
+    found_none: bool,
+}
+
 /// One batch of `op` over the jobs matching `filter` (the operation's,
-/// narrowed to the states its action moves): how many jobs it changed, and
-/// the position after it where the store reports one (a purge's in
-/// `purged_to`).
+/// narrowed to the states its action moves), a purge's position kept in
+/// `purged_to`.
 async fn batch<A>(
     admin: &A,
     op: &Operation<A::Id>,
     filter: &JobFilter,
     limit: usize,
     purged_to: &mut Option<chrono::DateTime<Utc>>,
-) -> Result<(u64, Option<A::Id>), StoreError>
+) -> Result<Batch<A::Id>, StoreError>
 where
     A: Admin + ?Sized,
 {
@@ -189,10 +203,19 @@ where
             let params = purge_params(filter, limit)?.from(*purged_to);
             let purged = admin.purge(&params).await?;
             *purged_to = purged.last_finished.or(*purged_to);
-            return Ok((purged.purged, None));
+            return Ok(Batch {
+                moved: purged.purged,
+                cursor: None,
+                found_none: purged.found == 0,
+            });
         }
     };
-    Ok((report.changed + report.stop_requested, report.last))
+    let moved = report.changed + report.stop_requested;
+    Ok(Batch {
+        moved,
+        cursor: report.last,
+        found_none: moved == 0,
+    })
 }
 
 /// Records `step`, trying again while the store is unavailable (the batch

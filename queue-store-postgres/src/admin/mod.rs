@@ -353,6 +353,7 @@ impl<K: PgKey> Admin for PgAdmin<K> {
         let mut conn = self.connection("purging jobs").await?;
         let mut report = self.purge_on(&mut conn, params).await?;
         report.purged += dropped.jobs;
+        report.found += dropped.jobs;
         Ok(report)
     }
 

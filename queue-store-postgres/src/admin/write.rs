@@ -464,11 +464,13 @@ impl<K: PgKey> PgAdmin<K> {
         .map_err(|e| store_error(context, e))?;
         let purged: i64 = row.try_get(0).map_err(|e| store_error(context, e))?;
         let latest: Option<DateTime<Utc>> = row.try_get(1).map_err(|e| store_error(context, e))?;
+        let found: Option<i32> = row.try_get(2).map_err(|e| store_error(context, e))?;
         Ok(PurgeReport::new(
             u64::try_from(purged).unwrap_or(0),
             // On the callers' clock, as the next batch's bound is given.
             latest.map(|at| self.to_local(at)),
-        ))
+        )
+        .found(found.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)))
     }
 }
 

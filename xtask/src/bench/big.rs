@@ -223,7 +223,7 @@ async fn measure(pool: &PgPool, rows: u64) -> Result<Figures> {
     loop {
         let batch = admin.purge(&purge).await?;
         purged += batch.purged;
-        if batch.purged < purge.limit as u64 {
+        if batch.found < purge.limit as u64 {
             break;
         }
         purge.finished_from = batch.last_finished.or(purge.finished_from);

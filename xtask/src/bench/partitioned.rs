@@ -225,7 +225,7 @@ pub(super) async fn retention(pool: &PgPool, rows: u64, results: &mut Results) -
             loop {
                 let batch = admin.purge(&params).await?;
                 purged += batch.purged;
-                if batch.purged < params.limit as u64 {
+                if batch.found < params.limit as u64 {
                     return Ok::<u64, queue_core::StoreError>(purged);
                 }
                 params.finished_from = batch.last_finished.or(params.finished_from);
