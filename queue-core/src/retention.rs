@@ -108,9 +108,10 @@ impl PruneReport {
 
 /// Removes the finished jobs `retention` no longer keeps at `now`: for each
 /// state with an age, batches of jobs that finished before `now - age`,
-/// until a batch finds fewer than [`Retention::batch`]. `on_batch` hears of each batch (its
-/// state and how many it removed), for progress and metrics. Stops at the
-/// first error; what was removed before it stays removed.
+/// until a batch finds fewer than [`Retention::batch`]. `on_batch` hears
+/// of each batch (its state and how many it removed), for progress and
+/// metrics. Stops at the first error; what was removed before it stays
+/// removed.
 pub async fn prune<A: Admin + ?Sized>(
     admin: &A,
     retention: &Retention,
