@@ -1183,8 +1183,9 @@ impl AdminStatements {
                      (SELECT {id} AS \"i\", {key} AS \"k\" {source}) AS p ORDER BY {group}, p.\"i\"))"
                 )
             }
-            // A delete on a plain table finds the rows it locked again by
-            // their place, not by a second descent of the key's index for
+            // A delete by key or filter (a purge picks its own rows, in
+            // `purged_rows`) on a plain table finds the rows it locked again
+            // by their place, not by a second descent of the key's index for
             // each (a purge's batch took a third longer that way). A row
             // updated between the statement's snapshot and its lock is
             // locked at its new place, which that snapshot cannot see:
