@@ -408,3 +408,119 @@ async fn kill_a_busy_worker_then_drain(pool: &PgPool, table: &JobTable, mode: &s
     let status = tokio::time::timeout(Duration::from_secs(120), healthy.wait()).await;
     assert!(status.expect("drained in time").expect("wait").success());
 }
+
+/// Claims find their rows by place (`ctid`): racing updates that move
+/// waiting rows (a new version at a new place each), four claimers still
+/// take each job exactly once, and each claim returns the values its row
+/// had when it was claimed (the newest version, not the one the claim's
+/// snapshot saw).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claims_racing_updates_that_move_rows_take_each_job_once_with_its_newest_values() {
+    let Some(pool) =
+        pool("claims_racing_updates_that_move_rows_take_each_job_once_with_its_newest_values")
+            .await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    const JOBS: usize = 3_000;
+    enqueue(&pool, &table, JOBS).await;
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .unwrap();
+    let t = table.name().quoted();
+    let done = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let mover = {
+        let (pool, done, t) = (pool.clone(), done.clone(), t.clone());
+        tokio::spawn(async move {
+            let mut moves = 0u64;
+            while !done.load(std::sync::atomic::Ordering::Relaxed) {
+                // Bumps the count of waiting jobs near the head of the
+                // claim order, where the claims are reading (the outer
+                // guard, which a wait on a claim rechecks, leaves claimed
+                // jobs alone).
+                let moved = sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "UPDATE {t} SET payload = jsonb_build_object('moves', coalesce((payload->>'moves')::int, 0) + 1) \
+                     WHERE id IN (SELECT id FROM {t} WHERE state = 'queued' ORDER BY id LIMIT 20) \
+                     AND state = 'queued'"
+                )))
+                .execute(&pool)
+                .await
+                .expect("move waiting rows");
+                moves += moved.rows_affected();
+            }
+            moves
+        })
+    };
+    let claimers: Vec<_> = (0..4)
+        .map(|c| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut claimed = Vec::new();
+                let mut empty = 0;
+                while empty < 3 {
+                    let jobs = store
+                        .claim(ClaimParams {
+                            limit: 4,
+                            worker: "claimer",
+                            conditions: None,
+                            now: Utc::now(),
+                        })
+                        .await
+                        .unwrap_or_else(|e| panic!("claimer {c}: {e}"));
+                    if jobs.is_empty() {
+                        empty += 1;
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    for job in jobs {
+                        let record = job.record.expect("a decodable record");
+                        claimed.push((record.id, record.payload));
+                    }
+                }
+                claimed
+            })
+        })
+        .collect();
+    let mut claimed = Vec::new();
+    for claimer in claimers {
+        claimed.extend(claimer.await.expect("claimer"));
+    }
+    done.store(true, std::sync::atomic::Ordering::Relaxed);
+    let moves = mover.await.expect("mover");
+    assert!(moves > 0, "the mover moved rows while the claims ran");
+
+    let mut ids: Vec<i64> = claimed.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    assert_eq!(ids.len(), claimed.len(), "no job was claimed twice");
+    assert_eq!(ids.len(), JOBS, "every job was claimed");
+    let processing = scalar(
+        &pool,
+        &format!("SELECT count(*) FROM {t} WHERE state = 'processing'"),
+    )
+    .await;
+    assert_eq!(processing, JOBS as i64);
+    // A claimed row is no longer moved: what the claim returned is the row
+    // as it is now.
+    let rows: Vec<(i64, serde_json::Value)> =
+        sqlx::query_as(sqlx::AssertSqlSafe(format!("SELECT id, payload FROM {t}")))
+            .fetch_all(&pool)
+            .await
+            .unwrap();
+    let now: std::collections::HashMap<i64, serde_json::Value> = rows.into_iter().collect();
+    let moved_ones = claimed
+        .iter()
+        .filter(|(_, payload)| payload.get("moves").is_some())
+        .count();
+    for (id, payload) in &claimed {
+        assert_eq!(
+            Some(payload),
+            now.get(id),
+            "job {id}: the claim returned its newest values"
+        );
+    }
+    eprintln!("{moves} moves; {moved_ones} of {JOBS} jobs claimed after a move");
+}
