@@ -205,8 +205,10 @@ enum Reads {
 
 /// The claim: lock up to $limit eligible rows, skipping locked ones, and
 /// mark them processing in the same statement. The update finds the rows
-/// by key (`= ANY(ARRAY(..))`), which keeps large batches on the primary
-/// key instead of a join the planner may turn into a scan of the table;
+/// by their places (`ctid = ANY(ARRAY(..))`, see [`claims_by_place`]) or
+/// else by key (`= ANY(ARRAY(..))`), which keeps large batches on a TID
+/// scan or the primary key instead of a join the planner may turn into a
+/// scan of the table;
 /// `__queue_rank` restores the claim order. The store reads the four
 /// `__queue_*` columns by position: keep them first, in order.
 ///
@@ -352,8 +354,9 @@ const PLACE: &str = "\"__queue_place\"";
 
 /// Whether the claim's update finds its rows by their places (`ctid`, read
 /// where the candidates were locked) rather than by key: a TID scan
-/// instead of a descent of the primary key per row, 15 % of a claim of 40
-/// jobs (pgbench, the default table). A row's place is its locked version's
+/// instead of a descent of the primary key per row, about a tenth of the
+/// executor time of a claim of 40 jobs (pgbench, the default table). A
+/// row's place is its locked version's
 /// (a lock that waited on an update locks, and returns, the newest
 /// version), and a locked row cannot move. Not on a partitioned table,
 /// where a place names a row only within its partition, nor in a user's
