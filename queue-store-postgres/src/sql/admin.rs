@@ -1189,9 +1189,10 @@ impl AdminStatements {
             // each (a purge's batch took a third longer that way). A row
             // updated between the statement's snapshot and its lock is
             // locked at its new place, which that snapshot cannot see:
-            // it is left, never another row taken. A partitioned table
-            // repeats places across partitions, so it goes by key.
-            (AdminWrite::Delete | AdminWrite::Archive, _) if !self.shape.partitioned => {
+            // it is left, never another row taken. A partitioned or
+            // inherited table repeats places across its partitions or
+            // children, so it goes by key.
+            (AdminWrite::Delete | AdminWrite::Archive, _) if self.shape.places_name_rows() => {
                 format!("{a}.ctid = ANY(ARRAY(SELECT {a}.ctid {source}))")
             }
             _ => format!("{id} = ANY(ARRAY(SELECT {id} {source}))"),
@@ -1214,13 +1215,13 @@ impl AdminStatements {
     /// one) is at a new place or gone once that transaction ends: Postgres
     /// checks the place again on the row's newest version, and leaves it.
     /// So a batch may remove fewer than it found, and only one that found
-    /// fewer than its limit has reached the end. A partitioned table
-    /// repeats places across partitions: it goes by key, and a key does not
-    /// change with the row, so there the pick locks its rows and skips
-    /// those another transaction holds.
+    /// fewer than its limit has reached the end. A partitioned or
+    /// inherited table repeats places across its partitions or children:
+    /// it goes by key, and a key does not change with the row, so there
+    /// the pick locks its rows and skips those another transaction holds.
     fn purged_rows(&self, conditions: &[String], limit: &str) -> Picked {
         let a = &self.alias;
-        let (found_by, of_type, lock) = if self.shape.partitioned {
+        let (found_by, of_type, lock) = if !self.shape.places_name_rows() {
             (
                 self.names.must(Column::Id),
                 self.key_type.clone(),
@@ -1578,6 +1579,7 @@ mod tests {
             queued_indexed: false,
             partitioned: false,
             live_partitions: Vec::new(),
+            inherited: false,
             state_type: "text".into(),
             key_type: "bigint".into(),
             log_element: "json".into(),

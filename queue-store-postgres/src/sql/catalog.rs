@@ -25,6 +25,11 @@ const COLUMNS: &str =
      LEFT JOIN pg_catalog.pg_attrdef d ON d.adrelid = a.attrelid AND d.adnum = a.attnum \
      WHERE a.attrelid = $1::oid AND a.attnum > 0 AND NOT a.attisdropped ORDER BY a.attnum";
 
+/// Whether the table `$1` has inheritance children (partitions are
+/// children too, but a partitioned table is told by its kind).
+const HAS_CHILDREN: &str =
+    "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_inherits WHERE inhparent = $1::oid)";
+
 /// Whether the table has a trigger of this name (`$2`): the default
 /// table's notify trigger.
 const HAS_TRIGGER: &str = "SELECT EXISTS (SELECT 1 FROM pg_catalog.pg_trigger \
@@ -475,6 +480,12 @@ pub(crate) async fn inspect(
         .and_then(|name| cols.get(name.as_str()))
         .and_then(|info| info.default_value.clone());
     let partitioned = kind == "p";
+    let inherited = !partitioned
+        && sqlx::query_scalar::<_, bool>(HAS_CHILDREN)
+            .bind(oid)
+            .fetch_one(pool)
+            .await
+            .map_err(|e| store_error("reading the catalog", e))?;
     let live = if partitioned {
         live_partitions(pool, oid, options).await?
     } else {
@@ -554,6 +565,7 @@ pub(crate) async fn inspect(
             queued_indexed,
             partitioned,
             live_partitions: live.into_iter().map(|(_, name)| name).collect(),
+            inherited,
         },
         absent,
     ))

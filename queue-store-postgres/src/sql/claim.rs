@@ -358,12 +358,14 @@ const PLACE: &str = "\"__queue_place\"";
 /// executor time of a claim of 40 jobs (pgbench, the default table). A
 /// row's place is its locked version's
 /// (a lock that waited on an update locks, and returns, the newest
-/// version), and a locked row cannot move. Not on a partitioned table,
-/// where a place names a row only within its partition, nor in a user's
-/// claim order, whose candidates are read from the table again.
+/// version), and a locked row cannot move. Not on a partitioned or
+/// inherited table, where a place names a row only within its partition
+/// or child ([`TableShape::places_name_rows`](super::TableShape::places_name_rows)),
+/// nor in a user's claim order, whose candidates are read from the table
+/// again.
 fn claims_by_place(t: &Target, reads: Reads) -> bool {
     let user_order = reads == Reads::ReadyAndDue && t.options.order_by.is_some();
-    !t.shape.partitioned && !user_order
+    t.shape.places_name_rows() && !user_order
 }
 
 /// One claim statement, reading `reads`.

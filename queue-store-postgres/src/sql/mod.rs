@@ -266,9 +266,24 @@ pub(crate) struct TableShape {
     /// running job (the live partition of one partitioned by state): what
     /// the store analyzes for its claims. Empty for a plain table.
     pub live_partitions: Vec<crate::ident::QualifiedName>,
+    /// Whether a plain table has inheritance children (the partitioning
+    /// of Postgres before version 10): its reads and writes take in their
+    /// rows too. Read at start-up with the rest of the shape, so a table
+    /// that gains its first child must have its stores restarted.
+    pub inherited: bool,
 }
 
 impl TableShape {
+    /// Whether a row's place (`ctid`) names it in the whole table, so that
+    /// a statement may find rows it read by their places: a plain table
+    /// without inheritance children. A partitioned or inherited table
+    /// repeats places across its partitions or children, and a statement
+    /// by place there would take any row that sits at the same place in
+    /// another of them.
+    pub(crate) fn places_name_rows(&self) -> bool {
+        !self.partitioned && !self.inherited
+    }
+
     /// The default table at its newest version, as the catalog would find
     /// it: what [`enqueue::EnqueueStatements::default_table`] builds on.
     pub(crate) fn default_table() -> TableShape {
@@ -291,6 +306,7 @@ impl TableShape {
             queued_indexed: true,
             partitioned: false,
             live_partitions: Vec::new(),
+            inherited: false,
         }
     }
 }
