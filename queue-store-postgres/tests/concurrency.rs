@@ -12,14 +12,7 @@ use chrono::Utc;
 use queue_core::{ClaimParams, Delivery, Job, NewJob, ResetParams, Store, Transition};
 use queue_store_postgres::{ExecutionMode, JobTable, PgJobTransaction, PgStore};
 use sqlx::PgPool;
-use support::{fresh_table, pool, spawn_worker};
-
-async fn scalar(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-        .fetch_one(pool)
-        .await
-        .expect(sql)
-}
+use support::{fresh_table, pool, scalar, spawn_worker};
 
 fn runs_of(table: &JobTable) -> String {
     format!("{}.\"runs\"", table.name().schema.quoted())

@@ -12,21 +12,7 @@ use chrono::{TimeDelta, Utc};
 use queue_core::{Admin, ClaimParams, JobState, NewJob, PurgeParams, Store, Targets};
 use queue_store_postgres::{ExecutionMode, PgAdmin, PgStore};
 use sqlx::PgPool;
-use support::{fresh_table, pool};
-
-async fn run(pool: &PgPool, sql: &str) {
-    sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
-        .execute(pool)
-        .await
-        .expect(sql);
-}
-
-async fn scalar(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
-        .fetch_one(pool)
-        .await
-        .expect(sql)
-}
+use support::{execute, fresh_table, pool, scalar};
 
 /// Rows of the parent and the child that share a place (the hazard the
 /// store must not fall into), as the parent's key.
@@ -51,7 +37,7 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
     let table = fresh_table(&pool).await;
     let t = table.name().quoted();
     let child = format!("{}.\"jobs_child\"", table.name().schema.quoted());
-    run(&pool, &format!("CREATE TABLE {child} () INHERITS ({t})")).await;
+    execute(&pool, format!("CREATE TABLE {child} () INHERITS ({t})")).await;
     let into_child = |kind: &str| {
         format!("INSERT INTO {child} (kind, payload) VALUES ('{kind}', '{{}}') RETURNING id")
     };
@@ -108,9 +94,9 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
 
     // A purge of old completed jobs: the parent's, finished long ago, at the
     // place of a waiting job of the child.
-    run(
+    execute(
         &pool,
-        &format!(
+        format!(
             "UPDATE {t} SET state = 'completed', finished_at = now() - interval '40 days' \
              WHERE id = {parents}"
         ),

@@ -532,22 +532,22 @@ fn template(t: &Target, reads: Reads) -> Template {
          array_position(ARRAY(SELECT {id_name} FROM candidates), {id}) AS \"__queue_rank\"{returning_record}",
         token = t.token,
     );
-    // On a partitioned table the update names the states its rows are in
-    // (they are locked, so still in them), and Postgres prunes it to the
-    // live partition instead of looking up each key in every partition.
-    let pruned = if t.shape.partitioned {
-        format!(" AND {}", waiting(t))
-    } else {
-        String::new()
-    };
     let which = if by_place {
         // The locked rows are still waiting: the guard costs a comparison.
         format!(
             "{a}.ctid = ANY(ARRAY(SELECT {PLACE} FROM candidates)) AND {}",
             waiting(t)
         )
+    } else if t.shape.partitioned {
+        // The update names the states its rows are in (they are locked, so
+        // still in them), and Postgres prunes it to the live partition
+        // instead of looking up each key in every partition.
+        format!(
+            "{id} = ANY(ARRAY(SELECT {id_name} FROM candidates)) AND {}",
+            waiting(t)
+        )
     } else {
-        format!("{id} = ANY(ARRAY(SELECT {id_name} FROM candidates)){pruned}")
+        format!("{id} = ANY(ARRAY(SELECT {id_name} FROM candidates))")
     };
     match &t.shape.side {
         None => {

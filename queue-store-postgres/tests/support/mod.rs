@@ -104,6 +104,14 @@ pub async fn execute(pool: &PgPool, sql: String) {
         .expect("the statement runs");
 }
 
+/// The one `int8` value `sql` reads, which must succeed.
+pub async fn scalar(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(sql.to_owned()))
+        .fetch_one(pool)
+        .await
+        .expect(sql)
+}
+
 /// The version table beside `table` (`<table>_migrations`), quoted.
 pub fn versions_table(table: &JobTable) -> String {
     format!(
