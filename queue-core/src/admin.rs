@@ -741,8 +741,9 @@ pub enum SkipReason {
     /// The job is in a state the write does not move it out of.
     State,
     /// Another transaction held the job's row when the write came (its
-    /// attempt's own transaction, a heartbeat, a completion): the write
-    /// never waits for one. Trying again later may succeed.
+    /// attempt's own transaction, a heartbeat, a completion), and still
+    /// held it when the write tried again moments later: the write never
+    /// waits on a lock. Trying again later may succeed.
     Locked,
     /// Another job holds the job's unique key: retried, this one would be
     /// a second job with the key.

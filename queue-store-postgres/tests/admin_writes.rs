@@ -85,6 +85,53 @@ async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
     assert_eq!((report.changed, report.skipped.len()), (1, 0));
 }
 
+/// A row held only for a moment (as a heartbeat or a completion holds
+/// it) does not turn a write by key away: the write tries the job again
+/// after short pauses, and it goes through without the operator trying
+/// again. Only a row held for longer is reported as held (above).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_by_key_goes_through_once_a_row_held_for_a_moment_is_free() {
+    let Some(pool) = pool("a_write_by_key_goes_through_once_a_row_held_for_a_moment_is_free").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let admin = admin(&pool, &table).await;
+    let id = failed_job(&pool, &table, None).await;
+    let mut holder = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR NO KEY UPDATE",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .execute(&mut *holder)
+    .await
+    .expect("the row held");
+    let released = tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        holder.rollback().await.expect("released");
+    });
+    let report = admin
+        .retry(&Targets::id(id), RetryParams::default())
+        .await
+        .expect("a retry");
+    released.await.expect("joined");
+    assert_eq!(
+        (report.changed, report.skipped.len()),
+        (1, 0),
+        "the retry waited out the held row: {report:?}"
+    );
+    let state: String = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT state::text FROM {} WHERE id = $1",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .fetch_one(&pool)
+    .await
+    .expect("the job");
+    assert_eq!(state, "queued");
+}
+
 /// A retry of a keyed job and a keyless one while an enqueue of the key,
 /// not yet committed, holds it: the retry's snapshot cannot see that
 /// job, and its update waits on the unique index for it. Once the enqueue

@@ -234,25 +234,13 @@ async fn cancelling_a_running_job_stops_it_in_both_modes() {
             Duration::from_secs(20),
         )
         .await;
-        // A heartbeat may hold the row just then: the write never waits,
-        // says so, and an operator tries again.
-        let mut tries = 0;
-        loop {
-            let report = Admin::cancel(&store, &Targets::id(id)).await.unwrap();
-            if report.stop_requested == 1 {
-                break;
-            }
-            assert!(
-                report
-                    .skipped
-                    .iter()
-                    .all(|s| s.reason == queue_core::SkipReason::Locked),
-                "{mode:?}: the running job takes the cancel flag, or its row was busy: {report:?}"
-            );
-            tries += 1;
-            assert!(tries < 50, "{mode:?}: the row stayed locked");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        // A heartbeat may hold the row just then: the cancel tries the
+        // row again after a moment, so one call reaches the job.
+        let report = Admin::cancel(&store, &Targets::id(id)).await.unwrap();
+        assert_eq!(
+            report.stop_requested, 1,
+            "{mode:?}: the running job takes the cancel flag: {report:?}"
+        );
         wait_for(
             &pool,
             &table,

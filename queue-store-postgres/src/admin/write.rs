@@ -129,9 +129,27 @@ impl<K: PgKey> PgAdmin<K> {
         reason: Option<&str>,
     ) -> Result<ActionReport<K>, StoreError> {
         let (limit, now) = (limit_of(targets), self.callers_now());
-        let changed = self
+        let mut changed = self
             .write(conn, savepoint, write, targets, limit, now, reason)
             .await?;
+        for pause in LOCKED_PAUSES {
+            let Some(locked) = self.locked_left(conn, targets, &changed, &[write]).await? else {
+                break;
+            };
+            tokio::time::sleep(pause).await;
+            let again = self
+                .write(
+                    conn,
+                    savepoint,
+                    write,
+                    &locked,
+                    limit_of(&locked),
+                    now,
+                    reason,
+                )
+                .await?;
+            changed.extend(again);
+        }
         let counts = (changed.len() as u64, 0);
         self.report(conn, targets, changed, counts, &[write], Last::Changed)
             .await
@@ -143,7 +161,60 @@ impl<K: PgKey> PgAdmin<K> {
         savepoint: Savepoint,
         targets: &Targets<K>,
     ) -> Result<ActionReport<K>, StoreError> {
+        const WRITES: [AdminWrite; 2] = [AdminWrite::CancelWaiting, AdminWrite::RequestStop];
         let (limit, now) = (limit_of(targets), self.callers_now());
+        let (mut canceled, mut flagged) = self
+            .cancel_round(conn, savepoint, targets, limit, now)
+            .await?;
+        let stop_limit = limit.saturating_sub(canceled.len());
+        // The two writes pick apart. With the waiting jobs' write full,
+        // running jobs below its highest key may not have been reached: the
+        // next call starts where this one did. With it short, every
+        // waiting job was reached, and the running ones up to the highest
+        // flagged (all of them, if that write was short too).
+        let last = if canceled.len() >= limit {
+            Last::None
+        } else if flagged.len() >= stop_limit {
+            Last::Of(flagged.clone())
+        } else {
+            Last::Changed
+        };
+        for pause in LOCKED_PAUSES {
+            let Some(locked) = self
+                .locked_left(
+                    conn,
+                    targets,
+                    &[&canceled[..], &flagged[..]].concat(),
+                    &WRITES,
+                )
+                .await?
+            else {
+                break;
+            };
+            tokio::time::sleep(pause).await;
+            let (more_canceled, more_flagged) = self
+                .cancel_round(conn, savepoint, &locked, limit_of(&locked), now)
+                .await?;
+            canceled.extend(more_canceled);
+            flagged.extend(more_flagged);
+        }
+        let (waiting, running) = (canceled.len() as u64, flagged.len() as u64);
+        let mut changed = canceled;
+        changed.extend(flagged);
+        self.report(conn, targets, changed, (waiting, running), &WRITES, last)
+            .await
+    }
+
+    /// One cancel over `targets`, up to `limit` jobs: the waiting jobs
+    /// canceled, then the running ones asked to stop.
+    async fn cancel_round(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        savepoint: Savepoint,
+        targets: &Targets<K>,
+        limit: usize,
+        now: DateTime<Utc>,
+    ) -> Result<(Vec<K>, Vec<K>), StoreError> {
         let canceled = self
             .write(
                 conn,
@@ -167,30 +238,33 @@ impl<K: PgKey> PgAdmin<K> {
                 None,
             )
             .await?;
-        // The two writes pick apart. With the waiting jobs' write full,
-        // running jobs below its highest key may not have been reached: the
-        // next call starts where this one did. With it short, every
-        // waiting job was reached, and the running ones up to the highest
-        // flagged (all of them, if that write was short too).
-        let last = if canceled.len() >= limit {
-            Last::None
-        } else if flagged.len() >= stop_limit {
-            Last::Of(flagged.clone())
-        } else {
-            Last::Changed
-        };
-        let (waiting, running) = (canceled.len() as u64, flagged.len() as u64);
-        let mut changed = canceled;
-        changed.extend(flagged);
-        self.report(
-            conn,
-            targets,
-            changed,
-            (waiting, running),
-            &[AdminWrite::CancelWaiting, AdminWrite::RequestStop],
-            last,
-        )
-        .await
+        Ok((canceled, flagged))
+    }
+
+    /// The jobs named by key that `writes` left because another
+    /// transaction held their rows, as targets to try again; `None` when
+    /// there are none (or `targets` is a filter, whose next call reaches
+    /// them). A heartbeat or a completion holds a row for a moment, so an
+    /// operator naming a running job should not be told to try again
+    /// because one was under way.
+    async fn locked_left(
+        &self,
+        conn: &mut sqlx::PgConnection,
+        targets: &Targets<K>,
+        changed: &[K],
+        writes: &[AdminWrite],
+    ) -> Result<Option<Targets<K>>, StoreError> {
+        if !matches!(targets, Targets::Ids(ids) if ids.len() > changed.len()) {
+            return Ok(None);
+        }
+        let locked: Vec<K> = self
+            .skipped(conn, targets, changed, writes)
+            .await?
+            .into_iter()
+            .filter(|s| s.reason == SkipReason::Locked)
+            .map(|s| s.id)
+            .collect();
+        Ok((!locked.is_empty()).then(|| Targets::Ids(locked)))
     }
 
     /// The report of `writes` that changed `changed` (`done` jobs
@@ -473,6 +547,19 @@ impl<K: PgKey> PgAdmin<K> {
         .found(found.and_then(|n| u64::try_from(n).ok()).unwrap_or(0)))
     }
 }
+
+/// The pauses before a write by key tries again the jobs it left because
+/// another transaction held their rows: about a third of a second in all,
+/// longer than a heartbeat or a completion holds a row, far shorter than a
+/// job's own transaction. A row still held after them is reported
+/// [`SkipReason::Locked`].
+const LOCKED_PAUSES: [std::time::Duration; 5] = [
+    std::time::Duration::from_millis(10),
+    std::time::Duration::from_millis(20),
+    std::time::Duration::from_millis(40),
+    std::time::Duration::from_millis(80),
+    std::time::Duration::from_millis(160),
+];
 
 /// Statements a write runs before it gives up on rows that keep moving
 /// to other partitions, or on enqueues that keep taking the keys of the
