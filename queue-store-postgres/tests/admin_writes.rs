@@ -35,6 +35,25 @@ async fn failed_job(pool: &PgPool, table: &JobTable, key: Option<&str>) -> i64 {
     id
 }
 
+/// A transaction holding job `id`'s row, as a heartbeat or a completion
+/// holds it.
+async fn hold(
+    pool: &PgPool,
+    table: &JobTable,
+    id: i64,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut holder = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR NO KEY UPDATE",
+        table.name().quoted()
+    )))
+    .bind(id)
+    .execute(&mut *holder)
+    .await
+    .expect("the row held");
+    holder
+}
+
 async fn admin(pool: &PgPool, table: &JobTable) -> PgAdmin<i64> {
     PgAdmin::new(pool.clone(), table.store_options())
         .await
@@ -52,15 +71,7 @@ async fn a_retry_of_a_row_held_elsewhere_says_it_was_held() {
     let table = fresh_table(&pool).await;
     let admin = admin(&pool, &table).await;
     let id = failed_job(&pool, &table, None).await;
-    let mut holder = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT 1 FROM {} WHERE id = $1 FOR NO KEY UPDATE",
-        table.name().quoted()
-    )))
-    .bind(id)
-    .execute(&mut *holder)
-    .await
-    .expect("the row held");
+    let holder = hold(&pool, &table, id).await;
     let report = admin
         .retry(&Targets::id(id), RetryParams::default())
         .await
@@ -98,15 +109,7 @@ async fn a_write_by_key_goes_through_once_a_row_held_for_a_moment_is_free() {
     let table = fresh_table(&pool).await;
     let admin = admin(&pool, &table).await;
     let id = failed_job(&pool, &table, None).await;
-    let mut holder = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT 1 FROM {} WHERE id = $1 FOR NO KEY UPDATE",
-        table.name().quoted()
-    )))
-    .bind(id)
-    .execute(&mut *holder)
-    .await
-    .expect("the row held");
+    let holder = hold(&pool, &table, id).await;
     let released = tokio::spawn(async move {
         tokio::time::sleep(Duration::from_millis(40)).await;
         holder.rollback().await.expect("released");

@@ -257,11 +257,25 @@ impl<K: PgKey> PgAdmin<K> {
         if !matches!(targets, Targets::Ids(ids) if ids.len() > changed.len()) {
             return Ok(None);
         }
+        // A job still in a state the writes move it out of was held when
+        // its write came, even if its row is free by now; unless the table
+        // lacks what the write needs (a cancel flag to request a stop).
+        let mut doable = Vec::with_capacity(writes.len());
+        for write in writes {
+            if self.inner.sql.write(*write, Pick::Ids)?.is_some() {
+                doable.push(*write);
+            }
+        }
+        let movable = self.states_moved_by(&doable);
         let locked: Vec<K> = self
             .skipped(conn, targets, changed, writes)
             .await?
             .into_iter()
-            .filter(|s| s.reason == SkipReason::Locked)
+            .filter(|s| {
+                s.reason == SkipReason::Locked
+                    || (s.reason == SkipReason::State
+                        && s.state.is_some_and(|state| movable.contains(&state)))
+            })
             .map(|s| s.id)
             .collect();
         Ok((!locked.is_empty()).then(|| Targets::Ids(locked)))
@@ -430,6 +444,20 @@ impl<K: PgKey> PgAdmin<K> {
             .transpose()
     }
 
+    /// The states `writes` move jobs out of (every state, if one of them
+    /// names none).
+    fn states_moved_by(&self, writes: &[AdminWrite]) -> Vec<JobState> {
+        let mut movable = Vec::new();
+        for write in writes {
+            let states = self.inner.sql.states_moved_by(*write);
+            if states.is_empty() {
+                return JobState::ALL.to_vec();
+            }
+            movable.extend(states);
+        }
+        movable
+    }
+
     /// The keys of `targets` none of `changed` holds, each with why: no
     /// such job, a state none of `writes` moves a job out of, a row
     /// another transaction held, or a unique key another job holds.
@@ -463,16 +491,7 @@ impl<K: PgKey> PgAdmin<K> {
             let key_held: bool = row.try_get("key_held").map_err(read)?;
             found.insert(id, (stored, free, key_held));
         }
-        // The states the writes move jobs out of; none named: any.
-        let mut movable = Vec::new();
-        for write in writes {
-            let states = self.inner.sql.states_moved_by(*write);
-            if states.is_empty() {
-                movable = JobState::ALL.to_vec();
-                break;
-            }
-            movable.extend(states);
-        }
+        let movable = self.states_moved_by(writes);
         let retry = writes.iter().any(|w| matches!(w, AdminWrite::Retry(_)));
         Ok(left
             .into_iter()
