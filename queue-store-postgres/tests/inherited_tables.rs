@@ -26,6 +26,66 @@ async fn sharing_a_place(pool: &PgPool, parent: &str) -> Vec<i64> {
     .expect("rows sharing a place")
 }
 
+/// A job inserted straight into the child table `child`; its key.
+async fn into_child(pool: &PgPool, child: &str, kind: &str) -> i64 {
+    scalar(
+        pool,
+        &format!("INSERT INTO {child} (kind, payload) VALUES ('{kind}', '{{}}') RETURNING id"),
+    )
+    .await
+}
+
+/// Whether job `id` of `table` (or one of its children) still waits.
+async fn waits(pool: &PgPool, table: &str, id: i64) -> bool {
+    scalar(
+        pool,
+        &format!("SELECT count(*) FROM {table} WHERE id = {id} AND state = 'queued'"),
+    )
+    .await
+        == 1
+}
+
+/// Job `id` of `table` completed 40 days ago (at a new place).
+async fn finish_long_ago(pool: &PgPool, table: &str, id: i64) {
+    execute(
+        pool,
+        format!(
+            "UPDATE {table} SET state = 'completed', finished_at = now() - interval '40 days' \
+             WHERE id = {id}"
+        ),
+    )
+    .await;
+}
+
+/// A purge of the jobs completed over 30 days ago; how many it purged.
+async fn purge_old(admin: &PgAdmin<i64>) -> u64 {
+    admin
+        .purge(&PurgeParams::new(
+            vec![JobState::Completed],
+            Utc::now() - TimeDelta::days(30),
+            100,
+        ))
+        .await
+        .expect("purge")
+        .purged
+}
+
+/// Waiting jobs inserted into `child` until one sits at the place of the
+/// parent `table`'s job `id`: that job's key, and how many were inserted.
+async fn child_job_at_place_of(pool: &PgPool, table: &str, child: &str, id: i64) -> (i64, i64) {
+    for inserted in 1..=20 {
+        let job = scalar(
+            pool,
+            &format!("INSERT INTO {child} (kind, payload) VALUES ('filler', '{{}}') RETURNING id"),
+        )
+        .await;
+        if sharing_a_place(pool, table).await.contains(&id) {
+            return (job, inserted);
+        }
+    }
+    panic!("no job of the child reached the place of job {id}");
+}
+
 #[tokio::test]
 async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows_it_chose() {
     let Some(pool) =
@@ -38,18 +98,13 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
     let t = table.name().quoted();
     let child = format!("{}.\"jobs_child\"", table.name().schema.quoted());
     execute(&pool, format!("CREATE TABLE {child} () INHERITS ({t})")).await;
-    let into_child = |kind: &str| {
-        format!("INSERT INTO {child} (kind, payload) VALUES ('{kind}', '{{}}') RETURNING id")
-    };
-    let state_of =
-        |id: i64| format!("SELECT count(*) FROM {t} WHERE id = {id} AND state = 'queued'");
 
     // A claim of one job: the parent's, at the place the child's shares.
     let parents = table
         .enqueue(&pool, &NewJob::new("parent", serde_json::json!({})))
         .await
         .expect("enqueue");
-    let childs = scalar(&pool, &into_child("child")).await;
+    let childs = into_child(&pool, &child, "child").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
     let store = PgStore::default_table(
         pool.clone(),
@@ -68,15 +123,14 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
         .expect("claim");
     let ids: Vec<i64> = claimed.iter().map(|c| c.lease.id).collect();
     assert_eq!(ids, [parents], "the claim took the first job alone");
-    assert_eq!(
-        scalar(&pool, &state_of(childs)).await,
-        1,
+    assert!(
+        waits(&pool, &t, childs).await,
         "the child's job still waits"
     );
 
     // A delete by key of a job of the child, at the place of the parent's
     // (claimed, so at a new place).
-    let doomed = scalar(&pool, &into_child("doomed")).await;
+    let doomed = into_child(&pool, &child, "doomed").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
     let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
         .await
@@ -94,33 +148,98 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
 
     // A purge of old completed jobs: the parent's, finished long ago, at the
     // place of a waiting job of the child.
-    execute(
-        &pool,
-        format!(
-            "UPDATE {t} SET state = 'completed', finished_at = now() - interval '40 days' \
-             WHERE id = {parents}"
-        ),
-    )
-    .await;
-    let waiting = scalar(&pool, &into_child("waiting")).await;
+    finish_long_ago(&pool, &t, parents).await;
+    let waiting = into_child(&pool, &child, "waiting").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
-    let purged = admin
-        .purge(&PurgeParams::new(
-            vec![JobState::Completed],
-            Utc::now() - TimeDelta::days(30),
-            100,
-        ))
-        .await
-        .expect("purge");
-    assert_eq!(purged.purged, 1);
-    assert_eq!(
-        scalar(&pool, &state_of(waiting)).await,
-        1,
+    assert_eq!(purge_old(&admin).await, 1);
+    assert!(
+        waits(&pool, &t, waiting).await,
         "the child's waiting job is still there"
     );
     assert_eq!(
         scalar(&pool, &format!("SELECT count(*) FROM {t}")).await,
         2,
         "the child's two jobs are left"
+    );
+}
+
+/// A table that gains its first inheritance child while a store runs: the
+/// store read at start-up that its places name its rows, and goes on by
+/// place. Its statements by place read the table alone (`ONLY`), so the
+/// child's jobs, at the same places as the table's, are neither claimed
+/// nor removed in their stead; they wait for a restart, which goes by key
+/// (the test above).
+#[tokio::test]
+async fn a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place() {
+    let Some(pool) =
+        pool("a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let t = table.name().quoted();
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .expect("a store over the plain table");
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin over the plain table");
+    let child = format!("{}.\"jobs_late_child\"", table.name().schema.quoted());
+    execute(&pool, format!("CREATE TABLE {child} () INHERITS ({t})")).await;
+
+    // A claim takes the table's job and leaves the child's, at its place.
+    let parents = table
+        .enqueue(&pool, &NewJob::new("parent", serde_json::json!({})))
+        .await
+        .expect("enqueue");
+    let childs = into_child(&pool, &child, "child").await;
+    assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
+    let ids: Vec<i64> = store
+        .claim(ClaimParams {
+            limit: 10,
+            worker: "w",
+            conditions: None,
+            now: Utc::now(),
+        })
+        .await
+        .expect("claim")
+        .iter()
+        .map(|c| c.lease.id)
+        .collect();
+    assert_eq!(ids, [parents], "the claim took the table's job alone");
+    assert!(waits(&pool, &t, childs).await, "the child's job waits");
+
+    // A delete of the table's job by key leaves the child's job at the
+    // place the table's had.
+    let second = table
+        .enqueue(&pool, &NewJob::new("second", serde_json::json!({})))
+        .await
+        .expect("enqueue");
+    let (at_seconds_place, mut in_child) = child_job_at_place_of(&pool, &t, &child, second).await;
+    in_child += 1;
+    let report = admin.delete(&Targets::id(second)).await.expect("delete");
+    assert_eq!(report.changed, 1);
+    assert!(
+        waits(&pool, &t, at_seconds_place).await,
+        "the child's job at the deleted job's place is still there"
+    );
+
+    // A purge of the table's old completed job leaves the child's waiting
+    // job at its place.
+    finish_long_ago(&pool, &t, parents).await;
+    let (waiting, more) = child_job_at_place_of(&pool, &t, &child, parents).await;
+    in_child += more;
+    assert_eq!(purge_old(&admin).await, 1);
+    assert!(
+        waits(&pool, &t, waiting).await,
+        "the child's waiting job is still there"
+    );
+    assert_eq!(
+        scalar(&pool, &format!("SELECT count(*) FROM ONLY {child}")).await,
+        in_child,
+        "every job of the child is left"
     );
 }

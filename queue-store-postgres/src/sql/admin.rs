@@ -1164,6 +1164,11 @@ impl AdminStatements {
                 SIDE = super::bookkeeping::SIDE,
                 KEY = super::bookkeeping::KEY,
             ),
+            (_, AdminWrite::Delete | AdminWrite::Archive) => format!(
+                "FROM {from} WHERE {} {limit} {lock} OF {a} SKIP LOCKED",
+                conditions.join(" AND "),
+                from = self.removed_from_joined(),
+            ),
             _ => format!(
                 "FROM {from} WHERE {} {limit} {lock} OF {a} SKIP LOCKED",
                 conditions.join(" AND "),
@@ -1235,7 +1240,7 @@ impl AdminStatements {
                 "{PURGE_PICKED} AS MATERIALIZED (SELECT ARRAY(SELECT {found_by} FROM {from} \
                  WHERE {}{limit}{lock}) AS \"t\")",
                 conditions.join(" AND "),
-                from = self.from(),
+                from = self.removed_from_joined(),
             )),
             // Cast: `ANY((SELECT ..))` would read as `ANY` of a subquery.
             rows: format!(
@@ -1304,6 +1309,30 @@ impl AdminStatements {
         )
     }
 
+    /// The table a delete or an archive removes rows from, and picks them
+    /// in: on a table whose places name its rows (deletes go by place
+    /// there), `ONLY` the table, so that an inheritance child it gains
+    /// after start-up (whose places repeat the table's) is left alone
+    /// until a restart has the store go by key; else the table with its
+    /// partitions or children.
+    fn removed_from(&self) -> String {
+        if self.shape.places_name_rows() {
+            format!("ONLY {}", self.table)
+        } else {
+            self.table.clone()
+        }
+    }
+
+    /// [`Self::from`] over [`Self::removed_from`].
+    fn removed_from_joined(&self) -> String {
+        super::bookkeeping::from_table(
+            &self.removed_from(),
+            &self.alias,
+            &self.names.must(Column::Id),
+            self.shape.side.as_ref(),
+        )
+    }
+
     /// `write` (a statement returning the keys it changed first), and with
     /// a bookkeeping table, the statement `side` makes (given the table's
     /// quoted name and the changed keys as a subquery) on their bookkeeping
@@ -1345,7 +1374,7 @@ impl AdminStatements {
     /// many it deleted, the latest finish time among them and how many it
     /// found, all a purge's next batch needs.
     fn delete_text(&self, leading: Option<&str>, rows: &str, finished: Option<&str>) -> String {
-        let (table, a) = (&self.table, &self.alias);
+        let a = &self.alias;
         let id = self.names.must(Column::Id);
         let key = super::bookkeeping::KEY;
         let (returning, tally) = match finished {
@@ -1360,7 +1389,10 @@ impl AdminStatements {
         // A key used again later must not find the deleted job's counts.
         self.with_side_then(
             leading,
-            format!("DELETE FROM {table} AS {a} WHERE {rows} RETURNING {returning}"),
+            format!(
+                "DELETE FROM {table} AS {a} WHERE {rows} RETURNING {returning}",
+                table = self.removed_from()
+            ),
             |side, changed| {
                 Some(format!(
                     "DELETE FROM {side} AS s WHERE s.{key} IN {changed}"
@@ -1380,7 +1412,7 @@ impl AdminStatements {
         rows: &str,
         finished: Option<&str>,
     ) -> Option<String> {
-        let (table, a) = (&self.table, &self.alias);
+        let (removed, a) = (self.removed_from(), &self.alias);
         let (archive, columns) = self.shape.archive.as_ref()?;
         let columns = columns.join(", ");
         let key = self.names.get(Column::Id).unwrap_or("\"id\"");
@@ -1393,7 +1425,7 @@ impl AdminStatements {
             None => String::new(),
         };
         Some(format!(
-            "WITH {leading}moved AS (DELETE FROM {table} AS {a} WHERE {rows} RETURNING {a}.*), {side}\
+            "WITH {leading}moved AS (DELETE FROM {removed} AS {a} WHERE {rows} RETURNING {a}.*), {side}\
              \"__queue_archived\" AS (INSERT INTO {archive} ({columns}) SELECT {columns} FROM moved RETURNING {key}) \
              {select} FROM \"__queue_archived\"",
             select = match finished {

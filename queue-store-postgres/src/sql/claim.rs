@@ -402,6 +402,10 @@ fn template(t: &Target, reads: Reads) -> Template {
     } else {
         String::new()
     };
+    // By place, the table alone, without inheritance children it gains
+    // after start-up (whose places repeat the table's): their jobs wait
+    // for a restart rather than a claim taking the wrong rows.
+    let only = if by_place { "ONLY " } else { "" };
     match (reads, &after) {
         (Reads::ReadyAndDue, Some(after)) => {
             let merge_priority = names
@@ -414,7 +418,7 @@ fn template(t: &Target, reads: Reads) -> Template {
             let now = b.p(Param::Now);
             let not_expired = not_expired(&mut b);
             b.push(&format!(
-                "WITH ready AS (SELECT {id}{place}{carried} FROM {table} AS {a} WHERE {waiting}{synchronous_off} \
+                "WITH ready AS (SELECT {id}{place}{carried} FROM {only}{table} AS {a} WHERE {waiting}{synchronous_off} \
                  AND {after} IS NULL{not_expired}",
                 waiting = waiting(t)
             ));
@@ -423,7 +427,7 @@ fn template(t: &Target, reads: Reads) -> Template {
             b.push(&format!(" ORDER BY {order} LIMIT "));
             cut(&mut b, &mut pieces, Piece::Limit);
             b.push(&format!(
-                " FOR UPDATE SKIP LOCKED), due AS (SELECT {id}{place}{carried} FROM {table} AS {a} WHERE {waiting} \
+                " FOR UPDATE SKIP LOCKED), due AS (SELECT {id}{place}{carried} FROM {only}{table} AS {a} WHERE {waiting} \
                  AND {after} IS NOT NULL AND {after} <= {now}{not_expired}",
                 waiting = waiting(t)
             ));
@@ -452,7 +456,7 @@ fn template(t: &Target, reads: Reads) -> Template {
         }
         _ => {
             b.push(&format!(
-                "WITH candidates AS (SELECT {id}{place} FROM {table} AS {a} WHERE {}{synchronous_off}",
+                "WITH candidates AS (SELECT {id}{place} FROM {only}{table} AS {a} WHERE {}{synchronous_off}",
                 waiting(t)
             ));
             if let Some(after) = &after {
@@ -552,7 +556,7 @@ fn template(t: &Target, reads: Reads) -> Template {
     match &t.shape.side {
         None => {
             b.push(&format!(
-                " UPDATE {table} AS {a} SET {sets} WHERE {which} RETURNING {columns}",
+                " UPDATE {only}{table} AS {a} SET {sets} WHERE {which} RETURNING {columns}",
                 sets = sets.join(", "),
             ));
         }
@@ -568,7 +572,7 @@ fn template(t: &Target, reads: Reads) -> Template {
                 super::bookkeeping::KEY,
             );
             b.push(&format!(
-                ", \"__queue_claimed\" AS (UPDATE {table} AS {a} SET {sets} \
+                ", \"__queue_claimed\" AS (UPDATE {only}{table} AS {a} SET {sets} \
                  WHERE {which} RETURNING {a}.*), \
                  \"__queue_booked\" AS (INSERT INTO {side_table} AS s ({key}, \"claim_token\", \"started_at\", \
                  \"last_heartbeat_at\", \"worker_hostname\", \"execution_logs\") \
@@ -661,7 +665,7 @@ mod tests {
         }
     }
 
-    const UPDATE: &str = " UPDATE \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
+    const UPDATE: &str = " UPDATE ONLY \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
          \"last_heartbeat_at\" = $1, \"worker_hostname\" = $3, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
          \"execution_logs\" = '{}' WHERE \"jobs\".ctid = ANY(ARRAY(SELECT \"__queue_place\" FROM candidates)) \
          AND \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
@@ -688,12 +692,15 @@ mod tests {
         };
         let claim = Statements::new(&options, &shape, &[]).claim(&[], &[], 32);
         // By key: a row's place names it only within its partition.
-        let by_key = UPDATE.replace(
-            "\"jobs\".ctid = ANY(ARRAY(SELECT \"__queue_place\" FROM candidates))",
-            "\"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates))",
-        );
+        let by_key = UPDATE
+            .replace(
+                "\"jobs\".ctid = ANY(ARRAY(SELECT \"__queue_place\" FROM candidates))",
+                "\"jobs\".\"id\" = ANY(ARRAY(SELECT \"id\" FROM candidates))",
+            )
+            .replace(" UPDATE ONLY ", " UPDATE ");
         assert!(claim.text.ends_with(&by_key), "{}", claim.text);
         assert!(!claim.text.contains("ctid"), "{}", claim.text);
+        assert!(!claim.text.contains("ONLY"), "{}", claim.text);
     }
 
     #[test]
@@ -704,14 +711,14 @@ mod tests {
             *claim.text,
             format!(
                 "WITH ready AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\", \
-                 \"jobs\".\"priority\" AS \"__queue_merge_priority\" FROM \"public\".\"jobs\" AS \"jobs\" \
+                 \"jobs\".\"priority\" AS \"__queue_merge_priority\" FROM ONLY \"public\".\"jobs\" AS \"jobs\" \
                  WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
                  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
                  AND \"jobs\".\"process_after\" IS NULL \
                  AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
                  ORDER BY \"jobs\".\"priority\" DESC, \"jobs\".\"id\" LIMIT 32 FOR UPDATE SKIP LOCKED), \
                  due AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\", \
-                 \"jobs\".\"priority\" AS \"__queue_merge_priority\" FROM \"public\".\"jobs\" AS \"jobs\" \
+                 \"jobs\".\"priority\" AS \"__queue_merge_priority\" FROM ONLY \"public\".\"jobs\" AS \"jobs\" \
                  WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
                  AND \"jobs\".\"process_after\" IS NOT NULL AND \"jobs\".\"process_after\" <= $1 \
                  AND (\"jobs\".\"expires_at\" IS NULL OR \"jobs\".\"expires_at\" > $1) \
@@ -730,7 +737,7 @@ mod tests {
         assert_eq!(
             *claim.text,
             format!(
-                "WITH candidates AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\" FROM \"public\".\"jobs\" AS \"jobs\" \
+                "WITH candidates AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\" FROM ONLY \"public\".\"jobs\" AS \"jobs\" \
                  WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
                  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
                  AND (\"jobs\".\"process_after\" IS NULL OR \"jobs\".\"process_after\" <= $1) \
@@ -810,7 +817,7 @@ mod tests {
         let after = s.claim_after_cursor(32).expect("a cursor by default");
         assert!(
             after.text.starts_with(
-                "WITH candidates AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\" FROM \"public\".\"jobs\" AS \"jobs\" \
+                "WITH candidates AS (SELECT \"jobs\".\"id\", \"jobs\".ctid AS \"__queue_place\" FROM ONLY \"public\".\"jobs\" AS \"jobs\" \
                  WHERE \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
                  AND (SELECT set_config('synchronous_commit', 'off', true)) = 'off' \
                  AND \"jobs\".\"process_after\" IS NULL \
@@ -941,7 +948,7 @@ mod tests {
         let s = Statements::new(&options, &test_shape(), &[]);
         let claim = s.claim(&[], &[], 8).text;
         assert!(
-            claim.contains("FROM \"My \"\"Schema\"\"\".\"select\" AS \"select\""),
+            claim.contains("FROM ONLY \"My \"\"Schema\"\"\".\"select\" AS \"select\""),
             "{claim}"
         );
         assert!(

@@ -268,8 +268,10 @@ pub(crate) struct TableShape {
     pub live_partitions: Vec<crate::ident::QualifiedName>,
     /// Whether a plain table has inheritance children (the partitioning
     /// of Postgres before version 10): its reads and writes take in their
-    /// rows too. Read at start-up with the rest of the shape, so a table
-    /// that gains its first child must have its stores restarted.
+    /// rows too. Read at start-up with the rest of the shape. A table that
+    /// gains its first child later is still read by place, by statements
+    /// that name the table alone (`ONLY`), so the child's jobs wait for
+    /// its stores to restart.
     pub inherited: bool,
 }
 
