@@ -10,7 +10,7 @@ mod support;
 
 use chrono::{TimeDelta, Utc};
 use queue_core::{Admin, ClaimParams, JobState, NewJob, PurgeParams, Store, Targets};
-use queue_store_postgres::{ExecutionMode, PgAdmin, PgStore};
+use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgStore};
 use sqlx::PgPool;
 use support::{execute, fresh_table, pool, scalar};
 
@@ -24,6 +24,20 @@ async fn sharing_a_place(pool: &PgPool, parent: &str) -> Vec<i64> {
     .fetch_all(pool)
     .await
     .expect("rows sharing a place")
+}
+
+/// A new inheritance child of `table`, named `name`; its quoted name.
+async fn add_child(pool: &PgPool, table: &JobTable, name: &str) -> String {
+    let child = format!("{}.\"{name}\"", table.name().schema.quoted());
+    execute(
+        pool,
+        format!(
+            "CREATE TABLE {child} () INHERITS ({})",
+            table.name().quoted()
+        ),
+    )
+    .await;
+    child
 }
 
 /// A job inserted straight into the child table `child`; its key.
@@ -96,8 +110,7 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
     };
     let table = fresh_table(&pool).await;
     let t = table.name().quoted();
-    let child = format!("{}.\"jobs_child\"", table.name().schema.quoted());
-    execute(&pool, format!("CREATE TABLE {child} () INHERITS ({t})")).await;
+    let child = add_child(&pool, &table, "jobs_child").await;
 
     // A claim of one job: the parent's, at the place the child's shares.
     let parents = table
@@ -187,8 +200,7 @@ async fn a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place(
     let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
         .await
         .expect("an admin over the plain table");
-    let child = format!("{}.\"jobs_late_child\"", table.name().schema.quoted());
-    execute(&pool, format!("CREATE TABLE {child} () INHERITS ({t})")).await;
+    let child = add_child(&pool, &table, "jobs_late_child").await;
 
     // A claim takes the table's job and leaves the child's, at its place.
     let parents = table
