@@ -9,7 +9,7 @@
 mod support;
 
 use chrono::{TimeDelta, Utc};
-use queue_core::{Admin, ClaimParams, JobState, NewJob, PurgeParams, Store, Targets};
+use queue_core::{Admin, ClaimParams, Job, JobState, NewJob, PurgeParams, Store, Targets};
 use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgStore};
 use sqlx::PgPool;
 use support::{execute, fresh_table, pool, scalar};
@@ -24,6 +24,36 @@ async fn sharing_a_place(pool: &PgPool, parent: &str) -> Vec<i64> {
     .fetch_all(pool)
     .await
     .expect("rows sharing a place")
+}
+
+/// A lease store and an admin over `table`, as it is now.
+async fn store_and_admin(pool: &PgPool, table: &JobTable) -> (PgStore<Job>, PgAdmin<i64>) {
+    let store = PgStore::default_table(
+        pool.clone(),
+        table.store_options().mode(ExecutionMode::Lease),
+    )
+    .await
+    .expect("a store over the table");
+    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
+        .await
+        .expect("an admin over the table");
+    (store, admin)
+}
+
+/// The keys of up to `limit` jobs `store` claims now.
+async fn claim(store: &PgStore<Job>, limit: usize) -> Vec<i64> {
+    store
+        .claim(ClaimParams {
+            limit,
+            worker: "w",
+            conditions: None,
+            now: Utc::now(),
+        })
+        .await
+        .expect("claim")
+        .iter()
+        .map(|c| c.lease.id)
+        .collect()
 }
 
 /// A new inheritance child of `table`, named `name`; its quoted name.
@@ -88,11 +118,7 @@ async fn purge_old(admin: &PgAdmin<i64>) -> u64 {
 /// parent `table`'s job `id`: that job's key, and how many were inserted.
 async fn child_job_at_place_of(pool: &PgPool, table: &str, child: &str, id: i64) -> (i64, i64) {
     for inserted in 1..=20 {
-        let job = scalar(
-            pool,
-            &format!("INSERT INTO {child} (kind, payload) VALUES ('filler', '{{}}') RETURNING id"),
-        )
-        .await;
+        let job = into_child(pool, child, "filler").await;
         if sharing_a_place(pool, table).await.contains(&id) {
             return (job, inserted);
         }
@@ -119,22 +145,8 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
         .expect("enqueue");
     let childs = into_child(&pool, &child, "child").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .expect("a store over the inherited table");
-    let claimed = store
-        .claim(ClaimParams {
-            limit: 1,
-            worker: "w",
-            conditions: None,
-            now: Utc::now(),
-        })
-        .await
-        .expect("claim");
-    let ids: Vec<i64> = claimed.iter().map(|c| c.lease.id).collect();
+    let (store, admin) = store_and_admin(&pool, &table).await;
+    let ids = claim(&store, 1).await;
     assert_eq!(ids, [parents], "the claim took the first job alone");
     assert!(
         waits(&pool, &t, childs).await,
@@ -145,9 +157,6 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
     // (claimed, so at a new place).
     let doomed = into_child(&pool, &child, "doomed").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
-    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
-        .await
-        .expect("an admin over the inherited table");
     admin.delete(&Targets::id(doomed)).await.expect("delete");
     assert_eq!(
         scalar(
@@ -191,15 +200,7 @@ async fn a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place(
     };
     let table = fresh_table(&pool).await;
     let t = table.name().quoted();
-    let store = PgStore::default_table(
-        pool.clone(),
-        table.store_options().mode(ExecutionMode::Lease),
-    )
-    .await
-    .expect("a store over the plain table");
-    let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options())
-        .await
-        .expect("an admin over the plain table");
+    let (store, admin) = store_and_admin(&pool, &table).await;
     let child = add_child(&pool, &table, "jobs_late_child").await;
 
     // A claim takes the table's job and leaves the child's, at its place.
@@ -209,18 +210,7 @@ async fn a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place(
         .expect("enqueue");
     let childs = into_child(&pool, &child, "child").await;
     assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
-    let ids: Vec<i64> = store
-        .claim(ClaimParams {
-            limit: 10,
-            worker: "w",
-            conditions: None,
-            now: Utc::now(),
-        })
-        .await
-        .expect("claim")
-        .iter()
-        .map(|c| c.lease.id)
-        .collect();
+    let ids = claim(&store, 10).await;
     assert_eq!(ids, [parents], "the claim took the table's job alone");
     assert!(waits(&pool, &t, childs).await, "the child's job waits");
 
