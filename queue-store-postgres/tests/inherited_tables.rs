@@ -114,6 +114,21 @@ async fn purge_old(admin: &PgAdmin<i64>) -> u64 {
         .purged
 }
 
+/// A job of `table` and one of its `child`, both the first row of their
+/// table, so at the same place: their keys.
+async fn parent_and_child_at_one_place(pool: &PgPool, table: &JobTable, child: &str) -> (i64, i64) {
+    let parents = table
+        .enqueue(pool, &NewJob::new("parent", serde_json::json!({})))
+        .await
+        .expect("enqueue");
+    let childs = into_child(pool, child, "child").await;
+    assert_eq!(
+        sharing_a_place(pool, &table.name().quoted()).await,
+        [parents]
+    );
+    (parents, childs)
+}
+
 /// Waiting jobs inserted into `child` until one sits at the place of the
 /// parent `table`'s job `id`: that job's key, and how many were inserted.
 async fn child_job_at_place_of(pool: &PgPool, table: &str, child: &str, id: i64) -> (i64, i64) {
@@ -139,12 +154,7 @@ async fn on_a_table_with_inheritance_children_each_statement_takes_only_the_rows
     let child = add_child(&pool, &table, "jobs_child").await;
 
     // A claim of one job: the parent's, at the place the child's shares.
-    let parents = table
-        .enqueue(&pool, &NewJob::new("parent", serde_json::json!({})))
-        .await
-        .expect("enqueue");
-    let childs = into_child(&pool, &child, "child").await;
-    assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
+    let (parents, childs) = parent_and_child_at_one_place(&pool, &table, &child).await;
     let (store, admin) = store_and_admin(&pool, &table).await;
     let ids = claim(&store, 1).await;
     assert_eq!(ids, [parents], "the claim took the first job alone");
@@ -204,12 +214,7 @@ async fn a_child_gained_after_start_up_is_left_alone_by_the_statements_by_place(
     let child = add_child(&pool, &table, "jobs_late_child").await;
 
     // A claim takes the table's job and leaves the child's, at its place.
-    let parents = table
-        .enqueue(&pool, &NewJob::new("parent", serde_json::json!({})))
-        .await
-        .expect("enqueue");
-    let childs = into_child(&pool, &child, "child").await;
-    assert_eq!(sharing_a_place(&pool, &t).await, [parents]);
+    let (parents, childs) = parent_and_child_at_one_place(&pool, &table, &child).await;
     let ids = claim(&store, 10).await;
     assert_eq!(ids, [parents], "the claim took the table's job alone");
     assert!(waits(&pool, &t, childs).await, "the child's job waits");
