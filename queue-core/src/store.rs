@@ -216,6 +216,16 @@ pub trait Store: Send + Sync + 'static {
         None
     }
 
+    /// A claimed job is about to wait for a free handler (the worker calls
+    /// this for each job that finds every handler busy, in the order the
+    /// handlers will take them). A
+    /// store may get ready for it: the transactional Postgres store hands
+    /// the job's row lock to the next commit of another job, so that the
+    /// lock is taken in that commit's round trip. The default does nothing.
+    fn job_waiting(&self, job_store: &mut Self::JobStore) {
+        let _ = job_store;
+    }
+
     /// Whether finishing the attempt in `job_store` ends a transaction the
     /// handler wrote in (the transactional Postgres store once the handler
     /// opened it). The worker then keeps the handler's slot until

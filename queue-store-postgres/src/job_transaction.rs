@@ -16,8 +16,10 @@
 //! connection is told apart from a handler's failure
 //! ([`PgJobTransaction::cut_off`]).
 //!
-//! With lock rides on (off by default), a job's lock may instead ride on
-//! another job's commit, saving its round trip (see [`crate::ride`]).
+//! A job that waits for a handler has its lock carried by the commit before
+//! it when its kind's jobs ask for their transactions, and with late lock
+//! rides on (off by default) a handler's lock may ride on another job's
+//! commit: either saves the lock's round trip (see [`crate::ride`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
@@ -34,7 +36,7 @@ use crate::completer::{run_finish, FinishRow};
 use crate::error::{is_connection_fault, store_error};
 use crate::options::StateValues;
 use crate::record::PgKey;
-use crate::ride::{Arrival, OpenGuard, Rides};
+use crate::ride::{Arrival, EarlyLock, OpenGuard, Rides};
 use crate::sql::prepared::NOT_HELD;
 use crate::sql::{literal, Param, Statements};
 use crate::stash::{Lent, Stash};
@@ -59,6 +61,11 @@ pub struct PgJobTransaction<K = i64> {
     claim: Option<JobClaim<K>>,
     /// Why the transaction could not be opened, when its connection failed.
     cut_off: Option<String>,
+    /// The job's lock, boarded while it waits for a handler, for a commit
+    /// to carry.
+    early: Option<EarlyLock>,
+    /// Whether the handler asked for the transaction.
+    asked: bool,
 }
 
 /// A job's open transaction.
@@ -83,6 +90,9 @@ pub(crate) struct JobClaim<K> {
     pub prepared: Arc<PreparedStatements>,
     /// Where locks ride on other jobs' commits; `None` when they never do.
     pub rides: Option<Arc<Rides>>,
+    /// The job's kind, for the rides to learn whether its jobs ask for
+    /// their transactions.
+    pub kind: Option<String>,
 }
 
 /// Whether the store's job transactions use statements prepared in SQL.
@@ -384,6 +394,17 @@ async fn ride<K: PgKey>(claim: &JobClaim<K>) -> Result<Option<Arrival>, StoreErr
     Ok(Some(rides.arrive(ticket).await))
 }
 
+/// Boards the claimed job's lock for the commits to come, when its kind's
+/// last job asked for its transaction.
+fn board_early<K: PgKey>(claim: &JobClaim<K>) -> Option<EarlyLock> {
+    let rides = claim.rides.as_ref()?;
+    if !claim.prepared.usable() || !rides.predicts(claim.kind.as_deref()?) {
+        return None;
+    }
+    let lock = execute_lock(claim).ok()?;
+    Some(EarlyLock::board(rides, &claim.stash, lock))
+}
+
 fn not_held<K: PgKey>(lease: &Lease<K>) -> StoreError {
     StoreError::Conflict {
         context: format!("locking job {}", lease.id),
@@ -400,6 +421,17 @@ impl<K: PgKey> PgJobTransaction<K> {
             tx: None,
             claim,
             cut_off: None,
+            early: None,
+            asked: false,
+        }
+    }
+
+    /// Boards the job's lock for the commits to come, when the job is
+    /// about to wait for a handler and its kind's last job asked for its
+    /// transaction.
+    pub(crate) fn board_early(&mut self) {
+        if self.early.is_none() && self.tx.is_none() {
+            self.early = self.claim.as_ref().and_then(board_early);
         }
     }
 
@@ -418,8 +450,17 @@ impl<K: PgKey> PgJobTransaction<K> {
                     "this job has no transaction: the store runs in lease mode (write through pool())".into(),
                 ));
             };
+            self.asked = true;
             let count_open = || claim.rides.as_ref().map(|rides| rides.opened());
-            match ride(claim).await? {
+            let early = match self.early.take() {
+                Some(early) => early.settle().await,
+                None => None,
+            };
+            let arrival = match early {
+                Some(arrival) => Some(arrival),
+                None => ride(claim).await?,
+            };
+            match arrival {
                 Some(Arrival::Locked(conn)) => {
                     self.tx = Some(OpenTransaction {
                         lent: Lent {
@@ -508,6 +549,11 @@ impl<K: PgKey> PgJobTransaction<K> {
         complete: bool,
     ) -> Option<Result<WriteResult, StoreError>> {
         let claim = self.claim.as_ref()?;
+        if let (Some(rides), Some(kind)) = (&claim.rides, &claim.kind) {
+            rides.learn(kind, self.asked);
+        }
+        // A lock boarded for a handler that never asked goes back.
+        drop(self.early.take());
         let tx = self.tx.take()?;
         let stash = &claim.stash;
         if !complete {
@@ -549,8 +595,11 @@ async fn commit_prepared<K: PgKey>(
         discard(lent);
         return Err(unbound());
     };
-    let ride = claim.rides.as_ref().and_then(|rides| rides.take());
-    let Some(ride) = ride else {
+    let taken = claim
+        .rides
+        .as_ref()
+        .and_then(|rides| rides.take().map(|ride| (rides, ride)));
+    let Some((rides, ride)) = taken else {
         return match lent
             .conn
             .execute(sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
@@ -596,7 +645,7 @@ async fn commit_prepared<K: PgKey>(
     };
     match failure {
         None => {
-            if let Err(Arrival::Locked(conn)) = ride.deliver(Arrival::Locked(conn)) {
+            if let Err(Arrival::Locked(conn)) = ride.deliver(Arrival::Locked(conn), rides) {
                 // The rider is gone: its lock goes with a rollback.
                 if let Err(error) =
                     end_transaction(prepared(conn), &claim.stash, Ending::RollBack).await
@@ -615,7 +664,7 @@ async fn commit_prepared<K: PgKey>(
                 Arrival::Missed
             };
             // A rider that is gone has nothing to learn.
-            let _ = ride.deliver(arrival);
+            let _ = ride.deliver(arrival, rides);
             if let Err(error) =
                 end_transaction(prepared(conn), &claim.stash, Ending::RollBack).await
             {
@@ -624,7 +673,7 @@ async fn commit_prepared<K: PgKey>(
             Ok(WriteResult::Applied)
         }
         Some(error) => {
-            let _ = ride.deliver(Arrival::Missed);
+            let _ = ride.deliver(Arrival::Missed, rides);
             failed_commit(prepared(conn), claim, row, error).await
         }
     }
@@ -707,6 +756,8 @@ impl<K> PgJobTransaction<K> {
             tx: None,
             claim: None,
             cut_off: None,
+            early: None,
+            asked: false,
         }
     }
 }

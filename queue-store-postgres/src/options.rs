@@ -715,8 +715,11 @@ impl PgStoreOptions {
         self
     }
 
-    /// Transactional mode: how long a job's lock may wait to ride on another
-    /// job's commit; default `None` (never). With prepared job statements,
+    /// Transactional mode: how long a job's lock, asked for by its handler,
+    /// may wait to ride on another job's commit; default `None` (never).
+    /// (Jobs waiting for a handler have their locks carried by the commits
+    /// before them regardless, when their kind's last job asked for its
+    /// transaction: that costs them no wait.) With prepared job statements,
     /// a handler asking for its job's transaction while other jobs' commits
     /// are flowing hands the lock to the next commit, which sends it along
     /// (`EXECUTE complete(..); COMMIT AND CHAIN; EXECUTE lock(..)`) and

@@ -2,30 +2,44 @@
 //!
 //! A job's transaction costs two round trips: its lock when the handler
 //! asks for the transaction, its completion and `COMMIT AND CHAIN` at the
-//! end. While other jobs' commits are flowing, a handler asking for its
-//! transaction hands its lock to the next of them instead: that commit
-//! sends `EXECUTE complete(..); COMMIT AND CHAIN; EXECUTE lock(..)` and
-//! passes its connection, now inside the rider's locked transaction, on.
-//! Under load that is one round trip per job.
+//! end. A lock can instead go along with another job's commit, which sends
+//! `EXECUTE complete(..); COMMIT AND CHAIN; EXECUTE lock(..)` and passes its
+//! connection, now inside the rider's locked transaction, on: one round
+//! trip per job.
 //!
-//! A lock rides only if another job's commit started within the wait it is
-//! allowed (so commits are flowing) and another job's transaction is open
-//! (so one is coming); one that finds no commit within that wait opens its
-//! transaction itself, as it would have without riding.
-//!
-//! A rider gets its lock only once the commit it rode on has flushed its
-//! WAL, later than by a round trip of its own: rides pay when the server's
-//! CPU limits the jobs (many handlers), and cost when the handlers' waits
-//! do. Hence off by default ([`crate::PgStoreOptions::lock_rides`]).
+//! - **Early rides** (always, with prepared job statements): a claimed job
+//!   about to wait for a handler boards its lock ([`EarlyLock`]), if its
+//!   kind's last job asked for its transaction. The worker keeps a
+//!   handler's slot until its job's commit returns and hands it to the
+//!   longest-waiting job, which is the one whose lock the commit carried:
+//!   the rider waits for no flush it would not have waited for anyway. A
+//!   job that starts before any commit took its lock withdraws it and
+//!   locks by itself; one that never asks for its transaction has a lock
+//!   that arrived rolled back. At most half the pool's connections wait,
+//!   locked, for their jobs' handlers.
+//! - **Late rides** ([`crate::PgStoreOptions::lock_rides`], off by
+//!   default): a handler asking for its transaction while other jobs'
+//!   commits flow hands its lock to the next of them, if another job's
+//!   commit started within the wait it is allowed (so commits are flowing)
+//!   and another job's transaction is open (so one is coming); one that
+//!   finds no commit within that wait opens its transaction itself. Such a
+//!   rider gets its lock only once the commit it rode on has flushed its
+//!   WAL, later than by a round trip of its own: late rides pay when the
+//!   server's CPU limits the jobs (many handlers), and cost when the
+//!   handlers' waits do.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use sqlx::pool::PoolConnection;
+use sqlx::postgres::PgTransactionManager;
 use sqlx::Postgres;
+use sqlx_core::transaction::TransactionManager;
 use tokio::sync::oneshot;
+
+use crate::stash::{Lent, Stash};
 
 /// How a ride ended, as its committer tells the rider.
 #[derive(Debug)]
@@ -42,6 +56,8 @@ pub(crate) enum Arrival {
 #[derive(Debug)]
 pub(crate) struct Ride {
     number: u64,
+    /// Boarded by a job waiting for a handler ([`EarlyLock`]).
+    early: bool,
     /// `EXECUTE lock(..)` for the rider's job.
     pub(crate) lock: String,
     reply: oneshot::Sender<Arrival>,
@@ -50,8 +66,17 @@ pub(crate) struct Ride {
 impl Ride {
     /// Tells the rider how its ride ended; the arrival comes back if the
     /// rider is gone (its connection is then the committer's to clean up).
-    pub(crate) fn deliver(self, arrival: Arrival) -> Result<(), Arrival> {
-        self.reply.send(arrival)
+    pub(crate) fn deliver(self, arrival: Arrival, rides: &Rides) -> Result<(), Arrival> {
+        // Counted before the rider can see it, uncounted if it never does.
+        let parks = self.early && matches!(arrival, Arrival::Locked(_));
+        if parks {
+            rides.parked.fetch_add(1, Ordering::AcqRel);
+        }
+        let sent = self.reply.send(arrival);
+        if parks && sent.is_err() {
+            rides.parked.fetch_sub(1, Ordering::AcqRel);
+        }
+        sent
     }
 }
 
@@ -67,6 +92,16 @@ pub(crate) struct Rides {
     last_commit: AtomicU64,
     epoch: Instant,
     numbers: AtomicU64,
+    /// Whether a handler asking for its transaction may board (late rides,
+    /// as configured); jobs waiting for a handler board early regardless.
+    late: bool,
+    /// Early locks that arrived and wait for their jobs' handlers, each
+    /// holding a connection.
+    parked: AtomicUsize,
+    /// The most of them at once.
+    max_parked: usize,
+    /// Per kind: whether its last job asked for its transaction.
+    asks: Mutex<HashMap<String, bool>>,
 }
 
 /// A boarded lock: how the rider waits for its arrival.
@@ -87,11 +122,17 @@ impl Drop for OpenGuard {
 }
 
 impl Rides {
-    /// Rides whose locks wait up to `wait` for a commit.
-    pub(crate) fn new(wait: Duration) -> Arc<Rides> {
+    /// Early rides, with at most `max_parked` locks waiting for their
+    /// handlers at once; late rides too if `late` is `Some`, their locks
+    /// waiting up to that long for a commit.
+    pub(crate) fn new(late: Option<Duration>, max_parked: usize) -> Arc<Rides> {
         Arc::new(Rides {
+            late: late.is_some(),
+            parked: AtomicUsize::new(0),
+            max_parked,
+            asks: Mutex::new(HashMap::new()),
             waiting: Mutex::new(VecDeque::new()),
-            wait,
+            wait: late.unwrap_or_default(),
             open: AtomicUsize::new(0),
             // No commit yet: far enough in the past.
             last_commit: AtomicU64::new(0),
@@ -113,7 +154,7 @@ impl Rides {
     /// Whether a lock asked for now should ride: another job's transaction
     /// is open and the last commit started within the wait.
     pub(crate) fn worth_riding(&self) -> bool {
-        if self.open.load(Ordering::Acquire) == 0 {
+        if !self.late || self.open.load(Ordering::Acquire) == 0 {
             return false;
         }
         let last = self.last_commit.load(Ordering::Acquire);
@@ -123,10 +164,15 @@ impl Rides {
 
     /// Queues `lock` for the next commit.
     pub(crate) fn board(&self, lock: String) -> Ticket {
+        self.board_as(lock, false)
+    }
+
+    fn board_as(&self, lock: String, early: bool) -> Ticket {
         let number = self.numbers.fetch_add(1, Ordering::Relaxed);
         let (reply, arrival) = oneshot::channel();
         self.lock().push_back(Ride {
             number,
+            early,
             lock,
             reply,
         });
@@ -134,11 +180,45 @@ impl Rides {
     }
 
     /// For a commit about to start: the longest-waiting ride, if any (and
-    /// notes that commits are flowing).
+    /// notes that commits are flowing). An early ride stays while as many
+    /// early locks as allowed wait for their handlers.
     pub(crate) fn take(&self) -> Option<Ride> {
         self.last_commit
             .store(self.now_micros().max(1), Ordering::Release);
-        self.lock().pop_front()
+        let mut waiting = self.lock();
+        if waiting.front()?.early && self.parked.load(Ordering::Acquire) >= self.max_parked {
+            return None;
+        }
+        waiting.pop_front()
+    }
+
+    /// Takes the ride off the queue unless a commit took it: whether it
+    /// was still there.
+    fn withdraw(&self, number: u64) -> bool {
+        let mut waiting = self.lock();
+        let at = waiting.iter().position(|r| r.number == number);
+        at.and_then(|at| waiting.remove(at)).is_some()
+    }
+
+    /// Whether a claimed job of `kind` is likely to ask for its
+    /// transaction: its kind's last job did.
+    pub(crate) fn predicts(&self, kind: &str) -> bool {
+        self.asks_lock().get(kind).copied().unwrap_or(false)
+    }
+
+    /// Remembers whether a job of `kind` asked for its transaction.
+    pub(crate) fn learn(&self, kind: &str, asked: bool) {
+        let mut asks = self.asks_lock();
+        match asks.get_mut(kind) {
+            Some(last) => *last = asked,
+            None => {
+                asks.insert(kind.to_owned(), asked);
+            }
+        }
+    }
+
+    fn asks_lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, bool>> {
+        self.asks.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Waits for the ticket's ride; `Missed` if no commit took it within
@@ -147,12 +227,7 @@ impl Rides {
         if let Ok(arrival) = tokio::time::timeout(self.wait, &mut ticket.arrival).await {
             return arrival.unwrap_or(Arrival::Missed);
         }
-        let withdrawn = {
-            let mut waiting = self.lock();
-            let at = waiting.iter().position(|r| r.number == ticket.number);
-            at.and_then(|at| waiting.remove(at)).is_some()
-        };
-        if withdrawn {
+        if self.withdraw(ticket.number) {
             return Arrival::Missed;
         }
         // A commit took it just now: its answer is on the way (or the
@@ -165,13 +240,74 @@ impl Rides {
     }
 }
 
+/// A claimed job's lock, boarded as the job began to wait for a handler:
+/// the next commit may carry it before the job even starts (the slot it
+/// waits for frees only when that commit returns, so the rider waits for
+/// no flush it would not have waited for anyway). Settled when the handler asks for its
+/// transaction; dropped otherwise, which rolls back a lock that arrived.
+#[derive(Debug)]
+pub(crate) struct EarlyLock {
+    ticket: Option<Ticket>,
+    rides: Arc<Rides>,
+    stash: Arc<Stash>,
+}
+
+impl EarlyLock {
+    /// Boards `lock` for the commits to come.
+    pub(crate) fn board(rides: &Arc<Rides>, stash: &Arc<Stash>, lock: String) -> EarlyLock {
+        EarlyLock {
+            ticket: Some(rides.board_as(lock, true)),
+            rides: rides.clone(),
+            stash: stash.clone(),
+        }
+    }
+
+    /// For the handler asking for its transaction: how the ride ended if a
+    /// commit took it (waiting for that commit), `None` if none did (the
+    /// ride is withdrawn; the job locks by itself).
+    pub(crate) async fn settle(mut self) -> Option<Arrival> {
+        let ticket = self.ticket.take()?;
+        if self.rides.withdraw(ticket.number) {
+            return None;
+        }
+        let arrival = ticket.arrival.await.unwrap_or(Arrival::Missed);
+        if matches!(arrival, Arrival::Locked(_)) {
+            self.rides.parked.fetch_sub(1, Ordering::AcqRel);
+        }
+        Some(arrival)
+    }
+}
+
+impl Drop for EarlyLock {
+    fn drop(&mut self) {
+        let Some(mut ticket) = self.ticket.take() else {
+            return;
+        };
+        if self.rides.withdraw(ticket.number) {
+            return;
+        }
+        // A commit took it. Closed, a commit still on its way finds the
+        // rider gone and rolls the lock back itself; one that delivered
+        // already left the locked connection here.
+        ticket.arrival.close();
+        if let Ok(Arrival::Locked(mut conn)) = ticket.arrival.try_recv() {
+            self.rides.parked.fetch_sub(1, Ordering::AcqRel);
+            PgTransactionManager::start_rollback(&mut conn);
+            self.stash.return_checked(Lent {
+                conn,
+                prepared: true,
+            });
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
     #[tokio::test]
     async fn a_lock_rides_only_while_commits_flow_and_a_transaction_is_open() {
-        let rides = Rides::new(Duration::from_millis(50));
+        let rides = Rides::new(Some(Duration::from_millis(50)), 1);
         assert!(!rides.worth_riding(), "no transaction open, no commit yet");
         let open = rides.opened();
         assert!(!rides.worth_riding(), "no commit yet");
@@ -187,21 +323,49 @@ mod tests {
         );
     }
 
+    #[test]
+    fn without_late_rides_no_handler_boards() {
+        let rides = Rides::new(None, 1);
+        let _open = rides.opened();
+        assert!(rides.take().is_none());
+        assert!(
+            !rides.worth_riding(),
+            "commits flow, but late rides are off"
+        );
+    }
+
+    #[test]
+    fn an_early_ride_stays_while_the_parked_locks_are_at_their_limit() {
+        let rides = Rides::new(None, 1);
+        let _ticket = rides.board_as("EXECUTE lock(1)".into(), true);
+        rides.parked.store(1, Ordering::Release);
+        assert!(rides.take().is_none(), "one lock parked already");
+        rides.parked.store(0, Ordering::Release);
+        let ride = rides.take().expect("room for one");
+        assert_eq!(ride.lock, "EXECUTE lock(1)");
+        assert!(ride.deliver(Arrival::NotHeld, &rides).is_ok());
+        assert_eq!(
+            rides.parked.load(Ordering::Acquire),
+            0,
+            "only a lock that arrived parks"
+        );
+    }
+
     #[tokio::test]
     async fn the_longest_waiting_ride_goes_first_and_gets_its_answer() {
-        let rides = Rides::new(Duration::from_secs(5));
+        let rides = Rides::new(Some(Duration::from_secs(5)), 1);
         let first = rides.board("EXECUTE lock(1)".into());
         let _second = rides.board("EXECUTE lock(2)".into());
         let ride = rides.take().expect("a ride waits");
         assert_eq!(ride.lock, "EXECUTE lock(1)");
-        assert!(ride.deliver(Arrival::NotHeld).is_ok());
+        assert!(ride.deliver(Arrival::NotHeld, &rides).is_ok());
         assert!(matches!(rides.arrive(first).await, Arrival::NotHeld));
         assert_eq!(rides.lock().len(), 1);
     }
 
     #[tokio::test]
     async fn a_ride_no_commit_takes_is_withdrawn_after_the_wait() {
-        let rides = Rides::new(Duration::from_millis(5));
+        let rides = Rides::new(Some(Duration::from_millis(5)), 1);
         let ticket = rides.board("EXECUTE lock(1)".into());
         assert!(matches!(rides.arrive(ticket).await, Arrival::Missed));
         assert!(rides.take().is_none(), "withdrawn from the queue");
@@ -209,11 +373,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_ride_whose_rider_is_gone_hands_the_arrival_back() {
-        let rides = Rides::new(Duration::from_secs(5));
+        let rides = Rides::new(Some(Duration::from_secs(5)), 1);
         drop(rides.board("EXECUTE lock(1)".into()));
         let ride = rides.take().expect("a ride waits");
         assert!(matches!(
-            ride.deliver(Arrival::NotHeld),
+            ride.deliver(Arrival::NotHeld, &rides),
             Err(Arrival::NotHeld)
         ));
     }

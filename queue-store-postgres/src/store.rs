@@ -272,7 +272,11 @@ where
         admin.keep_partitions_ahead().await;
         let options_cursor = options.cursor_rescan_after().map(ClaimCursor::new);
         let rides = match options.mode {
-            ExecutionMode::Transactional => options.lock_rides.map(Rides::new),
+            // Half the pool at most waits, locked, for handlers.
+            ExecutionMode::Transactional => Some(Rides::new(
+                options.lock_rides,
+                (pool.options().get_max_connections() as usize / 2).max(1),
+            )),
             ExecutionMode::Lease => None,
         };
         let states = Arc::new(options.states.clone());
@@ -1072,6 +1076,11 @@ where
                     stash: self.inner.stash.clone(),
                     prepared: self.inner.prepared.clone(),
                     rides: self.inner.rides.clone(),
+                    kind: self
+                        .inner
+                        .rides
+                        .as_ref()
+                        .and_then(|_| record.as_ref().ok().map(|r| r.kind().to_owned())),
                 });
                 Claimed {
                     lease,
@@ -1127,6 +1136,10 @@ where
 
     fn counts_failures(&self) -> bool {
         self.counts_attempts()
+    }
+
+    fn job_waiting(&self, job_store: &mut PgJobTransaction<R::Id>) {
+        job_store.board_early();
     }
 
     fn finish_ends_transaction(&self, job_store: &PgJobTransaction<R::Id>) -> bool {

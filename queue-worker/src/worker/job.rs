@@ -178,7 +178,11 @@ pub(super) async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job:
     let options = &shared.options;
     let kind = record.kind().to_owned();
     // A prefetched job waits here for a handler; a stop request (shutdown,
-    // cancel, deletion) ends the wait.
+    // cancel, deletion) ends the wait. The store hears of a wait in the
+    // same poll that queues it, so in the order the slots are handed out.
+    if shared.run_slots.available_permits() == 0 {
+        shared.store.job_waiting(&mut job_store);
+    }
     let run_slot = tokio::select! {
         biased;
         slot = shared.run_slots.clone().acquire_owned() => slot.ok(),

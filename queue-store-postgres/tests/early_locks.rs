@@ -1,0 +1,270 @@
+//! Early locks (transactional mode, always on with prepared job
+//! statements): a claimed job about to wait for a handler boards its row
+//! lock, if its kind's last job asked for its transaction, and the next
+//! job's commit carries it (`EXECUTE complete(..); COMMIT AND CHAIN;
+//! EXECUTE lock(..)`), handing its connection on. The job then finds its
+//! transaction open and its row locked. A carried lock whose job moved on
+//! tells the handler so; one whose handler never asks, or whose handle is
+//! dropped, is rolled back; a kind whose last job did not ask boards no
+//! lock.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use queue_core::{Claimed, Job, NewJob, Store, StoreError, WriteResult};
+use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
+use sqlx::PgPool;
+use support::{backend_pid, claim_now, complete, fresh_table, pool};
+
+/// Claimed jobs on a transactional store (no late rides), after one job of
+/// the kind asked for its transaction, so that the kind's jobs board early.
+struct Early {
+    pool: PgPool,
+    table: JobTable,
+    store: PgStore<Job>,
+    /// The job whose commit carries the lock, its transaction open.
+    carrier: Option<Claimed<PgStore<Job>>>,
+    carrier_pid: i32,
+    /// The jobs waiting for a handler.
+    waiting: Vec<Claimed<PgStore<Job>>>,
+}
+
+impl Early {
+    async fn new(pool: &PgPool, waiting: usize) -> Early {
+        let table = fresh_table(pool).await;
+        let options = table.store_options().mode(ExecutionMode::Transactional);
+        let store = PgStore::default_table(pool.clone(), options)
+            .await
+            .expect("a store over the test table");
+        let jobs: Vec<_> = (0..waiting + 2)
+            .map(|i| NewJob::new("k", serde_json::json!(i)))
+            .collect();
+        table.enqueue_many(pool, &jobs).await.expect("enqueue");
+        let mut claimed = claim_now(&store, waiting + 2).await.into_iter();
+        let (Some(mut first), Some(mut carrier)) = (claimed.next(), claimed.next()) else {
+            panic!("the jobs claimed");
+        };
+        // The kind's first job asks for its transaction: from now on its
+        // jobs board early.
+        first.job_store.transaction().await.expect("the first lock");
+        assert_eq!(complete(&store, first).await, WriteResult::Applied);
+        let carrier_pid = backend_pid(
+            carrier
+                .job_store
+                .transaction()
+                .await
+                .expect("the carrier's lock"),
+        )
+        .await;
+        Early {
+            pool: pool.clone(),
+            table,
+            store,
+            carrier: Some(carrier),
+            carrier_pid,
+            waiting: claimed.collect(),
+        }
+    }
+
+    /// The `n`th waiting job's key.
+    fn id(&self, n: usize) -> i64 {
+        self.waiting[n].lease.id
+    }
+
+    /// The `n`th waiting job is about to wait for a handler.
+    fn wait(&mut self, n: usize) {
+        self.store.job_waiting(&mut self.waiting[n].job_store);
+    }
+
+    async fn commit_carrier(&mut self) -> WriteResult {
+        let carrier = self.carrier.take().expect("the carrier has not committed");
+        complete(&self.store, carrier).await
+    }
+
+    /// Queues the job again behind the worker's back, as the resetter
+    /// would: its claim no longer holds it.
+    async fn move_on(&self, id: i64) {
+        sqlx::query(sqlx::AssertSqlSafe(format!(
+            "UPDATE {} SET state = 'queued' WHERE id = $1",
+            self.table.name()
+        )))
+        .bind(id)
+        .execute(&self.pool)
+        .await
+        .expect("the job moved on");
+    }
+
+    async fn state(&self, id: i64) -> String {
+        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+            "SELECT state FROM {} WHERE id = $1",
+            self.table.name()
+        )))
+        .bind(id)
+        .fetch_one(&self.pool)
+        .await
+        .expect("the job's state")
+    }
+
+    /// Whether another transaction can lock the job's row at once.
+    async fn unlocked(&self, id: i64) -> bool {
+        let mut tx = self.pool.begin().await.expect("a transaction");
+        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
+            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT",
+            self.table.name()
+        )))
+        .bind(id)
+        .fetch_optional(&mut *tx)
+        .await;
+        locked.is_ok()
+    }
+
+    /// Waits up to 5 s for the job's row to be unlocked and the carrier's
+    /// backend to leave its transaction: a rollback queued on a
+    /// connection goes out as the pool takes it back.
+    async fn assert_released(&self, id: i64) {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        loop {
+            let state: Option<String> =
+                sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+                    .bind(self.carrier_pid)
+                    .fetch_optional(&self.pool)
+                    .await
+                    .expect("the backend's state");
+            let in_transaction = state.is_some_and(|s| s.starts_with("idle in transaction"));
+            if !in_transaction && self.unlocked(id).await {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the carried lock of job {id} was not rolled back within 5 s"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_waiting_jobs_lock_goes_with_the_commit_before_it() {
+    let Some(pool) = pool("a_waiting_jobs_lock_goes_with_the_commit_before_it").await else {
+        return;
+    };
+    let mut early = Early::new(&pool, 1).await;
+    early.wait(0);
+    let rider = early.id(0);
+    assert!(early.unlocked(rider).await, "boarded, not yet locked");
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert!(
+        !early.unlocked(rider).await,
+        "the carrier's commit locked the waiting job's row"
+    );
+    let mut job = early.waiting.pop().expect("the waiting job");
+    let asked = Instant::now();
+    let conn = job.job_store.transaction().await.expect("the carried lock");
+    assert!(
+        asked.elapsed() < Duration::from_millis(50),
+        "the transaction was open already"
+    );
+    assert_eq!(
+        backend_pid(conn).await,
+        early.carrier_pid,
+        "on the carrier's connection"
+    );
+    assert_eq!(complete(&early.store, job).await, WriteResult::Applied);
+    assert_eq!(early.state(rider).await, "completed");
+    assert!(early.unlocked(rider).await);
+}
+
+#[tokio::test]
+async fn a_carried_lock_whose_handler_never_asks_is_rolled_back_and_its_kind_stops_boarding() {
+    let Some(pool) =
+        pool("a_carried_lock_whose_handler_never_asks_is_rolled_back_and_its_kind_stops_boarding")
+            .await
+    else {
+        return;
+    };
+    let mut early = Early::new(&pool, 3).await;
+    early.wait(0);
+    let rider = early.id(0);
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert!(!early.unlocked(rider).await, "carried");
+    // The handler completes without asking for its transaction.
+    let job = early.waiting.remove(0);
+    assert_eq!(complete(&early.store, job).await, WriteResult::Applied);
+    assert_eq!(early.state(rider).await, "completed");
+    early.assert_released(rider).await;
+
+    // The kind's last job did not ask: the next one boards nothing, so the
+    // next commit carries no lock.
+    early.wait(0);
+    let next = early.id(0);
+    let mut carrier = early.waiting.remove(1);
+    carrier
+        .job_store
+        .transaction()
+        .await
+        .expect("a lock of its own");
+    assert_eq!(complete(&early.store, carrier).await, WriteResult::Applied);
+    assert!(early.unlocked(next).await, "no lock was carried");
+}
+
+#[tokio::test]
+async fn a_carried_lock_whose_job_moved_on_tells_its_handler() {
+    let Some(pool) = pool("a_carried_lock_whose_job_moved_on_tells_its_handler").await else {
+        return;
+    };
+    let mut early = Early::new(&pool, 1).await;
+    early.wait(0);
+    let rider = early.id(0);
+    early.move_on(rider).await;
+    assert_eq!(
+        early.commit_carrier().await,
+        WriteResult::Applied,
+        "the carrier commits whatever became of the lock"
+    );
+    let mut job = early.waiting.pop().expect("the waiting job");
+    let answer = job.job_store.transaction().await.map(|_| ());
+    assert!(
+        matches!(answer, Err(StoreError::Conflict { .. })),
+        "the handler learns its job is not held: {answer:?}"
+    );
+    assert_eq!(early.state(rider).await, "queued");
+    early.assert_released(rider).await;
+}
+
+#[tokio::test]
+async fn a_carried_lock_whose_handle_is_dropped_is_rolled_back() {
+    let Some(pool) = pool("a_carried_lock_whose_handle_is_dropped_is_rolled_back").await else {
+        return;
+    };
+    let mut early = Early::new(&pool, 1).await;
+    early.wait(0);
+    let rider = early.id(0);
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert!(!early.unlocked(rider).await, "carried");
+    drop(early.waiting.pop());
+    early.assert_released(rider).await;
+    assert_eq!(early.state(rider).await, "processing");
+}
+
+#[tokio::test]
+async fn a_job_that_starts_before_any_commit_locks_by_itself() {
+    let Some(pool) = pool("a_job_that_starts_before_any_commit_locks_by_itself").await else {
+        return;
+    };
+    let mut early = Early::new(&pool, 1).await;
+    early.wait(0);
+    let rider = early.id(0);
+    let mut job = early.waiting.pop().expect("the waiting job");
+    let conn = job.job_store.transaction().await.expect("its own lock");
+    assert_ne!(
+        backend_pid(conn).await,
+        early.carrier_pid,
+        "not the carrier's connection, which is still in its transaction"
+    );
+    // The withdrawn lock does not ride on the carrier's commit.
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert_eq!(complete(&early.store, job).await, WriteResult::Applied);
+    assert_eq!(early.state(rider).await, "completed");
+    assert!(early.unlocked(rider).await);
+}
