@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 use queue_core::{Claimed, Job, NewJob, Store, StoreError, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{backend_pid, claim_now, complete, fresh_table, pool};
+use support::{backend_pid, claim_now, complete, fresh_table, pool, row_unlocked, state_of};
 
 /// Claimed jobs on a transactional store (no late rides), after one job of
 /// the kind asked for its transaction, so that the kind's jobs board early.
@@ -82,41 +82,16 @@ impl Early {
         complete(&self.store, carrier).await
     }
 
-    /// Queues the job again behind the worker's back, as the resetter
-    /// would: its claim no longer holds it.
     async fn move_on(&self, id: i64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET state = 'queued' WHERE id = $1",
-            self.table.name()
-        )))
-        .bind(id)
-        .execute(&self.pool)
-        .await
-        .expect("the job moved on");
+        support::move_on(&self.pool, &self.table, id).await
     }
 
     async fn state(&self, id: i64) -> String {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT state FROM {} WHERE id = $1",
-            self.table.name()
-        )))
-        .bind(id)
-        .fetch_one(&self.pool)
-        .await
-        .expect("the job's state")
+        state_of(&self.pool, &self.table, id).await
     }
 
-    /// Whether another transaction can lock the job's row at once.
     async fn unlocked(&self, id: i64) -> bool {
-        let mut tx = self.pool.begin().await.expect("a transaction");
-        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT",
-            self.table.name()
-        )))
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await;
-        locked.is_ok()
+        row_unlocked(&self.pool, &self.table, id).await
     }
 
     /// Waits up to 5 s for the job's row to be unlocked and the carrier's

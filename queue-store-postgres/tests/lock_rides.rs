@@ -14,7 +14,10 @@ use std::time::Duration;
 use queue_core::{Claimed, Job, NewJob, StoreError, WriteResult};
 use queue_store_postgres::{ExecutionMode, JobTable, PgStore};
 use sqlx::PgPool;
-use support::{backend_pid, claim_now, complete, count_in, fresh_table, pool, side_table};
+use support::{
+    backend_pid, claim_now, complete, count_in, fresh_table, pool, row_unlocked, side_table,
+    state_of,
+};
 
 /// Three claimed jobs on a store whose locks ride (waiting up to a minute,
 /// so no ride in these tests ends for lack of time), after one commit so
@@ -100,41 +103,16 @@ impl Riding {
         complete(&self.store, rider).await
     }
 
-    /// Queues the job again behind the worker's back, as the resetter
-    /// would: its claim no longer holds it.
     async fn move_on(&self, id: i64) {
-        sqlx::query(sqlx::AssertSqlSafe(format!(
-            "UPDATE {} SET state = 'queued' WHERE id = $1",
-            self.table.name()
-        )))
-        .bind(id)
-        .execute(&self.pool)
-        .await
-        .expect("the job moved on");
+        support::move_on(&self.pool, &self.table, id).await
     }
 
     async fn state(&self, id: i64) -> String {
-        sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
-            "SELECT state FROM {} WHERE id = $1",
-            self.table.name()
-        )))
-        .bind(id)
-        .fetch_one(&self.pool)
-        .await
-        .expect("the job's state")
+        state_of(&self.pool, &self.table, id).await
     }
 
-    /// Whether another transaction can lock the job's row at once.
     async fn unlocked(&self, id: i64) -> bool {
-        let mut tx = self.pool.begin().await.expect("a transaction");
-        let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
-            "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT",
-            self.table.name()
-        )))
-        .bind(id)
-        .fetch_optional(&mut *tx)
-        .await;
-        locked.is_ok()
+        row_unlocked(&self.pool, &self.table, id).await
     }
 }
 

@@ -136,6 +136,44 @@ pub async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
         .expect("count")
 }
 
+/// Queues job `id` again behind the worker's back, as the resetter would:
+/// its claim no longer holds it.
+pub async fn move_on(pool: &PgPool, table: &JobTable, id: i64) {
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET state = 'queued' WHERE id = $1",
+        table.name()
+    )))
+    .bind(id)
+    .execute(pool)
+    .await
+    .expect("the job moved on");
+}
+
+/// Job `id`'s stored state.
+pub async fn state_of(pool: &PgPool, table: &JobTable, id: i64) -> String {
+    sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT state FROM {} WHERE id = $1",
+        table.name()
+    )))
+    .bind(id)
+    .fetch_one(pool)
+    .await
+    .expect("the job's state")
+}
+
+/// Whether another transaction can lock job `id`'s row at once.
+pub async fn row_unlocked(pool: &PgPool, table: &JobTable, id: i64) -> bool {
+    let mut tx = pool.begin().await.expect("a transaction");
+    let locked = sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR UPDATE NOWAIT",
+        table.name()
+    )))
+    .bind(id)
+    .fetch_optional(&mut *tx)
+    .await;
+    locked.is_ok()
+}
+
 /// The server process behind `conn`.
 pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
     sqlx::query_scalar("SELECT pg_backend_pid()")
