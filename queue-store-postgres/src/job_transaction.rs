@@ -646,7 +646,9 @@ async fn commit_prepared<K: PgKey>(
     match failure {
         None => {
             if let Err(Arrival::Locked(conn)) = ride.deliver(Arrival::Locked(conn), rides) {
-                // The rider is gone: its lock goes with a rollback.
+                // The rider is gone, or as many early locks as allowed
+                // wait for handlers (the rider locks by itself): the lock
+                // goes with a rollback.
                 if let Err(error) =
                     end_transaction(prepared(conn), &claim.stash, Ending::RollBack).await
                 {

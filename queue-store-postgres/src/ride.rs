@@ -66,11 +66,16 @@ pub(crate) struct Ride {
 impl Ride {
     /// Tells the rider how its ride ended; the arrival comes back if the
     /// rider is gone (its connection is then the committer's to clean up).
+    ///
+    /// An early lock that arrived parks its connection until its job gets
+    /// a handler; when as many as allowed are parked already (commits that
+    /// took their rides before the last ones parked), it comes back too,
+    /// and the rider, told nothing, locks by itself.
     pub(crate) fn deliver(self, arrival: Arrival, rides: &Rides) -> Result<(), Arrival> {
         // Counted before the rider can see it, uncounted if it never does.
         let parks = self.early && matches!(arrival, Arrival::Locked(_));
-        if parks {
-            rides.parked.fetch_add(1, Ordering::AcqRel);
+        if parks && !rides.park() {
+            return Err(arrival);
         }
         let sent = self.reply.send(arrival);
         if parks && sent.is_err() {
@@ -190,6 +195,18 @@ impl Rides {
             return None;
         }
         waiting.pop_front()
+    }
+
+    /// Counts one more early lock parked, unless as many as allowed are:
+    /// whether it may park. (A lock that parks holds a connection while its
+    /// job waits for a handler; running jobs that lock by themselves need
+    /// the rest of the pool.)
+    fn park(&self) -> bool {
+        self.parked
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |parked| {
+                (parked < self.max_parked).then_some(parked + 1)
+            })
+            .is_ok()
     }
 
     /// Takes the ride off the queue unless a commit took it: whether it
@@ -349,6 +366,17 @@ mod tests {
             0,
             "only a lock that arrived parks"
         );
+    }
+
+    #[test]
+    fn no_more_early_locks_park_than_allowed() {
+        let rides = Rides::new(None, 2);
+        assert!(rides.park());
+        assert!(rides.park());
+        assert!(!rides.park(), "two parked already");
+        assert_eq!(rides.parked.load(Ordering::Acquire), 2);
+        rides.parked.fetch_sub(1, Ordering::AcqRel);
+        assert!(rides.park(), "room again once one settled");
     }
 
     #[tokio::test]

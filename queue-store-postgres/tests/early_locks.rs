@@ -32,9 +32,14 @@ struct Early {
 
 impl Early {
     async fn new(pool: &PgPool, waiting: usize) -> Early {
+        Early::on(pool, pool, waiting).await
+    }
+
+    /// The same with the store on `store_pool`.
+    async fn on(pool: &PgPool, store_pool: &PgPool, waiting: usize) -> Early {
         let table = fresh_table(pool).await;
         let options = table.store_options().mode(ExecutionMode::Transactional);
-        let store = PgStore::default_table(pool.clone(), options)
+        let store = PgStore::default_table(store_pool.clone(), options)
             .await
             .expect("a store over the test table");
         let jobs: Vec<_> = (0..waiting + 2)
@@ -181,6 +186,46 @@ async fn a_carried_lock_whose_handler_never_asks_is_rolled_back_and_its_kind_sto
         .expect("a lock of its own");
     assert_eq!(complete(&early.store, carrier).await, WriteResult::Applied);
     assert!(early.unlocked(next).await, "no lock was carried");
+}
+
+#[tokio::test]
+async fn no_more_locks_wait_for_handlers_than_half_the_pool() {
+    let Some(pool) = pool("no_more_locks_wait_for_handlers_than_half_the_pool").await else {
+        return;
+    };
+    let url =
+        queue_core::testkit::database_url("no_more_locks_wait_for_handlers_than_half_the_pool")
+            .expect("the test database");
+    // Three connections: one lock may wait for its handler.
+    let small = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(3)
+        .connect(&url)
+        .await
+        .expect("a pool of three");
+    let mut early = Early::on(&pool, &small, 3).await;
+    early.wait(0);
+    early.wait(1);
+    let (parked, refused) = (early.id(0), early.id(1));
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert!(!early.unlocked(parked).await, "the first lock was carried");
+    // Another job's commit: the second waiting lock stays behind.
+    let mut carrier = early.waiting.remove(2);
+    carrier
+        .job_store
+        .transaction()
+        .await
+        .expect("a lock of its own");
+    assert_eq!(complete(&early.store, carrier).await, WriteResult::Applied);
+    assert!(
+        early.unlocked(refused).await,
+        "one lock waits for its handler already: no second one is carried"
+    );
+    for mut job in early.waiting.drain(..) {
+        job.job_store.transaction().await.expect("its lock");
+        assert_eq!(complete(&early.store, job).await, WriteResult::Applied);
+    }
+    assert_eq!(early.state(parked).await, "completed");
+    assert_eq!(early.state(refused).await, "completed");
 }
 
 #[tokio::test]
