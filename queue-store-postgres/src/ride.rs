@@ -15,8 +15,9 @@
 //!   the rider waits for no flush it would not have waited for anyway. A
 //!   job that starts before any commit took its lock withdraws it and
 //!   locks by itself; one that never asks for its transaction has a lock
-//!   that arrived rolled back. At most half the pool's connections wait,
-//!   locked, for their jobs' handlers.
+//!   that arrived rolled back, and so has one that asks over a second
+//!   after it arrived (it then locks afresh). At most half the pool's
+//!   connections wait, locked, for their jobs' handlers.
 //! - **Late rides** ([`crate::PgStoreOptions::lock_rides`], off by
 //!   default): a handler asking for its transaction while other jobs'
 //!   commits flow hands its lock to the next of them, if another job's
@@ -60,7 +61,7 @@ pub(crate) struct Ride {
     early: bool,
     /// `EXECUTE lock(..)` for the rider's job.
     pub(crate) lock: String,
-    reply: oneshot::Sender<Arrival>,
+    reply: oneshot::Sender<Delivered>,
 }
 
 impl Ride {
@@ -77,11 +78,14 @@ impl Ride {
         if parks && !rides.park() {
             return Err(arrival);
         }
-        let sent = self.reply.send(arrival);
+        let sent = self.reply.send(Delivered {
+            arrival,
+            at: Instant::now(),
+        });
         if parks && sent.is_err() {
             rides.parked.fetch_sub(1, Ordering::AcqRel);
         }
-        sent
+        sent.map_err(|returned| returned.arrival)
     }
 }
 
@@ -109,11 +113,25 @@ pub(crate) struct Rides {
     asks: Mutex<HashMap<String, bool>>,
 }
 
+/// An arrival and when it was sent.
+#[derive(Debug)]
+pub(crate) struct Delivered {
+    arrival: Arrival,
+    at: Instant,
+}
+
+/// The longest an early lock waits for its job's handler to ask for the
+/// transaction before it is rolled back and taken afresh: a connection
+/// left idle in a transaction longer may have been ended by the server
+/// (`idle_in_transaction_session_timeout`; the docs ask for over 2 s,
+/// which the chained connections of the stash need too).
+const PARKED_AT_MOST: Duration = Duration::from_secs(1);
+
 /// A boarded lock: how the rider waits for its arrival.
 #[derive(Debug)]
 pub(crate) struct Ticket {
     number: u64,
-    arrival: oneshot::Receiver<Arrival>,
+    arrival: oneshot::Receiver<Delivered>,
 }
 
 /// Counts a job transaction as open until dropped.
@@ -242,14 +260,14 @@ impl Rides {
     /// the wait (it is then taken off the queue).
     pub(crate) async fn arrive(&self, mut ticket: Ticket) -> Arrival {
         if let Ok(arrival) = tokio::time::timeout(self.wait, &mut ticket.arrival).await {
-            return arrival.unwrap_or(Arrival::Missed);
+            return arrival.map_or(Arrival::Missed, |d| d.arrival);
         }
         if self.withdraw(ticket.number) {
             return Arrival::Missed;
         }
         // A commit took it just now: its answer is on the way (or the
         // committer was dropped, which is a miss).
-        ticket.arrival.await.unwrap_or(Arrival::Missed)
+        ticket.arrival.await.map_or(Arrival::Missed, |d| d.arrival)
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<Ride>> {
@@ -287,11 +305,26 @@ impl EarlyLock {
         if self.rides.withdraw(ticket.number) {
             return None;
         }
-        let arrival = ticket.arrival.await.unwrap_or(Arrival::Missed);
-        if matches!(arrival, Arrival::Locked(_)) {
-            self.rides.parked.fetch_sub(1, Ordering::AcqRel);
+        let Ok(Delivered { arrival, at }) = ticket.arrival.await else {
+            return Some(Arrival::Missed);
+        };
+        let Arrival::Locked(mut conn) = arrival else {
+            return Some(arrival);
+        };
+        self.rides.parked.fetch_sub(1, Ordering::AcqRel);
+        if at.elapsed() <= PARKED_AT_MOST {
+            return Some(Arrival::Locked(conn));
         }
-        Some(arrival)
+        // Parked too long to trust: rolled back (a connection the server
+        // ended is closed), and the job locks by itself.
+        match PgTransactionManager::rollback(&mut conn).await {
+            Ok(()) => self.stash.put(Lent {
+                conn,
+                prepared: true,
+            }),
+            Err(_) => conn.close_on_drop(),
+        }
+        Some(Arrival::Missed)
     }
 }
 
@@ -307,7 +340,11 @@ impl Drop for EarlyLock {
         // rider gone and rolls the lock back itself; one that delivered
         // already left the locked connection here.
         ticket.arrival.close();
-        if let Ok(Arrival::Locked(mut conn)) = ticket.arrival.try_recv() {
+        if let Ok(Delivered {
+            arrival: Arrival::Locked(mut conn),
+            ..
+        }) = ticket.arrival.try_recv()
+        {
             self.rides.parked.fetch_sub(1, Ordering::AcqRel);
             PgTransactionManager::start_rollback(&mut conn);
             self.stash.return_checked(Lent {

@@ -268,6 +268,42 @@ async fn a_carried_lock_whose_handle_is_dropped_is_rolled_back() {
 }
 
 #[tokio::test]
+async fn a_lock_parked_over_a_second_is_taken_afresh_if_the_server_ended_it() {
+    let Some(pool) =
+        pool("a_lock_parked_over_a_second_is_taken_afresh_if_the_server_ended_it").await
+    else {
+        return;
+    };
+    let mut early = Early::new(&pool, 1).await;
+    early.wait(0);
+    let rider = early.id(0);
+    assert_eq!(early.commit_carrier().await, WriteResult::Applied);
+    assert!(!early.unlocked(rider).await, "carried");
+    // The server ends the parked connection, as an
+    // idle_in_transaction_session_timeout would.
+    let ended: bool = sqlx::query_scalar("SELECT pg_terminate_backend($1)")
+        .bind(early.carrier_pid)
+        .fetch_one(&pool)
+        .await
+        .expect("terminate the parked backend");
+    assert!(ended);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    let mut job = early.waiting.pop().expect("the waiting job");
+    let conn = job
+        .job_store
+        .transaction()
+        .await
+        .expect("a lock taken afresh");
+    assert_ne!(
+        backend_pid(conn).await,
+        early.carrier_pid,
+        "a live connection"
+    );
+    assert_eq!(complete(&early.store, job).await, WriteResult::Applied);
+    assert_eq!(early.state(rider).await, "completed");
+}
+
+#[tokio::test]
 async fn a_job_that_starts_before_any_commit_locks_by_itself() {
     let Some(pool) = pool("a_job_that_starts_before_any_commit_locks_by_itself").await else {
         return;
