@@ -452,6 +452,8 @@ impl<K: PgKey> PgJobTransaction<K> {
             };
             self.asked = true;
             let count_open = || claim.rides.as_ref().map(|rides| rides.opened());
+            // A lock boarded early settles first; one no commit took may
+            // still ride late.
             let early = match self.early.take() {
                 Some(early) => early.settle().await,
                 None => None,

@@ -1076,11 +1076,7 @@ where
                     stash: self.inner.stash.clone(),
                     prepared: self.inner.prepared.clone(),
                     rides: self.inner.rides.clone(),
-                    kind: self
-                        .inner
-                        .rides
-                        .as_ref()
-                        .and_then(|_| record.as_ref().ok().map(|r| r.kind().to_owned())),
+                    kind: record.as_ref().ok().map(|r| r.kind().to_owned()),
                 });
                 Claimed {
                     lease,
