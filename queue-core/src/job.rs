@@ -70,6 +70,43 @@ impl JobState {
         )
     }
 
+    /// Whether a job's finish time and due time agree with this state, as
+    /// every store keeps them:
+    ///
+    /// - a job that is ready to run or running has neither;
+    /// - a job that waits for a time (scheduled, or errored and waiting for
+    ///   its retry) has a due time, and may keep its last attempt's finish;
+    /// - a finished job has a finish time and no due time.
+    ///
+    /// A claim clears both times, and every write that finishes a job
+    /// clears the due time. The times alone then tell the three apart (the
+    /// two empty: ready or running; a due time: waiting for it; only a
+    /// finish time: finished), so that an index can leave finished jobs
+    /// out without naming the state, which every claim changes.
+    ///
+    /// ```
+    /// # use queue_core::JobState;
+    /// let now = chrono::Utc::now();
+    /// assert!(JobState::Processing.times_agree(None, None));
+    /// assert!(JobState::Errored.times_agree(Some(now), Some(now)));
+    /// assert!(!JobState::Completed.times_agree(Some(now), Some(now)));
+    /// ```
+    pub fn times_agree(
+        self,
+        finished_at: Option<DateTime<Utc>>,
+        process_after: Option<DateTime<Utc>>,
+    ) -> bool {
+        match self {
+            JobState::Processing => finished_at.is_none() && process_after.is_none(),
+            JobState::Queued | JobState::Errored => {
+                finished_at.is_none() || process_after.is_some()
+            }
+            JobState::Completed | JobState::Failed | JobState::Canceled => {
+                finished_at.is_some() && process_after.is_none()
+            }
+        }
+    }
+
     /// The canonical name of the state, as stored in the default table.
     pub fn as_str(self) -> &'static str {
         match self {

@@ -151,6 +151,7 @@ fn cancel(job: &mut Job, now: DateTime<Utc>) -> Applied {
         JobState::Queued | JobState::Errored => {
             job.state = JobState::Canceled;
             job.finished_at = Some(now);
+            job.process_after = None;
             job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
             Applied::Changed
         }
@@ -351,6 +352,7 @@ impl Admin for MemoryStore {
             }
             job.state = JobState::Failed;
             job.finished_at = Some(now);
+            job.process_after = None;
             job.failure_message = Some(reason.to_owned());
             // Token 0 is never a claim's (they count from 1): the running
             // attempt's lease holds nothing any more.

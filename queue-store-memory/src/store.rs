@@ -400,6 +400,9 @@ impl Store for MemoryStore {
                 continue;
             };
             job.state = JobState::Processing;
+            // A claim clears both times (`JobState::times_agree`).
+            job.finished_at = None;
+            job.process_after = None;
             job.claim_token = token;
             job.started_at = Some(params.now);
             job.last_heartbeat_at = Some(params.now);
@@ -527,6 +530,7 @@ impl Store for MemoryStore {
                 job.state = JobState::Failed;
                 job.failure_message = Some(EXPIRED_MESSAGE.to_owned());
                 job.finished_at = Some(now);
+                job.process_after = None;
                 state.claimable.remove(&key);
             }
         }

@@ -7,7 +7,11 @@ mod support;
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use queue_core::{Admin, CancellationToken, Handler, JobContext, JobError, JobRecord, JobState};
+use chrono::{TimeDelta, Utc};
+use queue_core::{
+    Admin, CancellationToken, ClaimParams, Handler, JobContext, JobError, JobRecord, JobState,
+    Store, Targets, Transition, WriteResult,
+};
 use queue_store_postgres::{
     bookkeeping, Column, ExecutionMode, PgJobTransaction, PgStore, PgStoreOptions,
 };
@@ -162,4 +166,96 @@ async fn a_key_and_a_state_drain_in_both_modes_with_no_change_to_the_table() {
             "{mode:?}: the bookkeeping columns read through the admin view: {view:?}"
         );
     }
+}
+
+/// A due time the table may not leave empty (rickover's `run_after
+/// timestamptz NOT NULL DEFAULT now()`) keeps its value: a claim, an
+/// attempt's end and an operator's cancel or force-fail leave it alone
+/// (only a retry sets it), where on a nullable column they empty it for a
+/// job that no longer waits for a time (`JobState::times_agree`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_due_time_that_may_not_be_empty_keeps_its_value() {
+    let test = "a_due_time_that_may_not_be_empty_keeps_its_value";
+    let Some(pool) = pool(test).await else { return };
+    let schema = awkward_schema();
+    let s = quoted(&schema);
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "CREATE SCHEMA {s};
+         CREATE TABLE {s}.jobs (id bigint PRIMARY KEY, status text NOT NULL,
+           run_after timestamptz NOT NULL DEFAULT now(), finished_at timestamptz);
+         INSERT INTO {s}.jobs (id, status, run_after)
+           SELECT g, 'queued', now() - interval '1 hour' FROM generate_series(1, 4) g"
+    )))
+    .execute(&pool)
+    .await
+    .expect("the table");
+    let options = PgStoreOptions::new("jobs")
+        .and_then(|o| o.schema(&schema))
+        .and_then(|o| o.column(Column::State, "status"))
+        .and_then(|o| o.column(Column::ProcessAfter, "run_after"))
+        .and_then(|o| o.bookkeeping_table("jobs_bookkeeping"))
+        .expect("valid options")
+        .mode(ExecutionMode::Lease);
+    bookkeeping::migrate(&pool, &options)
+        .await
+        .expect("the bookkeeping table");
+    let store = PgStore::<Bare>::new(pool.clone(), options)
+        .await
+        .expect("a store");
+    let now = Utc::now();
+    let mut claimed = store
+        .claim(ClaimParams {
+            limit: 2,
+            worker: "w",
+            conditions: None,
+            now,
+        })
+        .await
+        .expect("a claim on a table whose due time may not be empty");
+    assert_eq!(claimed.len(), 2, "jobs 1 and 2 are claimed");
+    let retried = claimed.pop().expect("job 2");
+    let completed = claimed.pop().expect("job 1");
+    let written = store
+        .finish(
+            completed.job_store,
+            &completed.lease,
+            Transition::Complete,
+            now,
+        )
+        .await
+        .expect("a completion");
+    assert_eq!(written, WriteResult::Applied);
+    let retry = Transition::Retry {
+        message: "later".into(),
+        retry_at: now + TimeDelta::hours(1),
+    };
+    let written = store
+        .finish(retried.job_store, &retried.lease, retry, now)
+        .await
+        .expect("a retry");
+    assert_eq!(written, WriteResult::Applied);
+    Admin::cancel(&store, &Targets::id(3))
+        .await
+        .expect("a cancel");
+    Admin::force_fail(&store, &Targets::id(4), "stuck")
+        .await
+        .expect("a force-fail");
+    let rows: Vec<(i64, String, bool, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT id, status, run_after < now() - interval '30 minutes', finished_at IS NOT NULL \
+         FROM {s}.jobs ORDER BY id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("the rows");
+    let row = |id, status: &str, old_time, finished| (id, status.to_owned(), old_time, finished);
+    assert_eq!(
+        rows,
+        vec![
+            row(1, "completed", true, true),
+            row(2, "errored", false, true),
+            row(3, "canceled", true, true),
+            row(4, "failed", true, true),
+        ],
+        "(key, state, due time still the enqueued one, finish time written)"
+    );
 }

@@ -7,7 +7,10 @@
 //!   every waiting and running job exactly (through the claim's indexes)
 //!   and mark every finished figure as an estimate;
 //! - `stats` with `exact` equals a `GROUP BY` over the table, none marked;
-//! - both give the same oldest claimable time and stalled count.
+//! - both give the same oldest claimable time and stalled count;
+//! - and after every step, every row's finish and due times agree with
+//!   its state (`JobState::times_agree`), as the indexes of a table that
+//!   tells states apart by those times need.
 //!
 //! The table holds 2,000 old completed jobs of another kind, analyzed, so
 //! that the planner puts it past the threshold of 1,000. A failure shrinks
@@ -20,8 +23,8 @@ use std::collections::BTreeMap;
 use chrono::{TimeDelta, Utc};
 use proptest::prelude::*;
 use queue_core::{
-    Admin, ClaimParams, Claimed, Job, JobFilter, JobState, NewJob, PurgeParams, QueueStats,
-    RetryParams, StatsParams, Store, Targets, Transition, WriteResult,
+    Admin, ClaimParams, Claimed, Delivery, Job, JobFilter, JobState, NewJob, PurgeParams,
+    QueueStats, ResetParams, RetryParams, StatsParams, Store, Targets, Transition, WriteResult,
 };
 use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgStore};
 use sqlx::PgPool;
@@ -41,6 +44,8 @@ enum Op {
     RetryFinished { kind: usize },
     Delete { newest: bool },
     Purge,
+    ForceFail { kind: usize },
+    ResetStalled { max_resets: u32 },
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -55,6 +60,8 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0..2usize).prop_map(|kind| Op::RetryFinished { kind }),
         1 => any::<bool>().prop_map(|newest| Op::Delete { newest }),
         1 => Just(Op::Purge),
+        1 => (0..2usize).prop_map(|kind| Op::ForceFail { kind }),
+        1 => (0..2u32).prop_map(|max_resets| Op::ResetStalled { max_resets }),
     ]
 }
 
@@ -203,7 +210,44 @@ impl Case {
                     .from(Some(now - TimeDelta::hours(1)));
                 self.admin.purge(&params).await.expect("a purge");
             }
+            Op::ForceFail { kind } => {
+                let unfinished = JobFilter::default().kinds([KINDS[*kind]]).states([
+                    JobState::Queued,
+                    JobState::Errored,
+                    JobState::Processing,
+                ]);
+                self.admin
+                    .force_fail(&Targets::matching(unfinished, 100), "stuck")
+                    .await
+                    .expect("a force-fail");
+            }
+            Op::ResetStalled { max_resets } => {
+                // Every running job counts as stalled; its holder's late
+                // finish is then stale.
+                let params = ResetParams {
+                    stalled_before: now + TimeDelta::hours(1),
+                    max_resets: *max_resets,
+                    delivery: Delivery::AtLeastOnce,
+                    now,
+                };
+                self.admin.reset(params).await.expect("a reset");
+            }
         }
+    }
+
+    /// The rows whose finish and due times disagree with their state
+    /// (`JobState::times_agree`, spelled in SQL).
+    async fn times_disagreeing(&self) -> Vec<(i64, String)> {
+        sqlx::query_as(sqlx::AssertSqlSafe(format!(
+            "SELECT id, state FROM {} WHERE NOT CASE \
+             WHEN state = 'processing' THEN finished_at IS NULL AND process_after IS NULL \
+             WHEN state IN ('queued', 'errored') THEN finished_at IS NULL OR process_after IS NOT NULL \
+             ELSE finished_at IS NOT NULL AND process_after IS NULL END ORDER BY id",
+            self.table.name().quoted()
+        )))
+        .fetch_all(&self.pool)
+        .await
+        .expect("a read of the times")
     }
 
     /// Jobs per (stored state, kind), counted by `GROUP BY`.
@@ -235,8 +279,16 @@ fn figures(stats: &QueueStats) -> BTreeMap<(String, String), (u64, bool)> {
 
 async fn check(pool: &PgPool, ops: &[Op]) -> Result<(), TestCaseError> {
     let mut case = Case::new(pool).await;
-    for op in ops {
+    for (step, op) in ops.iter().enumerate() {
         case.run(op).await;
+        let disagreeing = case.times_disagreeing().await;
+        prop_assert!(
+            disagreeing.is_empty(),
+            "after step {} ({:?}) these rows' times disagree with their state: {:?}",
+            step,
+            op,
+            disagreeing
+        );
     }
     let now = Utc::now();
     let params = StatsParams::new(now, now - TimeDelta::minutes(5));

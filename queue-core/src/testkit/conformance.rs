@@ -46,6 +46,8 @@ pub struct Snapshot {
     pub failure_message: Option<String>,
     /// Not claimable before this.
     pub process_after: Option<DateTime<Utc>>,
+    /// When its last attempt ended, or when it was ended.
+    pub finished_at: Option<DateTime<Utc>>,
     /// Last heartbeat.
     pub last_heartbeat_at: Option<DateTime<Utc>>,
     /// Messages of the execution log, in order.
@@ -66,6 +68,7 @@ impl<Id> From<JobView<Id>> for Snapshot {
             num_resets: count(job.num_resets),
             failure_message: job.failure_message,
             process_after: job.process_after,
+            finished_at: job.finished_at,
             last_heartbeat_at: job.last_heartbeat_at,
             log_messages: job
                 .execution_logs
@@ -215,10 +218,23 @@ async fn claim_where<H: Harness>(
         .expect("claim failed")
 }
 
+/// What the store holds for `id`, which must exist and whose times must
+/// agree with its state ([`JobState::times_agree`]): every case checks
+/// that rule on every job it looks at.
 async fn snapshot<H: Harness>(h: &H, store: &H::Store, id: &IdOf<H>) -> Snapshot {
-    h.inspect(store, id)
+    let job = h
+        .inspect(store, id)
         .await
-        .unwrap_or_else(|| panic!("job {id} vanished"))
+        .unwrap_or_else(|| panic!("job {id} vanished"));
+    assert!(
+        job.state.times_agree(job.finished_at, job.process_after),
+        "job {id} is {:?} with finished_at {:?} and process_after {:?}: a job ready or running \
+         has neither time, one waiting for a time has process_after, a finished one only finished_at",
+        job.state,
+        job.finished_at,
+        job.process_after
+    );
+    job
 }
 
 async fn finish<H: Harness>(
@@ -500,6 +516,78 @@ pub async fn errored_job_is_retried_after_its_time<H: Harness>(h: &H) {
         again.lease.token, first_token,
         "the retry has a new fencing token"
     );
+}
+
+/// A job's finish and due times follow its state
+/// ([`JobState::times_agree`]): a claim clears what a scheduled or retried
+/// job carried, an attempt's end sets them as its outcome says, and an
+/// operator's cancel or force-fail and the expiry sweep clear a waiting
+/// job's due time.
+pub async fn a_jobs_times_follow_its_state<H: Harness>(h: &H) {
+    let store = h.store().await;
+    let t = t0();
+    let times = |s: &Snapshot| (s.state, s.finished_at, s.process_after);
+    let id = h
+        .enqueue(
+            &store,
+            NewJob::new("k", serde_json::json!("scheduled")).process_after(at(t, 10)),
+        )
+        .await;
+    let running = claim::<H>(&store, 1, at(t, 11)).await.pop().expect("due");
+    assert_eq!(
+        times(&snapshot(h, &store, &id).await),
+        (JobState::Processing, None, None),
+        "a claim clears a scheduled job's due time"
+    );
+    let retry = Transition::Retry {
+        message: "again".into(),
+        retry_at: at(t, 20),
+    };
+    end::<H>(&store, running, retry, at(t, 12)).await;
+    assert_eq!(
+        times(&snapshot(h, &store, &id).await),
+        (JobState::Errored, Some(at(t, 12)), Some(at(t, 20))),
+        "a retry keeps the attempt's end and the retry's time"
+    );
+    let again = claim::<H>(&store, 1, at(t, 21)).await.pop().expect("due");
+    assert_eq!(
+        times(&snapshot(h, &store, &id).await),
+        (JobState::Processing, None, None),
+        "a claim clears a retried job's last finish and due time"
+    );
+    end::<H>(&store, again, Transition::Complete, at(t, 22)).await;
+    assert_eq!(
+        times(&snapshot(h, &store, &id).await),
+        (JobState::Completed, Some(at(t, 22)), None)
+    );
+
+    let waiting = |payload: &str| {
+        NewJob::new("k", serde_json::json!(payload))
+            .process_after(at(t, 100))
+            .expires_at(at(t, 50))
+    };
+    let canceled = h.enqueue(&store, waiting("canceled")).await;
+    let failed = h.enqueue(&store, waiting("failed")).await;
+    let expired = h.enqueue(&store, waiting("expired")).await;
+    h.cancel(&store, &canceled).await;
+    Admin::force_fail(&store, &Targets::id(failed.clone()), "stuck")
+        .await
+        .expect("force_fail failed");
+    let swept = store.expire(at(t, 60), 10).await.expect("expire failed");
+    assert_eq!(swept, vec![expired.clone()], "the expiry sweep ends it");
+    for (id, state) in [
+        (&canceled, JobState::Canceled),
+        (&failed, JobState::Failed),
+        (&expired, JobState::Failed),
+    ] {
+        let s = snapshot(h, &store, id).await;
+        assert_eq!(
+            (s.state, s.process_after),
+            (state, None),
+            "a waiting job that is ended has no due time"
+        );
+        assert!(s.finished_at.is_some(), "an ended job has its finish time");
+    }
 }
 
 /// Failed and canceled are terminal: nothing claims, resets or rewrites them.
@@ -2934,6 +3022,7 @@ macro_rules! conformance_tests {
             claim_honours_extra_conditions,
             complete_applies_once,
             errored_job_is_retried_after_its_time,
+            a_jobs_times_follow_its_state,
             failed_and_canceled_jobs_are_final,
             cancelling_a_queued_job_cancels_it,
             heartbeat_reports_cancelled_and_gone_jobs,

@@ -139,6 +139,7 @@ impl Model {
                 job.state = Some(JobState::Failed);
                 job.failure_message = Some(crate::job::EXPIRED_MESSAGE.to_owned());
                 job.finished_at = Some(now);
+                job.process_after = None;
                 expired.push(i);
             }
         }
@@ -159,6 +160,9 @@ impl Model {
                 self.next_claim += 1;
                 let job = &mut self.jobs[i];
                 job.state = Some(JobState::Processing);
+                // A claim clears both times (`JobState::times_agree`).
+                job.finished_at = None;
+                job.process_after = None;
                 job.hold = Some(Hold {
                     claim: self.next_claim,
                     worker,
@@ -297,6 +301,7 @@ impl Model {
                 job.state = Some(JobState::Canceled);
                 job.failure_message = Some(CANCELED_BEFORE_RUN_MESSAGE.to_owned());
                 job.finished_at = Some(now);
+                job.process_after = None;
                 Some(true)
             }
             Some(JobState::Processing) => {

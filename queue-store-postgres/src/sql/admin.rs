@@ -381,6 +381,15 @@ impl AdminStatements {
                 let now = b.p(Param::Now);
                 sets.push(format!("{n} = CASE WHEN {fail} THEN {now} ELSE {at} END"));
             }
+            // A job that ends has no due time (`JobState::times_agree`);
+            // one claimed by an earlier release may still carry one.
+            if let (Some(n), Some(at), true) = (
+                names.get(Column::ProcessAfter),
+                names.at(Column::ProcessAfter),
+                shape.clears(Column::ProcessAfter),
+            ) {
+                sets.push(format!("{n} = CASE WHEN {fail} THEN NULL ELSE {at} END"));
+            }
             let stalled = format!(
                 "{state} = CAST({processing} AS {st}) AND ({since} IS NULL OR {since} < {before}) ORDER BY {id}"
             );
@@ -440,6 +449,9 @@ impl AdminStatements {
             }
             if let Some(n) = names.get(Column::FinishedAt) {
                 sets.push(format!("{n} = {now}"));
+            }
+            if let Some(n) = names.get(Column::ProcessAfter).filter(|_| shape.clears(Column::ProcessAfter)) {
+                sets.push(format!("{n} = NULL"));
             }
             b.push(&format!(
                 "WITH expired AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}) \
@@ -1536,6 +1548,12 @@ impl AdminStatements {
         if let Some(n) = self.name(Column::FinishedAt) {
             sets.push(format!("{n} = now()"));
         }
+        if let Some(n) = self
+            .name(Column::ProcessAfter)
+            .filter(|_| self.shape.clears(Column::ProcessAfter))
+        {
+            sets.push(format!("{n} = NULL"));
+        }
         if let Some(n) = self.name(Column::ClaimToken) {
             sets.push(format!("{n} = {n} + {step}"));
         } else if let (None, Some(n)) = (
@@ -1573,6 +1591,12 @@ impl AdminStatements {
         }
         if let Some(n) = self.name(Column::FinishedAt) {
             sets.push(format!("{n} = {}", b.p(Param::Now)));
+        }
+        if let Some(n) = self
+            .name(Column::ProcessAfter)
+            .filter(|_| self.shape.clears(Column::ProcessAfter))
+        {
+            sets.push(format!("{n} = NULL"));
         }
         format!(
             "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
@@ -1624,6 +1648,7 @@ mod tests {
             unique_unenforced: None,
             attempts_left_default: None,
             side: None,
+            nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
         }
     }
 

@@ -545,6 +545,16 @@ pub(crate) async fn inspect(
     for column in absent.iter().filter(|c| c.absence_matters()) {
         tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
     }
+    let nullable_times = [Column::FinishedAt, Column::ProcessAfter]
+        .into_iter()
+        .filter(|c| !absent.contains(c))
+        .filter(|c| {
+            options
+                .column_name(*c)
+                .and_then(|name| cols.get(name.as_str()))
+                .is_some_and(|info| !info.not_null)
+        })
+        .collect();
     Ok((
         TableShape {
             state_type,
@@ -566,6 +576,7 @@ pub(crate) async fn inspect(
             partitioned,
             live_partitions: live.into_iter().map(|(_, name)| name).collect(),
             inherited,
+            nullable_times,
         },
         absent,
     ))

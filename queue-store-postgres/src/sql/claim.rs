@@ -497,6 +497,14 @@ fn template(t: &Target, reads: Reads) -> Template {
     if let Some(name) = names.get(Column::ExecutionLogs) {
         sets.push(format!("{name} = '{{}}'"));
     }
+    // A claim clears both times (`JobState::times_agree`): a retried job's
+    // last finish and its due time go. A fresh job has neither, and
+    // writing the same empty values changes no indexed column.
+    for c in [Column::FinishedAt, Column::ProcessAfter] {
+        if let Some(name) = names.get(c).filter(|_| t.shape.clears(c)) {
+            sets.push(format!("{name} = NULL"));
+        }
+    }
     let select = options.select.clone().unwrap_or_else(|| format!("{a}.*"));
     let mut returning_record = if options.view.is_none() {
         format!(", {select}")
@@ -667,7 +675,7 @@ mod tests {
 
     const UPDATE: &str = " UPDATE ONLY \"public\".\"jobs\" AS \"jobs\" SET \"state\" = CAST($2 AS text), \"started_at\" = $1, \
          \"last_heartbeat_at\" = $1, \"worker_hostname\" = $3, \"claim_token\" = \"jobs\".\"claim_token\" + 1 + floor(random() * 1073741824)::int8, \
-         \"execution_logs\" = '{}' WHERE \"jobs\".ctid = ANY(ARRAY(SELECT \"__queue_place\" FROM candidates)) \
+         \"execution_logs\" = '{}', \"finished_at\" = NULL, \"process_after\" = NULL WHERE \"jobs\".ctid = ANY(ARRAY(SELECT \"__queue_place\" FROM candidates)) \
          AND \"jobs\".\"state\" IN (CAST(E'queued' AS text), CAST(E'errored' AS text)) \
          RETURNING \"jobs\".\"id\" AS \"__queue_id\", \"jobs\".\"claim_token\" AS \"__queue_token\", \
          \"jobs\".\"num_failures\"::int8 AS \"__queue_failures\", \

@@ -273,9 +273,20 @@ pub(crate) struct TableShape {
     /// that name the table alone (`ONLY`), so the child's jobs wait for
     /// its stores to restart.
     pub inherited: bool,
+    /// Which of the finish-time and due-time columns may be empty: a claim
+    /// empties both, and a write that ends a waiting job its due time
+    /// ([`JobState::times_agree`](queue_core::JobState::times_agree)). A
+    /// `NOT NULL` one (rickover's `run_after`) keeps its value.
+    pub nullable_times: Vec<Column>,
 }
 
 impl TableShape {
+    /// Whether writes empty `column` where the job's state says it has no
+    /// such time (see [`TableShape::nullable_times`]).
+    pub(crate) fn clears(&self, column: Column) -> bool {
+        self.nullable_times.contains(&column)
+    }
+
     /// Whether a row's place (`ctid`) names it in the whole table, so that
     /// a statement may find rows it read by their places: a plain table
     /// without inheritance children. A partitioned or inherited table
@@ -309,6 +320,7 @@ impl TableShape {
             partitioned: false,
             live_partitions: Vec::new(),
             inherited: false,
+            nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
         }
     }
 }
