@@ -208,13 +208,17 @@ async fn apply_locked(
         .peekable();
     let mut applied_now = Vec::new();
     let mut first = true;
+    // Index builds and batched fix-ups run outside a transaction, except
+    // on a table this run creates.
+    let outside = |m: &MigrationSql| !fresh && (!m.concurrent_indexes.is_empty() || m.batched);
     while versions.peek().is_some() {
-        let concurrent = versions
-            .peek()
-            .is_some_and(|m| !fresh && !m.concurrent_indexes.is_empty());
-        if concurrent {
+        if versions.peek().is_some_and(outside) {
             let Some(m) = versions.next() else { break };
-            build_concurrently(conn, table, &m).await?;
+            if m.batched {
+                fix_up(conn, table, &m).await?;
+            } else {
+                build_concurrently(conn, table, &m).await?;
+            }
             record(&mut *conn, table, &m).await?;
             applied_now.push(migration(table, m));
             continue;
@@ -243,9 +247,15 @@ async fn apply_locked(
             }
             first = false;
         }
-        while let Some(m) = versions.next_if(|m| fresh || m.concurrent_indexes.is_empty()) {
+        while let Some(m) = versions.next_if(|m| !outside(m)) {
             let context = migrating(table, &m);
-            for statement in &m.statements {
+            // A new table has no rows to fix up.
+            let statements = if m.batched {
+                &[][..]
+            } else {
+                &m.statements[..]
+            };
+            for statement in statements {
                 let statement = if m.concurrent_indexes.is_empty() {
                     statement.clone()
                 } else {
@@ -308,6 +318,36 @@ async fn build_concurrently(
         .execute(&mut *conn)
         .await
         .map_err(|e| store_error(&context, e))?;
+    Ok(())
+}
+
+/// Runs each statement of the batched version `m` until it is past the
+/// last key ([`MigrationSql::batched`]), each batch committed on its own.
+async fn fix_up(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    m: &MigrationSql,
+) -> Result<(), StoreError> {
+    let context = migrating(table, m);
+    for statement in &m.statements {
+        let (mut after, mut batches, mut fixed) = (i64::MIN, 0u64, 0i64);
+        loop {
+            let row = sqlx::query(sqlx::AssertSqlSafe(statement.as_str()))
+                .bind(after)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| store_error(&context, e))?;
+            let next: Option<i64> = row.try_get("next").map_err(|e| store_error(&context, e))?;
+            let changed: i64 = row.try_get("fixed").map_err(|e| store_error(&context, e))?;
+            batches += 1;
+            fixed += changed;
+            match next {
+                Some(key) => after = key,
+                None => break,
+            }
+        }
+        tracing::info!(table = %table, version = m.version, batches, rows = fixed, "rows fixed up");
+    }
     Ok(())
 }
 

@@ -286,3 +286,119 @@ async fn an_interrupted_index_build_is_repaired_by_the_next_run() {
     assert!(indexes >= 7, "the two of version 8 among them: {indexes}");
     assert!(jobs.migrate(&pool).await.expect("up to date").is_empty());
 }
+
+/// Version 12 sets right, in batches of keys, the times of rows written
+/// before they followed the state (`JobState::times_agree`): a finished
+/// job loses its due time (and gets a finish time where it had none), a
+/// running one both times, a waiting one without a due time its finish.
+/// Rows that agree already are not written; a run of the version again
+/// (its record removed, as after an interrupted run) changes nothing.
+/// On a plain table and on one partitioned by state and finish time.
+#[tokio::test]
+async fn version_12_sets_the_times_of_older_rows_right_in_batches() {
+    let Some(pool) = pool("version_12_sets_the_times_of_older_rows_right").await else {
+        return;
+    };
+    times_set_right(&pool, table()).await;
+    let partitioned =
+        table().partitioned_by_finish_time(queue_store_postgres::FinishPartitions::DAILY);
+    times_set_right(&pool, partitioned).await;
+}
+
+async fn times_set_right(pool: &sqlx::PgPool, jobs: JobTable) {
+    let pool = pool.clone();
+    jobs.migrate(&pool).await.expect("migration");
+    let t = jobs.name().quoted();
+    // 25,000 agreeing rows (three batches), then one of each kind that
+    // disagrees, as earlier releases wrote them.
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at, process_after) \
+             SELECT 'ok', CASE g % 3 WHEN 0 THEN 'completed' WHEN 1 THEN 'errored' ELSE 'queued' END, \
+             CASE WHEN g % 3 < 2 THEN now() END, CASE WHEN g % 3 = 1 THEN now() END \
+             FROM generate_series(1, 25000) g"
+        ),
+    )
+    .await;
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {t} (kind, state, started_at, finished_at, process_after) VALUES \
+             ('scheduled then completed', 'completed', now() - interval '1 minute', now(), now() - interval '1 hour'), \
+             ('failed without a finish', 'failed', now() - interval '1 minute', NULL, NULL), \
+             ('retried then claimed', 'processing', now(), now() - interval '1 minute', now() - interval '1 minute'), \
+             ('reset with its last finish', 'queued', now(), now() - interval '1 minute', NULL)"
+        ),
+    )
+    .await;
+    let versions = support::versions_table(&jobs);
+    execute(&pool, format!("DELETE FROM {versions} WHERE version = 12")).await;
+    let written_before: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {t} WHERE xmin::text::bigint = (SELECT max(xmin::text::bigint) FROM {t})"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the rows of the last insert");
+    assert_eq!(written_before, 4);
+
+    let applied = jobs.migrate(&pool).await.expect("version 12");
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [12]);
+    let rows: Vec<(String, String, bool, bool)> = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT kind, state, finished_at IS NOT NULL, process_after IS NOT NULL FROM {t} \
+         WHERE kind <> 'ok' ORDER BY id"
+    )))
+    .fetch_all(&pool)
+    .await
+    .expect("the fixed rows");
+    let row =
+        |kind: &str, state: &str, finished, due| (kind.to_owned(), state.to_owned(), finished, due);
+    assert_eq!(
+        rows,
+        vec![
+            row("scheduled then completed", "completed", true, false),
+            row("failed without a finish", "failed", true, false),
+            row("retried then claimed", "processing", false, false),
+            row("reset with its last finish", "queued", false, false),
+        ],
+        "(kind, state, has a finish time, has a due time)"
+    );
+    let (disagreeing, errored_with_both): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FILTER (WHERE NOT CASE \
+           WHEN state = 'processing' THEN finished_at IS NULL AND process_after IS NULL \
+           WHEN state IN ('queued', 'errored') THEN finished_at IS NULL OR process_after IS NOT NULL \
+           ELSE finished_at IS NOT NULL AND process_after IS NULL END), \
+         count(*) FILTER (WHERE state = 'errored' AND finished_at IS NOT NULL AND process_after IS NOT NULL) \
+         FROM {t}"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the times");
+    assert_eq!(disagreeing, 0, "every row's times agree with its state");
+    assert_eq!(
+        errored_with_both, 8334,
+        "an errored job keeps its last finish and its retry time"
+    );
+    // Only the four were written: no other row has a newer version than
+    // the agreeing rows' insert.
+    let rewritten: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {t} WHERE kind = 'ok' AND xmin::text::bigint <> \
+         (SELECT min(xmin::text::bigint) FROM {t} WHERE kind = 'ok')"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the versions of the agreeing rows");
+    assert_eq!(rewritten, 0, "rows that agree are not written");
+
+    execute(&pool, format!("DELETE FROM {versions} WHERE version = 12")).await;
+    let again = jobs.migrate(&pool).await.expect("version 12 again");
+    assert_eq!(again.iter().map(|m| m.version).collect::<Vec<_>>(), [12]);
+    let moved: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(format!(
+        "SELECT count(*) FROM {t} WHERE xmin::text::bigint > \
+         (SELECT min(xmin::text::bigint) FROM {t} WHERE kind <> 'ok')"
+    )))
+    .fetch_one(&pool)
+    .await
+    .expect("the rows' versions");
+    assert_eq!(moved, 0, "the second run writes no row the first set right");
+}

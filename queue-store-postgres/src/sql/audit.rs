@@ -16,6 +16,7 @@ pub(crate) fn audit_table(table: &QualifiedName) -> QualifiedName {
 pub(crate) fn migrations(audit: &QualifiedName) -> Vec<MigrationSql> {
     vec![MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 1,
         name: "the audit table: who did what to which jobs, when, and how it ended",
         statements: vec![

@@ -73,6 +73,7 @@ pub(crate) fn migrations(side: &QualifiedName, key_type: &str) -> Vec<MigrationS
     let t = side.quoted();
     vec![MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 1,
         name: "the bookkeeping table: claim token, claim time, heartbeat, counts, worker, cancel flag and log per job key",
         statements: vec![

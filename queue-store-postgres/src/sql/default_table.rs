@@ -83,6 +83,16 @@ pub(crate) struct MigrationSql {
     /// on while it builds, each after dropping an invalid index of that
     /// name (the remains of a build that was interrupted).
     pub concurrent_indexes: Vec<String>,
+    /// Whether the version changes rows in batches, outside a transaction,
+    /// so that claims, enqueues and completions go on meanwhile and no
+    /// lock is held for long: each statement is then run over and over,
+    /// `$1` the key its last batch ended at (the first below every key),
+    /// and returns `next`, the key its batch ended at, NULL once it is
+    /// past the last row. A row it changed no longer matches it, so a
+    /// run that was interrupted starts again from the first key and
+    /// changes only what is left. On a table the run creates (empty)
+    /// there is nothing to change.
+    pub batched: bool,
 }
 
 /// How the default table is laid out; chosen when it is created.
@@ -133,24 +143,28 @@ pub(crate) fn migrations(
     vec![
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 1,
             name: "the jobs table, its claim and processing indexes, and the notify trigger",
             statements: version_1(table, channel, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 2,
             name: "unique jobs: unique_key, unique_forever and the index that keeps keys unique",
             statements: version_2(table, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 3,
             name: "per-job options: max_attempts, expires_at and at_most_once",
             statements: version_3(table, layout),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 4,
             name: "the enqueue function inserts a batch in one statement before it looks at taken keys",
             statements: match layout {
@@ -160,12 +174,14 @@ pub(crate) fn migrations(
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 5,
             name: "an index of waiting jobs by the time they come due (scheduled and retrying ones)",
             statements: version_5(table),
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 6,
             name: "the claim index holds only jobs ready now; scheduled and retrying jobs are claimed through the due index \
                    (rebuilds the claim index: claims wait while it builds)",
@@ -173,6 +189,7 @@ pub(crate) fn migrations(
         },
         MigrationSql {
             concurrent_indexes: Vec::new(),
+            batched: false,
             version: 7,
             name: "statistics of the state and kind columns together, which the figures of a big table are estimated from",
             statements: version_7(table),
@@ -201,7 +218,52 @@ pub(crate) fn migrations(
              (built concurrently: claims go on while they build)",
             version_11(table),
         ),
+        MigrationSql {
+            concurrent_indexes: Vec::new(),
+            batched: true,
+            version: 12,
+            name: "finish and due times that follow the state, set right on rows written by earlier releases \
+                   (in batches: claims go on meanwhile)",
+            statements: vec![version_12(table)],
+        },
     ]
+}
+
+/// The rows of the default table whose `finished_at` and `process_after`
+/// disagree with their state
+/// ([`JobState::times_agree`](queue_core::JobState::times_agree)): an SQL
+/// condition on its columns.
+pub(crate) const TIMES_DISAGREE: &str = "NOT CASE \
+     WHEN \"state\" = 'processing' THEN \"finished_at\" IS NULL AND \"process_after\" IS NULL \
+     WHEN \"state\" IN ('queued', 'errored') THEN \"finished_at\" IS NULL OR \"process_after\" IS NOT NULL \
+     ELSE \"finished_at\" IS NOT NULL AND \"process_after\" IS NULL END";
+
+/// How many keys a batch of version 12 reads.
+const FIX_UP_BATCH: u32 = 10_000;
+
+/// Version 12: the times of rows written before they followed the state
+/// (a finished job that had been scheduled or retried kept its
+/// `process_after`; a job claimed again kept its last finish), set right
+/// in batches of keys ([`MigrationSql::batched`]): a finished job loses
+/// its due time (and has a finish time: its start's, or its enqueue's,
+/// where none was written), a running one both times, a waiting one
+/// without a due time its finish. An index of due times that leaves
+/// finished jobs out without naming the state needs these rows right
+/// before it is built. A batch reads its keys through the primary key
+/// and locks only the rows it changes, which no worker holds: finished
+/// jobs, and running ones only where an earlier release claimed them.
+fn version_12(table: &QualifiedName) -> String {
+    let t = table.quoted();
+    format!(
+        "WITH batch AS (SELECT \"id\" FROM {t} WHERE \"id\" > $1 ORDER BY \"id\" LIMIT {FIX_UP_BATCH}), \
+         fixed AS (UPDATE {t} SET \
+         \"finished_at\" = CASE WHEN \"state\" IN ('completed', 'failed', 'canceled') \
+         THEN coalesce(\"finished_at\", \"started_at\", \"queued_at\") \
+         WHEN \"state\" IN ('queued', 'errored') AND \"process_after\" IS NOT NULL THEN \"finished_at\" END, \
+         \"process_after\" = CASE WHEN \"state\" IN ('queued', 'errored') THEN \"process_after\" END \
+         WHERE \"id\" = ANY(ARRAY(SELECT \"id\" FROM batch)) AND {TIMES_DISAGREE} RETURNING 1) \
+         SELECT (SELECT max(\"id\") FROM batch) AS \"next\", (SELECT count(*) FROM fixed) AS \"fixed\""
+    )
 }
 
 /// Version 11: failed and canceled jobs by key, and by state, kind and
@@ -235,6 +297,7 @@ fn concurrent(version: u32, name: &'static str, indexes: Vec<(String, String)>) 
     let (concurrent_indexes, statements) = indexes.into_iter().unzip();
     MigrationSql {
         concurrent_indexes,
+        batched: false,
         version,
         name,
         statements,
@@ -246,6 +309,7 @@ fn concurrent(version: u32, name: &'static str, indexes: Vec<(String, String)>) 
 fn at_once(version: u32, name: &'static str, indexes: Vec<(String, String)>) -> MigrationSql {
     MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version,
         name,
         statements: indexes

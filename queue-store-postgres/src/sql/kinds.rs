@@ -23,6 +23,7 @@ pub(crate) fn migrations(kinds: &QualifiedName) -> Vec<MigrationSql> {
     let k = kinds.quoted();
     vec![MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 1,
         name: "the kinds table: which kinds are paused, since when and by whom",
         statements: vec![
@@ -39,6 +40,7 @@ pub(crate) fn migrations(kinds: &QualifiedName) -> Vec<MigrationSql> {
         ],
     }, MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 2,
         name: "limits per kind: how many run at once, how many start per second, and the rate's token bucket",
         statements: vec![format!(

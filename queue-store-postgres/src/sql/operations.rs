@@ -26,6 +26,7 @@ pub(crate) fn migrations(operations: &QualifiedName) -> Vec<MigrationSql> {
     let ops = operations.quoted();
     vec![MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 1,
         name: "the operations table: bulk operations by filter, their progress and who ran them",
         statements: vec![

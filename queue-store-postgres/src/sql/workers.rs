@@ -17,6 +17,7 @@ pub(crate) fn workers_table(table: &QualifiedName) -> QualifiedName {
 pub(crate) fn migrations(workers: &QualifiedName) -> Vec<MigrationSql> {
     vec![MigrationSql {
         concurrent_indexes: Vec::new(),
+        batched: false,
         version: 1,
         name: "the workers table: each live worker's host, pid, kinds, load and last beat",
         statements: vec![
