@@ -1548,12 +1548,7 @@ impl AdminStatements {
         if let Some(n) = self.name(Column::FinishedAt) {
             sets.push(format!("{n} = now()"));
         }
-        if let Some(n) = self
-            .name(Column::ProcessAfter)
-            .filter(|_| self.shape.clears(Column::ProcessAfter))
-        {
-            sets.push(format!("{n} = NULL"));
-        }
+        sets.extend(self.clear_due_time());
         if let Some(n) = self.name(Column::ClaimToken) {
             sets.push(format!("{n} = {n} + {step}"));
         } else if let (None, Some(n)) = (
@@ -1574,6 +1569,14 @@ impl AdminStatements {
         })
     }
 
+    /// `process_after = NULL`, where the table lets it be empty: a job a
+    /// write ends has no due time (`JobState::times_agree`).
+    fn clear_due_time(&self) -> Option<String> {
+        self.name(Column::ProcessAfter)
+            .filter(|_| self.shape.clears(Column::ProcessAfter))
+            .map(|n| format!("{n} = NULL"))
+    }
+
     fn cancel_waiting_text(&self, b: &mut Builder, rows: &str, guard: &str) -> String {
         let (table, a) = (&self.table, &self.alias);
         let id = self.names.must(Column::Id);
@@ -1592,12 +1595,7 @@ impl AdminStatements {
         if let Some(n) = self.name(Column::FinishedAt) {
             sets.push(format!("{n} = {}", b.p(Param::Now)));
         }
-        if let Some(n) = self
-            .name(Column::ProcessAfter)
-            .filter(|_| self.shape.clears(Column::ProcessAfter))
-        {
-            sets.push(format!("{n} = NULL"));
-        }
+        sets.extend(self.clear_due_time());
         format!(
             "UPDATE {table} AS {a} SET {} WHERE {rows}{guard} RETURNING {id}",
             sets.join(", ")
