@@ -364,12 +364,10 @@ async fn times_set_right(pool: &sqlx::PgPool, jobs: JobTable) {
         "(kind, state, has a finish time, has a due time)"
     );
     let (disagreeing, errored_with_both): (i64, i64) = sqlx::query_as(sqlx::AssertSqlSafe(format!(
-        "SELECT count(*) FILTER (WHERE NOT CASE \
-           WHEN state = 'processing' THEN finished_at IS NULL AND process_after IS NULL \
-           WHEN state IN ('queued', 'errored') THEN finished_at IS NULL OR process_after IS NOT NULL \
-           ELSE finished_at IS NOT NULL AND process_after IS NULL END), \
+        "SELECT count(*) FILTER (WHERE {}), \
          count(*) FILTER (WHERE state = 'errored' AND finished_at IS NOT NULL AND process_after IS NOT NULL) \
-         FROM {t}"
+         FROM {t}",
+        support::TIMES_DISAGREE
     )))
     .fetch_one(&pool)
     .await

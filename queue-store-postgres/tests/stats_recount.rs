@@ -239,11 +239,9 @@ impl Case {
     /// (`JobState::times_agree`, spelled in SQL).
     async fn times_disagreeing(&self) -> Vec<(i64, String)> {
         sqlx::query_as(sqlx::AssertSqlSafe(format!(
-            "SELECT id, state FROM {} WHERE NOT CASE \
-             WHEN state = 'processing' THEN finished_at IS NULL AND process_after IS NULL \
-             WHEN state IN ('queued', 'errored') THEN finished_at IS NULL OR process_after IS NOT NULL \
-             ELSE finished_at IS NOT NULL AND process_after IS NULL END ORDER BY id",
-            self.table.name().quoted()
+            "SELECT id, state FROM {} WHERE {} ORDER BY id",
+            self.table.name().quoted(),
+            support::TIMES_DISAGREE
         )))
         .fetch_all(&self.pool)
         .await

@@ -233,7 +233,7 @@ pub(crate) fn migrations(
 /// disagree with their state
 /// ([`JobState::times_agree`](queue_core::JobState::times_agree)): an SQL
 /// condition on its columns.
-pub(crate) const TIMES_DISAGREE: &str = "NOT CASE \
+const TIMES_DISAGREE: &str = "NOT CASE \
      WHEN \"state\" = 'processing' THEN \"finished_at\" IS NULL AND \"process_after\" IS NULL \
      WHEN \"state\" IN ('queued', 'errored') THEN \"finished_at\" IS NULL OR \"process_after\" IS NOT NULL \
      ELSE \"finished_at\" IS NOT NULL AND \"process_after\" IS NULL END";

@@ -10,6 +10,15 @@
 
 pub mod logs;
 
+/// The rows of a default table whose `finished_at` and `process_after`
+/// disagree with their state (`JobState::times_agree`), as an SQL
+/// condition: spelled out here, apart from the store's own, so that the
+/// tests check the store against the rule rather than against itself.
+pub const TIMES_DISAGREE: &str = "NOT CASE \
+     WHEN state = 'processing' THEN finished_at IS NULL AND process_after IS NULL \
+     WHEN state IN ('queued', 'errored') THEN finished_at IS NULL OR process_after IS NOT NULL \
+     ELSE finished_at IS NOT NULL AND process_after IS NULL END";
+
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use async_trait::async_trait;
