@@ -124,7 +124,20 @@ async fn a_key_and_a_state_drain_in_both_modes_with_no_change_to_the_table() {
         .await
             > 0
         {
-            assert!(Instant::now() < deadline, "{mode:?}: the drain is stuck");
+            if Instant::now() >= deadline {
+                let stuck: Vec<(i64, String, Option<i64>, Option<String>)> =
+                    sqlx::query_as(sqlx::AssertSqlSafe(format!(
+                        "SELECT j.id, j.status, b.claim_token, b.last_heartbeat_at::text \
+                         FROM {s}.jobs j LEFT JOIN {s}.jobs_bookkeeping b ON b.job_key = j.id \
+                         WHERE j.status IN ('queued', 'errored', 'processing') ORDER BY j.id LIMIT 20"
+                    )))
+                    .fetch_all(&pool)
+                    .await
+                    .expect("the stuck rows");
+                shutdown.cancel();
+                let report = running.await.expect("joined");
+                panic!("{mode:?}: the drain is stuck; unfinished rows (key, state, token, heartbeat): {stuck:?} REPORT {report:?}");
+            }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
         shutdown.cancel();

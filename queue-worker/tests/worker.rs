@@ -12,8 +12,8 @@ use async_trait::async_trait;
 use chrono::Utc;
 use common::{eventually, fast_options, start, wait_for_state, Slowed};
 use queue_core::{
-    Admin, Dequeue, DequeueContext, Handler, Job, JobContext, JobError, JobState, NewJob, Outcome,
-    OutcomePolicy, RetryPolicy, SystemClock, Targets,
+    Admin, CancellationToken, Dequeue, DequeueContext, Handler, Job, JobContext, JobError,
+    JobState, NewJob, Outcome, OutcomePolicy, RetryPolicy, SystemClock, Targets,
 };
 use queue_store_memory::MemoryStore;
 use queue_worker::{Worker, WorkerError, WorkerOptions};
@@ -316,6 +316,57 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     );
     assert_eq!(report.total(), 1, "and nothing else was recorded");
     assert!(store.get(id).is_none(), "nothing recreated the job");
+}
+
+/// A heartbeat that was on its way while its job's attempt ended and the
+/// job was claimed again reports the old attempt gone: that says nothing of
+/// the new attempt, which runs on and records its outcome (it was stopped
+/// as lost once, and the job stayed running until the resetter came).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_heartbeat_about_an_ended_attempt_leaves_the_next_attempt_running() {
+    struct RetryOnce;
+    #[async_trait]
+    impl Handler<Slowed> for RetryOnce {
+        async fn handle(
+            &self,
+            ctx: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            if ctx.attempt() == 1 {
+                tokio::time::sleep(Duration::from_millis(60)).await;
+                return Err(JobError::retry_after("once more", Duration::ZERO));
+            }
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Ok(())
+        }
+    }
+    let mut store = Slowed::new(MemoryStore::new(), Duration::ZERO);
+    store.heartbeat_delay = Duration::from_millis(250);
+    let id = store.inner.enqueue(job("k", serde_json::json!(null)));
+    let worker = Worker::new(store.clone(), RetryOnce, fast_options()).expect("valid options");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for_state(&store.inner, id, JobState::Completed).await;
+    shutdown.cancel();
+    let report = task.await.expect("joined").expect("the worker ran");
+    assert!(
+        store
+            .events
+            .lock()
+            .unwrap()
+            .contains(&format!("heartbeat found {id} gone")),
+        "a heartbeat asked about the first attempt after it ended"
+    );
+    assert_eq!(
+        (
+            report.count("retried"),
+            report.count("completed"),
+            report.count("lost")
+        ),
+        (1, 1, 0),
+        "the second attempt ran to its end"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

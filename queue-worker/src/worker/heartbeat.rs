@@ -74,9 +74,16 @@ pub(super) async fn heartbeat_loop<S: Store, H: Handler<S>>(
                     (&report.gone, StopReason::Lost),
                 ] {
                     for id in ids {
-                        if let Some((_, control)) = running.get(id) {
-                            tracing::info!(%id, ?reason, "stopping job");
-                            control.stop(reason);
+                        // The report speaks of the attempts asked about: a
+                        // job whose attempt ended while the heartbeat was
+                        // out, and that was claimed again, runs a new
+                        // attempt the report knows nothing of.
+                        let asked = leases.iter().find(|l| &l.id == id).map(|l| l.token);
+                        if let Some((lease, control)) = running.get(id) {
+                            if Some(lease.token) == asked {
+                                tracing::info!(%id, ?reason, "stopping job");
+                                control.stop(reason);
+                            }
                         }
                     }
                 }

@@ -107,6 +107,9 @@ pub struct Slowed {
     pub cut_offs: Arc<AtomicUsize>,
     /// Claims sent so far.
     pub claims: Arc<AtomicUsize>,
+    /// How long a heartbeat takes to reach the store (as on a busy
+    /// server): the leases it asks about are read when it arrives.
+    pub heartbeat_delay: Duration,
 }
 
 /// Takes one from `counter` if it is above zero.
@@ -138,6 +141,7 @@ impl Slowed {
             failing_finishes: Arc::default(),
             cut_offs: Arc::default(),
             claims: Arc::default(),
+            heartbeat_delay: Duration::ZERO,
         }
     }
 
@@ -224,7 +228,12 @@ impl Store for Slowed {
         leases: &[Lease<i64>],
         now: DateTime<Utc>,
     ) -> Result<HeartbeatReport<i64>, StoreError> {
-        self.inner.heartbeat(leases, now).await
+        tokio::time::sleep(self.heartbeat_delay).await;
+        let report = self.inner.heartbeat(leases, now).await?;
+        for id in &report.gone {
+            self.record(format!("heartbeat found {id} gone"));
+        }
+        Ok(report)
     }
 
     async fn append_log(
