@@ -343,6 +343,7 @@ async fn a_late_heartbeat_about_an_ended_attempt_leaves_the_next_attempt_running
     }
     let mut store = Slowed::new(MemoryStore::new(), Duration::ZERO);
     store.heartbeat_delay = Duration::from_millis(250);
+    store.heartbeats_recorded = true;
     let id = store.inner.enqueue(job("k", serde_json::json!(null)));
     let worker = Worker::new(store.clone(), RetryOnce, fast_options()).expect("valid options");
     let shutdown = CancellationToken::new();
@@ -366,6 +367,63 @@ async fn a_late_heartbeat_about_an_ended_attempt_leaves_the_next_attempt_running
         ),
         (1, 1, 0),
         "the second attempt ran to its end"
+    );
+}
+
+/// A job retried at once can be claimed again, and its next attempt
+/// started in the same worker, before the first attempt's finish has come
+/// back: the first attempt's end leaves the next attempt among the running
+/// jobs, so that its heartbeats go on (without them the resetter would take
+/// it for stalled and run it twice).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_that_ends_late_leaves_the_next_attempt_heartbeating() {
+    struct RetryOnce;
+    #[async_trait]
+    impl Handler<Slowed> for RetryOnce {
+        async fn handle(
+            &self,
+            ctx: &JobContext,
+            _: &mut MemoryStore,
+            _: &Job,
+        ) -> Result<(), JobError> {
+            if ctx.attempt() == 1 {
+                return Err(JobError::retry_after("once more", Duration::ZERO));
+            }
+            tokio::time::sleep(Duration::from_millis(600)).await;
+            Ok(())
+        }
+    }
+    let mut store = Slowed::new(MemoryStore::new(), Duration::ZERO);
+    store.finish_answer_delay = Duration::from_millis(150);
+    store.heartbeats_recorded = true;
+    let id = store.inner.enqueue(job("k", serde_json::json!(null)));
+    let worker = Worker::new(store.clone(), RetryOnce, fast_options()).expect("valid options");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for_state(&store.inner, id, JobState::Completed).await;
+    shutdown.cancel();
+    let report = task.await.expect("joined").expect("the worker ran");
+    assert_eq!((report.count("retried"), report.count("completed")), (1, 1));
+    let events = store.events.lock().unwrap().clone();
+    let answered = events
+        .iter()
+        .position(|e| e == &format!("answered {id}"))
+        .expect("the first attempt's finish came back");
+    assert!(
+        events[..answered]
+            .iter()
+            .any(|e| e.starts_with(&format!("heartbeat asked about {id} "))),
+        "the second attempt had started before the first one's finish came back: {events:?}"
+    );
+    // It runs 450 ms more, heartbeated every 20 ms (one heartbeat may
+    // have read the running jobs just before the first attempt's end).
+    let later = events[answered..]
+        .iter()
+        .filter(|e| e.starts_with(&format!("heartbeat asked about {id} ")))
+        .count();
+    assert!(
+        later >= 3,
+        "the second attempt was heartbeated after the first one ended: {events:?}"
     );
 }
 

@@ -244,7 +244,19 @@ pub(super) async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job:
     if let Outcome::Retried { retry_at, .. } = &outcome {
         wake_when_due(shared, *retry_at);
     }
-    shared.running().remove(&lease.id);
+    {
+        // Only this attempt's entry: once the outcome is written, the job
+        // can be claimed again and its next attempt started (in this
+        // worker too) before this line runs, and that attempt needs its
+        // heartbeats.
+        let mut running = shared.running();
+        if running
+            .get(&lease.id)
+            .is_some_and(|(l, _)| l.token == lease.token)
+        {
+            running.remove(&lease.id);
+        }
+    }
     metrics::job_finished(&kind, &outcome, duration);
     shared.count(&outcome);
     tracing::debug!(outcome = outcome.label(), ?duration, "job finished");

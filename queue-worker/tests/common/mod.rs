@@ -110,6 +110,12 @@ pub struct Slowed {
     /// How long a heartbeat takes to reach the store (as on a busy
     /// server): the leases it asks about are read when it arrives.
     pub heartbeat_delay: Duration,
+    /// Heartbeats add `heartbeat asked about {id} {token}` for each lease
+    /// and `heartbeat found {id} gone` to `events`.
+    pub heartbeats_recorded: bool,
+    /// How long a finish's answer takes to come back after its write
+    /// landed.
+    pub finish_answer_delay: Duration,
 }
 
 /// Takes one from `counter` if it is above zero.
@@ -142,6 +148,8 @@ impl Slowed {
             cut_offs: Arc::default(),
             claims: Arc::default(),
             heartbeat_delay: Duration::ZERO,
+            heartbeats_recorded: false,
+            finish_answer_delay: Duration::ZERO,
         }
     }
 
@@ -198,6 +206,10 @@ impl Store for Slowed {
         }
         let written = self.inner.finish(job_store, lease, transition, now).await;
         self.record(format!("finished {}", lease.id));
+        if !self.finish_answer_delay.is_zero() {
+            tokio::time::sleep(self.finish_answer_delay).await;
+            self.record(format!("answered {}", lease.id));
+        }
         written
     }
 
@@ -230,8 +242,16 @@ impl Store for Slowed {
     ) -> Result<HeartbeatReport<i64>, StoreError> {
         tokio::time::sleep(self.heartbeat_delay).await;
         let report = self.inner.heartbeat(leases, now).await?;
-        for id in &report.gone {
-            self.record(format!("heartbeat found {id} gone"));
+        if self.heartbeats_recorded {
+            for lease in leases {
+                self.record(format!(
+                    "heartbeat asked about {} {}",
+                    lease.id, lease.token
+                ));
+            }
+            for id in &report.gone {
+                self.record(format!("heartbeat found {id} gone"));
+            }
         }
         Ok(report)
     }
