@@ -3,9 +3,10 @@
 //! The insert trigger NOTIFYs the channel; Postgres delivers notifications
 //! only after the inserting transaction commits, so workers never wake for
 //! rows they cannot see. Workers also poll (their poll interval), which
-//! covers notifications lost while the listener reconnects.
+//! covers notifications lost while the listener reconnects; while it is
+//! down, no wait for news lasts longer than [`DEAF_WAIT`].
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -28,7 +29,21 @@ pub(crate) struct Wake {
     received: AtomicU64,
     /// The most notifications any claim had been sent after.
     seen: AtomicU64,
+    /// The LISTEN connection is up: a notification can end a wait.
+    listening: AtomicBool,
 }
+
+/// The longest a worker waits for news while the LISTEN connection is
+/// down (at start-up, after the server restarted, behind a pooler that
+/// drops it): nothing could end a longer wait early. After a 10 s server
+/// restart, workers waited out their 5 s poll interval while the listener
+/// reconnected, and completions resumed 4-5 s after the server was back.
+pub(crate) const DEAF_WAIT: Duration = Duration::from_millis(500);
+
+/// How long the listener's connection attempts may take before it says
+/// the connection failed and tries again (sqlx's default of 30 s let its
+/// own retries back off to 6 s apart).
+const LISTEN_CONNECT_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl Wake {
     /// New jobs may be claimable: wakes every waiting worker, and the next
@@ -45,9 +60,24 @@ impl Wake {
             .fetch_max(self.received.load(Ordering::SeqCst), Ordering::SeqCst);
     }
 
+    /// The LISTEN connection came up (`true`) or failed (`false`). A
+    /// failure ends every wait, so that none outlasts [`DEAF_WAIT`].
+    fn listening(&self, up: bool) {
+        self.listening.store(up, Ordering::SeqCst);
+        if !up {
+            self.all();
+        }
+    }
+
     /// Waits for a notification that came after every claim so far was
-    /// sent (returns at once if one already has), at most `max_wait`.
+    /// sent (returns at once if one already has), at most `max_wait`, or
+    /// [`DEAF_WAIT`] while the LISTEN connection is down.
     pub(crate) async fn wait(&self, max_wait: Duration) {
+        let max_wait = if self.listening.load(Ordering::SeqCst) {
+            max_wait
+        } else {
+            max_wait.min(DEAF_WAIT)
+        };
         let notified = self.notify.notified();
         tokio::pin!(notified);
         // Registered before the check, so that a notification between the
@@ -71,6 +101,7 @@ pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHand
     // reconnected.
     let dedicated = PgPoolOptions::new()
         .max_connections(1)
+        .acquire_timeout(LISTEN_CONNECT_TIMEOUT)
         .after_release(|conn, _| {
             Box::pin(async move {
                 use sqlx::Connection;
@@ -79,22 +110,37 @@ pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHand
         })
         .connect_lazy_with((*pool.connect_options()).clone());
     tokio::spawn(async move {
+        // Said once per run of failures, and again when it is back.
+        let mut failing = false;
         loop {
-            match listen(&dedicated, &channel, &wake).await {
-                Ok(()) => {}
-                Err(error) => {
-                    tracing::warn!(%error, channel, "LISTEN connection failed; workers fall back to polling until it is back");
+            if let Err(error) = listen(&dedicated, &channel, &wake, &mut failing).await {
+                wake.listening(false);
+                if !failing {
+                    tracing::warn!(%error, channel, "LISTEN connection failed; workers poll every {DEAF_WAIT:?} until it is back");
+                } else {
+                    tracing::debug!(%error, channel, "LISTEN connection still failing");
                 }
+                failing = true;
             }
-            tokio::time::sleep(Duration::from_millis(500)).await;
+            tokio::time::sleep(DEAF_WAIT).await;
         }
     })
 }
 
-async fn listen(pool: &PgPool, channel: &str, wake: &Wake) -> Result<(), sqlx::Error> {
+async fn listen(
+    pool: &PgPool,
+    channel: &str,
+    wake: &Wake,
+    failing: &mut bool,
+) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
     listener.listen(channel).await?;
-    tracing::debug!(channel, "listening for new jobs");
+    if std::mem::take(failing) {
+        tracing::info!(channel, "LISTEN connection re-established");
+    } else {
+        tracing::debug!(channel, "listening for new jobs");
+    }
+    wake.listening(true);
     // Jobs may have arrived while no one listened.
     wake.all();
     loop {
@@ -117,6 +163,13 @@ mod tests {
 
     const LONG: Duration = Duration::from_secs(5);
 
+    /// The news of a store whose LISTEN connection is up.
+    fn listening() -> Wake {
+        let wake = Wake::default();
+        wake.listening(true);
+        wake
+    }
+
     /// How long `wake.wait(LONG)` took.
     async fn waited(wake: &Wake) -> Duration {
         let began = Instant::now();
@@ -126,7 +179,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_notification_after_the_last_claim_began_ends_the_next_wait_at_once() {
-        let wake = Wake::default();
+        let wake = listening();
         wake.claim_starts();
         wake.all();
         assert!(waited(&wake).await < Duration::from_secs(1));
@@ -134,7 +187,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_notification_the_last_claim_began_after_does_not_end_a_wait() {
-        let wake = Wake::default();
+        let wake = listening();
         wake.all();
         wake.claim_starts();
         let began = Instant::now();
@@ -147,7 +200,7 @@ mod tests {
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_notification_wakes_every_waiting_worker() {
-        let wake = Arc::new(Wake::default());
+        let wake = Arc::new(listening());
         wake.claim_starts();
         let waiters: Vec<_> = (0..3)
             .map(|_| {
@@ -160,5 +213,38 @@ mod tests {
         for waiter in waiters {
             assert!(waiter.await.unwrap() < Duration::from_secs(1));
         }
+    }
+
+    #[tokio::test]
+    async fn with_the_listener_up_a_wait_lasts_as_long_as_asked() {
+        let wake = listening();
+        wake.claim_starts();
+        let began = Instant::now();
+        wake.wait(DEAF_WAIT * 2).await;
+        assert!(began.elapsed() >= DEAF_WAIT * 2);
+    }
+
+    #[tokio::test]
+    async fn while_the_listener_is_down_no_wait_outlasts_the_deaf_wait() {
+        let wake = Wake::default();
+        wake.claim_starts();
+        let took = waited(&wake).await;
+        assert!(
+            took >= DEAF_WAIT && took < LONG / 2,
+            "waited {took:?} with no listener, asked for {LONG:?}"
+        );
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_listener_that_fails_ends_the_waits_in_progress() {
+        let wake = Arc::new(listening());
+        wake.claim_starts();
+        let waiter = {
+            let wake = wake.clone();
+            tokio::spawn(async move { waited(&wake).await })
+        };
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        wake.listening(false);
+        assert!(waiter.await.unwrap() < DEAF_WAIT);
     }
 }
