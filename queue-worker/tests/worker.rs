@@ -16,7 +16,7 @@ use queue_core::{
     JobState, NewJob, Outcome, OutcomePolicy, RetryPolicy, SystemClock, Targets,
 };
 use queue_store_memory::MemoryStore;
-use queue_worker::{Worker, WorkerError, WorkerOptions};
+use queue_worker::{Worker, WorkerError, WorkerOptions, WorkerReport};
 
 fn job(kind: &str, payload: serde_json::Value) -> NewJob {
     NewJob::new(kind, payload)
@@ -318,39 +318,48 @@ async fn a_deleted_job_is_dropped_without_a_write() {
     assert!(store.get(id).is_none(), "nothing recreated the job");
 }
 
+/// A handler whose first attempt runs `first`, then asks to be retried at
+/// once; the second runs 600 ms and succeeds.
+struct RetryOnce {
+    first: Duration,
+}
+
+#[async_trait]
+impl Handler<Slowed> for RetryOnce {
+    async fn handle(&self, ctx: &JobContext, _: &mut MemoryStore, _: &Job) -> Result<(), JobError> {
+        if ctx.attempt() == 1 {
+            tokio::time::sleep(self.first).await;
+            return Err(JobError::retry_after("once more", Duration::ZERO));
+        }
+        tokio::time::sleep(Duration::from_millis(600)).await;
+        Ok(())
+    }
+}
+
+/// Runs one job on `store` with [`RetryOnce`] until it completes: its key
+/// and the worker's report.
+async fn retried_once_to_completion(store: &Slowed, first: Duration) -> (i64, WorkerReport) {
+    let id = store.inner.enqueue(job("k", serde_json::json!(null)));
+    let worker =
+        Worker::new(store.clone(), RetryOnce { first }, fast_options()).expect("valid options");
+    let shutdown = CancellationToken::new();
+    let task = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for_state(&store.inner, id, JobState::Completed).await;
+    shutdown.cancel();
+    let report = task.await.expect("joined").expect("the worker ran");
+    (id, report)
+}
+
 /// A heartbeat that was on its way while its job's attempt ended and the
 /// job was claimed again reports the old attempt gone: that says nothing of
 /// the new attempt, which runs on and records its outcome (it was stopped
 /// as lost once, and the job stayed running until the resetter came).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_heartbeat_about_an_ended_attempt_leaves_the_next_attempt_running() {
-    struct RetryOnce;
-    #[async_trait]
-    impl Handler<Slowed> for RetryOnce {
-        async fn handle(
-            &self,
-            ctx: &JobContext,
-            _: &mut MemoryStore,
-            _: &Job,
-        ) -> Result<(), JobError> {
-            if ctx.attempt() == 1 {
-                tokio::time::sleep(Duration::from_millis(60)).await;
-                return Err(JobError::retry_after("once more", Duration::ZERO));
-            }
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            Ok(())
-        }
-    }
     let mut store = Slowed::new(MemoryStore::new(), Duration::ZERO);
     store.heartbeat_delay = Duration::from_millis(250);
     store.heartbeats_recorded = true;
-    let id = store.inner.enqueue(job("k", serde_json::json!(null)));
-    let worker = Worker::new(store.clone(), RetryOnce, fast_options()).expect("valid options");
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(worker.run(shutdown.clone()));
-    wait_for_state(&store.inner, id, JobState::Completed).await;
-    shutdown.cancel();
-    let report = task.await.expect("joined").expect("the worker ran");
+    let (id, report) = retried_once_to_completion(&store, Duration::from_millis(60)).await;
     assert!(
         store
             .events
@@ -377,32 +386,10 @@ async fn a_late_heartbeat_about_an_ended_attempt_leaves_the_next_attempt_running
 /// it for stalled and run it twice).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_that_ends_late_leaves_the_next_attempt_heartbeating() {
-    struct RetryOnce;
-    #[async_trait]
-    impl Handler<Slowed> for RetryOnce {
-        async fn handle(
-            &self,
-            ctx: &JobContext,
-            _: &mut MemoryStore,
-            _: &Job,
-        ) -> Result<(), JobError> {
-            if ctx.attempt() == 1 {
-                return Err(JobError::retry_after("once more", Duration::ZERO));
-            }
-            tokio::time::sleep(Duration::from_millis(600)).await;
-            Ok(())
-        }
-    }
     let mut store = Slowed::new(MemoryStore::new(), Duration::ZERO);
     store.finish_answer_delay = Duration::from_millis(150);
     store.heartbeats_recorded = true;
-    let id = store.inner.enqueue(job("k", serde_json::json!(null)));
-    let worker = Worker::new(store.clone(), RetryOnce, fast_options()).expect("valid options");
-    let shutdown = CancellationToken::new();
-    let task = tokio::spawn(worker.run(shutdown.clone()));
-    wait_for_state(&store.inner, id, JobState::Completed).await;
-    shutdown.cancel();
-    let report = task.await.expect("joined").expect("the worker ran");
+    let (id, report) = retried_once_to_completion(&store, Duration::ZERO).await;
     assert_eq!((report.count("retried"), report.count("completed")), (1, 1));
     let events = store.events.lock().unwrap().clone();
     let answered = events
