@@ -27,7 +27,9 @@ pub struct WorkerOptions {
     /// How long to wait between claims when no job is available: the
     /// backstop poll. A store notification (Postgres LISTEN/NOTIFY, the
     /// memory store's enqueue) ends the wait early, so this only bounds how
-    /// late a dropped notification or a scheduled job is noticed.
+    /// late a dropped notification or a scheduled job is noticed. A store
+    /// may wait less while it cannot hear notifications (the Postgres store
+    /// waits at most half a second while its LISTEN connection is down).
     /// Default 5 s.
     pub poll_interval: Duration,
     /// The most jobs one claim takes. `None` (the default): `num_handlers +
