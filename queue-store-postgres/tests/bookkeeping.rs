@@ -136,7 +136,7 @@ async fn a_key_and_a_state_drain_in_both_modes_with_no_change_to_the_table() {
                     .expect("the stuck rows");
                 shutdown.cancel();
                 let report = running.await.expect("joined");
-                panic!("{mode:?}: the drain is stuck; unfinished rows (key, state, token, heartbeat): {stuck:?} REPORT {report:?}");
+                panic!("{mode:?}: the drain is stuck; unfinished rows (key, state, token, heartbeat): {stuck:?}; the worker's report: {report:?}");
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
