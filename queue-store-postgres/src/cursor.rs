@@ -10,8 +10,10 @@
 //! entry can be marked dead, and every claim from the start walks the
 //! entry of every job claimed since that snapshot: tens of milliseconds
 //! after a few minutes at a few hundred jobs a second, growing without
-//! end. When a claim from the start that came back short was slow, the
-//! store measures the walk off the claim path, in blocks read, and at
+//! end. When a claim from the start was slow (short at the end of a
+//! backlog, or full inside one: there each rescan walks those entries,
+//! every few claims), the store measures the walk off the claim path, in
+//! blocks read, and at
 //! [`COSTLY_BLOCKS`] or more the walk is *costly*: claims then always start at the cursor (kept
 //! after short claims too), a few claims back (so that a key that commits
 //! a little late is still ahead of it), and the walk from the start is
@@ -35,10 +37,10 @@ pub(crate) struct Position<K> {
     pub key: K,
 }
 
-/// A claim from the start that came back short and took this long makes
-/// the walk to the first waiting job suspect (a short claim on a clean
-/// index takes 0.1-0.4 ms, but a busy machine can make any claim slow):
-/// the store then measures it.
+/// A claim from the start that took this long makes the walk to the first
+/// waiting job suspect (a short claim on a clean index takes 0.1-0.4 ms,
+/// but a busy machine or a claim of many rows can take longer): the store
+/// then measures it, at most every [`MEASURE_AT_MOST_EVERY`].
 const SUSPECT_WALK: Duration = Duration::from_millis(1);
 /// A walk that reads this many blocks (index and table pages, as `EXPLAIN
 /// (ANALYZE, BUFFERS)` counts them: about one for every hundred dead
@@ -186,7 +188,11 @@ impl<K: Clone> ClaimCursor<K> {
     /// (a short claim, a failed one) sends the next claim to the start;
     /// while the walk is costly, a short claim keeps the cursor at its last
     /// job (or where it was, if it took none). Whether the store should
-    /// measure the walk now (a short claim from the start was slow).
+    /// measure the walk now (a claim from the start was slow, short or
+    /// full: inside a backlog a session's old snapshot makes every rescan
+    /// walk the entries of the jobs claimed since, and a drain of a million
+    /// jobs ran at a quarter of its speed while the claims, all full, never
+    /// sent a measurement).
     pub(crate) fn ended(
         &self,
         now: Instant,
@@ -198,7 +204,6 @@ impl<K: Clone> ClaimCursor<K> {
     ) -> bool {
         let mut state = self.lock();
         let measure = from_start.is_some_and(|took| took >= SUSPECT_WALK)
-            && !full
             && !failed
             && !state.costly
             && !state.measuring
@@ -646,6 +651,45 @@ mod tests {
             cursor.nothing_at_cursor(t + Duration::from_millis(10)),
             NothingAtCursor::Probe,
             "a failed probe's time does not stretch the gap"
+        );
+    }
+
+    /// Inside a backlog every claim comes back full, and an old snapshot
+    /// makes each rescan walk the entries of every job claimed since (a
+    /// drain of a million jobs ran at a quarter of its speed): a slow full
+    /// claim from the start is measured too, and a costly walk keeps the
+    /// claims at the cursor.
+    #[test]
+    fn a_slow_full_claim_from_the_start_is_measured_and_a_costly_walk_keeps_the_backlog_at_the_cursor(
+    ) {
+        let cursor = ClaimCursor::new(Duration::from_millis(10));
+        let t = Instant::now();
+        let out = cursor.start(t);
+        assert_eq!(out.at, None);
+        assert!(
+            !cursor.ended(t, out.epoch, at(0, 64), true, FAST, false),
+            "a fast claim from the start: nothing to measure"
+        );
+        let rescan = cursor.start(t + Duration::from_millis(10));
+        assert_eq!(rescan.at, None, "the rescan interval passed");
+        assert!(
+            cursor.ended(t, rescan.epoch, at(0, 128), true, SLOW, false),
+            "a slow full claim from the start: measure the walk"
+        );
+        cursor.measured(Some(COSTLY_BLOCKS * 30));
+        let t1 = t + Duration::from_secs(1);
+        for key in [192, 256, 320] {
+            let next = cursor.start(t1);
+            assert!(
+                next.at.is_some(),
+                "costly: claims start at the cursor, past the rescan interval"
+            );
+            cursor.ended(t1, next.epoch, at(0, key), true, None, false);
+        }
+        assert_eq!(
+            cursor.start(t1).at,
+            at(0, 128),
+            "a few claims back, for keys that commit late"
         );
     }
 }

@@ -695,8 +695,8 @@ impl PgStoreOptions {
     /// While another session holds an old snapshot (idle in transaction, a
     /// long report or backup), vacuum removes nothing and the walk from the
     /// start grows with every job claimed: at 600 jobs/s, 22 ms after three
-    /// minutes. When a short claim from the start took over a millisecond
-    /// and a measurement of that walk off the claim path (`EXPLAIN (ANALYZE,
+    /// minutes. When a claim from the start (short, or full inside a
+    /// backlog) took over a millisecond and a measurement of that walk off the claim path (`EXPLAIN (ANALYZE,
     /// BUFFERS)`, at most every 5 s) counts 100 blocks or more (about
     /// 10,000 dead entries; a count, so a busy machine does not pass for
     /// one), claims stay at the cursor (eight claims back, for keys that commit a

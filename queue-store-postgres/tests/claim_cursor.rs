@@ -220,6 +220,62 @@ async fn claim_until(
     (taken, began.elapsed())
 }
 
+/// Inside a backlog every claim comes back full, and each rescan from the
+/// start walks the entry of every job claimed since an old snapshot (a
+/// drain of a million jobs ran at a quarter of its speed that way). A slow
+/// full claim from the start is measured too: the walk is found costly
+/// while the backlog lasts, and claims go on at the cursor without passing
+/// over a job.
+#[tokio::test]
+async fn inside_a_backlog_an_old_snapshot_makes_the_walk_costly_too() {
+    let test = "inside_a_backlog_an_old_snapshot_makes_the_walk_costly_too";
+    let Some(pool) = pool(test).await else { return };
+    let (logged, _guard) = support::logs::Logged::at(tracing::Level::INFO);
+    let n = 200_000;
+    let b = Backlog::new(&pool, n, |o| {
+        o.claim_cursor(Some(Duration::from_millis(10)))
+    })
+    .await;
+    let mut idle = pool.acquire().await.expect("a connection");
+    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
+        b.table.name().quoted()
+    )))
+    .execute(&mut *idle)
+    .await
+    .expect("a snapshot held");
+    let costly = |logged: &support::logs::Logged| {
+        logged
+            .messages()
+            .iter()
+            .any(|m| m.contains("claims stay at the cursor"))
+    };
+    // Claims of 50, a millisecond apart: the measurements go at most every
+    // 5 s, so the backlog lasts longer than that.
+    let mut taken = Vec::new();
+    while !costly(&logged) {
+        let claimed = b.claim(50).await;
+        assert_eq!(
+            claimed.len(),
+            50,
+            "the backlog ran out ({} claimed) before the walk over the entries of the jobs claimed since the snapshot was found costly",
+            taken.len()
+        );
+        taken.extend(claimed);
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    for _ in 0..20 {
+        taken.extend(b.claim(50).await);
+    }
+    taken.sort_unstable();
+    assert_eq!(
+        taken,
+        b.jobs[..taken.len()],
+        "the claims took the backlog in order, passing over no job"
+    );
+    drop(idle);
+}
+
 #[tokio::test]
 async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_finds_what_it_passed()
 {

@@ -543,6 +543,87 @@ impl Handler<Slowed> for RecordsStarts {
     }
 }
 
+/// A job's claim slot frees when its handler is done, before its outcome
+/// is written; with `max_outcomes_in_flight` outcomes on their way, the
+/// next job to finish keeps its slot until one is written. Over a store
+/// whose finishes take 400 ms, one handler and a bound of 2 hold three
+/// jobs (two being written, one waiting to be) and claim no fourth, where
+/// without the bound every job would be claimed at once; all complete.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn finished_jobs_whose_outcomes_wait_hold_the_claims_back() {
+    let memory = MemoryStore::new();
+    memory.enqueue_many((0..20).map(|n| job("ok", serde_json::json!(n))));
+    let store = Slowed {
+        finish_delay: Duration::from_millis(400),
+        ..Slowed::new(memory.clone(), Duration::ZERO)
+    };
+    let options = WorkerOptions {
+        max_outcomes_in_flight: 2,
+        ..fast_options().handlers(1)
+    };
+    let worker =
+        Worker::new(store.clone(), RecordsStarts(store.clone()), options).expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let counts = memory.count_by_state();
+    assert_eq!(
+        (
+            counts.get(&JobState::Processing).copied().unwrap_or(0),
+            counts.get(&JobState::Queued).copied().unwrap_or(0)
+        ),
+        (3, 17),
+        "two outcomes on their way, one job waiting to send its own, no fourth claimed"
+    );
+    eventually("every job completed", || async {
+        memory.count_by_state().get(&JobState::Completed) == Some(&20)
+    })
+    .await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker");
+}
+
+/// Heartbeats ask about running jobs only: a job whose handler is done and
+/// whose outcome is on its way is left out (on the Postgres store a
+/// heartbeat locks the rows it bumps, and held up the writes of those very
+/// outcomes). Its finish takes 300 ms, heartbeats go every 20 ms: at most
+/// one (which read the running jobs just before the handler ended) asks
+/// about it after its handler ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_leave_out_jobs_whose_outcome_is_on_its_way() {
+    let memory = MemoryStore::new();
+    let id = memory.enqueue(job("ok", serde_json::json!(null)));
+    let store = Slowed {
+        finish_delay: Duration::from_millis(300),
+        heartbeats_recorded: true,
+        ..Slowed::new(memory.clone(), Duration::ZERO)
+    };
+    let worker = Worker::new(store.clone(), RecordsStarts(store.clone()), fast_options())
+        .expect("valid options");
+    let shutdown = queue_core::CancellationToken::new();
+    let running = tokio::spawn(worker.run(shutdown.clone()));
+    wait_for_state(&memory, id, JobState::Completed).await;
+    shutdown.cancel();
+    running.await.expect("worker task").expect("worker");
+    let events = store.events.lock().unwrap().clone();
+    let handled = events
+        .iter()
+        .position(|e| e == &format!("started {id}"))
+        .expect("the handler ran");
+    let finished = events
+        .iter()
+        .position(|e| e == &format!("finished {id}"))
+        .expect("the outcome was written");
+    let asked = events[handled..finished]
+        .iter()
+        .filter(|e| e.starts_with(&format!("heartbeat asked about {id} ")))
+        .count();
+    assert!(
+        asked <= 1,
+        "{asked} heartbeats asked about a job whose outcome was on its way: {events:?}"
+    );
+}
+
 /// The events of two jobs run one handler at a time, with a prefetched job
 /// waiting, over a store whose finishes take 300 ms.
 async fn one_handler_two_jobs(ends_transaction: bool) -> Vec<String> {

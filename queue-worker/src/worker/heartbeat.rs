@@ -1,6 +1,7 @@
 //! The heartbeat loop: keeps running jobs alive, and stops those an
 //! operator cancelled or that are gone.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use queue_core::{CancellationToken, Handler, Lease, Store, WorkerBeat};
@@ -57,9 +58,12 @@ pub(super) async fn heartbeat_loop<S: Store, H: Handler<S>>(
             }
             Err(_) => {}
         }
+        // Jobs whose handler is done are left out: their outcome is on its
+        // way, and a heartbeat would only hold its write up.
         let leases: Vec<Lease<S::Id>> = shared
             .running()
             .values()
+            .filter(|(_, control)| !control.handled.load(Ordering::Acquire))
             .map(|(lease, _)| lease.clone())
             .collect();
         if leases.is_empty() {

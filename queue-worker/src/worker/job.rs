@@ -40,6 +40,12 @@ pub(super) struct JobControl {
     pub(super) reason: Mutex<Option<StopReason>>,
     /// Whether the handler has a slot (a prefetched job waits for one).
     pub(super) started: std::sync::atomic::AtomicBool,
+    /// Whether the handler is done and the outcome on its way to the
+    /// store: heartbeats leave the job out. Nothing of it runs any more,
+    /// and on the Postgres store a heartbeat locks the rows it bumps,
+    /// which held up the writes of those very outcomes (a heartbeat of
+    /// 146,000 such jobs took 12 s, and the completions waited for it).
+    pub(super) handled: std::sync::atomic::AtomicBool,
 }
 
 impl JobControl {
@@ -112,6 +118,7 @@ pub(super) async fn start_job<S: Store, H: Handler<S>>(
         token: CancellationToken::new(),
         reason: Mutex::new(None),
         started: std::sync::atomic::AtomicBool::new(false),
+        handled: std::sync::atomic::AtomicBool::new(false),
     });
     let mut ctx = JobContext::new(lease.attempt, shared.name.clone())
         .with_cancellation(control.token.clone())
@@ -226,6 +233,11 @@ pub(super) async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job:
     // handler's work.
     let ends_transaction = shared.store.finish_ends_transaction(&job_store);
     let run_slot = run_slot.filter(|_| ends_transaction);
+    control.handled.store(true, Ordering::Release);
+    // With too many outcomes on their way, the claim slot stays held until
+    // one is written: claims slow to the pace of the writes. (The slots
+    // are never closed.)
+    let outcome_slot = shared.outcome_slots.clone().acquire_owned().await.ok();
     drop(claim_slot);
     if !matches!(end, AttemptEnd::Succeeded) {
         // Let anything the handler spawned with the token stop too.
@@ -241,6 +253,7 @@ pub(super) async fn run_job<S: Store, H: Handler<S>>(shared: &Shared<S, H>, job:
     let outcome = without_uncounted_retry(outcome, shared.store.counts_failures());
     let outcome = record_outcome(shared, job_store, &lease, outcome, ends_transaction).await;
     drop(run_slot);
+    drop(outcome_slot);
     if let Outcome::Retried { retry_at, .. } = &outcome {
         wake_when_due(shared, *retry_at);
     }

@@ -32,6 +32,9 @@ struct Shared<S: Store, H> {
     options: WorkerOptions,
     /// One permit per handler: held while a handler runs.
     run_slots: Arc<Semaphore>,
+    /// One permit per job whose handler is done and whose outcome is on
+    /// its way to the store ([`WorkerOptions::max_outcomes_in_flight`]).
+    outcome_slots: Arc<Semaphore>,
     /// Claimed jobs waiting for a handler (prefetched).
     waiting: std::sync::atomic::AtomicUsize,
     /// Signalled when a job is through PostHandle: a PreDequeue that said
@@ -112,6 +115,7 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
             shared: Arc::new(Shared {
                 store: store.into(),
                 run_slots: Arc::new(Semaphore::new(options.num_handlers)),
+                outcome_slots: Arc::new(Semaphore::new(options.max_outcomes_in_flight)),
                 waiting: std::sync::atomic::AtomicUsize::new(0),
                 job_finished: tokio::sync::Notify::new(),
                 retry_due: Arc::new(tokio::sync::Notify::new()),

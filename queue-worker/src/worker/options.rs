@@ -53,6 +53,20 @@ pub struct WorkerOptions {
     /// the Postgres store opens a job's transaction only when its handler
     /// asks, so prefetched jobs hold no connection. Default 0.
     pub prefetch: usize,
+    /// How many jobs whose handler is done may wait at once for their
+    /// outcome to be written. A store that writes outcomes in batches (the
+    /// Postgres store in lease mode) answers a finish only once its batch
+    /// is written; a job's claim slot frees when its handler is done, so
+    /// without a bound, claims outran the writes and finished jobs heaped
+    /// up (145,000 in a drain of a million jobs at 64 handlers, each held
+    /// in memory, and each in every heartbeat until its write). At this
+    /// many, the next job to finish keeps its claim slot until one of them
+    /// is written, so claims slow to the pace of the writes. A job whose
+    /// outcome commits the handler's transaction holds its handler slot
+    /// until then anyway. Default 2,048 (two of the Postgres store's
+    /// batches of 1,000, so that one is always ready while the other is
+    /// written).
+    pub max_outcomes_in_flight: usize,
     /// How often running jobs are heartbeated (and cancellations noticed).
     /// Default 5 s; keep it well below the resetter's stalled max age.
     pub heartbeat_interval: Duration,
@@ -80,6 +94,7 @@ impl Default for WorkerOptions {
             claim_batch: None,
             concurrent_claims: 2,
             prefetch: 0,
+            max_outcomes_in_flight: 2048,
             heartbeat_interval: Duration::from_secs(5),
             job_timeout: Some(Duration::from_secs(300)),
             cancel_grace: Duration::from_secs(5),
@@ -130,6 +145,9 @@ impl WorkerOptions {
         }
         if self.claim_batch == Some(0) {
             return fail("claim_batch must be at least 1");
+        }
+        if self.max_outcomes_in_flight == 0 {
+            return fail("max_outcomes_in_flight must be at least 1");
         }
         if self.concurrent_claims == 0 {
             return fail("concurrent_claims must be at least 1");
