@@ -142,6 +142,10 @@ pub(super) struct Beside<'a> {
     /// The statements the drain ran, from pg_stat_statements (which the
     /// server must have loaded), reset when the worker starts.
     pub statements: bool,
+    /// Another session holds a snapshot taken just before the worker
+    /// starts until the drain ends, so that no entry of a claimed job can
+    /// be marked dead or vacuumed meanwhile.
+    pub old_snapshot: bool,
 }
 
 /// A statement as pg_stat_statements counted it over a drain.
@@ -291,11 +295,27 @@ pub(super) async fn drain_beside(
             .await
             .context("resetting pg_stat_statements (is it in shared_preload_libraries?)")?;
     }
+    let snapshot = if beside.old_snapshot {
+        let mut session = pool.acquire().await?;
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
+            table.name().quoted()
+        )))
+        .execute(&mut *session)
+        .await
+        .context("a session holding a snapshot beside the drain")?;
+        Some(session)
+    } else {
+        None
+    };
     let started = Instant::now();
     let cpu0 = CpuSample::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
     wait_until_drained(pool, &table, first_id, &total, n, &running, started).await?;
     let elapsed = started.elapsed();
+    if let Some(mut session) = snapshot {
+        sqlx::query("ROLLBACK").execute(&mut *session).await?;
+    }
     let read = match polling {
         Some(readers) => Some(readers.stop().await?),
         None => None,

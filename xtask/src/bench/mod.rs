@@ -83,6 +83,8 @@ pub(crate) struct Sizes {
     overload: pressure::OverloadSizes,
     /// The jobs of each drain of the readers scenario.
     readers_jobs: usize,
+    /// The backlog drained beside an old snapshot.
+    backlog_jobs: usize,
 }
 
 const FULL: Sizes = Sizes {
@@ -115,6 +117,7 @@ const FULL: Sizes = Sizes {
         settle: Duration::from_secs(30),
     },
     readers_jobs: 1_000_000,
+    backlog_jobs: 1_000_000,
 };
 
 const QUICK: Sizes = Sizes {
@@ -147,6 +150,7 @@ const QUICK: Sizes = Sizes {
         settle: Duration::from_secs(2),
     },
     readers_jobs: 20_000,
+    backlog_jobs: 20_000,
 };
 
 /// The scenarios `--only` can pick, in the order they run. `peers`,
@@ -154,7 +158,7 @@ const QUICK: Sizes = Sizes {
 /// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 29] = [
+const SCENARIOS: [&str; 30] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -177,6 +181,7 @@ const SCENARIOS: [&str; 29] = [
     "pressure-idle-2000",
     "pressure-overload",
     "pressure-readers",
+    "pressure-backlog",
     "peers",
     "versus",
     "cold",
@@ -209,7 +214,8 @@ pub struct Args {
     /// of its own with pg_stat_statements), bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
     /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
-    /// run 600 only), pressure-overload, pressure-readers, peers, versus,
+    /// run 600 only), pressure-overload, pressure-readers, pressure-backlog
+    /// (a backlog drained beside an old snapshot), peers, versus,
     /// cold, awa-pressure-idle-600, awa-pressure-idle-2000 (awa in the
     /// idle-in-transaction scenario), awa-pressure-overload, awa-pressure-readers (its drain
     /// of the drain scenarios' size beside 8 readers of its admin figures).
@@ -479,6 +485,10 @@ pub async fn run(args: Args) -> Result<()> {
         )
         .await?;
         measured(&mut progress, &["pressure-readers"], &results)?;
+    }
+    if due(&progress, "pressure-backlog") {
+        pressure::backlog_beside_an_old_snapshot(&pool, sizes.backlog_jobs, &mut results).await?;
+        measured(&mut progress, &["pressure-backlog"], &results)?;
     }
 
     let mut built = None;

@@ -922,6 +922,52 @@ pub(super) async fn readers_beside_a_drain(
     Ok(())
 }
 
+/// A lease drain of a backlog of `jobs` (16 handlers, then 64), clean and
+/// beside a session that holds a snapshot from its start to its end: each
+/// claim from the start then walks the entry of every job claimed since,
+/// and a drain of a million jobs ran at a quarter of its speed before the
+/// cursor measured full claims too (2026-11-29). The 64-handler drain of a
+/// million is also the size at which finished jobs heaped up ahead of the
+/// batched completer before their number was bounded (about 20,000
+/// jobs/s, against 55,000 with the bound).
+pub(super) async fn backlog_beside_an_old_snapshot(
+    pool: &PgPool,
+    jobs: usize,
+    results: &mut Results,
+) -> Result<()> {
+    use super::drain::{drain, drain_beside, Beside, LEASE};
+    for handlers in [16, 64] {
+        let clean = drain(pool, LEASE, handlers, jobs).await?.jobs_per_second;
+        let held = drain_beside(
+            pool,
+            LEASE,
+            handlers,
+            jobs,
+            Beside {
+                old_snapshot: true,
+                ..Beside::default()
+            },
+        )
+        .await?
+        .jobs_per_second;
+        let what = format!(
+            "backlog: lease drain of {}, {handlers} handlers",
+            thousands(jobs as u64)
+        );
+        results.add("pressure", &what, clean, "jobs/s", "no other session");
+        results.add(
+            "pressure",
+            format!("{what}, a snapshot held ÷ clean"),
+            held / clean,
+            "x",
+            format!(
+                "{held:.0} against {clean:.0} jobs/s; another session held a snapshot from the drain's start to its end"
+            ),
+        );
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
