@@ -51,6 +51,29 @@ impl Backlog {
     async fn claim(&self, limit: usize) -> Vec<i64> {
         ids(&claim_now(&self.store, limit).await)
     }
+
+    /// A session that keeps a snapshot from now on (until the connection
+    /// is dropped): the entry of every job claimed meanwhile stays in the
+    /// claim index, and no scan can mark it dead.
+    async fn hold_a_snapshot(&self) -> sqlx::pool::PoolConnection<sqlx::Postgres> {
+        let mut idle = self.pool.acquire().await.expect("a connection");
+        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
+            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
+            self.table.name().quoted()
+        )))
+        .execute(&mut *idle)
+        .await
+        .expect("a snapshot held");
+        idle
+    }
+}
+
+/// Whether the store logged that the walk from the start is costly.
+fn found_costly(logged: &support::logs::Logged) -> bool {
+    logged
+        .messages()
+        .iter()
+        .any(|m| m.contains("claims stay at the cursor"))
 }
 
 fn low(n: usize) -> Vec<NewJob> {
@@ -236,24 +259,11 @@ async fn inside_a_backlog_an_old_snapshot_makes_the_walk_costly_too() {
         o.claim_cursor(Some(Duration::from_millis(10)))
     })
     .await;
-    let mut idle = pool.acquire().await.expect("a connection");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
-        b.table.name().quoted()
-    )))
-    .execute(&mut *idle)
-    .await
-    .expect("a snapshot held");
-    let costly = |logged: &support::logs::Logged| {
-        logged
-            .messages()
-            .iter()
-            .any(|m| m.contains("claims stay at the cursor"))
-    };
+    let idle = b.hold_a_snapshot().await;
     // Claims of 50, a millisecond apart: the measurements go at most every
     // 5 s, so the backlog lasts longer than that.
     let mut taken = Vec::new();
-    while !costly(&logged) {
+    while !found_costly(&logged) {
         let claimed = b.claim(50).await;
         assert_eq!(
             claimed.len(),
@@ -286,17 +296,8 @@ async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_fin
     let rescan = Duration::from_millis(10);
     let n = 50_000;
     let b = Backlog::new(&pool, n, |o| o.claim_cursor(Some(rescan))).await;
-    // A session that keeps a snapshot from before any claim: the entry of
-    // every job claimed from now on stays in the claim index, and no scan
-    // can mark it dead.
-    let mut idle = pool.acquire().await.expect("a connection");
-    sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-        "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
-        b.table.name().quoted()
-    )))
-    .execute(&mut *idle)
-    .await
-    .expect("a snapshot held");
+    // A snapshot from before any claim.
+    let mut idle = b.hold_a_snapshot().await;
     let mut claimed = 0;
     while claimed < n {
         claimed += b.claim(1_000).await.len();
@@ -306,14 +307,8 @@ async fn while_an_old_snapshot_is_held_claims_stay_at_the_cursor_and_a_probe_fin
     // walk (hundreds of blocks) and finds it costly.
     let mut at_cursor = Vec::new();
     let mut i = 0;
-    let costly = |logged: &support::logs::Logged| {
-        logged
-            .messages()
-            .iter()
-            .any(|m| m.contains("claims stay at the cursor"))
-    };
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !costly(&logged) || i < 5 {
+    while !found_costly(&logged) || i < 5 {
         assert!(
             std::time::Instant::now() < deadline,
             "the walk over 50,000 dead entries was not found costly; logged: {:?}",
