@@ -297,13 +297,7 @@ pub(super) async fn drain_beside(
     }
     let snapshot = if beside.old_snapshot {
         let mut session = pool.acquire().await?;
-        sqlx::raw_sql(sqlx::AssertSqlSafe(format!(
-            "BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM {}",
-            table.name().quoted()
-        )))
-        .execute(&mut *session)
-        .await
-        .context("a session holding a snapshot beside the drain")?;
+        super::pressure::take_a_snapshot(&mut session).await?;
         Some(session)
     } else {
         None

@@ -352,9 +352,7 @@ async fn offer_through(
             // A session that takes a snapshot and keeps it: vacuum can
             // remove no row that died after it.
             let mut conn = sqlx::PgConnection::connect(url).await?;
-            sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
-                .execute(&mut conn)
-                .await?;
+            take_a_snapshot(&mut conn).await?;
             idle_session = Some(conn);
         }
         if now >= idle_to {
@@ -919,6 +917,17 @@ pub(super) async fn readers_beside_a_drain(
         ),
         (Some(0.9), None),
     );
+    Ok(())
+}
+
+/// Opens a transaction on `conn` and takes a snapshot that it keeps until
+/// the transaction ends: vacuum can remove no row that dies meanwhile, and
+/// no scan can mark an index entry dead.
+pub(super) async fn take_a_snapshot(conn: &mut sqlx::PgConnection) -> Result<()> {
+    sqlx::raw_sql("BEGIN ISOLATION LEVEL REPEATABLE READ; SELECT count(*) FROM pg_class")
+        .execute(conn)
+        .await
+        .context("a session taking a snapshot to hold")?;
     Ok(())
 }
 
