@@ -277,8 +277,25 @@ async fn apply_locked(
     Ok(applied_now)
 }
 
+/// How many times a concurrent build of one index is tried when Postgres
+/// fails it as a deadlock.
+const BUILD_ATTEMPTS: u32 = 3;
+
+/// Whether Postgres failed the statement as a deadlock. A concurrent build
+/// waits, in its last phase, for every transaction older than it; one of
+/// them waiting in turn for the lock the build holds (an `ANALYZE` begun
+/// meanwhile, say) makes a cycle that Postgres breaks by failing one of
+/// the two, often the build, which leaves its index invalid.
+fn is_deadlock(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "40P01")
+}
+
 /// Builds the indexes of `m` concurrently, each after dropping an invalid
-/// one of its name.
+/// one of its name, and again (up to [`BUILD_ATTEMPTS`] times) after a
+/// build that Postgres failed as a deadlock ([`is_deadlock`]).
 async fn build_concurrently(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
@@ -292,27 +309,42 @@ async fn build_concurrently(
         .await
         .map_err(|e| store_error(&context, e))?;
     for (index, create) in m.concurrent_indexes.iter().zip(&m.statements) {
-        let invalid: bool = sqlx::query_scalar(default_table::INVALID_INDEX)
-            .bind(index)
-            .fetch_one(&mut *conn)
-            .await
-            .map_err(|e| store_error(&context, e))?;
-        if invalid {
-            tracing::warn!(
-                index = %index,
-                "an earlier build of this index was interrupted; dropping it to build it again"
-            );
-            sqlx::query(sqlx::AssertSqlSafe(format!(
-                "DROP INDEX CONCURRENTLY IF EXISTS {index}"
-            )))
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| store_error(&context, e))?;
+        let mut attempt = 1;
+        loop {
+            let invalid: bool = sqlx::query_scalar(default_table::INVALID_INDEX)
+                .bind(index)
+                .fetch_one(&mut *conn)
+                .await
+                .map_err(|e| store_error(&context, e))?;
+            if invalid {
+                tracing::warn!(
+                    index = %index,
+                    "an earlier build of this index was interrupted; dropping it to build it again"
+                );
+                sqlx::query(sqlx::AssertSqlSafe(format!(
+                    "DROP INDEX CONCURRENTLY IF EXISTS {index}"
+                )))
+                .execute(&mut *conn)
+                .await
+                .map_err(|e| store_error(&context, e))?;
+            }
+            match sqlx::query(sqlx::AssertSqlSafe(create.as_str()))
+                .execute(&mut *conn)
+                .await
+            {
+                Ok(_) => break,
+                Err(e) if attempt < BUILD_ATTEMPTS && is_deadlock(&e) => {
+                    tracing::warn!(
+                        index = %index,
+                        attempt,
+                        error = %e,
+                        "a concurrent index build was failed as a deadlock; building it again"
+                    );
+                    attempt += 1;
+                }
+                Err(e) => return Err(store_error(&context, e)),
+            }
         }
-        sqlx::query(sqlx::AssertSqlSafe(create.as_str()))
-            .execute(&mut *conn)
-            .await
-            .map_err(|e| store_error(&context, e))?;
     }
     sqlx::query("RESET max_parallel_maintenance_workers")
         .execute(&mut *conn)

@@ -11,7 +11,10 @@
 //! the background) after a claim that took longer than [`SLOW_CLAIM`]:
 //! such a claim has almost always been planned from statistics that do not
 //! describe the table. `ANALYZE` samples at most 30,000 rows and takes no
-//! lock that claims, completions or enqueues wait for.
+//! lock that claims, completions or enqueues wait for; it skips the table
+//! rather than wait for the lock that a vacuum or a concurrent index build
+//! holds ([`catalog::analyze_skipping_locked`]: waiting would fail the
+//! build as a deadlock).
 //!
 //! A table that grows from (nearly) empty is analyzed as it grows, too:
 //! once this store has claimed as many jobs as the table held at start-up
@@ -145,13 +148,11 @@ impl Statistics {
         .collect();
         let statistics = Statistics {
             pool: pool.clone(),
-            analyze: format!(
-                "ANALYZE {}",
-                tables
+            analyze: catalog::analyze_skipping_locked(
+                &tables
                     .iter()
                     .map(|table| catalog::analyze_target(table, &columns))
-                    .collect::<Vec<_>>()
-                    .join(", ")
+                    .collect::<Vec<_>>(),
             )
             .into(),
             last: Mutex::new(None),

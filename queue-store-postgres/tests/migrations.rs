@@ -287,6 +287,99 @@ async fn an_interrupted_index_build_is_repaired_by_the_next_run() {
     assert!(jobs.migrate(&pool).await.expect("up to date").is_empty());
 }
 
+/// A concurrent build waits, in its last phase, for every transaction
+/// older than it. An `ANALYZE` begun while the build waited for a writer
+/// waits in turn for the build's lock, and once it has waited past
+/// `deadlock_timeout` (so that it found no cycle when it looked), Postgres
+/// fails the build as the deadlock. The migration builds the index again,
+/// records the version, and leaves every index valid.
+#[tokio::test]
+async fn a_build_failed_as_a_deadlock_is_built_again() {
+    let Some(pool) = pool("a_build_failed_as_a_deadlock_is_built_again").await else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("migration");
+    let t = jobs.name().quoted();
+    execute(
+        &pool,
+        format!("INSERT INTO {t} (kind) SELECT 'k' FROM generate_series(1, 1000)"),
+    )
+    .await;
+    support::back_to_version_7(&pool, &jobs).await;
+    let deadlocks = || async {
+        support::scalar(
+            &pool,
+            "SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()",
+        )
+        .await
+    };
+    let deadlocks_before = deadlocks().await;
+
+    // A writer's open transaction, which the build's first phase waits for.
+    let mut writer = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {t} (kind) VALUES ('k')"
+    )))
+    .execute(&mut *writer)
+    .await
+    .expect("a write");
+    let migrating = {
+        let (jobs, pool) = (jobs.clone(), pool.clone());
+        tokio::spawn(async move { jobs.migrate(&pool).await })
+    };
+    support::until_waiting_for_a_lock(&pool, "CREATE INDEX CONCURRENTLY", &jobs).await;
+    let analyzing = {
+        let (pool, analyze) = (pool.clone(), format!("ANALYZE {t}"));
+        tokio::spawn(async move {
+            sqlx::query(sqlx::AssertSqlSafe(analyze))
+                .execute(&pool)
+                .await
+        })
+    };
+    support::until_waiting_for_a_lock(&pool, "ANALYZE", &jobs).await;
+    // Past the ANALYZE's own look for a cycle, which finds none yet.
+    let deadlock_timeout_ms = support::scalar(
+        &pool,
+        "SELECT setting::int8 FROM pg_settings WHERE name = 'deadlock_timeout'",
+    )
+    .await;
+    tokio::time::sleep(Duration::from_millis(
+        u64::try_from(deadlock_timeout_ms).expect("a positive timeout") + 500,
+    ))
+    .await;
+    writer.commit().await.expect("the writer commits");
+
+    let applied = tokio::time::timeout(Duration::from_secs(60), migrating)
+        .await
+        .expect("the migration ends")
+        .expect("joined")
+        .expect("the migration builds the index again and succeeds");
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [8]);
+    analyzing
+        .await
+        .expect("joined")
+        .expect("the ANALYZE was not the one failed");
+    let invalid: i64 = sqlx::query_scalar(
+        "SELECT count(*) FILTER (WHERE NOT indisvalid) FROM pg_index WHERE indrelid = to_regclass($1)",
+    )
+    .bind(&t)
+    .fetch_one(&pool)
+    .await
+    .expect("the indexes");
+    assert_eq!(invalid, 0, "every index is valid");
+    // The server counted the deadlock (its statistics reach the view within
+    // a few seconds of the failed build).
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while deadlocks().await == deadlocks_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "Postgres counted no deadlock: the build was never failed"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
 /// Version 12 sets right, in batches of keys, the times of rows written
 /// before they followed the state (`JobState::times_agree`): a finished
 /// job loses its due time (and gets a finish time where it had none), a

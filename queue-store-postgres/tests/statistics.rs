@@ -159,3 +159,49 @@ async fn a_table_that_grows_from_empty_is_analyzed_as_its_jobs_are_claimed() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// A store that starts while `queue migrate` builds an index concurrently
+/// is not held up by the build: its start-up `ANALYZE` would wait for the
+/// build's lock, and the build, in its last phase, for that `ANALYZE`
+/// (Postgres then fails one of them as a deadlock). It skips the table
+/// instead, and the build goes on to succeed.
+#[tokio::test]
+async fn a_store_starting_beside_an_index_build_does_not_wait_for_it() {
+    let Some(pool) = pool("a_store_starting_beside_an_index_build").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    insert_jobs(&pool, &table, 5_000).await;
+    support::back_to_version_7(&pool, &table).await;
+    // A writer's open transaction, which the build's first phase waits for.
+    let mut writer = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (kind) VALUES ('k')",
+        table.name().quoted()
+    )))
+    .execute(&mut *writer)
+    .await
+    .expect("a write");
+    let migrating = {
+        let (table, pool) = (table.clone(), pool.clone());
+        tokio::spawn(async move { table.migrate(&pool).await })
+    };
+    support::until_waiting_for_a_lock(&pool, "CREATE INDEX CONCURRENTLY", &table).await;
+
+    let store = tokio::time::timeout(Duration::from_secs(10), lease_store(&pool, &table))
+        .await
+        .expect("the store starts without waiting for the build");
+    assert_eq!(
+        statistics(&pool, &table).await,
+        (false, None),
+        "the table, locked by the build, was skipped"
+    );
+    assert_eq!(claim_now(&store, 10).await.len(), 10, "the store claims");
+    writer.commit().await.expect("the writer commits");
+    let applied = tokio::time::timeout(Duration::from_secs(60), migrating)
+        .await
+        .expect("the migration ends")
+        .expect("joined")
+        .expect("the build succeeds");
+    assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [8]);
+}

@@ -12,7 +12,7 @@ use super::{beside_error, PgAdmin};
 use crate::error::store_error;
 use crate::ident::QualifiedName;
 use crate::record::PgKey;
-use crate::sql::operations;
+use crate::sql::{catalog, operations};
 
 /// The jobs an ended operation must have changed for the job table to be
 /// analyzed ([`PgAdmin::analyze`]).
@@ -143,35 +143,23 @@ impl<K: PgKey> PgAdmin<K> {
     /// many jobs between states, and a big table's figures split its
     /// finished jobs by the shares of the last ANALYZE (autovacuum's comes
     /// within minutes). Samples the table (under a second on ten million
-    /// rows), never waits long for the lock (a vacuum may hold it), and
-    /// leaves the table alone on any error: it only freshens estimates. A
-    /// role that does not own the table gets a warning from Postgres, not
-    /// an error.
+    /// rows), never waits for its lock
+    /// ([`catalog::analyze_skipping_locked`]), and leaves the table alone
+    /// on any error: it only freshens estimates. A role that does not own
+    /// the table gets a warning from Postgres, not an error.
     async fn analyze(&self) {
         // A partitioned table's live partitions: its finished jobs' are
         // autovacuum's, and its figures read the partitions' statistics.
         if self.inner.analyzed.is_empty() {
             return;
         }
-        let table = self
-            .inner
-            .analyzed
-            .iter()
-            .map(|t| t.quoted())
-            .collect::<Vec<_>>()
-            .join(", ");
-        let analyzed = async {
-            let mut tx = self.inner.pool.begin().await?;
-            sqlx::query("SET LOCAL lock_timeout = '1s'")
-                .execute(&mut *tx)
-                .await?;
-            sqlx::query(sqlx::AssertSqlSafe(format!("ANALYZE {table}")))
-                .execute(&mut *tx)
-                .await?;
-            tx.commit().await
-        };
-        if let Err(error) = analyzed.await {
-            tracing::debug!(%table, %error, "analyzing the table after a bulk operation failed; the figures are freshened at the next ANALYZE");
+        let tables: Vec<String> = self.inner.analyzed.iter().map(|t| t.quoted()).collect();
+        let analyze = catalog::analyze_skipping_locked(&tables);
+        if let Err(error) = sqlx::query(sqlx::AssertSqlSafe(analyze))
+            .execute(&self.inner.pool)
+            .await
+        {
+            tracing::debug!(tables = %tables.join(", "), %error, "analyzing the table after a bulk operation failed; the figures are freshened at the next ANALYZE");
         }
     }
 

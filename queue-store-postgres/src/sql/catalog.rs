@@ -85,6 +85,18 @@ pub(crate) fn analyze_target(table: &QualifiedName, columns: &[String]) -> Strin
     format!("{} ({})", table.quoted(), columns.join(", "))
 }
 
+/// The `ANALYZE` of `targets` (quoted names, or [`analyze_target`]s) that
+/// the store and the admin run of their own accord, to freshen estimates.
+/// It skips a table whose lock it would wait for (Postgres says so in a
+/// warning) rather than wait: the lock's holder may be a concurrent index
+/// build of `queue migrate`, which in turn waits for every transaction
+/// older than its last phase, this one included, and Postgres ends that
+/// cycle by failing the build as a deadlock. A vacuum holding the lock
+/// analyzes as it goes, and the next analysis asked for comes soon enough.
+pub(crate) fn analyze_skipping_locked(targets: &[String]) -> String {
+    format!("ANALYZE (SKIP_LOCKED) {}", targets.join(", "))
+}
+
 /// The predicates (NULL: none) of the unique, valid, immediate indexes of
 /// the table (`$1`) whose one key column is the column named `$2`, with no
 /// expression: the indexes an `ON CONFLICT DO NOTHING` reads for it.

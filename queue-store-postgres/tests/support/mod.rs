@@ -132,6 +132,55 @@ pub fn versions_table(table: &JobTable) -> String {
     )
 }
 
+/// Takes `table` back to version 7: version 8's two indexes (built
+/// concurrently) dropped and the version forgotten, so that the next
+/// migration builds them concurrently again.
+pub async fn back_to_version_7(pool: &PgPool, table: &JobTable) {
+    let versions = versions_table(table);
+    execute(pool, format!("DELETE FROM {versions} WHERE version = 8")).await;
+    for index in ["finished_idx", "expires_idx"] {
+        let name =
+            queue_store_postgres::Ident::new(format!("{}_{index}", table.name().name.as_str()))
+                .expect("valid");
+        execute(
+            pool,
+            format!(
+                "DROP INDEX {}.{}",
+                table.name().schema.quoted(),
+                name.quoted()
+            ),
+        )
+        .await;
+    }
+}
+
+/// Waits (up to 30 s) until a backend running a statement that starts with
+/// `statement` and names `table` waits for a lock, as `pg_stat_activity`
+/// shows it.
+pub async fn until_waiting_for_a_lock(pool: &PgPool, statement: &str, table: &JobTable) {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let waiting: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'active' \
+             AND wait_event_type = 'Lock' AND starts_with(query, $1) \
+             AND position($2 IN query) > 0 AND pid <> pg_backend_pid())",
+        )
+        .bind(statement)
+        .bind(table.name().quoted())
+        .fetch_one(pool)
+        .await
+        .expect("reading the activity");
+        if waiting {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "no `{statement}` waited for a lock within 30 s"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+}
+
 /// How many jobs of `table` are in `state` (its stored value).
 pub async fn count_in(pool: &PgPool, table: &JobTable, state: &str) -> i64 {
     let sql = format!(
