@@ -71,6 +71,7 @@ async fn purging_200k_finished_jobs_never_holds_up_a_claim_for_a_second() {
     let prober = tokio::spawn(queue_core::testkit::probe_claims(
         store.clone(),
         feeding.clone(),
+        Arc::default(),
     ));
 
     tokio::time::sleep(Duration::from_millis(300)).await;

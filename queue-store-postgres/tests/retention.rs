@@ -76,6 +76,7 @@ async fn the_pruner_removes_a_million_old_jobs_while_a_worker_drains() {
     let prober = tokio::spawn(queue_core::testkit::probe_claims(
         store.clone(),
         feeding.clone(),
+        Arc::default(),
     ));
 
     let thirty_days = Duration::from_secs(30 * 24 * 3600);

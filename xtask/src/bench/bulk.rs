@@ -372,7 +372,12 @@ async fn phase(
     let probing = Arc::new(AtomicBool::new(true));
     let started = Instant::now();
     let running = tokio::spawn(worker.run(shutdown.clone()));
-    let prober = tokio::spawn(probe_claims(store.clone(), probing.clone()));
+    // The prober takes some of the drain's jobs: the drain is over when
+    // the two together have taken them all (counting the worker's alone, a
+    // phase went on past the drain's end, timing claims that found nothing
+    // and walked the entries of two million claimed jobs: 160 ms each).
+    let probed = Arc::new(AtomicUsize::new(0));
+    let prober = tokio::spawn(probe_claims(store.clone(), probing.clone(), probed.clone()));
     let working = work.map(|work| {
         let (pool, table) = (store_pool.clone(), table.clone());
         // How long it ran, from the phase's start: the claims may be timed
@@ -387,7 +392,8 @@ async fn phase(
     // `window`).
     let limit = Duration::from_secs(600);
     loop {
-        let drain_over = drained.load(Ordering::Relaxed) >= sizes.bulk_drain_jobs;
+        let drain_over = drained.load(Ordering::Relaxed) + probed.load(Ordering::Relaxed)
+            >= sizes.bulk_drain_jobs;
         let over = match (&working, window) {
             (Some(work), window) => {
                 work.is_finished() && window.is_none_or(|w| started.elapsed() >= w)
