@@ -208,21 +208,7 @@ async fn an_interrupted_index_build_is_repaired_by_the_next_run() {
     ))
     .await;
     // Version 8 not applied yet, on a table with rows.
-    let versions = support::versions_table(&jobs);
-    execute(&pool, format!("DELETE FROM {versions} WHERE version = 8")).await;
-    for index in ["finished_idx", "expires_idx"] {
-        execute(
-            &pool,
-            format!(
-                "DROP INDEX {}.{}",
-                jobs.name().schema.quoted(),
-                queue_store_postgres::Ident::new(format!("{}_{index}", jobs.name().name.as_str()))
-                    .expect("valid")
-                    .quoted()
-            ),
-        )
-        .await;
-    }
+    support::back_to_version_7(&pool, &jobs).await;
 
     let migrating = {
         let (jobs, pool) = (jobs.clone(), pool.clone());
@@ -316,19 +302,7 @@ async fn a_build_failed_as_a_deadlock_is_built_again() {
     };
     let deadlocks_before = deadlocks().await;
 
-    // A writer's open transaction, which the build's first phase waits for.
-    let mut writer = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {t} (kind) VALUES ('k')"
-    )))
-    .execute(&mut *writer)
-    .await
-    .expect("a write");
-    let migrating = {
-        let (jobs, pool) = (jobs.clone(), pool.clone());
-        tokio::spawn(async move { jobs.migrate(&pool).await })
-    };
-    support::until_waiting_for_a_lock(&pool, "CREATE INDEX CONCURRENTLY", &jobs).await;
+    let (writer, migrating) = support::build_held_by_a_writer(&pool, &jobs).await;
     let analyzing = {
         let (pool, analyze) = (pool.clone(), format!("ANALYZE {t}"));
         tokio::spawn(async move {
@@ -338,14 +312,15 @@ async fn a_build_failed_as_a_deadlock_is_built_again() {
         })
     };
     support::until_waiting_for_a_lock(&pool, "ANALYZE", &jobs).await;
-    // Past the ANALYZE's own look for a cycle, which finds none yet.
+    // Well past the ANALYZE's own look for a cycle (deadlock_timeout after
+    // it began to wait), which finds none yet: the build is the one failed.
     let deadlock_timeout_ms = support::scalar(
         &pool,
         "SELECT setting::int8 FROM pg_settings WHERE name = 'deadlock_timeout'",
     )
     .await;
     tokio::time::sleep(Duration::from_millis(
-        u64::try_from(deadlock_timeout_ms).expect("a positive timeout") + 500,
+        u64::try_from(deadlock_timeout_ms).expect("a positive timeout") + 1500,
     ))
     .await;
     writer.commit().await.expect("the writer commits");

@@ -173,20 +173,7 @@ async fn a_store_starting_beside_an_index_build_does_not_wait_for_it() {
     let table = table_without_autovacuum(&pool).await;
     insert_jobs(&pool, &table, 5_000).await;
     support::back_to_version_7(&pool, &table).await;
-    // A writer's open transaction, which the build's first phase waits for.
-    let mut writer = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {} (kind) VALUES ('k')",
-        table.name().quoted()
-    )))
-    .execute(&mut *writer)
-    .await
-    .expect("a write");
-    let migrating = {
-        let (table, pool) = (table.clone(), pool.clone());
-        tokio::spawn(async move { table.migrate(&pool).await })
-    };
-    support::until_waiting_for_a_lock(&pool, "CREATE INDEX CONCURRENTLY", &table).await;
+    let (writer, migrating) = support::build_held_by_a_writer(&pool, &table).await;
 
     let store = tokio::time::timeout(Duration::from_secs(10), lease_store(&pool, &table))
         .await

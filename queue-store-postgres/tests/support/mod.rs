@@ -154,6 +154,33 @@ pub async fn back_to_version_7(pool: &PgPool, table: &JobTable) {
     }
 }
 
+/// A migration of `table` (at version 7, [`back_to_version_7`]) started
+/// beside a writer's open transaction, which its concurrent build's first
+/// phase waits for: returned once the build is seen waiting, with the
+/// writer (commit it to let the build go on) and the migration's task.
+pub async fn build_held_by_a_writer(
+    pool: &PgPool,
+    table: &JobTable,
+) -> (
+    sqlx::Transaction<'static, sqlx::Postgres>,
+    tokio::task::JoinHandle<Result<Vec<queue_store_postgres::Migration>, queue_core::StoreError>>,
+) {
+    let mut writer = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (kind) VALUES ('k')",
+        table.name().quoted()
+    )))
+    .execute(&mut *writer)
+    .await
+    .expect("a write");
+    let migrating = {
+        let (table, pool) = (table.clone(), pool.clone());
+        tokio::spawn(async move { table.migrate(&pool).await })
+    };
+    until_waiting_for_a_lock(pool, "CREATE INDEX CONCURRENTLY", table).await;
+    (writer, migrating)
+}
+
 /// Waits (up to 30 s) until a backend running a statement that starts with
 /// `statement` and names `table` waits for a lock, as `pg_stat_activity`
 /// shows it.
