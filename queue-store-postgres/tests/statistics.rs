@@ -215,4 +215,3 @@ async fn a_store_starting_beside_an_index_build_does_not_wait_for_it() {
         .expect("the build succeeds");
     assert_eq!(applied.iter().map(|m| m.version).collect::<Vec<_>>(), [8]);
 }
-
