@@ -12,11 +12,12 @@
 //! [`SLOW_OF_RECENT`] of the last [`RECENT_CLAIMS`] that took jobs. Claims
 //! planned from statistics that do not describe the table are slow one
 //! after another; a lone slow claim is a busy machine, which an `ANALYZE`
-//! (a second of a core on a table of millions) would only make busier. `ANALYZE` samples at most 30,000 rows and takes no
-//! lock that claims, completions or enqueues wait for; it skips the table
-//! rather than wait for the lock that a vacuum or a concurrent index build
-//! holds ([`catalog::analyze_skipping_locked`]: waiting would fail the
-//! build as a deadlock).
+//! (a second of a core on a table of millions) would only make busier.
+//! `ANALYZE` samples at most 30,000 rows and takes no lock that claims,
+//! completions or enqueues wait for; it skips the table rather than wait
+//! for the lock that a vacuum or a concurrent index build holds
+//! ([`catalog::analyze_skipping_locked`]: waiting would fail the build as
+//! a deadlock).
 //!
 //! A table that grows from (nearly) empty is analyzed as it grows, too:
 //! once this store has claimed as many jobs as the table held at start-up
