@@ -14,10 +14,12 @@
 //! after another; a lone slow claim is a busy machine, which an `ANALYZE`
 //! (a second of a core on a table of millions) would only make busier.
 //! `ANALYZE` samples at most 30,000 rows and takes no lock that claims,
-//! completions or enqueues wait for; it skips the table rather than wait
-//! for the lock that a vacuum or a concurrent index build holds
-//! ([`catalog::analyze_skipping_locked`]: waiting would fail the build as
-//! a deadlock).
+//! completions or enqueues wait for. In the background it skips the table
+//! rather than wait for the lock that a vacuum or a concurrent index build
+//! holds ([`catalog::analyze_skipping_locked`]: waiting could fail the
+//! build as a deadlock); at start-up it waits for it up to two seconds
+//! ([`START_LOCK_TIMEOUT`]), long enough for Postgres to cancel an
+//! autovacuum that holds it.
 //!
 //! A table that grows from (nearly) empty is analyzed as it grows, too:
 //! once this store has claimed as many jobs as the table held at start-up
@@ -162,15 +164,13 @@ impl Statistics {
         .filter_map(|c| options.column_name(c))
         .map(|name| name.quoted())
         .collect();
+        let targets: Vec<String> = tables
+            .iter()
+            .map(|table| catalog::analyze_target(table, &columns))
+            .collect();
         let statistics = Statistics {
             pool: pool.clone(),
-            analyze: catalog::analyze_skipping_locked(
-                &tables
-                    .iter()
-                    .map(|table| catalog::analyze_target(table, &columns))
-                    .collect::<Vec<_>>(),
-            )
-            .into(),
+            analyze: catalog::analyze_skipping_locked(&targets).into(),
             recent: AtomicU32::new(0),
             last: Mutex::new(None),
             growth: Mutex::new(Growth::new(estimate)),
@@ -181,7 +181,17 @@ impl Statistics {
                 "the table has jobs but no statistics yet: analyzing it, so that claims read the claim index in order"
             );
             statistics.mark();
-            analyze(pool, &statistics.analyze).await?;
+            match analyze_at_start(pool, &format!("ANALYZE {}", targets.join(", "))).await {
+                Ok(()) => {}
+                Err(StoreError::Conflict { .. }) => {
+                    tracing::info!(
+                        %table,
+                        "the table's lock is held (an index build or a long vacuum): it is analyzed once claims are slow"
+                    );
+                    *statistics.last.lock().unwrap_or_else(|e| e.into_inner()) = None;
+                }
+                Err(error) => return Err(error),
+            }
         }
         Ok(statistics)
     }
@@ -242,6 +252,40 @@ impl Statistics {
         }
         *last = Some(now);
         true
+    }
+}
+
+/// How long the start-up `ANALYZE` waits for the table's lock. Postgres
+/// cancels an autovacuum that holds it once a waiter has waited
+/// `deadlock_timeout` (1 s by default), so the analysis goes ahead; a
+/// concurrent index build holds it for as long as it builds, and in its
+/// last phase waits for this transaction in turn: at twice the default
+/// `deadlock_timeout`, this wait ends first (or Postgres, finding the
+/// cycle when it looks at 1 s, fails this one), so the build never fails.
+const START_LOCK_TIMEOUT: &str = "SET LOCAL lock_timeout = '2s'";
+
+/// The start-up `statement` (a plain `ANALYZE`): on a table without
+/// statistics every claim may be planned badly, so it waits, a little, for
+/// the table's lock ([`START_LOCK_TIMEOUT`]); one that did not come is a
+/// [`StoreError::Conflict`].
+async fn analyze_at_start(pool: &PgPool, statement: &str) -> Result<(), StoreError> {
+    let context = "analyzing the table at start-up";
+    let mut tries = OnLiveConnection::new(pool, context);
+    loop {
+        let mut conn = tries.connection().await?;
+        let done = async {
+            let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+            sqlx::query(START_LOCK_TIMEOUT).execute(&mut *tx).await?;
+            sqlx::query(sqlx::AssertSqlSafe(statement.to_owned()))
+                .execute(&mut *tx)
+                .await?;
+            tx.commit().await
+        }
+        .await
+        .map_err(|e| store_error(context, e));
+        if let Some(done) = tries.settle(conn, done) {
+            return done;
+        }
     }
 }
 

@@ -183,11 +183,46 @@ async fn a_table_that_grows_from_empty_is_analyzed_as_its_jobs_are_claimed() {
     }
 }
 
+/// A store that starts while another session holds the table's lock for a
+/// moment (as an autovacuum does until Postgres cancels it for a waiter)
+/// waits for it, and analyzes a table of jobs without statistics all the
+/// same.
+#[tokio::test]
+async fn a_store_starting_while_the_lock_is_held_a_moment_analyzes_the_table_after() {
+    let Some(pool) = pool("a_store_starting_while_the_lock_is_held").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    insert_jobs(&pool, &table, 5_000).await;
+    let mut holder = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN SHARE UPDATE EXCLUSIVE MODE",
+        table.name().quoted()
+    )))
+    .execute(&mut *holder)
+    .await
+    .expect("the lock");
+    let starting = {
+        let (pool, table) = (pool.clone(), table.clone());
+        tokio::spawn(async move { lease_store(&pool, &table).await })
+    };
+    support::until_waiting_for_a_lock(&pool, "ANALYZE", &table).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    holder.commit().await.expect("the lock let go");
+    drop(starting.await.expect("the store starts"));
+    let (has_statistics, analyzed) = statistics(&pool, &table).await;
+    assert!(
+        has_statistics && analyzed.is_some(),
+        "analyzed once the lock was let go"
+    );
+}
+
 /// A store that starts while `queue migrate` builds an index concurrently
-/// is not held up by the build: its start-up `ANALYZE` would wait for the
-/// build's lock, and the build, in its last phase, for that `ANALYZE`
-/// (Postgres then fails one of them as a deadlock). It skips the table
-/// instead, and the build goes on to succeed.
+/// is held up by the build two seconds at most: its start-up `ANALYZE`
+/// waits that long for the build's lock (the build, in its last phase,
+/// waits for that `ANALYZE` in turn, and a longer wait could have Postgres
+/// fail the build as a deadlock), then leaves the table to the analysis
+/// after slow claims. The build goes on to succeed.
 #[tokio::test]
 async fn a_store_starting_beside_an_index_build_does_not_wait_for_it() {
     let Some(pool) = pool("a_store_starting_beside_an_index_build").await else {

@@ -86,7 +86,7 @@ pub(crate) fn analyze_target(table: &QualifiedName, columns: &[String]) -> Strin
 }
 
 /// The `ANALYZE` of `targets` (quoted names, or [`analyze_target`]s) that
-/// the store and the admin run of their own accord, to freshen estimates.
+/// the store and the admin run in the background, to freshen estimates.
 /// It skips a table whose lock it would wait for (Postgres says so in a
 /// warning) rather than wait: the lock's holder may be a concurrent index
 /// build of `queue migrate`, which in turn waits for every transaction
