@@ -47,6 +47,8 @@ struct Shared<S: Store, H> {
     name: Arc<str>,
     running: Mutex<RunningJobs<S::Id>>,
     report: Mutex<WorkerReport>,
+    /// The metric handles of each kind it ran.
+    metrics: crate::metrics::Metrics,
 }
 
 impl<S: Store, H> Shared<S, H> {
@@ -124,6 +126,7 @@ impl<S: Store, H: Handler<S>> Worker<S, H> {
                 options,
                 running: Mutex::new(HashMap::new()),
                 report: Mutex::new(WorkerReport::default()),
+                metrics: crate::metrics::Metrics::default(),
             }),
         })
     }
