@@ -9,7 +9,10 @@
 //! operation retries every failed job; one purges every old completed job
 //! (rounds, each followed by the drain alone as long); a worker's pruner
 //! removes them (rounds likewise); one purge drops the old days'
-//! partitions of a table partitioned by finish time. The operations run as
+//! partitions of a table partitioned by finish time. For comparison, a
+//! load of the purge's shape that only computes (no rows, no WAL) runs
+//! beside the drain in rounds likewise: its ratio is what the purge's share
+//! of the cores alone costs the claims on this machine. The operations run as
 //! `queue serve` runs them (the one runner, [`queue_core::run_operation`],
 //! with its background pace), the pruner as a worker's does
 //! ([`queue_core::prune`], its default batches and pace); the claims are
@@ -28,7 +31,7 @@ use queue_core::testkit::probe_claims;
 use queue_core::{
     prune, run_operation, Admin, CancellationToken, Handler, Job, JobContext, JobError, JobFilter,
     JobState, NewOperation, OperationAction, OperationState, Retention, RunOptions, StopAs,
-    TakeOperation, BACKGROUND_PACE, BACKGROUND_YIELD,
+    TakeOperation, BACKGROUND_PACE, BACKGROUND_YIELD, DEFAULT_PURGE_BATCH,
 };
 use queue_store_postgres::{ExecutionMode, JobTable, PgAdmin, PgJobTransaction, PgStore};
 use queue_worker::Worker;
@@ -90,6 +93,14 @@ enum Work {
     /// The same jobs removed by a worker's pruner (`queue_core::prune`,
     /// its default batches and pace), completed jobs kept 30 days.
     Prune,
+    /// No removal: a load of the purge's shape on one connection, for
+    /// comparison. Statements that only compute, each busy for `busy` of
+    /// wall time (as long as a batch of the purge took beside the drain),
+    /// paced as a background operation, for `length` (as long as the purge
+    /// ran). It reads and writes no row and no WAL, so what it costs the
+    /// claims is what any work of the purge's shape costs them on this
+    /// machine: a core's share.
+    CpuLoad { busy: Duration, length: Duration },
 }
 
 /// Both phases, into `results`.
@@ -107,6 +118,16 @@ pub(super) async fn beside_a_drain(
     );
     let purged = rounds_beside(pool, sizes, Work::Purge).await?;
     let pruned = rounds_beside(pool, sizes, Work::Prune).await?;
+    // The purge's shape: its batches of DEFAULT_PURGE_BATCH rows each took
+    // `busy`, then paused BACKGROUND_PACE and as long again, at its median
+    // rate; for as long as it took at that rate.
+    let rate = median(&purged.rates).max(1.0);
+    let cycle = Duration::from_secs_f64(DEFAULT_PURGE_BATCH as f64 / rate);
+    let busy = cycle
+        .saturating_sub(BACKGROUND_PACE)
+        .div_f64(1.0 + BACKGROUND_YIELD);
+    let length = Duration::from_secs_f64(failed as f64 / rate);
+    let loaded = rounds_beside(pool, sizes, Work::CpuLoad { busy, length }).await?;
     // Dropping the partitions takes under a second, a handful of claims:
     // they are timed for as long as a round of the purge of rows was.
     let purge_round = purged.window / purged.rates.len().max(1) as u32;
@@ -143,6 +164,7 @@ pub(super) async fn beside_a_drain(
     );
     purged.report(results, "the purge", failed);
     pruned.report(results, "the pruner", failed);
+    loaded.report_load(results, busy, length);
     let beside_drops = percentiles(dropping.claims.clone());
     results.add_against(
         "bulk",
@@ -223,11 +245,14 @@ async fn rounds_beside(pool: &PgPool, sizes: &Sizes, work: Work) -> Result<Round
     };
     for _ in 0..sizes.rounds.clamp(1, PURGE_ROUNDS) {
         let removing = phase(pool, sizes, Some(work), None).await?;
+        let expected = match work {
+            Work::CpuLoad { .. } => 0,
+            _ => sizes.bulk_rows,
+        };
         ensure!(
-            removing.changed == sizes.bulk_rows,
-            "{work:?} removed {} of {} old jobs",
+            removing.changed == expected,
+            "{work:?} removed {} of {expected} old jobs",
             removing.changed,
-            sizes.bulk_rows
         );
         let alone = phase(pool, sizes, None, Some(removing.window)).await?;
         rounds
@@ -242,6 +267,38 @@ async fn rounds_beside(pool: &PgPool, sizes: &Sizes, work: Work) -> Result<Round
 }
 
 impl Rounds {
+    /// The claims beside [`Work::CpuLoad`], against the drain alone as
+    /// long: what the purge's ratio would be if the purge cost the claims
+    /// nothing but its share of the cores.
+    fn report_load(&self, results: &mut Results, busy: Duration, length: Duration) {
+        let (beside, alone) = (
+            percentiles(self.claims.clone()),
+            percentiles(self.alone_claims.clone()),
+        );
+        results.add(
+            "bulk",
+            "claim p99, drain beside a CPU load shaped as the purge",
+            beside.p99,
+            "ms",
+            format!(
+                "statements busy {:.1} ms each, paced as the purge, for {:.1} s; {} claims over {:.1} s, the rounds pooled; alone {:.2} ms ({} claims)",
+                busy.as_secs_f64() * 1000.0,
+                length.as_secs_f64(),
+                self.claims.len(),
+                self.window.as_secs_f64(),
+                alone.p99,
+                self.alone_claims.len()
+            ),
+        );
+        results.add(
+            "bulk",
+            "claim p99 beside a CPU load shaped as the purge / alone",
+            beside.p99 / alone.p99,
+            "x",
+            "no rows, no WAL: what the purge's share of the cores alone costs the claims",
+        );
+    }
+
     /// Its rate, claim p99 beside and alone, and their ratio, against issue
     /// 30's targets; `what` names the removal ("the purge").
     fn report(&self, results: &mut Results, what: &str, rows: u64) {
@@ -335,7 +392,7 @@ async fn phase(
             sizes.bulk_drain_jobs
         ),
         match work {
-            Some(Work::Purge | Work::PurgePartitions | Work::Prune) => format!(
+            Some(Work::Purge | Work::PurgePartitions | Work::Prune | Work::CpuLoad { .. }) => format!(
                 "INSERT INTO {t} (kind, state, finished_at) \
                  SELECT 'import', 'completed', now() - interval '40 days' + n * interval '1 millisecond' \
                  FROM generate_series(1, {}) AS n",
@@ -436,6 +493,10 @@ async fn phase(
 /// finished over 30 days ago, as one operation, run as `queue serve` runs
 /// one, or as a worker's pruner prunes; returns how many jobs it changed.
 async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
+    if let Work::CpuLoad { busy, length } = work {
+        cpu_load(pool, busy, length).await?;
+        return Ok(0);
+    }
     let admin = PgAdmin::<i64>::new(pool.clone(), table.store_options()).await?;
     if work == Work::Prune {
         let retention = Retention {
@@ -452,7 +513,7 @@ async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
                 reset_attempts: false,
             },
         ),
-        Work::Purge | Work::PurgePartitions | Work::Prune => (
+        Work::Purge | Work::PurgePartitions | Work::Prune | Work::CpuLoad { .. } => (
             JobFilter::default()
                 .states([JobState::Completed])
                 .finished_before(chrono::Utc::now() - chrono::TimeDelta::days(30)),
@@ -484,4 +545,24 @@ async fn run_all(pool: &PgPool, table: &JobTable, work: Work) -> Result<u64> {
         done.message
     );
     Ok(done.done)
+}
+
+/// [`Work::CpuLoad`]: statements busy for `busy` each, paced as a
+/// background operation, until `length` has passed.
+async fn cpu_load(pool: &PgPool, busy: Duration, length: Duration) -> Result<()> {
+    let statement = format!(
+        "DO $$ DECLARE t timestamptz := clock_timestamp() + interval '{} microseconds'; \
+         BEGIN WHILE clock_timestamp() < t LOOP END LOOP; END $$",
+        busy.as_micros()
+    );
+    let mut conn = pool.acquire().await?;
+    let started = Instant::now();
+    while started.elapsed() < length {
+        let at = Instant::now();
+        sqlx::query(sqlx::AssertSqlSafe(statement.clone()))
+            .execute(&mut *conn)
+            .await?;
+        tokio::time::sleep(BACKGROUND_PACE + at.elapsed().mul_f64(BACKGROUND_YIELD)).await;
+    }
+    Ok(())
 }
