@@ -93,16 +93,11 @@ impl KindMetrics {
     pub(crate) fn finished(&self, outcome: &Outcome, duration: Duration) {
         self.in_flight.decrement(1.0);
         let label = outcome.label();
+        let register =
+            || metrics::counter!(JOBS_PROCESSED, "kind" => self.kind.clone(), "outcome" => label);
         match OUTCOMES.iter().position(|o| *o == label) {
-            Some(i) => self.processed[i]
-                .get_or_init(|| {
-                    metrics::counter!(JOBS_PROCESSED, "kind" => self.kind.clone(), "outcome" => label)
-                })
-                .increment(1),
-            None => {
-                metrics::counter!(JOBS_PROCESSED, "kind" => self.kind.clone(), "outcome" => label)
-                    .increment(1)
-            }
+            Some(i) => self.processed[i].get_or_init(register).increment(1),
+            None => register().increment(1),
         }
         self.duration.record(duration.as_secs_f64());
     }

@@ -173,8 +173,8 @@ pub(super) struct JobRun<S: Store> {
 /// Waits for a handler slot, then Handle, record the outcome, PostHandle.
 ///
 /// The job's parts are read where they are, never moved out into locals of
-/// their own: each such local is one more copy of it in the future's state
-/// (the future is boxed for each job, and tokio moves it on every spawn).
+/// their own: each such local is one more copy of it in the future's
+/// state, which is allocated and copied for every job.
 pub(super) async fn run_job<S: Store, H: Handler<S>>(
     shared: Arc<Shared<S, H>>,
     mut job: JobRun<S>,
