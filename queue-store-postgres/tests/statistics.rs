@@ -92,6 +92,55 @@ async fn a_table_of_jobs_without_statistics_is_analyzed_when_a_store_starts() {
     );
 }
 
+/// The start-up analysis samples for the claim's plan only (a statistics
+/// target of 10, not the default 100), so that it delays the first claim
+/// by a few milliseconds, not tens: its histogram of 5,000 distinct
+/// priorities has at most 11 bounds, where the default target gives 101.
+#[tokio::test]
+async fn the_start_up_analysis_takes_a_small_sample() {
+    let Some(pool) = pool("the_start_up_analysis_takes_a_small_sample").await else {
+        return;
+    };
+    let table = table_without_autovacuum(&pool).await;
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (kind, priority) SELECT 'k', g FROM generate_series(1, 5000) AS g",
+        table.name().quoted()
+    )))
+    .execute(&pool)
+    .await
+    .expect("jobs");
+    drop(lease_store(&pool, &table).await);
+    let bounds = |pool: PgPool| {
+        let name = table.name().clone();
+        async move {
+            sqlx::query_scalar::<_, Option<i32>>(
+                "SELECT cardinality(histogram_bounds::text::int4[]) FROM pg_stats \
+                 WHERE schemaname = $1 AND tablename = $2 AND attname = 'priority'",
+            )
+            .bind(name.schema.as_str())
+            .bind(name.name.as_str())
+            .fetch_one(&pool)
+            .await
+            .expect("the priority's histogram")
+        }
+    };
+    let at_start = bounds(pool.clone()).await;
+    assert!(
+        at_start.is_some_and(|n| (2..=11).contains(&n)),
+        "start-up histogram bounds: {at_start:?}"
+    );
+    // A later analysis (autovacuum's, or one asked for) takes the full one.
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "ANALYZE {}",
+        table.name().quoted()
+    )))
+    .execute(&pool)
+    .await
+    .expect("analyze");
+    let full = bounds(pool.clone()).await;
+    assert_eq!(full, Some(101), "the default target's histogram");
+}
+
 /// Claims one job of `store`'s, under `conditions`.
 async fn claim_one(store: &PgStore<Job>, conditions: Option<&Vec<PgCondition>>) {
     let claimed = store
