@@ -30,6 +30,24 @@ async fn statistics(
     .expect("reading the statistics")
 }
 
+/// Waits up to 10 s for `table` to be analyzed after `since` (its last
+/// analysis then, if any); fails naming `after` otherwise.
+async fn analyzed_again(
+    pool: &PgPool,
+    table: &JobTable,
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    after: &str,
+) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while statistics(pool, table).await.1 == since {
+        assert!(
+            Instant::now() < deadline,
+            "the table was not analyzed within 10 s of {after}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 /// A default table that autovacuum leaves alone, so that only the store
 /// analyzes it.
 async fn table_without_autovacuum(pool: &PgPool) -> JobTable {
@@ -185,17 +203,7 @@ async fn slow_claims_have_the_table_analyzed() {
     for _ in 0..8 {
         claim_one(&store, Some(&slow)).await;
     }
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        if statistics(&pool, &table).await.1.is_some() {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the table was not analyzed within 10 s of eight slow claims in a row"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    analyzed_again(&pool, &table, None, "eight slow claims in a row").await;
 }
 
 #[tokio::test]
@@ -222,14 +230,7 @@ async fn a_table_that_grows_from_empty_is_analyzed_as_its_jobs_are_claimed() {
     assert_eq!(claim_now(&store, 1).await.len(), 1);
     // Plans cached while the table held a few pages read it whole; the
     // analysis has Postgres plan them again for its size now.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while statistics(&pool, &table).await.1 == at_start {
-        assert!(
-            Instant::now() < deadline,
-            "the table was not analyzed within 10 s of its 1,000th claim"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    analyzed_again(&pool, &table, at_start, "its 1,000th claim").await;
 }
 
 /// The growth that has a table analyzed again counts from the rows the
@@ -256,14 +257,7 @@ async fn the_jobs_a_store_found_at_start_up_do_not_count_as_growth() {
         "2,000 of the 3,000 jobs it found claimed: not analyzed again"
     );
     assert_eq!(claim_now(&store, 1_000).await.len(), 1_000);
-    let deadline = Instant::now() + Duration::from_secs(10);
-    while statistics(&pool, &table).await.1 == at_start {
-        assert!(
-            Instant::now() < deadline,
-            "the table was not analyzed within 10 s of its 3,000th claim"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    analyzed_again(&pool, &table, at_start, "its 3,000th claim").await;
 }
 
 /// A store that starts while another session holds the table's lock for a
