@@ -213,21 +213,21 @@ async fn a_table_that_grows_from_empty_is_analyzed_as_its_jobs_are_claimed() {
     };
     let table = table_without_autovacuum(&pool).await;
     // Empty at start-up: nothing to analyze, and growth counts towards its
-    // floor of 1,000 claimed jobs.
+    // floor of 200 claimed jobs.
     let store = lease_store(&pool, &table).await;
     assert_eq!(statistics(&pool, &table).await, (false, None));
-    insert_jobs(&pool, &table, 1_000).await;
-    assert_eq!(claim_now(&store, 999).await.len(), 999);
+    insert_jobs(&pool, &table, 200).await;
+    assert_eq!(claim_now(&store, 199).await.len(), 199);
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(
         statistics(&pool, &table).await.1,
         None,
-        "fewer than 1,000 jobs claimed: not analyzed"
+        "fewer than 200 jobs claimed: not analyzed"
     );
     assert_eq!(claim_now(&store, 1).await.len(), 1);
     // Plans cached while the table held a few pages read it whole; the
     // analysis has Postgres plan them again for its size now.
-    analyzed_again(&pool, &table, None, "its 1,000th claim").await;
+    analyzed_again(&pool, &table, None, "its 200th claim").await;
 }
 
 /// The growth that has a table analyzed again counts from the rows the
