@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use queue_core::{ClaimParams, Job, Store};
 use queue_store_postgres::{ExecutionMode, JobTable, PgCondition, PgStore};
 use sqlx::PgPool;
-use support::{claim_now, fresh_table, pool};
+use support::{claim_now, execute, fresh_table, pool};
 
 /// Whether the state column of `table` has statistics, and when the table
 /// was last analyzed by a command (not by autovacuum).
@@ -52,13 +52,14 @@ async fn analyzed_again(
 /// analyzes it.
 async fn table_without_autovacuum(pool: &PgPool) -> JobTable {
     let table = fresh_table(pool).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ALTER TABLE {} SET (autovacuum_enabled = false)",
-        table.name().quoted()
-    )))
-    .execute(pool)
-    .await
-    .expect("autovacuum off");
+    execute(
+        pool,
+        format!(
+            "ALTER TABLE {} SET (autovacuum_enabled = false)",
+            table.name().quoted()
+        ),
+    )
+    .await;
     table
 }
 
@@ -120,13 +121,14 @@ async fn the_start_up_analysis_takes_a_small_sample() {
         return;
     };
     let table = table_without_autovacuum(&pool).await;
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "INSERT INTO {} (kind, priority) SELECT 'k', g FROM generate_series(1, 5000) AS g",
-        table.name().quoted()
-    )))
-    .execute(&pool)
-    .await
-    .expect("jobs");
+    execute(
+        &pool,
+        format!(
+            "INSERT INTO {} (kind, priority) SELECT 'k', g FROM generate_series(1, 5000) AS g",
+            table.name().quoted()
+        ),
+    )
+    .await;
     drop(lease_store(&pool, &table).await);
     let bounds = |pool: PgPool| {
         let name = table.name().clone();
@@ -148,13 +150,7 @@ async fn the_start_up_analysis_takes_a_small_sample() {
         "start-up histogram bounds: {at_start:?}"
     );
     // A later analysis (autovacuum's, or one asked for) takes the full one.
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "ANALYZE {}",
-        table.name().quoted()
-    )))
-    .execute(&pool)
-    .await
-    .expect("analyze");
+    execute(&pool, format!("ANALYZE {}", table.name().quoted())).await;
     let full = bounds(pool.clone()).await;
     assert_eq!(full, Some(101), "the default target's histogram");
 }
