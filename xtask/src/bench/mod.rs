@@ -284,6 +284,21 @@ pub async fn run(args: Args) -> Result<()> {
             .map_or(Ok(()), |p| p.finished(scenarios, results))
     };
 
+    // A resumed run may be on another machine, or the same one on a slower
+    // day: its figures are marked with their part, and the part starts
+    // with the ceiling again, so that the report can say how fast each
+    // part's machine was (and mark the ratios that divide figures of
+    // different parts).
+    if let Some(part) = progress.as_ref().map(Progress::this_part) {
+        results.begin_part(part);
+        let left = SCENARIOS.iter().any(|s| due(&progress, s));
+        if part > 0 && left {
+            let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
+            let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
+            results.add("calibration", rows::PART_CEILING, ceiling.tps, "tps", note);
+        }
+    }
+
     if due(&progress, "ceiling") {
         let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
         let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());

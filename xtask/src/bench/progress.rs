@@ -118,6 +118,12 @@ impl Progress {
         self.results.clone()
     }
 
+    /// The index of this process's part of the run: how many parts
+    /// measured something before it (0 for a run not resumed).
+    pub(super) fn this_part(&self) -> usize {
+        self.parts.len() - usize::from(self.part_begun)
+    }
+
     /// Whether `scenario` was measured in an earlier part.
     pub(super) fn measured(&self, scenario: &str) -> bool {
         self.done.iter().any(|d| d == scenario)
@@ -241,11 +247,17 @@ mod tests {
         };
         let mut first = Progress::kept_in(path.clone(), true, false, "machine one", code())?;
         assert!(!first.measured("ceiling"));
+        assert_eq!(first.this_part(), 0);
         let mut results = Results::default();
         results.add("ceiling", "pgbench", 100.0, "tps", "10 s");
         first.finished(&["ceiling"], &results)?;
         results.add("drain", "lease", f64::NAN, "jobs/s", "");
         first.finished(&["drain-lease"], &results)?;
+        assert_eq!(
+            first.this_part(),
+            0,
+            "still the first part once it measured"
+        );
         drop(first);
 
         let err = Progress::kept_in(path.clone(), true, true, "machine two", code()).err();
@@ -268,12 +280,24 @@ mod tests {
         assert!(second.measured("ceiling") && second.measured("drain-lease"));
         assert!(!second.measured("wake"));
         assert_eq!(second.machine, "machine one", "the first part's machine");
+        assert_eq!(
+            second.this_part(),
+            1,
+            "the resumed process is the second part"
+        );
         let mut resumed = second.results();
+        resumed.begin_part(second.this_part());
         assert_eq!(resumed.get("pgbench"), Some(100.0));
         assert!(resumed.get("lease").is_some_and(f64::is_nan));
         resumed.add("wake", "p50", 0.5, "ms", "");
         second.finished(&["wake"], &resumed)?;
         assert_eq!(second.parts.len(), 2);
+        assert_eq!(second.this_part(), 1);
+        let kept = Progress::kept_in(path.clone(), true, false, "machine two", code())?.results();
+        assert!(
+            kept.across_parts("pgbench", "p50") && !kept.across_parts("pgbench", "lease"),
+            "each figure keeps the part that measured it through the file"
+        );
         assert!(second.provenance().contains("commit 0123456, in 2 parts"));
         assert!(second.provenance().contains("from wake on"));
         second.remove()?;

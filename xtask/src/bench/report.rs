@@ -21,12 +21,19 @@ pub(super) struct Row {
     /// `(at least, at most)`, for a figure that carries its own target
     /// into the table of ratios.
     target: Option<(Option<f64>, Option<f64>)>,
+    /// The part of a full run that measured it (0 for the first, and for
+    /// a run in one part; [`super::progress`]).
+    #[serde(default)]
+    part: usize,
 }
 
 /// Every figure of a run, in the order measured.
 #[derive(Default, Clone, serde::Serialize, serde::Deserialize)]
 pub(super) struct Results {
     rows: Vec<Row>,
+    /// The part the figures added now belong to.
+    #[serde(skip)]
+    part: usize,
 }
 
 impl Results {
@@ -46,6 +53,7 @@ impl Results {
             unit: unit.to_owned(),
             note: note.into(),
             target: None,
+            part: self.part,
         };
         println!(
             "  {:<11} {:<48} {:>12} {:<6} {}",
@@ -92,8 +100,34 @@ impl Results {
         );
     }
 
+    /// The figures added from now on were measured in `part` of a run
+    /// resumed after it was cut short (the first is 0).
+    pub(super) fn begin_part(&mut self, part: usize) {
+        self.part = part;
+    }
+
     pub(super) fn get(&self, what: &str) -> Option<f64> {
         self.rows.iter().find(|r| r.what == what).map(|r| r.value)
+    }
+
+    /// Whether figures `a` and `b` were measured in different parts of a
+    /// run (possibly on machines of different speeds).
+    pub(super) fn across_parts(&self, a: &str, b: &str) -> bool {
+        let part = |what: &str| self.rows.iter().find(|r| r.what == what).map(|r| r.part);
+        matches!((part(a), part(b)), (Some(x), Some(y)) if x != y)
+    }
+
+    /// What the machine's pgbench ceiling was at the start of each part:
+    /// the run's ceiling for the part it was measured in, and each
+    /// resumed part's own calibration.
+    fn ceilings_by_part(&self) -> Vec<(usize, f64)> {
+        let mut out: Vec<(usize, f64)> = (self.rows.iter())
+            .filter(|r| r.what == rows::CEILING || r.what == rows::PART_CEILING)
+            .map(|r| (r.part, r.value))
+            .collect();
+        out.sort_by_key(|(part, _)| *part);
+        out.dedup_by_key(|(part, _)| *part);
+        out
     }
 
     /// The first and the last figure of a section.
@@ -160,6 +194,8 @@ struct Ratio {
     target: (Option<f64>, Option<f64>),
     /// `×` for a ratio, else the figure's unit.
     unit: &'static str,
+    /// Whether it divides figures measured in different parts of the run.
+    across_parts: bool,
 }
 
 impl Ratio {
@@ -184,6 +220,11 @@ impl Ratio {
 /// The names of the rows the ratios and the headline read.
 pub(super) mod rows {
     pub const CEILING: &str = "pgbench single-row UPDATE, 8 clients";
+    /// The same, measured again at the start of each resumed part of a
+    /// full run, so that the report can say how fast each part's machine
+    /// was.
+    pub const PART_CEILING: &str =
+        "pgbench single-row UPDATE, 8 clients, at the start of a resumed part";
     pub const BOOKKEEPING_LEASE: &str =
         "lease drain, 16 handlers, table as it is (bookkeeping table), alternating";
     pub const CHANGED_LEASE: &str =
@@ -251,6 +292,15 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
         value,
         target,
         unit: "×",
+        across_parts: false,
+    };
+    // Figure `a` ÷ figure `b`.
+    let q = |name: &'static str, a: &str, b: &str, target| Ratio {
+        name: name.into(),
+        value: results.ratio(a, b),
+        target,
+        unit: "×",
+        across_parts: results.across_parts(a, b),
     };
     let mut out = vec![
         Ratio {
@@ -258,42 +308,15 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             value: results.get(DUE_MAX),
             target: (None, Some(50.0)),
             unit: " ms",
+            across_parts: false,
         },
-        r(
-            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)",
-            results.ratio(ALTERNATING_LEASE, ALTERNATING_CEILING),
-            (Some(2.0), None),
-        ),
-        r(
-            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
-            results.ratio(ALTERNATING_TRANSACTIONAL, ALTERNATING_CEILING),
-            (Some(0.8), None),
-        ),
-        r(
-            "lease drain of a table as it is ÷ the same table with the columns added (medians)",
-            results.ratio(BOOKKEEPING_LEASE, CHANGED_LEASE),
-            (Some(0.7), None),
-        ),
-        r(
-            "transactional drain of a table as it is ÷ the same table with the columns added (medians)",
-            results.ratio(BOOKKEEPING_TRANSACTIONAL, CHANGED_TRANSACTIONAL),
-            (Some(0.8), None),
-        ),
-        r(
-            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)",
-            results.ratio(LEASE_TLS, LEASE_PLAIN_BESIDE_TLS),
-            (Some(0.9), None),
-        ),
-        r(
-            "lease drain (16) ÷ pgbench ceiling, single runs",
-            results.ratio(LEASE_16, CEILING),
-            (None, None),
-        ),
-        r(
-            "transactional drain (16) ÷ pgbench ceiling, single runs",
-            results.ratio(TRANSACTIONAL_16, CEILING),
-            (None, None),
-        ),
+        q("lease drain (16) ÷ pgbench ceiling, alternating runs (medians)", ALTERNATING_LEASE, ALTERNATING_CEILING, (Some(2.0), None)),
+        q("transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)", ALTERNATING_TRANSACTIONAL, ALTERNATING_CEILING, (Some(0.8), None)),
+        q("lease drain of a table as it is ÷ the same table with the columns added (medians)", BOOKKEEPING_LEASE, CHANGED_LEASE, (Some(0.7), None)),
+        q("transactional drain of a table as it is ÷ the same table with the columns added (medians)", BOOKKEEPING_TRANSACTIONAL, CHANGED_TRANSACTIONAL, (Some(0.8), None)),
+        q("lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)", LEASE_TLS, LEASE_PLAIN_BESIDE_TLS, (Some(0.9), None)),
+        q("lease drain (16) ÷ pgbench ceiling, single runs", LEASE_16, CEILING, (None, None)),
+        q("transactional drain (16) ÷ pgbench ceiling, single runs", TRANSACTIONAL_16, CEILING, (None, None)),
         r(
             "claim p50, largest table of finished jobs ÷ empty table",
             results
@@ -301,57 +324,22 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
                 .map(|(first, last)| last / first),
             (None, Some(1.2)),
         ),
-        r(
-            "claim p50 beside jobs scheduled ahead ÷ none waiting",
-            results.ratio(CLAIM_SCHEDULED, CLAIM_NONE_WAITING),
-            (None, Some(1.2)),
-        ),
-        r(
-            "claim p50 beside failed jobs waiting to retry ÷ none waiting",
-            results.ratio(CLAIM_RETRYING, CLAIM_NONE_WAITING),
-            (None, Some(1.2)),
-        ),
-        r(
-            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)",
-            results.ratio(DUE_BESIDE, DUE_ALONE),
-            (Some(0.8), None),
-        ),
-        r(
-            "enqueue over HTTP ÷ single inserts on 16 connections",
-            results.ratio(ENQUEUE_HTTP, ENQUEUE_DIRECT_16),
-            (Some(0.8), None),
-        ),
-        r(
-            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)",
-            results.ratio(VERSUS_OURS, VERSUS_PEER),
-            (Some(2.3), None),
-        ),
-        r(
-            "wake-up p50 ÷ graphile_worker's",
-            results.ratio(WAKE_P50, PEER_WAKE_P50),
-            (None, Some(1.0)),
-        ),
+        q("claim p50 beside jobs scheduled ahead ÷ none waiting", CLAIM_SCHEDULED, CLAIM_NONE_WAITING, (None, Some(1.2))),
+        q("claim p50 beside failed jobs waiting to retry ÷ none waiting", CLAIM_RETRYING, CLAIM_NONE_WAITING, (None, Some(1.2))),
+        q("drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)", DUE_BESIDE, DUE_ALONE, (Some(0.8), None)),
+        q("enqueue over HTTP ÷ single inserts on 16 connections", ENQUEUE_HTTP, ENQUEUE_DIRECT_16, (Some(0.8), None)),
+        q("lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)", VERSUS_OURS, VERSUS_PEER, (Some(2.3), None)),
+        q("wake-up p50 ÷ graphile_worker's", WAKE_P50, PEER_WAKE_P50, (None, Some(1.0))),
         Ratio {
             name: "wake-up p99".into(),
             value: results.get(WAKE_P99),
             target: (None, Some(1.0)),
             unit: " ms",
+            across_parts: false,
         },
-        r(
-            "lease drain (16) ÷ awa's best drain, single runs",
-            results.ratio(LEASE_16, AWA_BEST_DRAIN),
-            (Some(1.5), None),
-        ),
-        r(
-            "wake-up p99 ÷ awa's",
-            results.ratio(WAKE_P99, AWA_WAKE_P99),
-            (None, Some(1.0)),
-        ),
-        r(
-            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)",
-            results.ratio(VERSUS_DELETING, VERSUS_PEER),
-            (None, None),
-        ),
+        q("lease drain (16) ÷ awa's best drain, single runs", LEASE_16, AWA_BEST_DRAIN, (Some(1.5), None)),
+        q("wake-up p99 ÷ awa's", WAKE_P99, AWA_WAKE_P99, (None, Some(1.0))),
+        q("lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)", VERSUS_DELETING, VERSUS_PEER, (None, None)),
     ];
     for &jobs in cold_sizes {
         let name: &'static str = match jobs {
@@ -359,9 +347,10 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             100_000 => "cold lease drain ÷ graphile_worker cold drain, 100,000 jobs (medians)",
             _ => "cold lease drain ÷ graphile_worker cold drain (medians)",
         };
-        out.push(r(
+        out.push(q(
             name,
-            results.ratio(&cold_ours(jobs), &cold_peer(jobs)),
+            &cold_ours(jobs),
+            &cold_peer(jobs),
             (Some(2.0), None),
         ));
     }
@@ -372,9 +361,10 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             "apalis" => "lease drain (16) ÷ apalis drain (16), single runs",
             _ => "lease drain (16) ÷ awa drain (16, its adapter's setup), single runs",
         };
-        out.push(r(
+        out.push(q(
             name,
-            results.ratio(LEASE_16, &format!("{peer}: drain, 16 handlers")),
+            LEASE_16,
+            &format!("{peer}: drain, 16 handlers"),
             (None, None),
         ));
     }
@@ -391,6 +381,7 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
                     "s" => " s",
                     _ => "",
                 },
+                across_parts: false,
             });
         }
     }
@@ -428,114 +419,108 @@ fn headline(results: &Results, cold_sizes: &[usize]) -> String {
     use rows::*;
     let mut out =
         String::from("| measure | this queue | compared with | ratio |\n|---|---:|---|---:|\n");
-    let mut line = |what: &str, ours: Option<f64>, unit: &str, other: Option<(&str, f64)>| {
-        let Some(ours) = ours else { return };
-        let (against, ratio) = match other {
-            Some((name, theirs)) => (
-                format!("{name}: {} {unit}", figure(theirs)),
-                format!("{:.2}×", ours / theirs),
-            ),
-            None => (String::new(), String::new()),
+    // Figure `ours` against figure `theirs` (named `name`), if measured.
+    let mut line = |what: &str, ours: &str, unit: &str, other: Option<(&str, &str)>| {
+        let Some(value) = results.get(ours) else {
+            return;
         };
+        let (against, ratio) =
+            match other.and_then(|(name, row)| Some((name, row, results.get(row)?))) {
+                Some((name, row, theirs)) => (
+                    format!("{name}: {} {unit}", figure(theirs)),
+                    format!(
+                        "{:.2}×{}",
+                        value / theirs,
+                        if results.across_parts(ours, row) {
+                            " †"
+                        } else {
+                            ""
+                        }
+                    ),
+                ),
+                None => (String::new(), String::new()),
+            };
         let _ = writeln!(
             out,
             "| {what} | {} {unit} | {against} | {ratio} |",
-            figure(ours)
+            figure(value)
         );
     };
     line(
         "lease drain, 16 handlers (alternating medians)",
-        results.get(ALTERNATING_LEASE),
+        ALTERNATING_LEASE,
         "jobs/s",
-        results
-            .get(ALTERNATING_CEILING)
-            .map(|c| ("pgbench ceiling (tps)", c)),
+        Some(("pgbench ceiling (tps)", ALTERNATING_CEILING)),
     );
     line(
         "transactional drain, 16 handlers (alternating medians)",
-        results.get(ALTERNATING_TRANSACTIONAL),
+        ALTERNATING_TRANSACTIONAL,
         "jobs/s",
-        results
-            .get(ALTERNATING_CEILING)
-            .map(|c| ("pgbench ceiling (tps)", c)),
+        Some(("pgbench ceiling (tps)", ALTERNATING_CEILING)),
     );
     line(
         "lease drain, 16 handlers, prepared (alternating medians)",
-        results.get(VERSUS_OURS),
+        VERSUS_OURS,
         "jobs/s",
-        results.get(VERSUS_PEER).map(|p| ("graphile_worker", p)),
+        Some(("graphile_worker", VERSUS_PEER)),
     );
     for &jobs in cold_sizes {
         line(
             &format!("cold lease drain of {jobs} jobs (medians)"),
-            results.get(&cold_ours(jobs)),
+            &cold_ours(jobs),
             "jobs/s",
-            results
-                .get(&cold_peer(jobs))
-                .map(|p| ("graphile_worker cold, at its best", p)),
+            Some(("graphile_worker cold, at its best", &cold_peer(jobs))),
         );
     }
     for (what, ours, theirs) in [
         ("wake-up, enqueue to start, p50", WAKE_P50, PEER_WAKE_P50),
         ("wake-up, enqueue to start, p99", WAKE_P99, PEER_WAKE_P99),
     ] {
-        line(
-            what,
-            results.get(ours),
-            "ms",
-            results.get(theirs).map(|p| ("graphile_worker", p)),
-        );
+        line(what, ours, "ms", Some(("graphile_worker", theirs)));
     }
     line(
         "lease drain, 16 handlers (single run)",
-        results.get(LEASE_16),
+        LEASE_16,
         "jobs/s",
-        results
-            .get(AWA_BEST_DRAIN)
-            .map(|a| ("awa, its best setup", a)),
+        Some(("awa, its best setup", AWA_BEST_DRAIN)),
     );
     line(
         "wake-up, enqueue to start, p99",
-        results.get(WAKE_P99),
+        WAKE_P99,
         "ms",
-        results.get(AWA_WAKE_P99).map(|a| ("awa", a)),
+        Some(("awa", AWA_WAKE_P99)),
     );
     line(
         "a job scheduled 2 s ahead: due time to start, p50",
-        results.get(DUE_P50),
+        DUE_P50,
         "ms",
         None,
     );
     line(
         "claim p50 beside jobs scheduled ahead",
-        results.get(CLAIM_SCHEDULED),
+        CLAIM_SCHEDULED,
         "ms",
-        results.get(CLAIM_NONE_WAITING).map(|n| ("none waiting", n)),
+        Some(("none waiting", CLAIM_NONE_WAITING)),
     );
     line(
         "claim p50 beside failed jobs waiting to retry",
-        results.get(CLAIM_RETRYING),
+        CLAIM_RETRYING,
         "ms",
-        results.get(CLAIM_NONE_WAITING).map(|n| ("none waiting", n)),
+        Some(("none waiting", CLAIM_NONE_WAITING)),
     );
     line(
         "drain of due jobs beside jobs scheduled ahead",
-        results.get(DUE_BESIDE),
+        DUE_BESIDE,
         "jobs/s",
-        results.get(DUE_ALONE).map(|a| ("alone", a)),
+        Some(("alone", DUE_ALONE)),
     );
     line(
         "batch enqueue, unique keys",
-        results.get(ENQUEUE_UNIQUE_BATCH),
+        ENQUEUE_UNIQUE_BATCH,
         "jobs/s",
-        results.get(ENQUEUE_BATCH).map(|b| ("plain", b)),
+        Some(("plain", ENQUEUE_BATCH)),
     );
-    line(
-        "memory per in-flight job",
-        results.get(MEMORY_PER_JOB),
-        "KB",
-        None,
-    );
+    line("memory per in-flight job", MEMORY_PER_JOB, "KB", None);
     out
 }
 
@@ -562,13 +547,19 @@ pub(super) fn report(
         if let Some(v) = ratio.value {
             let _ = writeln!(
                 out,
-                "| {} | {v:.2}{} | {} | {} |",
+                "| {} | {v:.2}{}{} | {} | {} |",
                 ratio.name,
                 ratio.unit,
+                if ratio.across_parts { " †" } else { "" },
                 ratio.target_text(),
                 ratio.verdict()
             );
         }
+    }
+    // A ratio of the headline or of this table marked as dividing
+    // figures of different parts.
+    if out.contains('†') {
+        let _ = writeln!(out, "\n{}", parts_footnote(results));
     }
     let _ = writeln!(
         out,
@@ -586,6 +577,27 @@ pub(super) fn report(
         );
     }
     out
+}
+
+/// What a † in the tables means: the figures of that ratio were measured
+/// in different parts of the run, and how fast the machine was at the
+/// start of each part.
+fn parts_footnote(results: &Results) -> String {
+    let ceilings: Vec<String> = (results.ceilings_by_part().into_iter())
+        .map(|(part, tps)| format!("part {}: {} tps", part + 1, figure(tps)))
+        .collect();
+    let speeds = if ceilings.is_empty() {
+        String::new()
+    } else {
+        format!(
+            " The pgbench ceiling at the start of each part: {}.",
+            ceilings.join(", ")
+        )
+    };
+    format!(
+        "† divides figures measured in different parts of the run, which may have run on \
+         machines of different speeds: compare it with care.{speeds}"
+    )
 }
 
 const BEGIN: &str = "<!-- figures: written by cargo xtask bench; edit the text around them -->";
@@ -610,4 +622,66 @@ pub(super) fn write_doc(report: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     println!("written to {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A run in two parts: the first measured the ceiling, the drain and
+    /// this queue's wake-up, the second (resumed on a slower machine) its
+    /// own ceiling and graphile_worker's wake-up.
+    fn two_parts() -> Results {
+        let mut results = Results::default();
+        results.add("ceiling", rows::CEILING, 10_000.0, "tps", "");
+        results.add("drain", rows::LEASE_16, 40_000.0, "jobs/s", "");
+        results.add("wake", rows::WAKE_P50, 0.4, "ms", "");
+        results.begin_part(1);
+        results.add("calibration", rows::PART_CEILING, 7_000.0, "tps", "");
+        results.add("peers", rows::PEER_WAKE_P50, 0.5, "ms", "");
+        results
+    }
+
+    /// A ratio whose two figures came from different parts is marked, in
+    /// the headline and in the table of ratios, and the footnote gives
+    /// each part's ceiling; a ratio within one part is not marked.
+    #[test]
+    fn ratios_across_the_parts_of_a_run_are_marked_with_each_parts_speed() {
+        let report = report("today", "machine", &two_parts(), false, &[]);
+        assert!(
+            report.contains("| wake-up p50 ÷ graphile_worker's | 0.80× † | ≤ 1× | met |"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "| wake-up, enqueue to start, p50 | 0.40 ms | graphile_worker: 0.50 ms | 0.80× † |"
+            ),
+            "{report}"
+        );
+        assert!(
+            report.contains("| lease drain (16) ÷ pgbench ceiling, single runs | 4.00× |  |  |"),
+            "{report}"
+        );
+        assert!(
+            report.contains(
+                "The pgbench ceiling at the start of each part: part 1: 10000.0 tps, part 2: 7000.0 tps."
+            ),
+            "{report}"
+        );
+    }
+
+    /// A run in one part has no marks and no footnote.
+    #[test]
+    fn a_run_in_one_part_marks_nothing() {
+        let mut results = two_parts();
+        for row in &mut results.rows {
+            row.part = 0;
+        }
+        let report = report("today", "machine", &results, false, &[]);
+        assert!(!report.contains('†'), "{report}");
+        assert!(
+            report.contains("| wake-up p50 ÷ graphile_worker's | 0.80× | ≤ 1× | met |"),
+            "{report}"
+        );
+    }
 }
