@@ -293,16 +293,12 @@ pub async fn run(args: Args) -> Result<()> {
         results.begin_part(part);
         let left = SCENARIOS.iter().any(|s| due(&progress, s));
         if part > 0 && left {
-            let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
-            let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
-            results.add("calibration", rows::PART_CEILING, ceiling.tps, "tps", note);
+            ceiling(&pg, sizes, "calibration", rows::PART_CEILING, &mut results).await?;
         }
     }
 
     if due(&progress, "ceiling") {
-        let ceiling = pgbench_costed(&pg, sizes.pgbench_seconds).await?;
-        let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
-        results.add("ceiling", rows::CEILING, ceiling.tps, "tps", note);
+        ceiling(&pg, sizes, "ceiling", rows::CEILING, &mut results).await?;
         measured(&mut progress, &["ceiling"], &results)?;
     }
 
@@ -572,6 +568,20 @@ pub async fn run(args: Args) -> Result<()> {
 
 /// A 16-handler lease drain beside old finished jobs, without and with a
 /// pruner removing them meanwhile.
+/// The pgbench ceiling, added to `results` as `what` in `section`.
+async fn ceiling(
+    pg: &Postgres,
+    sizes: &Sizes,
+    section: &'static str,
+    what: &'static str,
+    results: &mut Results,
+) -> Result<()> {
+    let ceiling = pgbench_costed(pg, sizes.pgbench_seconds).await?;
+    let note = format!("{} s; {}", sizes.pgbench_seconds, ceiling.cpu_note());
+    results.add(section, what, ceiling.tps, "tps", note);
+    Ok(())
+}
+
 async fn retention(pool: &sqlx::PgPool, sizes: &Sizes, results: &mut Results) -> Result<()> {
     let old = sizes.retention_rows;
     let mut rates = Vec::new();
