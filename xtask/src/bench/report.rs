@@ -117,6 +117,11 @@ impl Results {
         matches!((part(a), part(b)), (Some(x), Some(y)) if x != y)
     }
 
+    /// Whether the figures come from more than one part of a run.
+    fn in_parts(&self) -> bool {
+        self.rows.iter().any(|r| r.part != 0)
+    }
+
     /// What the machine's pgbench ceiling was at the start of each part:
     /// the run's ceiling for the part it was measured in, and each
     /// resumed part's own calibration.
@@ -511,11 +516,7 @@ fn headline(results: &Results, cold_sizes: &[usize]) -> String {
                     format!(
                         "{:.2}×{}",
                         value / theirs,
-                        if results.across_parts(ours, row) {
-                            " †"
-                        } else {
-                            ""
-                        }
+                        mark(results.across_parts(ours, row))
                     ),
                 ),
                 None => (String::new(), String::new()),
@@ -630,15 +631,13 @@ pub(super) fn report(
                 "| {} | {v:.2}{}{} | {} | {} |",
                 ratio.name,
                 ratio.unit,
-                if ratio.across_parts { " †" } else { "" },
+                mark(ratio.across_parts),
                 ratio.target_text(),
                 ratio.verdict()
             );
         }
     }
-    // A ratio of the headline or of this table marked as dividing
-    // figures of different parts.
-    if out.contains('†') {
+    if results.in_parts() {
         let _ = writeln!(out, "\n{}", parts_footnote(results));
     }
     let _ = writeln!(
@@ -657,6 +656,15 @@ pub(super) fn report(
         );
     }
     out
+}
+
+/// The mark of a ratio whose figures come from different parts of a run.
+fn mark(across_parts: bool) -> &'static str {
+    if across_parts {
+        " †"
+    } else {
+        ""
+    }
 }
 
 /// What a † in the tables means: the figures of that ratio were measured
