@@ -1,7 +1,8 @@
 //! The store conformance suite of `queue-core`, unchanged, against the
 //! Postgres store in both execution modes, with the table's bookkeeping
-//! columns, with a bookkeeping table carrying them, and on a default table
-//! partitioned by finish time; each case in its own schema.
+//! columns, with a bookkeeping table carrying them, on a default table
+//! partitioned by finish time, and on one laid out for claims in place;
+//! each case in its own schema.
 
 mod support;
 
@@ -87,6 +88,36 @@ mod transactional_partitioned {
     queue_core::conformance_tests!(match PgHarness::partitioned(
         ExecutionMode::Transactional,
         "conformance (transactional, partitioned)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod lease_in_place {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::in_place(
+        ExecutionMode::Lease,
+        "conformance (lease, claims in place)"
+    )
+    .await
+    {
+        Some(harness) => harness,
+        None => return,
+    });
+}
+
+mod transactional_in_place {
+    use super::support::PgHarness;
+    use queue_store_postgres::ExecutionMode;
+
+    queue_core::conformance_tests!(match PgHarness::in_place(
+        ExecutionMode::Transactional,
+        "conformance (transactional, claims in place)"
     )
     .await
     {

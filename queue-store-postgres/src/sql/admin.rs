@@ -280,6 +280,10 @@ impl AdminStatements {
             params: Vec::new(),
         };
 
+        // The times of waiting and of running jobs, on a table whose
+        // claims are in place (what its indexes' predicates name).
+        let waiting_times = shape.times_of(&names, &[JobState::Queued, JobState::Errored]);
+        let running_times = shape.times_of(&names, &[JobState::Processing]);
         let value = |s: JobState| format!("CAST({} AS {st})", literal(options.states.get(s)));
         let (queued, errored, processing) = (
             value(JobState::Queued),
@@ -297,18 +301,21 @@ impl AdminStatements {
                     None => String::new(),
                 };
                 format!(
-                    "(SELECT min({since}) FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){due})"
+                    "(SELECT min({since}) FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){waiting_times}{due})"
                 )
             }
         };
-        let stalled =
-            super::stats::stalled_count(&mut b, &names, &from, &format!("{state} = {processing}"));
+        let stalled = super::stats::stalled_count(
+            &mut b,
+            &names,
+            &from,
+            &format!("{state} = {processing}{running_times}"),
+        );
         b.push(&format!(
             "SELECT {oldest} AS \"oldest\", {stalled} AS \"stalled\""
         ));
         let waiting = b.build();
-        let stats =
-            super::stats::StatsStatements::new(options, &names, &from, &st, shape.partitioned);
+        let stats = super::stats::StatsStatements::new(options, &names, &from, &st, shape);
 
         let timeline = names.at(Column::FinishedAt).map(|finished| {
             let mut b = Builder::default();
@@ -391,7 +398,7 @@ impl AdminStatements {
                 sets.push(format!("{n} = CASE WHEN {fail} THEN NULL ELSE {at} END"));
             }
             let stalled = format!(
-                "{state} = CAST({processing} AS {st}) AND ({since} IS NULL OR {since} < {before}) ORDER BY {id}"
+                "{state} = CAST({processing} AS {st}){running_times} AND ({since} IS NULL OR {since} < {before}) ORDER BY {id}"
             );
             match &shape.side {
                 None => {
@@ -454,7 +461,7 @@ impl AdminStatements {
                 sets.push(format!("{n} = NULL"));
             }
             b.push(&format!(
-                "WITH expired AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}) \
+                "WITH expired AS (SELECT {id} FROM {table} AS {a} WHERE {state} IN ({queued}, {errored}){waiting_times} \
                  AND {expires} <= {now} ORDER BY {id} LIMIT {limit} FOR UPDATE SKIP LOCKED) \
                  UPDATE {table} AS {a} SET {sets} WHERE {id} = ANY(ARRAY(SELECT {id_name} FROM expired)) \
                  AND {state} IN ({queued}, {errored}) RETURNING {id}",
@@ -513,14 +520,20 @@ impl AdminStatements {
     }
 
     /// `state IN (..)` of the given states (failed's with the expired
-    /// jobs' own value).
+    /// jobs' own value), and the times they have on a table whose claims
+    /// are in place ([`TableShape::times_of`]).
     fn state_in(&self, states: &[JobState]) -> String {
         let names = &self.names;
         let mut values: Vec<String> = states.iter().map(|s| self.state_value(*s)).collect();
         if let (true, Some(expired)) = (states.contains(&JobState::Failed), &self.expired_value) {
             values.push(format!("CAST({} AS {})", literal(expired), self.state_type));
         }
-        format!("{} IN ({})", names.must(Column::State), values.join(", "))
+        format!(
+            "{} IN ({}){}",
+            names.must(Column::State),
+            values.join(", "),
+            self.shape.times_of(names, states)
+        )
     }
 
     /// The condition of `filter` (`true` when it sets nothing); an error
@@ -543,7 +556,11 @@ impl AdminStatements {
                 "CAST(CAST({} AS text[]) AS {st}[])",
                 b.p(Param::FilterStates)
             );
-            parts.push(one_or_any(&names.must(Column::State), &array, values));
+            let times = self.shape.times_of(names, states);
+            parts.push(format!(
+                "{}{times}",
+                one_or_any(&names.must(Column::State), &array, values)
+            ));
         }
         if let Some(kinds) = &filter.kinds {
             let kind = column(Column::Kind, "kind")?;
@@ -1647,6 +1664,7 @@ mod tests {
             attempts_left_default: None,
             side: None,
             nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
+            in_place_claims: false,
         }
     }
 

@@ -543,17 +543,30 @@ pub(crate) async fn inspect(
         }
         _ => false,
     };
-    let kind_split = notify_trigger
-        && options.states == crate::options::StateValues::default()
-        && sqlx::query_scalar(HAS_VALID_INDEX_NAMED)
-            .bind(oid)
-            .bind(super::default_table::derived_name(
-                &table.name,
-                super::default_table::FINISHED_KIND_INDEX,
-            ))
-            .fetch_one(pool)
-            .await
-            .map_err(|e| store_error("reading the catalog", e))?;
+    // The default table laid out for claims in place: its index of ready
+    // jobs names the times, which its readers then name too.
+    let in_place_claims = default_table_candidate(notify_trigger, options)
+        && !absent.contains(&Column::FinishedAt)
+        && !absent.contains(&Column::ProcessAfter)
+        && has_valid_index(
+            pool,
+            oid,
+            &super::default_table::derived_name(&table.name, super::default_table::READY_INDEX),
+        )
+        .await?;
+    // Its index of finished jobs by kind, under either layout's name.
+    let kind_index = if in_place_claims {
+        super::default_table::IN_PLACE_FINISHED_KIND_INDEX
+    } else {
+        super::default_table::FINISHED_KIND_INDEX
+    };
+    let kind_split = default_table_candidate(notify_trigger, options)
+        && has_valid_index(
+            pool,
+            oid,
+            &super::default_table::derived_name(&table.name, kind_index),
+        )
+        .await?;
     for column in absent.iter().filter(|c| c.absence_matters()) {
         tracing::info!(table = %options.table, column = column.standard_name(), "column absent: {}", column.feature_lost());
     }
@@ -589,9 +602,27 @@ pub(crate) async fn inspect(
             live_partitions: live.into_iter().map(|(_, name)| name).collect(),
             inherited,
             nullable_times,
+            in_place_claims,
         },
         absent,
     ))
+}
+
+/// Whether the table may be the default table, whose layout the catalog
+/// tells by its indexes' names: it has the default table's notify
+/// trigger and the default state values.
+fn default_table_candidate(notify_trigger: bool, options: &PgStoreOptions) -> bool {
+    notify_trigger && options.states == crate::options::StateValues::default()
+}
+
+/// Whether the table `oid` has a valid index named `name`.
+async fn has_valid_index(pool: &PgPool, oid: i64, name: &str) -> Result<bool, StoreError> {
+    sqlx::query_scalar(HAS_VALID_INDEX_NAMED)
+        .bind(oid)
+        .bind(name)
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))
 }
 
 /// Names each index the operator surfaces and the sweeps read that the

@@ -161,13 +161,18 @@ impl ClaimStatements {
     }
 }
 
-/// `state IN (queued, errored)`: the states a job waits in, spelled out.
+/// `state IN (queued, errored)`: the states a job waits in, spelled out;
+/// on a table whose claims are in place, with the times a waiting job has
+/// ([`TableShape::times_of`](super::TableShape::times_of)), which its
+/// indexes' predicates name.
 fn waiting(t: &Target) -> String {
     format!(
-        "{} IN ({}, {})",
+        "{} IN ({}, {}){}",
         t.state,
         t.state_literal(JobState::Queued),
-        t.state_literal(JobState::Errored)
+        t.state_literal(JobState::Errored),
+        t.shape
+            .times_of(&t.names, &[JobState::Queued, JobState::Errored])
     )
 }
 

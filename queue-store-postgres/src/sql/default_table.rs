@@ -229,6 +229,150 @@ pub(crate) fn migrations(
     ]
 }
 
+/// The versions that make a plain default table's claims in place
+/// ([`JobTable::in_place_claims`](crate::JobTable::in_place_claims)),
+/// after version 12; applied only to a table asked for them.
+///
+/// PostgreSQL updates a row in place (a heap-only tuple: no new index
+/// entry, the new version on the same page) only when no index names a
+/// column the update changes, in its key or in its predicate. A claim
+/// changes the state, and every partial index of the plain table names
+/// the state in its predicate. These versions replace them with indexes
+/// on the times that follow the state (see [`TIMES_DISAGREE`]): the jobs
+/// ready now are those with neither a finish nor a due time, which holds
+/// the running jobs too (a claim steps over them in the heap); finished
+/// jobs have a finish time and no due time. The running jobs' index and
+/// those of failed and canceled jobs go, since nothing but the state
+/// tells those jobs apart. A check constraint keeps every writer to the
+/// rule of the times: a waiting job with a finish time and no due time
+/// would be in no index a claim reads. Pages are left half empty
+/// (fillfactor 50) so that a claim's new version finds room beside the
+/// old one.
+pub(crate) fn in_place_versions(table: &QualifiedName) -> Vec<MigrationSql> {
+    vec![
+        concurrent(
+            13,
+            "in-place claims: indexes of the ready, due, expiring, unique-key and finished jobs on their times \
+             instead of their state (built concurrently: claims go on while they build)",
+            version_13(table),
+        ),
+        MigrationSql {
+            concurrent_indexes: Vec::new(),
+            batched: false,
+            version: 14,
+            name: "in-place claims: the indexes that name the state dropped, pages left half empty, \
+                   and a check that the times follow the state (not yet validated)",
+            statements: version_14(table),
+        },
+        MigrationSql {
+            concurrent_indexes: Vec::new(),
+            batched: false,
+            version: 15,
+            name: "in-place claims: the check that the times follow the state validated \
+                   (reads the table; claims, enqueues and completions go on meanwhile)",
+            statements: vec![format!(
+                "ALTER TABLE {} VALIDATE CONSTRAINT {}",
+                table.quoted(),
+                derived(&table.name, TIMES_CHECK)
+            )],
+        },
+    ]
+}
+
+/// The index of the jobs ready now (and the running ones) of a table
+/// whose claims are in place, [`derived_name`] of the table with it: how
+/// the catalog tells that layout.
+pub(crate) const READY_INDEX: &str = "ready_idx";
+
+/// The index of finished jobs by kind of a table whose claims are in
+/// place (version 9's [`FINISHED_KIND_INDEX`] on the times).
+pub(crate) const IN_PLACE_FINISHED_KIND_INDEX: &str = "finished_by_kind_idx";
+
+/// The check constraint of version 14.
+const TIMES_CHECK: &str = "times_follow_state";
+
+/// A job that has not finished, by its times on a table whose claims are
+/// in place: no finish time, or a due time (a failed attempt waiting for
+/// its retry keeps its end). The readers of waiting and running jobs add
+/// the same text ([`super::TableShape::times_of`]), which is what lets
+/// the planner read these indexes.
+pub(crate) const UNFINISHED_TIMES: &str =
+    "(\"finished_at\" IS NULL OR \"process_after\" IS NOT NULL)";
+
+/// Version 13: the indexes of a table whose claims are in place, each the
+/// plain table's but for its predicate, which names the times instead of
+/// the state.
+fn version_13(table: &QualifiedName) -> Vec<(String, String)> {
+    let unique = concurrent_index(
+        table,
+        "unique_key_idx",
+        "(\"unique_key\") WHERE \"unique_key\" IS NOT NULL \
+         AND (\"unique_forever\" OR \"finished_at\" IS NULL OR \"process_after\" IS NOT NULL)",
+    );
+    vec![
+        concurrent_index(
+            table,
+            READY_INDEX,
+            &format!("(\"priority\" DESC, \"id\") WHERE {UNFINISHED_TIMES} AND \"process_after\" IS NULL"),
+        ),
+        concurrent_index(
+            table,
+            "due_at_idx",
+            "(\"process_after\") WHERE \"process_after\" IS NOT NULL",
+        ),
+        concurrent_index(
+            table,
+            "expiry_idx",
+            &format!("(\"expires_at\") WHERE \"expires_at\" IS NOT NULL AND {UNFINISHED_TIMES}"),
+        ),
+        (
+            unique.0,
+            unique
+                .1
+                .replacen("CREATE INDEX CONCURRENTLY", "CREATE UNIQUE INDEX CONCURRENTLY", 1),
+        ),
+        concurrent_index(
+            table,
+            IN_PLACE_FINISHED_KIND_INDEX,
+            "(\"kind\", \"id\") WHERE \"finished_at\" IS NOT NULL AND \"process_after\" IS NULL",
+        ),
+    ]
+}
+
+/// Version 14: the indexes whose predicates name the state dropped (each
+/// replaced by version 13's, or by nothing: the running jobs' and the
+/// failed and canceled jobs'), the fillfactor, and the check of the times,
+/// added without reading the table (version 15 validates it).
+fn version_14(table: &QualifiedName) -> Vec<String> {
+    let (t, schema) = (table.quoted(), table.schema.quoted());
+    let mut statements: Vec<String> = [
+        "claimable_idx",
+        "processing_key_idx",
+        "due_idx",
+        "expires_idx",
+        "unique_idx",
+        FINISHED_KIND_INDEX,
+        "unsuccessful_idx",
+        "unsuccessful_kind_idx",
+    ]
+    .iter()
+    .map(|suffix| {
+        format!(
+            "DROP INDEX IF EXISTS {schema}.{}",
+            derived(&table.name, suffix)
+        )
+    })
+    .collect();
+    statements.extend([
+        format!("ALTER TABLE {t} SET (fillfactor = 50)"),
+        format!(
+            "ALTER TABLE {t} ADD CONSTRAINT {} CHECK (NOT ({TIMES_DISAGREE})) NOT VALID",
+            derived(&table.name, TIMES_CHECK)
+        ),
+    ]);
+    statements
+}
+
 /// The rows of the default table whose `finished_at` and `process_after`
 /// disagree with their state
 /// ([`JobState::times_agree`](queue_core::JobState::times_agree)): an SQL

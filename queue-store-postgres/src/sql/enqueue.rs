@@ -54,9 +54,12 @@ impl EnqueueStatements {
     /// The statements of the default table at `table` at its newest
     /// version, known without reading the catalog: what
     /// [`JobTable`](crate::JobTable) enqueues with.
-    pub(crate) fn default_table(table: &QualifiedName) -> Self {
+    pub(crate) fn default_table(table: &QualifiedName, in_place_claims: bool) -> Self {
         let options = crate::JobTable::options_for(table);
-        let shape = TableShape::default_table();
+        let shape = TableShape {
+            in_place_claims,
+            ..TableShape::default_table()
+        };
         // Every standard column but the attempts-left countdown: the
         // default table counts failures up against `max_attempts`.
         let names = Names::new(&options, &[Column::AttemptsLeft], None);
@@ -163,7 +166,20 @@ impl EnqueueTable<'_> {
         // Without a scope column the table's own index decides which rows
         // hold a key: prefer a waiting or running one, then the newest.
         let holds = match names.at(Column::UniqueForever) {
-            Some(forever) => format!(" AND ({forever} OR {active})"),
+            Some(forever) => {
+                // A table whose claims are in place keeps keys unique by
+                // the times (its unique index's predicate, spelled the
+                // same so that the planner reads that index).
+                let unfinished = self.shape.times_of(
+                    names,
+                    &[JobState::Queued, JobState::Errored, JobState::Processing],
+                );
+                let by_times = match unfinished.strip_prefix(" AND (") {
+                    Some(times) => format!(" AND ({forever} OR {times}"),
+                    None => String::new(),
+                };
+                format!(" AND ({forever} OR {active}){by_times}")
+            }
             None => String::new(),
         };
         b.push(&format!(
@@ -301,7 +317,7 @@ mod tests {
     #[test]
     fn each_statement_binds_what_its_jobs_set() {
         let table = QualifiedName::new(Ident::new("public").unwrap(), Ident::new("jobs").unwrap());
-        let statements = EnqueueStatements::default_table(&table);
+        let statements = EnqueueStatements::default_table(&table, false);
         let four = [
             Param::Kinds,
             Param::Payloads,

@@ -278,9 +278,42 @@ pub(crate) struct TableShape {
     /// ([`JobState::times_agree`](queue_core::JobState::times_agree)). A
     /// `NOT NULL` one (rickover's `run_after`) keeps its value.
     pub nullable_times: Vec<Column>,
+    /// Whether the table is the default table laid out for claims in
+    /// place ([`JobTable::in_place_claims`](crate::JobTable::in_place_claims)):
+    /// its indexes name the finish and due times where the plain table's
+    /// name the state, and a reader of some states adds the times those
+    /// states have ([`TableShape::times_of`]) so that the planner can
+    /// read them.
+    pub in_place_claims: bool,
 }
 
 impl TableShape {
+    /// ` AND ..` the finish and due times every job in one of `states`
+    /// has, on a table whose claims are in place (the table's check
+    /// constraint holds every row to them), in the form its indexes'
+    /// predicates name; empty on any other table, or for states that
+    /// share no such condition.
+    fn times_of(&self, names: &Names, states: &[JobState]) -> String {
+        let (Some(finished), Some(after), true) = (
+            names.at(Column::FinishedAt),
+            names.at(Column::ProcessAfter),
+            self.in_place_claims,
+        ) else {
+            return String::new();
+        };
+        let within =
+            |set: &[JobState]| !states.is_empty() && states.iter().all(|s| set.contains(s));
+        if within(&[JobState::Processing]) {
+            format!(" AND {finished} IS NULL AND {after} IS NULL")
+        } else if within(&[JobState::Queued, JobState::Errored, JobState::Processing]) {
+            format!(" AND ({finished} IS NULL OR {after} IS NOT NULL)")
+        } else if within(&[JobState::Completed, JobState::Failed, JobState::Canceled]) {
+            format!(" AND {finished} IS NOT NULL AND {after} IS NULL")
+        } else {
+            String::new()
+        }
+    }
+
     /// Whether writes empty `column` where the job's state says it has no
     /// such time (see [`TableShape::nullable_times`]).
     pub(crate) fn clears(&self, column: Column) -> bool {
@@ -321,6 +354,7 @@ impl TableShape {
             live_partitions: Vec::new(),
             inherited: false,
             nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
+            in_place_claims: false,
         }
     }
 }

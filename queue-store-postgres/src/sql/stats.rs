@@ -59,14 +59,14 @@ impl StatsStatements {
         names: &Names,
         from: &str,
         state_type: &str,
-        partitioned: bool,
+        shape: &super::TableShape,
     ) -> StatsStatements {
         let table = options.table_name();
         let schema_name = literal(table.schema.as_str());
         let table_name = literal(table.name.as_str());
         let column = |c: Column| options.column_name(c).map(|i| literal(i.as_str()));
-        let (live, stalled) = live_statements(options, names, from, state_type);
-        if partitioned {
+        let (live, stalled) = live_statements(options, names, from, state_type, shape);
+        if shape.partitioned {
             let state_column = column(Column::State).unwrap_or_else(|| literal("state"));
             let kind_column = names.get(Column::Kind).and(column(Column::Kind));
             let (size, shares) =
@@ -219,6 +219,7 @@ fn live_statements(
     names: &Names,
     from: &str,
     st: &str,
+    shape: &super::TableShape,
 ) -> (Statement, Statement) {
     let state = names.must(Column::State);
     let id = names.must(Column::Id);
@@ -231,10 +232,15 @@ fn live_statements(
             .join(", ")
     };
     let waiting = format!(
-        "{state} IN ({})",
-        values(&[JobState::Queued, JobState::Errored])
+        "{state} IN ({}){}",
+        values(&[JobState::Queued, JobState::Errored]),
+        shape.times_of(names, &[JobState::Queued, JobState::Errored])
     );
-    let processing = format!("{state} IN ({})", values(&[JobState::Processing]));
+    let processing = format!(
+        "{state} IN ({}){}",
+        values(&[JobState::Processing]),
+        shape.times_of(names, &[JobState::Processing])
+    );
     let kind = names
         .at(Column::Kind)
         .map(|k| format!("CAST({k} AS text)"))

@@ -330,6 +330,23 @@ pub async fn fresh_partitioned_table(pool: &PgPool) -> JobTable {
     table
 }
 
+/// The default table laid out for claims in place
+/// (`JobTable::in_place_claims`), in a fresh awkward schema, migrated.
+pub async fn fresh_in_place_table(pool: &PgPool) -> JobTable {
+    let table = JobTable::new(&awkward_schema(), "jobs")
+        .expect("valid names")
+        .in_place_claims();
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP SCHEMA IF EXISTS {} CASCADE",
+        table.name().schema.quoted()
+    )))
+    .execute(pool)
+    .await
+    .expect("dropping a stale schema");
+    table.migrate(pool).await.expect("migration");
+    table
+}
+
 /// A table for a handler's writes, `name (columns)` beside `table` in its
 /// schema; returns its quoted, qualified name.
 pub async fn side_table(pool: &PgPool, table: &JobTable, name: &str, columns: &str) -> String {
@@ -357,6 +374,7 @@ pub struct PgHarness {
     pub mode: ExecutionMode,
     pub bookkeeping: bool,
     pub partitioned: bool,
+    pub in_place: bool,
 }
 
 impl PgHarness {
@@ -366,6 +384,15 @@ impl PgHarness {
             mode,
             bookkeeping: false,
             partitioned: false,
+            in_place: false,
+        })
+    }
+
+    /// The same on a default table laid out for claims in place.
+    pub async fn in_place(mode: ExecutionMode, test: &str) -> Option<PgHarness> {
+        Some(PgHarness {
+            in_place: true,
+            ..PgHarness::connect(mode, test).await?
         })
     }
 
@@ -393,6 +420,8 @@ impl Harness for PgHarness {
     async fn store(&self) -> PgStore<Job> {
         let table = if self.partitioned {
             fresh_partitioned_table(&self.pool).await
+        } else if self.in_place {
+            fresh_in_place_table(&self.pool).await
         } else {
             fresh_table(&self.pool).await
         };

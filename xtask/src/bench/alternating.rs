@@ -9,8 +9,8 @@ use anyhow::Result;
 use sqlx::PgPool;
 
 use super::cluster::pgbench;
-use super::drain::{drain, StoreSetup, LEASE, TRANSACTIONAL};
-use super::report::{rows, Results};
+use super::drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL};
+use super::report::{median, rows, Results};
 use super::Sizes;
 use crate::pg::Postgres;
 
@@ -82,6 +82,68 @@ pub(super) async fn beside_scheduled(
     results.add_median("scheduled", rows::DUE_ALONE, "jobs/s", &alone);
     results.add_median("scheduled", rows::DUE_BESIDE, "jobs/s", &behind);
     Ok(())
+}
+
+/// The drains at 16 handlers on the default table as released and on one
+/// laid out for claims in place (`JobTable::in_place_claims`), lease
+/// (keeping and deleting completed jobs) and transactional, in rotating
+/// rounds; medians, and each layout's ratio to the released one.
+pub(super) async fn in_place(pool: &PgPool, sizes: &Sizes, results: &mut Results) -> Result<()> {
+    let setups = [
+        ("lease drain (16)", LEASE),
+        ("lease drain (16), completed jobs deleted", LEASE_DELETING),
+        ("transactional drain (16)", TRANSACTIONAL),
+    ];
+    let figures: [Vec<f64>; 6] = rotating("claims in place", sizes.rounds, |which| {
+        let (_, setup) = setups[which / 2];
+        let setup = StoreSetup {
+            in_place: which % 2 == 1,
+            ..setup
+        };
+        async move {
+            Ok(drain(pool, setup, 16, sizes.drain_jobs)
+                .await?
+                .jobs_per_second)
+        }
+    })
+    .await?;
+    for (n, (what, _)) in setups.iter().enumerate() {
+        let (released, in_place) = (&figures[2 * n], &figures[2 * n + 1]);
+        results.add_median(
+            "in-place",
+            &format!("{what}, the table as released"),
+            "jobs/s",
+            released,
+        );
+        results.add_median(
+            "in-place",
+            &format!("{what}, claims in place"),
+            "jobs/s",
+            in_place,
+        );
+        results.add(
+            "in-place",
+            format!("{what}, claims in place / as released"),
+            median(in_place) / median(released),
+            "x",
+            format!(
+                "medians of {} rotating rounds; as released {}, in place {}",
+                released.len(),
+                list(released),
+                list(in_place)
+            ),
+        );
+    }
+    Ok(())
+}
+
+/// Figures rounded to whole jobs a second, for a note.
+fn list(figures: &[f64]) -> String {
+    figures
+        .iter()
+        .map(|f| format!("{f:.0}"))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// `N` measurements, `measure(which)` for `which` in `0..N`, in `rounds`

@@ -14,7 +14,7 @@ use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use super::cluster::{enqueue_all, fresh_table};
+use super::cluster::{created_anew, enqueue_all, fresh_table};
 use super::cpu::{CpuPerJob, CpuSample};
 
 /// Counts the runs of each job, to prove exactly-once.
@@ -101,6 +101,9 @@ pub(super) struct StoreSetup {
     pub scheduled_ahead: u64,
     /// Whether a pruner (30 days for completed jobs) runs during the drain.
     pub pruning: bool,
+    /// Whether the table is laid out for claims in place
+    /// (`JobTable::in_place_claims`).
+    pub in_place: bool,
 }
 
 pub(super) const LEASE: StoreSetup = StoreSetup {
@@ -110,6 +113,7 @@ pub(super) const LEASE: StoreSetup = StoreSetup {
     old_finished: 0,
     scheduled_ahead: 0,
     pruning: false,
+    in_place: false,
 };
 pub(super) const LEASE_DELETING: StoreSetup = StoreSetup {
     completed: CompletedJobs::Delete,
@@ -200,8 +204,17 @@ pub(super) async fn drain_beside(
         old_finished,
         scheduled_ahead,
         pruning,
+        in_place,
     } = setup;
-    let table = fresh_table(pool, "drain").await?;
+    let table = if in_place {
+        created_anew(
+            pool,
+            JobTable::new("queue_bench", "drain")?.in_place_claims(),
+        )
+        .await?
+    } else {
+        fresh_table(pool, "drain").await?
+    };
     if old_finished > 0 {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (kind, state, finished_at) SELECT 'old', 'completed', \

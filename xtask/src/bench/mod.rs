@@ -158,7 +158,7 @@ const QUICK: Sizes = Sizes {
 /// run without `--only` has them only with `--peers`; `big` and `big-retention` fill tables of ten
 /// million rows, so a full run has them only with `--big` (`--quick` has
 /// them, small).
-const SCENARIOS: [&str; 30] = [
+const SCENARIOS: [&str; 31] = [
     "ceiling",
     "drain-lease",
     "drain-transactional",
@@ -175,6 +175,7 @@ const SCENARIOS: [&str; 30] = [
     "scheduled",
     "drain-scheduled",
     "partitioned",
+    "in-place",
     "big",
     "big-retention",
     "pressure-idle-600",
@@ -212,7 +213,7 @@ pub struct Args {
     /// drain-transactional, drain-tls (the lease drain over TLS and plain,
     /// alternating), profile (where a job's CPU goes, on a cluster
     /// of its own with pg_stat_statements), bookkeeping, retention, bulk, alternating, enqueue, wake, memory,
-    /// growth, scheduled, drain-scheduled, partitioned, big, big-retention,
+    /// growth, scheduled, drain-scheduled, partitioned, in-place, big, big-retention,
     /// pressure-idle-600, pressure-idle-2000 (jobs/s offered; quick sizes
     /// run 600 only), pressure-overload, pressure-readers, pressure-backlog
     /// (a backlog drained beside an old snapshot), peers, versus,
@@ -462,6 +463,10 @@ pub async fn run(args: Args) -> Result<()> {
     if due(&progress, "partitioned") {
         partitioned::claims(&pool, sizes, &mut results).await?;
         measured(&mut progress, &["partitioned"], &results)?;
+    }
+    if due(&progress, "in-place") {
+        alternating::in_place(&pool, sizes, &mut results).await?;
+        measured(&mut progress, &["in-place"], &results)?;
     }
     if due(&progress, "big") {
         big::operator_surfaces(&pool, sizes, &mut results).await?;
