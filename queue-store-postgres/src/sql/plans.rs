@@ -432,3 +432,101 @@ async fn a_claim_passing_over_paused_kinds_keeps_the_claim_index() {
     drop(connection);
     drop_scratch(&pool, &table).await;
 }
+
+/// On a table whose claims are in place, each reader of waiting or running
+/// jobs names the times its states have, so that its cached plan reads
+/// the layout's indexes: 50,000 finished jobs, 200 waiting (a fifth
+/// retrying, a fifth with an expiry and a unique key) and 50 running,
+/// analyzed. A reader that names only the state scans the table.
+#[tokio::test]
+async fn on_a_table_whose_claims_are_in_place_the_readers_of_live_jobs_keep_to_its_indexes() {
+    let test = "on_a_table_whose_claims_are_in_place_the_readers_of_live_jobs_keep_to_its_indexes";
+    let Some(pool) = pool(test).await else { return };
+    let schema = format!("queue_in_place_plans_{}", std::process::id());
+    let table = JobTable::new(&schema, "jobs")
+        .expect("valid names")
+        .in_place_claims();
+    table.migrate(&pool).await.expect("the table");
+    let t = table.name().quoted();
+    for sql in [
+        format!(
+            "INSERT INTO {t} (kind, state, finished_at) \
+             SELECT 'k' || (g % 5), 'completed', now() FROM generate_series(1, 50000) AS g"
+        ),
+        format!(
+            "INSERT INTO {t} (kind, state, num_failures, finished_at, process_after, expires_at, unique_key) \
+             SELECT 'k', CASE WHEN g % 5 = 0 THEN 'errored' ELSE 'queued' END, \
+             CASE WHEN g % 5 = 0 THEN 1 ELSE 0 END, \
+             CASE WHEN g % 5 = 0 THEN now() END, CASE WHEN g % 5 = 0 THEN now() + interval '1 hour' END, \
+             CASE WHEN g % 5 = 1 THEN now() + interval '1 day' END, \
+             CASE WHEN g % 5 = 1 THEN 'key' || g END FROM generate_series(1, 200) AS g"
+        ),
+        format!(
+            "INSERT INTO {t} (kind, state, started_at, last_heartbeat_at) \
+             SELECT 'k', 'processing', now(), now() FROM generate_series(1, 50)"
+        ),
+        format!("VACUUM ANALYZE {t}"),
+    ] {
+        sqlx::query(sqlx::AssertSqlSafe(sql.to_owned()))
+            .execute(&pool)
+            .await
+            .expect(&sql);
+    }
+    let (shape, absent) = catalog::inspect(
+        &pool,
+        &table.store_options(),
+        &["bigint"],
+        catalog::User::Worker,
+    )
+    .await
+    .expect("the table's shape");
+    assert!(shape.in_place_claims, "the catalog tells the layout");
+    assert!(
+        shape.kind_split,
+        "by its own index of finished jobs by kind"
+    );
+    let options = table.store_options();
+    let statements = Statements::new(&options.clone().claim_cursor(None), &shape, &absent);
+    let admin = super::admin::AdminStatements::new(&options, &shape, &absent);
+    let readers = [
+        (
+            "the claim",
+            Some(statements.claim(&[], &[], 48)),
+            "jobs_ready_idx",
+        ),
+        ("the resetter", admin.reset.clone(), "jobs_ready_idx"),
+        ("the expiry sweep", admin.expire.clone(), "jobs_expiry_idx"),
+        (
+            "the live figures",
+            Some(admin.stats.live.clone()),
+            "jobs_due_at_idx",
+        ),
+        (
+            "the stalled count",
+            Some(admin.stats.stalled.clone()),
+            "jobs_ready_idx",
+        ),
+        (
+            "the oldest waiting job",
+            Some(admin.waiting.clone()),
+            "jobs_ready_idx",
+        ),
+        (
+            "the unique enqueue",
+            admin.enqueue.unique.clone(),
+            "jobs_unique_key_idx",
+        ),
+    ];
+    let mut connection = pool.acquire().await.expect("a connection");
+    for (what, statement, index) in readers {
+        let statement = statement.unwrap_or_else(|| panic!("{what}: no statement"));
+        let plan = generic_plan(&mut connection, &statement).await;
+        assert!(
+            !plan.contains("Seq Scan on jobs"),
+            "{what} scans the table:\n{plan}"
+        );
+        assert!(plan.contains(index), "{what} reads {index}:\n{plan}");
+    }
+    drop(connection);
+    drop_scratch(&pool, &table).await;
+}

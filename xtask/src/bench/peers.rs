@@ -10,7 +10,7 @@ use anyhow::{ensure, Context, Result};
 use sqlx::PgPool;
 
 use super::alternating::rotating;
-use super::drain::{drain, LEASE, LEASE_DELETING};
+use super::drain::{drain, StoreSetup, LEASE, LEASE_DELETING};
 use super::report::{rows, Results};
 use super::Sizes;
 use crate::pg::Postgres;
@@ -221,7 +221,8 @@ pub(super) async fn run_peers(
     Ok(peers)
 }
 
-/// The lease drain (16 handlers, keeping and deleting completed jobs) and
+/// The lease drain (16 handlers, keeping and deleting completed jobs, on
+/// the default table as released and laid out for claims in place) and
 /// graphile_worker's, one after the other for a few rounds (one in a quick
 /// run): the machine's speed drifts by a fifth within minutes, and
 /// alternating makes the drift hit all three alike ([`rotating`]). Medians.
@@ -233,17 +234,31 @@ pub(super) async fn head_to_head(
     results: &mut Results,
 ) -> Result<()> {
     let jobs = sizes.drain_jobs;
-    let [theirs, ours, ours_deleting] =
+    let in_place = |setup: StoreSetup| StoreSetup {
+        in_place: true,
+        ..setup
+    };
+    let [theirs, ours, ours_deleting, ours_in_place, ours_in_place_deleting] =
         rotating("head-to-head", sizes.rounds, move |which| async move {
-            Ok(match which {
-                0 => peers.graphile_drain(pg, jobs, None).await?,
-                1 => drain(pool, LEASE, 16, jobs).await?.jobs_per_second,
-                _ => drain(pool, LEASE_DELETING, 16, jobs).await?.jobs_per_second,
-            })
+            let setup = match which {
+                0 => return peers.graphile_drain(pg, jobs, None).await,
+                1 => LEASE,
+                2 => LEASE_DELETING,
+                3 => in_place(LEASE),
+                _ => in_place(LEASE_DELETING),
+            };
+            Ok(drain(pool, setup, 16, jobs).await?.jobs_per_second)
         })
         .await?;
     results.add_median("versus", rows::VERSUS_OURS, "jobs/s", &ours);
     results.add_median("versus", rows::VERSUS_DELETING, "jobs/s", &ours_deleting);
+    results.add_median("versus", rows::VERSUS_IN_PLACE, "jobs/s", &ours_in_place);
+    results.add_median(
+        "versus",
+        rows::VERSUS_IN_PLACE_DELETING,
+        "jobs/s",
+        &ours_in_place_deleting,
+    );
     results.add_median("versus", rows::VERSUS_PEER, "jobs/s", &theirs);
     Ok(())
 }

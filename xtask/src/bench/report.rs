@@ -267,6 +267,10 @@ pub(super) mod rows {
     pub const VERSUS_OURS: &str = "lease drain, 16 handlers, alternating with graphile_worker";
     pub const VERSUS_DELETING: &str =
         "lease drain, 16 handlers, completed jobs deleted, alternating with graphile_worker";
+    pub const VERSUS_IN_PLACE: &str =
+        "lease drain, 16 handlers, claims in place, alternating with graphile_worker";
+    pub const VERSUS_IN_PLACE_DELETING: &str =
+        "lease drain, 16 handlers, claims in place, completed jobs deleted, alternating with graphile_worker";
     pub const VERSUS_PEER: &str = "graphile_worker drain, 16 handlers, alternating";
     pub const PEER_WAKE_P50: &str = "graphile_worker: wake p50";
     pub const PEER_WAKE_P99: &str = "graphile_worker: wake p99";
@@ -422,6 +426,19 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
         q(
             "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)",
             VERSUS_DELETING,
+            VERSUS_PEER,
+            (None, None),
+        ),
+        q(
+            "lease drain (16), claims in place ÷ graphile_worker drain (16), alternating runs (medians)",
+            VERSUS_IN_PLACE,
+            VERSUS_PEER,
+            (None, None),
+        ),
+        q(
+            "lease drain (16), claims in place, completed jobs deleted ÷ graphile_worker drain (16), \
+             alternating runs (medians)",
+            VERSUS_IN_PLACE_DELETING,
             VERSUS_PEER,
             (None, None),
         ),
