@@ -617,12 +617,7 @@ fn default_table_candidate(notify_trigger: bool, options: &PgStoreOptions) -> bo
 
 /// Whether the table `oid` has a valid index named `name`.
 async fn has_valid_index(pool: &PgPool, oid: i64, name: &str) -> Result<bool, StoreError> {
-    sqlx::query_scalar(HAS_VALID_INDEX_NAMED)
-        .bind(oid)
-        .bind(name)
-        .fetch_one(pool)
-        .await
-        .map_err(|e| store_error("reading the catalog", e))
+    index_question(pool, HAS_VALID_INDEX_NAMED, oid, name).await
 }
 
 /// Names each index the operator surfaces and the sweeps read that the
@@ -748,7 +743,18 @@ fn index_statements(table: &QualifiedName, definitions: &[String], partitioned: 
 
 /// Whether an index of the table `oid` starts with the column `name`.
 async fn has_index_on(pool: &PgPool, oid: i64, name: &str) -> Result<bool, StoreError> {
-    sqlx::query_scalar(HAS_INDEX_ON)
+    index_question(pool, HAS_INDEX_ON, oid, name).await
+}
+
+/// The answer of `question` (a catalog query of the table `$1` and a name
+/// `$2`) about the indexes of the table `oid`.
+async fn index_question(
+    pool: &PgPool,
+    question: &'static str,
+    oid: i64,
+    name: &str,
+) -> Result<bool, StoreError> {
+    sqlx::query_scalar(question)
         .bind(oid)
         .bind(name)
         .fetch_one(pool)

@@ -308,7 +308,15 @@ pub async fn fresh_table(pool: &PgPool) -> JobTable {
 /// A schema of the same name left by an earlier run (whose process had the
 /// same id) is dropped first, so its rows cannot leak into this test.
 pub async fn fresh_table_named(pool: &PgPool, name: &str) -> JobTable {
-    let table = JobTable::new(&awkward_schema(), name).expect("valid names");
+    migrated_anew(
+        pool,
+        JobTable::new(&awkward_schema(), name).expect("valid names"),
+    )
+    .await
+}
+
+/// `table`, its schema dropped first if an earlier run left it, migrated.
+async fn migrated_anew(pool: &PgPool, table: JobTable) -> JobTable {
     sqlx::query(sqlx::AssertSqlSafe(format!(
         "DROP SCHEMA IF EXISTS {} CASCADE",
         table.name().schema.quoted()
@@ -333,18 +341,8 @@ pub async fn fresh_partitioned_table(pool: &PgPool) -> JobTable {
 /// The default table laid out for claims in place
 /// (`JobTable::in_place_claims`), in a fresh awkward schema, migrated.
 pub async fn fresh_in_place_table(pool: &PgPool) -> JobTable {
-    let table = JobTable::new(&awkward_schema(), "jobs")
-        .expect("valid names")
-        .in_place_claims();
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "DROP SCHEMA IF EXISTS {} CASCADE",
-        table.name().schema.quoted()
-    )))
-    .execute(pool)
-    .await
-    .expect("dropping a stale schema");
-    table.migrate(pool).await.expect("migration");
-    table
+    let table = JobTable::new(&awkward_schema(), "jobs").expect("valid names");
+    migrated_anew(pool, table.in_place_claims()).await
 }
 
 /// A table for a handler's writes, `name (columns)` beside `table` in its

@@ -10,7 +10,7 @@ use sqlx::PgPool;
 
 use super::cluster::pgbench;
 use super::drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL};
-use super::report::{median, rows, Results};
+use super::report::{list, median, rows, Results};
 use super::Sizes;
 use crate::pg::Postgres;
 
@@ -135,15 +135,6 @@ pub(super) async fn in_place(pool: &PgPool, sizes: &Sizes, results: &mut Results
         );
     }
     Ok(())
-}
-
-/// Figures rounded to whole jobs a second, for a note.
-fn list(figures: &[f64]) -> String {
-    figures
-        .iter()
-        .map(|f| format!("{f:.0}"))
-        .collect::<Vec<_>>()
-        .join(", ")
 }
 
 /// `N` measurements, `measure(which)` for `which` in `0..N`, in `rounds`

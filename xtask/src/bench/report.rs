@@ -175,8 +175,8 @@ fn figure(value: f64) -> String {
     }
 }
 
-/// Figures as a comma-separated list.
-fn list(values: &[f64]) -> String {
+/// Figures as a comma-separated list, rounded to whole units.
+pub(super) fn list(values: &[f64]) -> String {
     values
         .iter()
         .map(|x| format!("{x:.0}"))
