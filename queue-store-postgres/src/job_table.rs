@@ -176,7 +176,9 @@ impl JobTable {
     ///   that grows with the backlog rather than with the jobs in flight;
     /// - no index holds failed or canceled jobs alone: a list of them
     ///   reads the finished jobs (of its kinds) until its page is full;
-    /// - the table takes about twice the pages for its live rows.
+    /// - the table takes about twice the pages for its live rows;
+    /// - a converted table's existing pages stay as full as they were:
+    ///   only the jobs enqueued after it get room for in-place claims.
     ///
     /// A table once converted stays so; a store finds the layout in the
     /// catalog whatever its options say. Refused with

@@ -291,29 +291,28 @@ pub(crate) const IN_PLACE_FINISHED_KIND_INDEX: &str = "finished_by_kind_idx";
 /// The check constraint of version 14.
 const TIMES_CHECK: &str = "times_follow_state";
 
-/// A job that has not finished, by its times on a table whose claims are
-/// in place: no finish time, or a due time (a failed attempt waiting for
-/// its retry keeps its end). The readers of waiting and running jobs add
-/// the same text ([`super::TableShape::times_of`]), which is what lets
-/// the planner read these indexes.
-pub(crate) const UNFINISHED_TIMES: &str =
-    "(\"finished_at\" IS NULL OR \"process_after\" IS NOT NULL)";
-
 /// Version 13: the indexes of a table whose claims are in place, each the
 /// plain table's but for its predicate, which names the times instead of
 /// the state.
 fn version_13(table: &QualifiedName) -> Vec<(String, String)> {
+    // A job that has not finished, as its readers name it too (through
+    // `TableShape::times_of`), which is what lets the planner read these
+    // indexes.
+    let unfinished = super::unfinished("\"finished_at\"", "\"process_after\"");
     let unique = concurrent_index(
         table,
         "unique_key_idx",
-        "(\"unique_key\") WHERE \"unique_key\" IS NOT NULL \
-         AND (\"unique_forever\" OR \"finished_at\" IS NULL OR \"process_after\" IS NOT NULL)",
+        &format!(
+            "(\"unique_key\") WHERE \"unique_key\" IS NOT NULL AND (\"unique_forever\" OR {unfinished})"
+        ),
     );
     vec![
         concurrent_index(
             table,
             READY_INDEX,
-            &format!("(\"priority\" DESC, \"id\") WHERE {UNFINISHED_TIMES} AND \"process_after\" IS NULL"),
+            &format!(
+                "(\"priority\" DESC, \"id\") WHERE ({unfinished}) AND \"process_after\" IS NULL"
+            ),
         ),
         concurrent_index(
             table,
@@ -323,13 +322,15 @@ fn version_13(table: &QualifiedName) -> Vec<(String, String)> {
         concurrent_index(
             table,
             "expiry_idx",
-            &format!("(\"expires_at\") WHERE \"expires_at\" IS NOT NULL AND {UNFINISHED_TIMES}"),
+            &format!("(\"expires_at\") WHERE \"expires_at\" IS NOT NULL AND ({unfinished})"),
         ),
         (
             unique.0,
-            unique
-                .1
-                .replacen("CREATE INDEX CONCURRENTLY", "CREATE UNIQUE INDEX CONCURRENTLY", 1),
+            unique.1.replacen(
+                "CREATE INDEX CONCURRENTLY",
+                "CREATE UNIQUE INDEX CONCURRENTLY",
+                1,
+            ),
         ),
         concurrent_index(
             table,

@@ -170,14 +170,11 @@ impl EnqueueTable<'_> {
                 // A table whose claims are in place keeps keys unique by
                 // the times (its unique index's predicate, spelled the
                 // same so that the planner reads that index).
-                let unfinished = self.shape.times_of(
-                    names,
-                    &[JobState::Queued, JobState::Errored, JobState::Processing],
-                );
-                let by_times = match unfinished.strip_prefix(" AND (") {
-                    Some(times) => format!(" AND ({forever} OR {times}"),
-                    None => String::new(),
-                };
+                let by_times = self
+                    .shape
+                    .unfinished_times(names)
+                    .map(|times| format!(" AND ({forever} OR {times})"))
+                    .unwrap_or_default();
                 format!(" AND ({forever} OR {active}){by_times}")
             }
             None => String::new(),

@@ -172,6 +172,14 @@ fn claim_order(options: &PgStoreOptions, priority: Option<String>, id: &str) -> 
     })
 }
 
+/// A job that has not finished, by its times `finished` and `after`: no
+/// finish time, or a due time (a failed attempt waiting for its retry
+/// keeps its end). The default table's in-place layout names the same in
+/// its indexes' predicates.
+pub(crate) fn unfinished(finished: &str, after: &str) -> String {
+    format!("{finished} IS NULL OR {after} IS NOT NULL")
+}
+
 /// A string literal for a configured value (a state value, a channel name),
 /// for statement text that cannot bind it. The `E''` form reads the same
 /// whatever `standard_conforming_strings` says.
@@ -294,11 +302,7 @@ impl TableShape {
     /// predicates name; empty on any other table, or for states that
     /// share no such condition.
     fn times_of(&self, names: &Names, states: &[JobState]) -> String {
-        let (Some(finished), Some(after), true) = (
-            names.at(Column::FinishedAt),
-            names.at(Column::ProcessAfter),
-            self.in_place_claims,
-        ) else {
+        let Some((finished, after)) = self.in_place_times(names) else {
             return String::new();
         };
         let within =
@@ -306,12 +310,29 @@ impl TableShape {
         if within(&[JobState::Processing]) {
             format!(" AND {finished} IS NULL AND {after} IS NULL")
         } else if within(&[JobState::Queued, JobState::Errored, JobState::Processing]) {
-            format!(" AND ({finished} IS NULL OR {after} IS NOT NULL)")
+            format!(" AND ({})", unfinished(&finished, &after))
         } else if within(&[JobState::Completed, JobState::Failed, JobState::Canceled]) {
             format!(" AND {finished} IS NOT NULL AND {after} IS NULL")
         } else {
             String::new()
         }
+    }
+
+    /// `finished IS NULL OR after IS NOT NULL`, the times of a job that
+    /// has not finished, on a table whose claims are in place: the arms a
+    /// unique key's holder lookup adds to its scope, as the table's unique
+    /// index names them.
+    fn unfinished_times(&self, names: &Names) -> Option<String> {
+        self.in_place_times(names)
+            .map(|(finished, after)| unfinished(&finished, &after))
+    }
+
+    /// The finish and due time columns, on a table whose claims are in
+    /// place.
+    fn in_place_times(&self, names: &Names) -> Option<(String, String)> {
+        let finished = names.at(Column::FinishedAt)?;
+        let after = names.at(Column::ProcessAfter)?;
+        self.in_place_claims.then_some((finished, after))
     }
 
     /// Whether writes empty `column` where the job's state says it has no
