@@ -14,7 +14,7 @@ use queue_worker::{Pruner, PrunerOptions, Worker, WorkerOptions};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::PgPool;
 
-use super::cluster::{created_anew, enqueue_all, fresh_table};
+use super::cluster::{created_anew, enqueue_all};
 use super::cpu::{CpuPerJob, CpuSample};
 
 /// Counts the runs of each job, to prove exactly-once.
@@ -206,15 +206,16 @@ pub(super) async fn drain_beside(
         pruning,
         in_place,
     } = setup;
-    let table = if in_place {
-        created_anew(
-            pool,
-            JobTable::new("queue_bench", "drain")?.in_place_claims(),
-        )
-        .await?
-    } else {
-        fresh_table(pool, "drain").await?
-    };
+    let table = JobTable::new("queue_bench", "drain")?;
+    let table = created_anew(
+        pool,
+        if in_place {
+            table.in_place_claims()
+        } else {
+            table
+        },
+    )
+    .await?;
     if old_finished > 0 {
         sqlx::query(sqlx::AssertSqlSafe(format!(
             "INSERT INTO {} (kind, state, finished_at) SELECT 'old', 'completed', \
