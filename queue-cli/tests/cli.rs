@@ -1068,6 +1068,47 @@ async fn a_kinds_limits_are_set_listed_and_cleared_by_a_named_operator() {
     );
 }
 
+/// `migrate --in-place-claims` converts the plain default table (versions
+/// 13 to 15) and the table takes and counts jobs after; a bad
+/// `--lock-wait` is refused by name.
+#[tokio::test]
+async fn migrate_converts_the_default_table_to_claims_in_place() {
+    let Some(t) = Setup::new("migrate_converts_the_default_table_to_claims_in_place").await else {
+        return;
+    };
+    let config = t.config("");
+    let q = |args: &[&str]| t.queue(&config, args);
+    assert!(ok(&mut q(&["migrate"])).contains("applied version 1"));
+    ok(&mut q(&["enqueue", "email", "{}"]));
+    let refused = q(&["migrate", "--in-place-claims", "--lock-wait", "soon"])
+        .output()
+        .expect("the queue binary runs");
+    let err = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success(), "a bad --lock-wait is refused");
+    assert!(
+        err.contains("--lock-wait") && err.contains("not a duration"),
+        "{err}"
+    );
+    let converted = ok(&mut q(&[
+        "migrate",
+        "--in-place-claims",
+        "--lock-wait",
+        "200ms",
+        "--give-up-after",
+        "1m",
+    ]));
+    for version in [13, 14, 15] {
+        assert!(
+            converted.contains(&format!("applied version {version} (in-place claims")),
+            "{converted}"
+        );
+    }
+    assert!(ok(&mut q(&["migrate"])).contains("is up to date"));
+    ok(&mut q(&["enqueue", "email", "{}"]));
+    let stats = json(&mut q(&["stats", "--json"]));
+    assert!(stats.to_string().contains("email"), "{stats}");
+}
+
 #[tokio::test]
 async fn migrate_creates_the_default_table_partitioned_by_finish_time() {
     let Some(t) = Setup::new("migrate_creates_the_default_table_partitioned_by_finish_time").await

@@ -42,7 +42,13 @@ pub async fn migrate(
 ) -> Result<Vec<Migration>, StoreError> {
     let side = named(options)?;
     let key_type = catalog::key_type(pool, options).await?;
-    crate::migrate::apply(pool, side, bookkeeping::migrations(side, &key_type)).await
+    crate::migrate::apply(
+        pool,
+        side,
+        bookkeeping::migrations(side, &key_type),
+        crate::migrate::LockWait::default(),
+    )
+    .await
 }
 
 /// Every version of the bookkeeping table's schema, applied or pending.

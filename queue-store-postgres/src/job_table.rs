@@ -1,6 +1,7 @@
 //! [`JobTable`]: the default jobs table — migrate it, enqueue into it.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use queue_core::{Enqueued, NewJob, StoreError};
 use sqlx::PgPool;
@@ -8,7 +9,7 @@ use sqlx::PgPool;
 use crate::enqueue::enqueue_on;
 use crate::error::{store_error, OptionsError};
 use crate::ident::{Ident, QualifiedName};
-use crate::migrate::Migration;
+use crate::migrate::{LockWait, Migration};
 use crate::options::PgStoreOptions;
 use crate::partitions::FinishPartitions;
 use crate::sql::default_table::Layout;
@@ -82,6 +83,8 @@ pub struct JobTable {
     partitions: Option<FinishPartitions>,
     /// Whether [`JobTable::migrate`] makes the table's claims in place.
     in_place_claims: bool,
+    /// How [`JobTable::migrate`] waits for its locks on a table in use.
+    lock_wait: LockWait,
 }
 
 impl Default for JobTable {
@@ -115,6 +118,7 @@ impl JobTable {
             table,
             partitions: None,
             in_place_claims: false,
+            lock_wait: LockWait::default(),
         }
     }
 
@@ -153,6 +157,42 @@ impl JobTable {
     /// ```
     pub fn partitioned_by_finish_time(mut self, partitions: FinishPartitions) -> Self {
         self.partitions = Some(partitions);
+        self
+    }
+
+    /// How long [`JobTable::migrate`] waits for its locks on a table in
+    /// use: at most `per_try` at a time (its transaction then rolled back
+    /// and, after as long a pause, tried again), and `give_up_after` in
+    /// all, after which it fails with an error naming the sessions that
+    /// hold locks on the table. By default a second a try, for up to ten
+    /// minutes.
+    ///
+    /// A version that changes the table (dropping an index, adding a
+    /// column or a check) needs a lock that conflicts with every
+    /// transaction open on it, and while it waits for that lock, claims,
+    /// enqueues and completions queue behind it. A short `per_try` keeps
+    /// a transaction left open (a long job's in transactional mode, a
+    /// session idle in one) from stopping the queue: it holds up the
+    /// migration instead. A longer one gives a version more chance to get
+    /// in between long transactions, at the price of queue stalls that
+    /// long. Versions that only build indexes (concurrently) or fix rows
+    /// in batches take no such lock.
+    ///
+    /// ```no_run
+    /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+    /// use std::time::Duration;
+    /// use queue_store_postgres::JobTable;
+    ///
+    /// let jobs = JobTable::new("public", "queue_jobs")?
+    ///     .migration_lock_wait(Duration::from_millis(200), Duration::from_secs(3600));
+    /// jobs.migrate(&pool).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn migration_lock_wait(mut self, per_try: Duration, give_up_after: Duration) -> Self {
+        self.lock_wait = LockWait {
+            per_try: per_try.max(Duration::from_millis(1)),
+            give_up_after,
+        };
         self
     }
 
@@ -307,7 +347,7 @@ impl JobTable {
         let layout = self.layout(pool).await?;
         let mut applied = Vec::new();
         for (table, versions) in self.owned_tables(layout) {
-            applied.extend(crate::migrate::apply(pool, &table, versions).await?);
+            applied.extend(crate::migrate::apply(pool, &table, versions, self.lock_wait).await?);
         }
         if layout == Layout::Partitioned {
             crate::partitions::keep_ahead(pool, &self.table, self.partitions, chrono::Utc::now())

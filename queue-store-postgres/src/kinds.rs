@@ -50,7 +50,13 @@ pub async fn migrate(
     options: &PgStoreOptions,
 ) -> Result<Vec<Migration>, StoreError> {
     let kinds = named(pool, options).await?;
-    crate::migrate::apply(pool, &kinds, kinds::migrations(&kinds)).await
+    crate::migrate::apply(
+        pool,
+        &kinds,
+        kinds::migrations(&kinds),
+        crate::migrate::LockWait::default(),
+    )
+    .await
 }
 
 /// Every version of the kinds table's schema, applied or pending.

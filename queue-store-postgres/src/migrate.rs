@@ -5,6 +5,8 @@
 //! the newest version is only read, so migrating on every start-up takes no
 //! lock a worker would wait for.
 
+use std::time::{Duration, Instant};
+
 use chrono::{DateTime, Utc};
 use queue_core::StoreError;
 use sqlx::{PgPool, Row};
@@ -134,21 +136,24 @@ pub(crate) async fn status(
 ///
 /// A database already up to date is only read. Otherwise one migrator at a
 /// time (a session advisory lock) applies the pending versions in order:
-/// consecutive ordinary versions in one transaction, and each version that
-/// builds indexes concurrently outside any, recorded once its indexes are
-/// valid. An interrupted build leaves an invalid index and its version
-/// unrecorded; the next run drops that index and builds it again.
+/// each ordinary version in a transaction of its own (on a table this run
+/// creates, consecutive ones in one), waiting for its locks as
+/// `lock_wait` says, and each version that builds indexes concurrently
+/// outside any, recorded once its indexes are valid. An interrupted build
+/// leaves an invalid index and its version unrecorded; the next run drops
+/// that index and builds it again.
 pub(crate) async fn apply(
     pool: &PgPool,
     table: &QualifiedName,
     known: Vec<MigrationSql>,
+    lock_wait: LockWait,
 ) -> Result<Vec<Migration>, StoreError> {
     let (mut conn, done) = connect_and_read(pool, table).await?;
     if pending(&known, &done).is_empty() {
         return Ok(Vec::new());
     }
     lock(&mut conn).await?;
-    let applied = apply_locked(&mut conn, table, known).await;
+    let applied = apply_locked(&mut conn, table, known, lock_wait).await;
     match &applied {
         Ok(_) => {
             sqlx::query(default_table::MIGRATION_UNLOCK)
@@ -192,6 +197,7 @@ async fn apply_locked(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
     known: Vec<MigrationSql>,
+    lock_wait: LockWait,
 ) -> Result<Vec<Migration>, StoreError> {
     // Read again: another migrator may have applied them meanwhile.
     let done = applied(conn, table).await?;
@@ -219,36 +225,162 @@ async fn apply_locked(
             } else {
                 build_concurrently(conn, table, &m).await?;
             }
-            record(&mut *conn, table, &m).await?;
+            record(&mut *conn, table, &m)
+                .await
+                .map_err(|e| store_error(&migrating(table, &m), e))?;
             applied_now.push(migration(table, m));
             continue;
         }
-        // The ordinary versions up to the next concurrent one, in one
-        // transaction.
-        let mut tx = sqlx::Connection::begin(&mut *conn)
+        // A table this run creates gets its ordinary versions up to the
+        // next concurrent one in one transaction; a table in use gets each
+        // version in a transaction of its own, so that no version holds
+        // its lock through the next one's work (a check validated after
+        // the version that added it takes a weaker lock than that
+        // version's).
+        let group: Vec<MigrationSql> = if fresh {
+            std::iter::from_fn(|| versions.next_if(|m| !outside(m))).collect()
+        } else {
+            versions.next().into_iter().collect()
+        };
+        let setup = first.then_some(done.is_empty());
+        first = false;
+        let wait = (!fresh).then_some(lock_wait);
+        apply_group(conn, table, &group, setup, wait).await?;
+        applied_now.extend(group.into_iter().map(|m| migration(table, m)));
+    }
+    Ok(applied_now)
+}
+
+/// How long a version that changes a table in use waits for its locks:
+/// at most `per_try` at a time, its transaction then rolled back and tried
+/// again after as long a pause, until `give_up_after` in all. Claims,
+/// enqueues and completions queue behind a lock that a DDL statement waits
+/// for, so each wait is kept short: a transaction left open on the table
+/// (a long job's, or a session idle in one) then holds up the migration,
+/// not the queue.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LockWait {
+    /// The longest one try waits for a lock.
+    pub per_try: Duration,
+    /// When the tries stop and the migration fails.
+    pub give_up_after: Duration,
+}
+
+impl Default for LockWait {
+    /// A second a try, for up to ten minutes.
+    fn default() -> Self {
+        LockWait {
+            per_try: Duration::from_secs(1),
+            give_up_after: Duration::from_secs(600),
+        }
+    }
+}
+
+/// Applies `group` in one transaction, recording each version. `setup`
+/// is set for the run's first transaction: whether to forget the versions
+/// of a table dropped since. With `wait` (a table in use), each statement
+/// waits at most [`LockWait::per_try`] for its locks, and the transaction
+/// is tried again while [`LockWait::give_up_after`] allows.
+async fn apply_group(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    group: &[MigrationSql],
+    setup: Option<bool>,
+    wait: Option<LockWait>,
+) -> Result<(), StoreError> {
+    let began = Instant::now();
+    let mut tries = 0u32;
+    loop {
+        tries += 1;
+        let error = match try_group(conn, table, group, setup, wait.map(|w| w.per_try)).await {
+            Ok(()) => return Ok(()),
+            Err(error) => error,
+        };
+        let Some(wait) = wait.filter(|_| error.lock_not_available()) else {
+            return Err(error.into_store_error());
+        };
+        if began.elapsed() + wait.per_try * 2 > wait.give_up_after {
+            return Err(out_of_reach(conn, table, error, tries, began.elapsed()).await);
+        }
+        tracing::warn!(
+            table = %table,
+            version = error.version,
+            tries,
+            "a migration's lock stayed out of reach (a transaction open on the table); trying again"
+        );
+        tokio::time::sleep(wait.per_try).await;
+    }
+}
+
+/// A failed try of [`try_group`]: what it was doing, and why it failed.
+struct GroupError {
+    /// The version it was applying (0 while setting up).
+    version: u32,
+    context: String,
+    source: sqlx::Error,
+}
+
+impl GroupError {
+    fn lock_not_available(&self) -> bool {
+        self.source
+            .as_database_error()
+            .and_then(|e| e.code())
+            .is_some_and(|code| code == "55P03")
+    }
+
+    fn into_store_error(self) -> StoreError {
+        store_error(&self.context, self.source)
+    }
+}
+
+/// One try of [`apply_group`]: the transaction committed, or rolled back
+/// with what failed.
+async fn try_group(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    group: &[MigrationSql],
+    setup: Option<bool>,
+    per_try: Option<Duration>,
+) -> Result<(), GroupError> {
+    let failed = |version: u32, context: String| {
+        move |source: sqlx::Error| GroupError {
+            version,
+            context,
+            source,
+        }
+    };
+    let mut tx = sqlx::Connection::begin(&mut *conn)
+        .await
+        .map_err(failed(0, "starting the migration".to_owned()))?;
+    let result = async {
+        if let Some(per_try) = per_try {
+            sqlx::query(sqlx::AssertSqlSafe(format!(
+                "SET LOCAL lock_timeout = '{}ms'",
+                per_try.as_millis().max(1)
+            )))
+            .execute(&mut *tx)
             .await
-            .map_err(|e| store_error("starting the migration", e))?;
-        if first {
+            .map_err(failed(0, "starting the migration".to_owned()))?;
+        }
+        if let Some(forget) = setup {
+            let context = format!("creating the version table of {table}");
             for statement in default_table::create_version_table(table) {
                 sqlx::query(sqlx::AssertSqlSafe(statement))
                     .execute(&mut *tx)
                     .await
-                    .map_err(|e| {
-                        store_error(&format!("creating the version table of {table}"), e)
-                    })?;
+                    .map_err(failed(0, context.clone()))?;
             }
-            if done.is_empty() {
+            if forget {
                 // Versions recorded for a table dropped since describe
                 // nothing.
                 sqlx::query(sqlx::AssertSqlSafe(default_table::forget_versions(table)))
                     .execute(&mut *tx)
                     .await
-                    .map_err(|e| store_error(&format!("clearing the versions of {table}"), e))?;
+                    .map_err(failed(0, format!("clearing the versions of {table}")))?;
             }
-            first = false;
         }
-        while let Some(m) = versions.next_if(|m| !outside(m)) {
-            let context = migrating(table, &m);
+        for m in group {
+            let context = migrating(table, m);
             // A new table has no rows to fix up.
             let statements = if m.batched {
                 &[][..]
@@ -265,16 +397,82 @@ async fn apply_locked(
                 sqlx::query(sqlx::AssertSqlSafe(statement))
                     .execute(&mut *tx)
                     .await
-                    .map_err(|e| store_error(&context, e))?;
+                    .map_err(failed(m.version, context.clone()))?;
             }
-            record(&mut tx, table, &m).await?;
-            applied_now.push(migration(table, m));
+            record(&mut tx, table, m)
+                .await
+                .map_err(failed(m.version, context))?;
         }
-        tx.commit()
-            .await
-            .map_err(|e| store_error("committing the migration", e))?;
+        Ok(())
     }
-    Ok(applied_now)
+    .await;
+    match result {
+        Ok(()) => tx
+            .commit()
+            .await
+            .map_err(failed(0, "committing the migration".to_owned())),
+        Err(error) => {
+            // A failed rollback leaves the connection broken; the error
+            // that matters is the one that failed the try.
+            let _ = tx.rollback().await;
+            Err(error)
+        }
+    }
+}
+
+/// The sessions holding locks on a table, oldest transaction first:
+/// `pid`, `state`, `since` (the transaction's start) and `query` (its
+/// latest statement, cut short).
+const LOCK_HOLDERS: &str = "SELECT a.pid, coalesce(a.state, 'unknown') AS \"state\", \
+     a.xact_start AS \"since\", left(coalesce(a.query, ''), 120) AS \"query\" \
+     FROM pg_catalog.pg_locks AS l JOIN pg_catalog.pg_stat_activity AS a ON a.pid = l.pid \
+     WHERE l.locktype = 'relation' AND l.granted AND l.relation = to_regclass($1) \
+     AND l.pid <> pg_backend_pid() \
+     GROUP BY a.pid, a.state, a.xact_start, a.query ORDER BY a.xact_start NULLS LAST LIMIT 5";
+
+/// The error of a version whose lock stayed out of reach: what it waited
+/// for, how long, and the sessions that hold locks on the table now.
+async fn out_of_reach(
+    conn: &mut sqlx::PgConnection,
+    table: &QualifiedName,
+    error: GroupError,
+    tries: u32,
+    waited: Duration,
+) -> StoreError {
+    let holders = match sqlx::query(LOCK_HOLDERS)
+        .bind(table.quoted())
+        .fetch_all(&mut *conn)
+        .await
+    {
+        Ok(rows) if rows.is_empty() => "none now".to_owned(),
+        Ok(rows) => rows
+            .iter()
+            .map(|row| {
+                let pid: i32 = row.try_get("pid").unwrap_or_default();
+                let state: String = row.try_get("state").unwrap_or_default();
+                let since: Option<DateTime<Utc>> = row.try_get("since").unwrap_or_default();
+                let query: String = row.try_get("query").unwrap_or_default();
+                let since = since.map_or(String::new(), |at| {
+                    format!(
+                        ", its transaction open since {}",
+                        at.format("%Y-%m-%d %H:%M:%S UTC")
+                    )
+                });
+                format!("pid {pid} ({state}{since}; last statement: {query:?})")
+            })
+            .collect::<Vec<_>>()
+            .join(", "),
+        Err(e) => format!("unknown (reading them failed: {e})"),
+    };
+    StoreError::Conflict {
+        context: format!(
+            "{}: its lock on {table} stayed out of reach for {:.0?} ({tries} tries); \
+             sessions holding locks on the table: {holders}. Migrate again once they are done, \
+             or end them (pg_terminate_backend)",
+            error.context, waited,
+        ),
+        source: Box::new(error.source),
+    }
 }
 
 /// How many times a concurrent build of one index is tried when Postgres
@@ -393,14 +591,12 @@ async fn record(
     conn: &mut sqlx::PgConnection,
     table: &QualifiedName,
     m: &MigrationSql,
-) -> Result<(), StoreError> {
-    let context = migrating(table, m);
+) -> Result<(), sqlx::Error> {
     sqlx::query(sqlx::AssertSqlSafe(default_table::record_version(table)))
         .bind(i32::try_from(m.version).unwrap_or(i32::MAX))
         .bind(m.name)
         .execute(&mut *conn)
-        .await
-        .map_err(|e| store_error(&context, e))?;
+        .await?;
     Ok(())
 }
 
@@ -473,7 +669,7 @@ pub async fn migrate_beside(
 ) -> Result<Vec<Migration>, StoreError> {
     let mut applied = Vec::new();
     for (table, versions) in beside(pool, options).await? {
-        applied.extend(apply(pool, &table, versions).await?);
+        applied.extend(apply(pool, &table, versions, LockWait::default()).await?);
     }
     Ok(applied)
 }

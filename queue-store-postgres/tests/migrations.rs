@@ -468,3 +468,147 @@ async fn times_set_right(pool: &sqlx::PgPool, jobs: JobTable) {
     .expect("the rows' versions");
     assert_eq!(moved, 0, "the second run writes no row the first set right");
 }
+
+/// A transaction open on the table (here a job's, holding its row) while
+/// versions that drop indexes and add a check wait for their lock: each
+/// try waits a short while and gives way, so enqueues go on throughout
+/// (none waits longer than about one try), and the conversion completes
+/// once the transaction ends. Each version runs in a transaction of its
+/// own: version 15's validation does not hold version 14's lock.
+#[tokio::test]
+async fn a_version_waiting_for_an_open_transaction_leaves_the_queue_running() {
+    let Some(pool) =
+        pool("a_version_waiting_for_an_open_transaction_leaves_the_queue_running").await
+    else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("the plain table");
+    let id = jobs
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueue");
+    let job_tx = hold_row(&pool, &jobs, id).await;
+
+    let converting = jobs
+        .clone()
+        .in_place_claims()
+        .migration_lock_wait(Duration::from_millis(200), Duration::from_secs(120));
+    let migration = tokio::spawn({
+        let pool = pool.clone();
+        async move { converting.migrate(&pool).await }
+    });
+    // Enqueue every 20 ms for three seconds beside the migration's tries.
+    let mut slowest = Duration::ZERO;
+    let until = std::time::Instant::now() + Duration::from_secs(3);
+    while std::time::Instant::now() < until {
+        let began = std::time::Instant::now();
+        tokio::time::timeout(
+            Duration::from_secs(2),
+            jobs.enqueue(&pool, &NewJob::new("k", serde_json::json!(null))),
+        )
+        .await
+        .expect("an enqueue does not wait behind the migration's lock until the transaction ends")
+        .expect("an enqueue beside the migration");
+        slowest = slowest.max(began.elapsed());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        !migration.is_finished(),
+        "version 14 cannot take its lock while the job's transaction is open"
+    );
+    assert!(
+        slowest < Duration::from_millis(1500),
+        "no enqueue waits behind the migration for longer than about one try: {slowest:?}"
+    );
+    job_tx.rollback().await.expect("the job's transaction ends");
+    let applied = tokio::time::timeout(Duration::from_secs(30), migration)
+        .await
+        .expect("the migration completes once the transaction ends")
+        .expect("the task")
+        .expect("the migration");
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [13, 14, 15],
+        "the conversion's versions, once each"
+    );
+}
+
+/// A transaction that stays open past the migration's patience: the
+/// migration fails with an error naming the session (its pid, idle in
+/// its transaction) and leaves the versions it could not apply pending;
+/// the table takes jobs meanwhile, and the next run applies them.
+#[tokio::test]
+async fn a_version_whose_lock_stays_out_of_reach_fails_naming_who_holds_it() {
+    let Some(pool) =
+        pool("a_version_whose_lock_stays_out_of_reach_fails_naming_who_holds_it").await
+    else {
+        return;
+    };
+    let jobs = table();
+    jobs.migrate(&pool).await.expect("the plain table");
+    let id = jobs
+        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueue");
+    let mut job_tx = hold_row(&pool, &jobs, id).await;
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *job_tx)
+        .await
+        .expect("the pid");
+
+    let converting = jobs
+        .clone()
+        .in_place_claims()
+        .migration_lock_wait(Duration::from_millis(100), Duration::from_secs(2));
+    let error = converting
+        .migrate(&pool)
+        .await
+        .expect_err("the lock stays out of reach")
+        .to_string();
+    for part in [
+        "version 14".to_owned(),
+        "stayed out of reach".to_owned(),
+        format!("pid {pid} (idle in transaction"),
+    ] {
+        assert!(error.contains(&part), "{part:?} in {error}");
+    }
+    let pending: Vec<u32> = converting
+        .migrations(&pool)
+        .await
+        .expect("status")
+        .into_iter()
+        .filter(|m| m.applied_at.is_none())
+        .map(|m| m.version)
+        .collect();
+    assert_eq!(pending, [14, 15], "version 13 (concurrent) was applied");
+    jobs.enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("the table takes jobs after the failed migration");
+
+    job_tx.rollback().await.expect("the job's transaction ends");
+    let applied = converting.migrate(&pool).await.expect("the next run");
+    assert_eq!(
+        applied.iter().map(|m| m.version).collect::<Vec<_>>(),
+        [14, 15]
+    );
+}
+
+/// A transaction that holds job `id`'s row (a job's transaction in
+/// transactional mode), left idle.
+async fn hold_row(
+    pool: &sqlx::PgPool,
+    jobs: &JobTable,
+    id: i64,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut tx = pool.begin().await.expect("a job transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "SELECT 1 FROM {} WHERE id = $1 FOR KEY SHARE",
+        jobs.name().quoted()
+    )))
+    .bind(id)
+    .execute(&mut *tx)
+    .await
+    .expect("the job's lock");
+    tx
+}

@@ -36,6 +36,20 @@ pub struct MigrateArgs {
     /// is created: one that exists unpartitioned is refused.
     #[arg(long, value_name = "HOURS")]
     pub partition_hours: Option<u32>,
+    /// Lay the default table out so that claims update jobs in place
+    /// (experimental; new or existing plain tables; see "Claims in place"
+    /// in docs/job-lifecycle.md). A table once converted stays so.
+    #[arg(long, conflicts_with = "partition_hours")]
+    pub in_place_claims: bool,
+    /// How long each try of a version that changes the table in use waits
+    /// for its lock before it gives way to the jobs queued behind it and
+    /// tries again (claims and enqueues wait at most this long).
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std, default_value = "1s")]
+    pub lock_wait: std::time::Duration,
+    /// When the tries stop: the migration then fails, naming the sessions
+    /// that hold locks on the table.
+    #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std, default_value = "10m")]
+    pub give_up_after: std::time::Duration,
 }
 
 /// The tables a migration is for.
@@ -87,14 +101,24 @@ pub async fn run(
                 name.as_deref().unwrap_or(table.name().name.as_str()),
             )?,
         };
-        Target::Default(match args.partition_hours {
+        let table = match args.partition_hours {
             Some(hours) => table.partitioned_by_finish_time(FinishPartitions::hours(hours)?),
             None => table,
-        })
+        };
+        let table = if args.in_place_claims {
+            table.in_place_claims()
+        } else {
+            table
+        };
+        Target::Default(table.migration_lock_wait(args.lock_wait, args.give_up_after))
     } else {
         let options = context.config.store_options()?;
-        if args.schema.is_some() || args.table.is_some() || args.partition_hours.is_some() {
-            bail!("--schema, --table and --partition-hours are for the default table; the tables beside a table of your own follow from the config file");
+        if args.schema.is_some()
+            || args.table.is_some()
+            || args.partition_hours.is_some()
+            || args.in_place_claims
+        {
+            bail!("--schema, --table, --partition-hours and --in-place-claims are for the default table; the tables beside a table of your own follow from the config file");
         }
         Target::Own(Box::new(options))
     };
