@@ -1069,7 +1069,7 @@ async fn a_kinds_limits_are_set_listed_and_cleared_by_a_named_operator() {
 }
 
 /// `migrate --in-place-claims` converts the plain default table (versions
-/// 13 to 15) and the table takes and counts jobs after; a bad
+/// 13 to 16) and the table takes and counts jobs after; a bad
 /// `--lock-wait` is refused by name.
 #[tokio::test]
 async fn migrate_converts_the_default_table_to_claims_in_place() {
@@ -1097,7 +1097,7 @@ async fn migrate_converts_the_default_table_to_claims_in_place() {
         "--give-up-after",
         "1m",
     ]));
-    for version in [13, 14, 15] {
+    for version in [13, 14, 15, 16] {
         assert!(
             converted.contains(&format!("applied version {version} (in-place claims")),
             "{converted}"

@@ -204,16 +204,17 @@ impl JobTable {
     /// (docs/benchmarks.md, "The same layout in the drains").
     ///
     /// **Experimental, off by default.** [`JobTable::migrate`] applies
-    /// three versions more to a plain table, new or existing (versions 13
-    /// to 15: indexes on the times built concurrently, the old ones
-    /// dropped, pages half empty, and a check that the finish and due
-    /// times follow the state, validated without stopping claims). What
-    /// the table gives up for now:
+    /// four versions more to a plain table, new or existing (versions 13
+    /// to 16: indexes on the times built concurrently, the old ones
+    /// dropped, pages half empty, a check that the finish and due times
+    /// follow the state, validated without stopping claims, and a ledger
+    /// of limited kinds' claims, which their counts of running jobs read
+    /// instead of the backlog). What the table gives up for now:
     ///
     /// - no index holds the running jobs alone: the figures' running and
-    ///   stalled counts, a list of running jobs, the resetter and a
-    ///   limited kind's count read them among the waiting ones, at a cost
-    ///   that grows with the backlog rather than with the jobs in flight;
+    ///   stalled counts, a list of running jobs and the resetter read them
+    ///   among the waiting ones, at a cost that grows with the backlog
+    ///   rather than with the jobs in flight;
     /// - no index holds failed or canceled jobs alone: a list of them
     ///   reads the finished jobs (of its kinds) until its page is full;
     /// - the table takes about twice the pages for its live rows;

@@ -536,14 +536,27 @@ where
         let burst: Option<i32> = row.try_get("burst").map_err(get)?;
         let tokens: Option<f64> = row.try_get("tokens").map_err(get)?;
         let tokens_at: Option<DateTime<Utc>> = row.try_get("tokens_at").map_err(get)?;
+        let limits_set_at: Option<DateTime<Utc>> = row.try_get("limits_set_at").map_err(get)?;
         let limits = crate::admin::kind_limits(max_running, per_second, burst);
-        let running = if limits.max_running.is_some() {
-            let filter = JobFilter::default()
-                .states([queue_core::JobState::Processing])
-                .kinds([kind]);
-            self.inner.admin.count_on(&mut tx, &filter).await?
-        } else {
-            0
+        // The ledger of the kind's claims, where the table keeps one and
+        // the kind limits its running jobs.
+        let ledger = self
+            .inner
+            .sql
+            .limited_ledger
+            .as_ref()
+            .filter(|_| limits.max_running.is_some());
+        let running = match (limits.max_running, ledger) {
+            (None, _) => 0,
+            (Some(_), Some(ledger)) => {
+                count_in_ledger(&mut tx, ledger, kind, limits_set_at).await?
+            }
+            (Some(_), None) => {
+                let filter = JobFilter::default()
+                    .states([queue_core::JobState::Processing])
+                    .kinds([kind]);
+                self.inner.admin.count_on(&mut tx, &filter).await?
+            }
         };
         // On the database's clock, as every process's claims are.
         let now = self.inner.admin.to_db(params.now);
@@ -568,6 +581,9 @@ where
                 .await?
             }
         };
+        if let (Some(ledger), false) = (ledger, rows.is_empty()) {
+            enter_in_ledger(&mut tx, ledger, kind, &rows).await?;
+        }
         if let Some(left) = spend(bucket, rows.len() as u64) {
             sqlx::query(sqlx::AssertSqlSafe(crate::sql::kinds::spend(&kinds)))
                 .bind(kind)
@@ -738,6 +754,63 @@ async fn aside<T>(
 /// How soon an idle worker looks again at a kind its concurrency limit
 /// held back: a slot frees when a job of the kind ends, in any process.
 const LIMITED_RECHECK: std::time::Duration = std::time::Duration::from_millis(200);
+
+/// A limited kind's running jobs counted through the ledger of its
+/// claims (see [`crate::sql::limited`]), in its claim's transaction
+/// `tx`: in the table itself (and entered) until the rule set at
+/// `limits_set_at` has settled, then from the ledger's entries.
+async fn count_in_ledger(
+    tx: &mut PgConnection,
+    ledger: &crate::sql::limited::LedgerStatements,
+    kind: &str,
+    limits_set_at: Option<DateTime<Utc>>,
+) -> Result<u64, StoreError> {
+    let context = "counting a limited kind's running jobs";
+    let current: bool = sqlx::query_scalar(sqlx::AssertSqlSafe(ledger.current.as_str()))
+        .bind(kind)
+        .bind(limits_set_at)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| store_error(context, e))?;
+    let count = if current {
+        &ledger.count_ledger
+    } else {
+        &ledger.count_table
+    };
+    let running: i64 = sqlx::query_scalar(sqlx::AssertSqlSafe(count.as_str()))
+        .bind(kind)
+        .fetch_one(&mut *tx)
+        .await
+        .map_err(|e| store_error(context, e))?;
+    Ok(u64::try_from(running).unwrap_or(0))
+}
+
+/// Enters the jobs a limited kind's claim took (`rows`, as the claim
+/// returned them) in the ledger, in the claim's transaction `tx`.
+async fn enter_in_ledger(
+    tx: &mut PgConnection,
+    ledger: &crate::sql::limited::LedgerStatements,
+    kind: &str,
+    rows: &[PgRow],
+) -> Result<(), StoreError> {
+    let context = "entering a limited kind's claims in its ledger";
+    let mut ids = Vec::with_capacity(rows.len());
+    let mut tokens = Vec::with_capacity(rows.len());
+    for row in rows {
+        // The ledger is kept for the default table only, whose key is a
+        // bigint.
+        ids.push(read_at::<i64>(row, ID)?);
+        tokens.push(read_at::<i64>(row, TOKEN)?);
+    }
+    sqlx::query(sqlx::AssertSqlSafe(ledger.enter.as_str()))
+        .bind(kind)
+        .bind(ids)
+        .bind(tokens)
+        .execute(&mut *tx)
+        .await
+        .map_err(|e| store_error(context, e))?;
+    Ok(())
+}
 
 const ID: (usize, &str) = (0, "__queue_id");
 const TOKEN: (usize, &str) = (1, "__queue_token");

@@ -2,7 +2,8 @@
 //! (`JobTable::in_place_claims`): no index names the state, so a claim is
 //! a heap-only update; a plain table with jobs in every state converts and
 //! goes on; a write against the rule of the times is refused by name; and
-//! the layout is refused on a table partitioned by finish time. The
+//! the layout is refused on a table partitioned by finish time; a limited
+//! kind counts its running jobs through the ledger of its claims. The
 //! conformance suite runs on this layout too (`tests/conformance.rs`).
 
 mod support;
@@ -78,7 +79,7 @@ async fn a_new_table_names_the_state_in_no_index_and_its_claims_are_heap_only_up
     let Some(pool) = pool(test).await else { return };
     let table = fresh_in_place_table(&pool).await;
     let versions = applied_versions(&pool, &table).await;
-    assert_eq!(versions, (1..=15).collect::<Vec<u32>>());
+    assert_eq!(versions, (1..=16).collect::<Vec<u32>>());
     assert_eq!(
         indexes_naming_the_state(&pool, &table).await,
         Vec::<String>::new(),
@@ -149,7 +150,7 @@ async fn a_plain_table_with_jobs_in_every_state_converts_and_goes_on() {
         .into_iter()
         .map(|m| m.version)
         .collect();
-    assert_eq!(applied, [13, 14, 15]);
+    assert_eq!(applied, [13, 14, 15, 16]);
     assert_eq!(
         indexes_naming_the_state(&pool, &converted).await,
         Vec::<String>::new()
@@ -224,5 +225,139 @@ async fn a_table_partitioned_by_finish_time_refuses_claims_in_place() {
     assert!(
         error.contains("partitioned") && error.contains("in_place_claims"),
         "{error}"
+    );
+}
+
+/// A limited kind's running jobs, counted through the ledger of its
+/// claims: while its rule settles the count reads the table (a job of the
+/// kind claimed before the limit counts, and is entered); after, it reads
+/// the ledger, whose entries of ended jobs the next count deletes; a job
+/// set running by hand after the rule settled is in no entry (the count
+/// reads the ledger, not the table), until the rule is set again.
+#[tokio::test]
+async fn a_limited_kinds_running_jobs_are_counted_through_the_ledger_of_its_claims() {
+    let test = "a_limited_kinds_running_jobs_are_counted_through_the_ledger_of_its_claims";
+    let Some(pool) = pool(test).await else { return };
+    let table = fresh_in_place_table(&pool).await;
+    let store = store(&pool, &table, ExecutionMode::Lease).await;
+    let t = table.name().quoted();
+    let schema = table.name().schema.quoted();
+    let ledger = format!("{schema}.\"jobs_limited_claims\"");
+    let kinds = format!("{schema}.\"jobs_kinds\"");
+    let slow = |n: u32| NewJob::new("slow", serde_json::json!(n));
+
+    table.enqueue(&pool, &slow(0)).await.expect("enqueue");
+    let early = store.claim(claim_params(10)).await.expect("a claim");
+    assert_eq!(early.len(), 1, "no limit yet");
+    let jobs: Vec<NewJob> = (1..=10).map(slow).collect();
+    table.enqueue_many(&pool, &jobs).await.expect("enqueue");
+    Admin::set_limits(
+        &store,
+        "slow",
+        &queue_core::KindLimits::default().max_running(2),
+        "test",
+    )
+    .await
+    .expect("the limit");
+    // Rules are re-read twice a second.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+
+    let claimed = store.claim(claim_params(10)).await.expect("a claim");
+    assert_eq!(
+        claimed.len(),
+        1,
+        "the job claimed before the limit counts while the rule settles"
+    );
+    let entries = |pool: PgPool, ledger: String| async move {
+        sqlx::query_scalar::<_, i64>(sqlx::AssertSqlSafe(format!(
+            "SELECT count(*) FROM {ledger} WHERE kind = 'slow'"
+        )))
+        .fetch_one(&pool)
+        .await
+        .expect("the ledger")
+    };
+    assert_eq!(
+        entries(pool.clone(), ledger.clone()).await,
+        2,
+        "both running jobs entered"
+    );
+
+    // The rule settled long ago: the count reads the ledger.
+    support::execute(
+        &pool,
+        format!(
+            "UPDATE {kinds} SET limits_set_at = now() - interval '1 minute' WHERE kind = 'slow'"
+        ),
+    )
+    .await;
+    assert!(store
+        .claim(claim_params(10))
+        .await
+        .expect("a claim")
+        .is_empty());
+    let first = early.into_iter().next().expect("the early job");
+    let written = store
+        .finish(
+            first.job_store,
+            &first.lease,
+            Transition::Complete,
+            Utc::now(),
+        )
+        .await
+        .expect("the early job ends");
+    assert_eq!(written, queue_core::WriteResult::Applied);
+    let next = store.claim(claim_params(10)).await.expect("a claim");
+    assert_eq!(next.len(), 1, "the ended job's slot is free again");
+    assert_eq!(
+        entries(pool.clone(), ledger.clone()).await,
+        2,
+        "the ended job's entry was deleted by the count, the new one entered"
+    );
+
+    // A job set running by hand is in no entry: the count reads the ledger.
+    support::execute(
+        &pool,
+        format!(
+            "UPDATE {t} SET state = 'processing', started_at = now(), last_heartbeat_at = now() \
+             WHERE id = (SELECT min(id) FROM {t} WHERE kind = 'slow' AND state = 'queued')"
+        ),
+    )
+    .await;
+    let done = claimed.into_iter().next().expect("a running job");
+    let written = store
+        .finish(
+            done.job_store,
+            &done.lease,
+            Transition::Complete,
+            Utc::now(),
+        )
+        .await
+        .expect("a job ends");
+    assert_eq!(written, queue_core::WriteResult::Applied);
+    assert_eq!(
+        store.claim(claim_params(10)).await.expect("a claim").len(),
+        1,
+        "the ledger holds one running job; the one set by hand is not in it"
+    );
+    // Set again, the rule counts the table while it settles: three run
+    // (the one by hand too), over the limit of two, so none is claimed.
+    Admin::set_limits(
+        &store,
+        "slow",
+        &queue_core::KindLimits::default().max_running(3),
+        "test",
+    )
+    .await
+    .expect("the limit");
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert!(store
+        .claim(claim_params(10))
+        .await
+        .expect("a claim")
+        .is_empty());
+    assert_eq!(
+        entries(pool.clone(), ledger.clone()).await,
+        3,
+        "the job set by hand entered by the table's count"
     );
 }

@@ -1665,6 +1665,7 @@ mod tests {
             side: None,
             nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
             in_place_claims: false,
+            limited_ledger: false,
         }
     }
 

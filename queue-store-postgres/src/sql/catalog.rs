@@ -554,6 +554,9 @@ pub(crate) async fn inspect(
             &super::default_table::derived_name(&table.name, super::default_table::READY_INDEX),
         )
         .await?;
+    let limited_ledger = in_place_claims
+        && relation_exists(pool, &super::limited::ledger_table(table)).await?
+        && relation_exists(pool, &super::limited::counted_table(table)).await?;
     // Its index of finished jobs by kind, under either layout's name.
     let kind_index = if in_place_claims {
         super::default_table::IN_PLACE_FINISHED_KIND_INDEX
@@ -603,6 +606,7 @@ pub(crate) async fn inspect(
             inherited,
             nullable_times,
             in_place_claims,
+            limited_ledger,
         },
         absent,
     ))
@@ -616,6 +620,15 @@ fn default_table_candidate(notify_trigger: bool, options: &PgStoreOptions) -> bo
 }
 
 /// Whether the table `oid` has a valid index named `name`.
+/// Whether relation `name` exists.
+async fn relation_exists(pool: &PgPool, name: &QualifiedName) -> Result<bool, StoreError> {
+    sqlx::query_scalar(super::default_table::RELATION_EXISTS)
+        .bind(name.quoted())
+        .fetch_one(pool)
+        .await
+        .map_err(|e| store_error("reading the catalog", e))
+}
+
 async fn has_valid_index(pool: &PgPool, oid: i64, name: &str) -> Result<bool, StoreError> {
     index_question(pool, HAS_VALID_INDEX_NAMED, oid, name).await
 }

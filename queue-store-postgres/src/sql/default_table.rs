@@ -276,6 +276,7 @@ pub(crate) fn in_place_versions(table: &QualifiedName) -> Vec<MigrationSql> {
                 derived(&table.name, TIMES_CHECK)
             )],
         },
+        super::limited::version_16(table),
     ]
 }
 

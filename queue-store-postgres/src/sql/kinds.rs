@@ -101,11 +101,11 @@ pub(crate) fn set_limits(kinds: &QualifiedName) -> String {
 
 /// Kind `$1`'s limits and bucket, its row locked until the claim that
 /// reads them commits (claims of the kind take turns): `max_running`,
-/// `per_second`, `burst`, `tokens`, `tokens_at`; no row if the kind is
-/// paused or has no limits now.
+/// `per_second`, `burst`, `tokens`, `tokens_at`, `limits_set_at`; no row
+/// if the kind is paused or has no limits now.
 pub(crate) fn lock_limits(kinds: &QualifiedName) -> String {
     format!(
-        "SELECT \"max_running\", \"per_second\", \"burst\", \"tokens\", \"tokens_at\" FROM {} \
+        "SELECT \"max_running\", \"per_second\", \"burst\", \"tokens\", \"tokens_at\", \"limits_set_at\" FROM {} \
          WHERE \"kind\" = $1 AND \"paused_at\" IS NULL \
          AND (\"max_running\" IS NOT NULL OR \"per_second\" IS NOT NULL) FOR NO KEY UPDATE",
         kinds.quoted()

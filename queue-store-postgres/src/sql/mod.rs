@@ -22,6 +22,7 @@ mod finish;
 mod heartbeat;
 mod job_transaction;
 pub(crate) mod kinds;
+pub(crate) mod limited;
 pub(crate) mod operations;
 #[cfg(test)]
 mod plans;
@@ -293,6 +294,10 @@ pub(crate) struct TableShape {
     /// states have ([`TableShape::times_of`]) so that the planner can
     /// read them.
     pub in_place_claims: bool,
+    /// Whether a table whose claims are in place keeps the ledger of
+    /// limited kinds' claims (version 16, [`limited`]), which their
+    /// counts of running jobs read.
+    pub limited_ledger: bool,
 }
 
 impl TableShape {
@@ -376,6 +381,7 @@ impl TableShape {
             inherited: false,
             nullable_times: vec![Column::FinishedAt, Column::ProcessAfter],
             in_place_claims: false,
+            limited_ledger: false,
         }
     }
 }
@@ -460,6 +466,9 @@ pub(crate) struct Statements {
     pub finish_succeeded: (Statement, Statement),
     pub heartbeat: Statement,
     pub append_log: Option<Statement>,
+    /// A limited kind's count of its running jobs through the ledger, on
+    /// a table that keeps one.
+    pub limited_ledger: Option<limited::LedgerStatements>,
 }
 
 /// Quoted column names, by standard column, for the present ones: in the
@@ -671,6 +680,9 @@ impl Statements {
             finish_succeeded: finish.finish_succeeded,
             heartbeat: heartbeat::heartbeat(&target),
             append_log: heartbeat::append_log(&target),
+            limited_ledger: shape
+                .limited_ledger
+                .then(|| limited::LedgerStatements::new(&options.table)),
         }
     }
 
