@@ -247,7 +247,9 @@ pub(crate) fn migrations(
 /// rule of the times: a waiting job with a finish time and no due time
 /// would be in no index a claim reads. Pages are left half empty
 /// (fillfactor 50) so that a claim's new version finds room beside the
-/// old one.
+/// old one. Version 16 adds the ledger of limited kinds' claims
+/// ([`super::limited`]), which stands in for the running jobs' index in
+/// their counts.
 pub(crate) fn in_place_versions(table: &QualifiedName) -> Vec<MigrationSql> {
     vec![
         concurrent(
