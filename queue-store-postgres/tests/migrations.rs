@@ -99,14 +99,7 @@ async fn an_up_to_date_table_migrates_without_waiting_for_job_transactions() {
     let before = oid(pool.clone(), name.clone()).await;
     // A job's transaction holds its row (and so the table) while a worker
     // process restarts and migrates.
-    let mut job_tx = pool.begin().await.expect("a job transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "SELECT 1 FROM {name} WHERE id = $1 FOR KEY SHARE"
-    )))
-    .bind(id)
-    .execute(&mut *job_tx)
-    .await
-    .expect("the job's lock");
+    let job_tx = hold_row(&pool, &jobs, id).await;
     let again = tokio::time::timeout(Duration::from_secs(5), jobs.migrate(&pool))
         .await
         .expect("migrating an up-to-date table does not wait for the job's transaction")
@@ -482,13 +475,7 @@ async fn a_version_waiting_for_an_open_transaction_leaves_the_queue_running() {
     else {
         return;
     };
-    let jobs = table();
-    jobs.migrate(&pool).await.expect("the plain table");
-    let id = jobs
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .expect("enqueue");
-    let job_tx = hold_row(&pool, &jobs, id).await;
+    let (jobs, job_tx) = plain_table_with_a_held_job(&pool).await;
 
     let converting = jobs
         .clone()
@@ -545,13 +532,7 @@ async fn a_version_whose_lock_stays_out_of_reach_fails_naming_who_holds_it() {
     else {
         return;
     };
-    let jobs = table();
-    jobs.migrate(&pool).await.expect("the plain table");
-    let id = jobs
-        .enqueue(&pool, &NewJob::new("k", serde_json::json!(null)))
-        .await
-        .expect("enqueue");
-    let mut job_tx = hold_row(&pool, &jobs, id).await;
+    let (jobs, mut job_tx) = plain_table_with_a_held_job(&pool).await;
     let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
         .fetch_one(&mut *job_tx)
         .await
@@ -592,6 +573,21 @@ async fn a_version_whose_lock_stays_out_of_reach_fails_naming_who_holds_it() {
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
         [14, 15, 16]
     );
+}
+
+/// A plain table migrated anew with one job, and a transaction that
+/// holds the job's row ([`hold_row`]).
+async fn plain_table_with_a_held_job(
+    pool: &sqlx::PgPool,
+) -> (JobTable, sqlx::Transaction<'static, sqlx::Postgres>) {
+    let jobs = table();
+    jobs.migrate(pool).await.expect("the plain table");
+    let id = jobs
+        .enqueue(pool, &NewJob::new("k", serde_json::json!(null)))
+        .await
+        .expect("enqueue");
+    let job_tx = hold_row(pool, &jobs, id).await;
+    (jobs, job_tx)
 }
 
 /// A transaction that holds job `id`'s row (a job's transaction in
