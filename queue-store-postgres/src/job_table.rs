@@ -176,7 +176,13 @@ impl JobTable {
     /// migration instead. A longer one gives a version more chance to get
     /// in between long transactions, at the price of queue stalls that
     /// long. Versions that only build indexes (concurrently) or fix rows
-    /// in batches take no such lock.
+    /// in batches take no such lock. A concurrent build does wait for every
+    /// transaction that began before it, holding up nothing but the
+    /// migration: found still waiting for the same session idle in a
+    /// transaction after `give_up_after`, it is stopped (the next
+    /// migration builds it again) and the migration fails naming that
+    /// session. A build that is working, or waiting for statements that
+    /// are running, is left alone.
     ///
     /// ```no_run
     /// # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {

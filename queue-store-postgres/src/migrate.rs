@@ -153,7 +153,7 @@ pub(crate) async fn apply(
         return Ok(Vec::new());
     }
     lock(&mut conn).await?;
-    let applied = apply_locked(&mut conn, table, known, lock_wait).await;
+    let applied = apply_locked(&mut conn, pool, table, known, lock_wait).await;
     match &applied {
         Ok(_) => {
             sqlx::query(default_table::MIGRATION_UNLOCK)
@@ -195,6 +195,7 @@ async fn lock(conn: &mut sqlx::PgConnection) -> Result<(), StoreError> {
 /// [`apply`] under the lock.
 async fn apply_locked(
     conn: &mut sqlx::PgConnection,
+    pool: &PgPool,
     table: &QualifiedName,
     known: Vec<MigrationSql>,
     lock_wait: LockWait,
@@ -223,7 +224,7 @@ async fn apply_locked(
             if m.batched {
                 fix_up(conn, table, &m).await?;
             } else {
-                build_concurrently(conn, table, &m).await?;
+                build_concurrently(conn, pool, table, &m, lock_wait.give_up_after).await?;
             }
             record(&mut *conn, table, &m)
                 .await
@@ -439,11 +440,28 @@ async fn out_of_reach(
     tries: u32,
     waited: Duration,
 ) -> StoreError {
-    let holders = match sqlx::query(LOCK_HOLDERS)
-        .bind(table.quoted())
-        .fetch_all(&mut *conn)
-        .await
-    {
+    let holders = describe_sessions(
+        sqlx::query(LOCK_HOLDERS)
+            .bind(table.quoted())
+            .fetch_all(&mut *conn)
+            .await,
+    );
+    StoreError::Conflict {
+        context: format!(
+            "{}: its lock on {table} stayed out of reach for {:.0?} ({tries} tries); \
+             sessions holding locks on the table: {holders}. Migrate again once they are done, \
+             or end them (pg_terminate_backend)",
+            error.context, waited,
+        ),
+        source: Box::new(error.source),
+    }
+}
+
+/// Sessions as [`LOCK_HOLDERS`] and [`BLOCKING_SESSIONS`] read them, in
+/// words: each one's pid, state, since when its transaction is open, and
+/// its last statement.
+fn describe_sessions(rows: Result<Vec<sqlx::postgres::PgRow>, sqlx::Error>) -> String {
+    match rows {
         Ok(rows) if rows.is_empty() => "none now".to_owned(),
         Ok(rows) => rows
             .iter()
@@ -463,16 +481,102 @@ async fn out_of_reach(
             .collect::<Vec<_>>()
             .join(", "),
         Err(e) => format!("unknown (reading them failed: {e})"),
-    };
-    StoreError::Conflict {
-        context: format!(
-            "{}: its lock on {table} stayed out of reach for {:.0?} ({tries} tries); \
-             sessions holding locks on the table: {holders}. Migrate again once they are done, \
-             or end them (pg_terminate_backend)",
-            error.context, waited,
-        ),
-        source: Box::new(error.source),
     }
+}
+
+/// The sessions that backend `$1` waits for, oldest transaction first, as
+/// [`LOCK_HOLDERS`] reads them.
+const BLOCKING_SESSIONS: &str = "SELECT a.pid, coalesce(a.state, 'unknown') AS \"state\", \
+     a.xact_start AS \"since\", left(coalesce(a.query, ''), 120) AS \"query\" \
+     FROM pg_catalog.pg_stat_activity AS a WHERE a.pid = ANY(pg_catalog.pg_blocking_pids($1)) \
+     ORDER BY a.xact_start NULLS LAST LIMIT 5";
+
+/// Whether Postgres canceled the statement (`pg_cancel_backend`).
+fn is_canceled(error: &sqlx::Error) -> bool {
+    error
+        .as_database_error()
+        .and_then(|e| e.code())
+        .is_some_and(|code| code == "57014")
+}
+
+/// The sessions idle in a transaction that backend `$1` waits for: `pid`.
+const IDLE_BLOCKERS: &str = "SELECT a.pid FROM pg_catalog.pg_stat_activity AS a \
+     WHERE a.pid = ANY(pg_catalog.pg_blocking_pids($1)) AND a.state LIKE 'idle in transaction%'";
+
+/// Runs the concurrent build `create` on `conn`, canceled from `pool` if,
+/// once it has run for `give_up_after`, it is found waiting for the same
+/// session idle in a transaction twice a second apart: a build waits, in
+/// its phases, for every transaction open on the table, and then for
+/// every one in the database that began before it, and a session left
+/// idle in one keeps it waiting for as long. It holds up no claim
+/// meanwhile, but the migration would wait without end. A build that is
+/// working, or waiting for statements that are running, is left alone.
+/// Returns the build's outcome, and on a cancel the sessions it was
+/// waiting for, in words.
+async fn build_watched(
+    conn: &mut sqlx::PgConnection,
+    pool: &PgPool,
+    create: &str,
+    give_up_after: Duration,
+) -> Result<Result<(), (sqlx::Error, Option<String>)>, sqlx::Error> {
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut *conn)
+        .await?;
+    let canceling = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let watchdog = tokio::spawn({
+        let pool = pool.clone();
+        let canceling = canceling.clone();
+        async move {
+            tokio::time::sleep(give_up_after).await;
+            let mut before: Vec<i32> = Vec::new();
+            loop {
+                let blocking: Vec<i32> = sqlx::query_scalar(IDLE_BLOCKERS)
+                    .bind(pid)
+                    .fetch_all(&pool)
+                    .await
+                    .unwrap_or_default();
+                if blocking.iter().any(|p| before.contains(p)) {
+                    break;
+                }
+                before = blocking;
+                tokio::time::sleep(Duration::from_secs(1)).await;
+            }
+            let waiting_for = describe_sessions(
+                sqlx::query(BLOCKING_SESSIONS)
+                    .bind(pid)
+                    .fetch_all(&pool)
+                    .await,
+            );
+            canceling.store(true, std::sync::atomic::Ordering::SeqCst);
+            let _ = sqlx::query("SELECT pg_cancel_backend($1)")
+                .bind(pid)
+                .execute(&pool)
+                .await;
+            waiting_for
+        }
+    });
+    let built = sqlx::query(sqlx::AssertSqlSafe(create))
+        .execute(&mut *conn)
+        .await;
+    let canceled = || canceling.load(std::sync::atomic::Ordering::SeqCst);
+    let stopped = matches!(&built, Err(e) if is_canceled(e)) && canceled();
+    if !stopped {
+        watchdog.abort();
+    }
+    // Stopped by the watchdog, which is about done: its words.
+    let waiting_for = watchdog.await.ok();
+    if !stopped && canceled() {
+        // The watchdog sent its cancel as the build ended: let it land on
+        // a statement of no consequence, not on the migration's next one.
+        let _ = sqlx::query("SELECT pg_sleep(0.05)")
+            .execute(&mut *conn)
+            .await;
+    }
+    Ok(match built {
+        Ok(_) => Ok(()),
+        Err(e) if stopped => Err((e, waiting_for)),
+        Err(e) => Err((e, None)),
+    })
 }
 
 /// How many times a concurrent build of one index is tried when Postgres
@@ -496,8 +600,10 @@ fn is_deadlock(error: &sqlx::Error) -> bool {
 /// build that Postgres failed as a deadlock ([`is_deadlock`]).
 async fn build_concurrently(
     conn: &mut sqlx::PgConnection,
+    pool: &PgPool,
     table: &QualifiedName,
     m: &MigrationSql,
+    give_up_after: Duration,
 ) -> Result<(), StoreError> {
     let context = migrating(table, m);
     // One core for the build: parallel workers would take every core the
@@ -526,12 +632,24 @@ async fn build_concurrently(
                 .await
                 .map_err(|e| store_error(&context, e))?;
             }
-            match sqlx::query(sqlx::AssertSqlSafe(create.as_str()))
-                .execute(&mut *conn)
+            let built = build_watched(conn, pool, create, give_up_after)
                 .await
-            {
-                Ok(_) => break,
-                Err(e) if attempt < BUILD_ATTEMPTS && is_deadlock(&e) => {
+                .map_err(|e| store_error(&context, e))?;
+            match built {
+                Ok(()) => break,
+                Err((e, Some(waiting_for))) => {
+                    return Err(StoreError::Conflict {
+                        context: format!(
+                            "{context}: the concurrent build of {index} was still waiting after {:.0?} \
+                             for transactions that began before it: {waiting_for}; it was stopped, and \
+                             the next migration builds it again. Migrate again once they are done, \
+                             or end them (pg_terminate_backend)",
+                            give_up_after
+                        ),
+                        source: Box::new(e),
+                    })
+                }
+                Err((e, None)) if attempt < BUILD_ATTEMPTS && is_deadlock(&e) => {
                     tracing::warn!(
                         index = %index,
                         attempt,
@@ -540,7 +658,7 @@ async fn build_concurrently(
                     );
                     attempt += 1;
                 }
-                Err(e) => return Err(store_error(&context, e)),
+                Err((e, None)) => return Err(store_error(&context, e)),
             }
         }
     }

@@ -47,7 +47,9 @@ pub struct MigrateArgs {
     #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std, default_value = "1s")]
     pub lock_wait: std::time::Duration,
     /// When the tries stop: the migration then fails, naming the sessions
-    /// that hold locks on the table.
+    /// that hold locks on the table. A concurrent index build still
+    /// waiting for a session idle in a transaction after this long is
+    /// stopped too.
     #[arg(long, value_name = "DURATION", value_parser = crate::args::age_std, default_value = "10m")]
     pub give_up_after: std::time::Duration,
 }
