@@ -121,6 +121,26 @@ pub async fn scalar(pool: &PgPool, sql: &str) -> i64 {
         .expect(sql)
 }
 
+/// The versions of `table` (its own, not those of the tables beside it)
+/// still pending.
+pub async fn pending_versions(pool: &PgPool, table: &JobTable) -> Vec<u32> {
+    table
+        .migrations(pool)
+        .await
+        .expect("the versions")
+        .into_iter()
+        .filter(|m| m.table == *table.name() && m.applied_at.is_none())
+        .map(|m| m.version)
+        .collect()
+}
+
+/// Asserts that `error` says each of `parts`.
+pub fn assert_says(error: &str, parts: &[String]) {
+    for part in parts {
+        assert!(error.contains(part.as_str()), "{part:?} in {error}");
+    }
+}
+
 /// The version table beside `table` (`<table>_migrations`), quoted.
 pub fn versions_table(table: &JobTable) -> String {
     format!(
