@@ -14,7 +14,7 @@ use chrono::Utc;
 use queue_core::{Admin, ClaimParams, JobFilter, JobState, NewJob, Store, Transition, UniqueScope};
 use queue_store_postgres::{ExecutionMode, FinishPartitions, JobTable, PgConditions};
 use sqlx::PgPool;
-use support::{awkward_schema, fresh_in_place_table, fresh_table, pool, store};
+use support::{applied_versions, awkward_schema, fresh_in_place_table, fresh_table, pool, store};
 
 /// The indexes of `table` whose key or predicate names the state column.
 async fn indexes_naming_the_state(pool: &PgPool, table: &JobTable) -> Vec<String> {
@@ -29,18 +29,6 @@ async fn indexes_naming_the_state(pool: &PgPool, table: &JobTable) -> Vec<String
     .fetch_all(pool)
     .await
     .expect("the indexes")
-}
-
-/// The versions applied to `table`.
-async fn applied_versions(pool: &PgPool, table: &JobTable) -> Vec<u32> {
-    table
-        .migrations(pool)
-        .await
-        .expect("the versions")
-        .into_iter()
-        .filter(|m| m.table == *table.name() && m.applied_at.is_some())
-        .map(|m| m.version)
-        .collect()
 }
 
 /// The heap-only updates Postgres counted on `table`, once its count

@@ -124,12 +124,22 @@ pub async fn scalar(pool: &PgPool, sql: &str) -> i64 {
 /// The versions of `table` (its own, not those of the tables beside it)
 /// still pending.
 pub async fn pending_versions(pool: &PgPool, table: &JobTable) -> Vec<u32> {
+    versions(pool, table, false).await
+}
+
+/// The versions of `table` (its own) applied.
+pub async fn applied_versions(pool: &PgPool, table: &JobTable) -> Vec<u32> {
+    versions(pool, table, true).await
+}
+
+/// The versions of `table` (its own) applied, or pending.
+async fn versions(pool: &PgPool, table: &JobTable, applied: bool) -> Vec<u32> {
     table
         .migrations(pool)
         .await
         .expect("the versions")
         .into_iter()
-        .filter(|m| m.table == *table.name() && m.applied_at.is_none())
+        .filter(|m| m.table == *table.name() && m.applied_at.is_some() == applied)
         .map(|m| m.version)
         .collect()
 }
