@@ -283,6 +283,14 @@ pub(super) mod rows {
         format!("cold lease drain, 16 handlers, {jobs} jobs")
     }
 
+    /// This queue's cold drain of `jobs` jobs on the table laid out for
+    /// claims in place, completed jobs deleted (like graphile_worker).
+    pub fn cold_ours_in_place_deleting(jobs: usize) -> String {
+        format!(
+            "cold lease drain, 16 handlers, claims in place, completed jobs deleted, {jobs} jobs"
+        )
+    }
+
     /// The cold drain of `jobs` jobs, graphile_worker's at its best.
     pub fn cold_peer(jobs: usize) -> String {
         format!("graphile_worker cold drain at its best, 16 handlers, {jobs} jobs")
@@ -457,6 +465,27 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             &cold_peer(jobs),
             (Some(2.0), None),
         ));
+        let name: &'static str = match jobs {
+            20_000 => {
+                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
+                 drain, 20,000 jobs (medians)"
+            }
+            100_000 => {
+                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
+                 drain, 100,000 jobs (medians)"
+            }
+            _ => {
+                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
+                 drain (medians)"
+            }
+        };
+        // Like for like: graphile_worker deletes the jobs it completes.
+        out.push(q(
+            name,
+            &cold_ours_in_place_deleting(jobs),
+            &cold_peer(jobs),
+            (Some(2.0), None),
+        ));
     }
     for peer in ["graphile_worker", "sqlxmq", "apalis", "awa"] {
         let name: &'static str = match peer {
@@ -564,10 +593,25 @@ fn headline(results: &Results, cold_sizes: &[usize]) -> String {
         "jobs/s",
         Some(("graphile_worker", VERSUS_PEER)),
     );
+    line(
+        "the same, claims in place, completed jobs deleted (like graphile_worker)",
+        VERSUS_IN_PLACE_DELETING,
+        "jobs/s",
+        Some(("graphile_worker", VERSUS_PEER)),
+    );
     for &jobs in cold_sizes {
         line(
             &format!("cold lease drain of {jobs} jobs (medians)"),
             &cold_ours(jobs),
+            "jobs/s",
+            Some(("graphile_worker cold, at its best", &cold_peer(jobs))),
+        );
+        line(
+            &format!(
+                "the same, claims in place, completed jobs deleted (like graphile_worker), \
+                 {jobs} jobs"
+            ),
+            &cold_ours_in_place_deleting(jobs),
             "jobs/s",
             Some(("graphile_worker cold, at its best", &cold_peer(jobs))),
         );
