@@ -3,6 +3,7 @@
 //! the ratios against their targets, and the section of
 //! `docs/benchmarks.md` a full run rewrites.
 
+use std::borrow::Cow;
 use std::fmt::Write as _;
 
 use anyhow::{Context, Result};
@@ -193,7 +194,7 @@ pub(super) fn median(values: &[f64]) -> f64 {
 /// A ratio the report states (or a figure with a target of its own), with
 /// its target.
 struct Ratio {
-    name: std::borrow::Cow<'static, str>,
+    name: Cow<'static, str>,
     value: Option<f64>,
     /// `(at least, at most)`.
     target: (Option<f64>, Option<f64>),
@@ -312,8 +313,8 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
         across_parts: false,
     };
     // Figure `a` ÷ figure `b`.
-    let q = |name: &'static str, a: &str, b: &str, target| Ratio {
-        name: name.into(),
+    let q = |name: Cow<'static, str>, a: &str, b: &str, target| Ratio {
+        name,
         value: results.ratio(a, b),
         target,
         unit: "×",
@@ -328,43 +329,43 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             across_parts: false,
         },
         q(
-            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)".into(),
             ALTERNATING_LEASE,
             ALTERNATING_CEILING,
             (Some(2.0), None),
         ),
         q(
-            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
+            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)".into(),
             ALTERNATING_TRANSACTIONAL,
             ALTERNATING_CEILING,
             (Some(0.8), None),
         ),
         q(
-            "lease drain of a table as it is ÷ the same table with the columns added (medians)",
+            "lease drain of a table as it is ÷ the same table with the columns added (medians)".into(),
             BOOKKEEPING_LEASE,
             CHANGED_LEASE,
             (Some(0.7), None),
         ),
         q(
-            "transactional drain of a table as it is ÷ the same table with the columns added (medians)",
+            "transactional drain of a table as it is ÷ the same table with the columns added (medians)".into(),
             BOOKKEEPING_TRANSACTIONAL,
             CHANGED_TRANSACTIONAL,
             (Some(0.8), None),
         ),
         q(
-            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)",
+            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)".into(),
             LEASE_TLS,
             LEASE_PLAIN_BESIDE_TLS,
             (Some(0.9), None),
         ),
         q(
-            "lease drain (16) ÷ pgbench ceiling, single runs",
+            "lease drain (16) ÷ pgbench ceiling, single runs".into(),
             LEASE_16,
             CEILING,
             (None, None),
         ),
         q(
-            "transactional drain (16) ÷ pgbench ceiling, single runs",
+            "transactional drain (16) ÷ pgbench ceiling, single runs".into(),
             TRANSACTIONAL_16,
             CEILING,
             (None, None),
@@ -377,37 +378,37 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             (None, Some(1.2)),
         ),
         q(
-            "claim p50 beside jobs scheduled ahead ÷ none waiting",
+            "claim p50 beside jobs scheduled ahead ÷ none waiting".into(),
             CLAIM_SCHEDULED,
             CLAIM_NONE_WAITING,
             (None, Some(1.2)),
         ),
         q(
-            "claim p50 beside failed jobs waiting to retry ÷ none waiting",
+            "claim p50 beside failed jobs waiting to retry ÷ none waiting".into(),
             CLAIM_RETRYING,
             CLAIM_NONE_WAITING,
             (None, Some(1.2)),
         ),
         q(
-            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)",
+            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)".into(),
             DUE_BESIDE,
             DUE_ALONE,
             (Some(0.8), None),
         ),
         q(
-            "enqueue over HTTP ÷ single inserts on 16 connections",
+            "enqueue over HTTP ÷ single inserts on 16 connections".into(),
             ENQUEUE_HTTP,
             ENQUEUE_DIRECT_16,
             (Some(0.8), None),
         ),
         q(
-            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)",
+            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)".into(),
             VERSUS_OURS,
             VERSUS_PEER,
             (Some(2.3), None),
         ),
         q(
-            "wake-up p50 ÷ graphile_worker's",
+            "wake-up p50 ÷ graphile_worker's".into(),
             WAKE_P50,
             PEER_WAKE_P50,
             (None, Some(1.0)),
@@ -420,32 +421,33 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             across_parts: false,
         },
         q(
-            "lease drain (16) ÷ awa's best drain, single runs",
+            "lease drain (16) ÷ awa's best drain, single runs".into(),
             LEASE_16,
             AWA_BEST_DRAIN,
             (Some(1.5), None),
         ),
         q(
-            "wake-up p99 ÷ awa's",
+            "wake-up p99 ÷ awa's".into(),
             WAKE_P99,
             AWA_WAKE_P99,
             (None, Some(1.0)),
         ),
         q(
-            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)",
+            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)".into(),
             VERSUS_DELETING,
             VERSUS_PEER,
             (None, None),
         ),
         q(
-            "lease drain (16), claims in place ÷ graphile_worker drain (16), alternating runs (medians)",
+            "lease drain (16), claims in place ÷ graphile_worker drain (16), alternating runs (medians)".into(),
             VERSUS_IN_PLACE,
             VERSUS_PEER,
             (None, None),
         ),
         q(
             "lease drain (16), claims in place, completed jobs deleted ÷ graphile_worker drain (16), \
-             alternating runs (medians)",
+             alternating runs (medians)"
+            .into(),
             VERSUS_IN_PLACE_DELETING,
             VERSUS_PEER,
             // Like for like: graphile_worker deletes the jobs it completes,
@@ -454,48 +456,34 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
         ),
     ];
     for &jobs in cold_sizes {
-        let name: &'static str = match jobs {
-            20_000 => "cold lease drain ÷ graphile_worker cold drain, 20,000 jobs (medians)",
-            100_000 => "cold lease drain ÷ graphile_worker cold drain, 100,000 jobs (medians)",
-            _ => "cold lease drain ÷ graphile_worker cold drain (medians)",
-        };
+        let jobs_text = super::cluster::thousands(jobs as u64);
         out.push(q(
-            name,
+            format!("cold lease drain ÷ graphile_worker cold drain, {jobs_text} jobs (medians)")
+                .into(),
             &cold_ours(jobs),
             &cold_peer(jobs),
             (Some(2.0), None),
         ));
-        let name: &'static str = match jobs {
-            20_000 => {
-                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
-                 drain, 20,000 jobs (medians)"
-            }
-            100_000 => {
-                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
-                 drain, 100,000 jobs (medians)"
-            }
-            _ => {
-                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
-                 drain (medians)"
-            }
-        };
         // Like for like: graphile_worker deletes the jobs it completes.
         out.push(q(
-            name,
+            format!(
+                "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
+                 drain, {jobs_text} jobs (medians)"
+            )
+            .into(),
             &cold_ours_in_place_deleting(jobs),
             &cold_peer(jobs),
             (Some(2.0), None),
         ));
     }
     for peer in ["graphile_worker", "sqlxmq", "apalis", "awa"] {
-        let name: &'static str = match peer {
-            "graphile_worker" => "lease drain (16) ÷ graphile_worker drain (16), single runs",
-            "sqlxmq" => "lease drain (16) ÷ sqlxmq drain (16), single runs",
-            "apalis" => "lease drain (16) ÷ apalis drain (16), single runs",
-            _ => "lease drain (16) ÷ awa drain (16, its adapter's setup), single runs",
+        let setup = if peer == "awa" {
+            ", its adapter's setup"
+        } else {
+            ""
         };
         out.push(q(
-            name,
+            format!("lease drain (16) ÷ {peer} drain (16{setup}), single runs").into(),
             LEASE_16,
             &format!("{peer}: drain, 16 handlers"),
             (None, None),
