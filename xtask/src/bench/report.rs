@@ -313,8 +313,8 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
         across_parts: false,
     };
     // Figure `a` ÷ figure `b`.
-    let q = |name: Cow<'static, str>, a: &str, b: &str, target| Ratio {
-        name,
+    let q = |name: &str, a: &str, b: &str, target| Ratio {
+        name: name.to_owned().into(),
         value: results.ratio(a, b),
         target,
         unit: "×",
@@ -329,43 +329,43 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             across_parts: false,
         },
         q(
-            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)".into(),
+            "lease drain (16) ÷ pgbench ceiling, alternating runs (medians)",
             ALTERNATING_LEASE,
             ALTERNATING_CEILING,
             (Some(2.0), None),
         ),
         q(
-            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)".into(),
+            "transactional drain (16) ÷ pgbench ceiling, alternating runs (medians)",
             ALTERNATING_TRANSACTIONAL,
             ALTERNATING_CEILING,
             (Some(0.8), None),
         ),
         q(
-            "lease drain of a table as it is ÷ the same table with the columns added (medians)".into(),
+            "lease drain of a table as it is ÷ the same table with the columns added (medians)",
             BOOKKEEPING_LEASE,
             CHANGED_LEASE,
             (Some(0.7), None),
         ),
         q(
-            "transactional drain of a table as it is ÷ the same table with the columns added (medians)".into(),
+            "transactional drain of a table as it is ÷ the same table with the columns added (medians)",
             BOOKKEEPING_TRANSACTIONAL,
             CHANGED_TRANSACTIONAL,
             (Some(0.8), None),
         ),
         q(
-            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)".into(),
+            "lease drain (16) over TLS ÷ the same in plain text, alternating runs (medians)",
             LEASE_TLS,
             LEASE_PLAIN_BESIDE_TLS,
             (Some(0.9), None),
         ),
         q(
-            "lease drain (16) ÷ pgbench ceiling, single runs".into(),
+            "lease drain (16) ÷ pgbench ceiling, single runs",
             LEASE_16,
             CEILING,
             (None, None),
         ),
         q(
-            "transactional drain (16) ÷ pgbench ceiling, single runs".into(),
+            "transactional drain (16) ÷ pgbench ceiling, single runs",
             TRANSACTIONAL_16,
             CEILING,
             (None, None),
@@ -378,37 +378,37 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             (None, Some(1.2)),
         ),
         q(
-            "claim p50 beside jobs scheduled ahead ÷ none waiting".into(),
+            "claim p50 beside jobs scheduled ahead ÷ none waiting",
             CLAIM_SCHEDULED,
             CLAIM_NONE_WAITING,
             (None, Some(1.2)),
         ),
         q(
-            "claim p50 beside failed jobs waiting to retry ÷ none waiting".into(),
+            "claim p50 beside failed jobs waiting to retry ÷ none waiting",
             CLAIM_RETRYING,
             CLAIM_NONE_WAITING,
             (None, Some(1.2)),
         ),
         q(
-            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)".into(),
+            "drain of due jobs beside jobs scheduled ahead ÷ alone, alternating runs (medians)",
             DUE_BESIDE,
             DUE_ALONE,
             (Some(0.8), None),
         ),
         q(
-            "enqueue over HTTP ÷ single inserts on 16 connections".into(),
+            "enqueue over HTTP ÷ single inserts on 16 connections",
             ENQUEUE_HTTP,
             ENQUEUE_DIRECT_16,
             (Some(0.8), None),
         ),
         q(
-            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)".into(),
+            "lease drain (16) ÷ graphile_worker drain (16), alternating runs (medians)",
             VERSUS_OURS,
             VERSUS_PEER,
             (Some(2.3), None),
         ),
         q(
-            "wake-up p50 ÷ graphile_worker's".into(),
+            "wake-up p50 ÷ graphile_worker's",
             WAKE_P50,
             PEER_WAKE_P50,
             (None, Some(1.0)),
@@ -421,33 +421,32 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             across_parts: false,
         },
         q(
-            "lease drain (16) ÷ awa's best drain, single runs".into(),
+            "lease drain (16) ÷ awa's best drain, single runs",
             LEASE_16,
             AWA_BEST_DRAIN,
             (Some(1.5), None),
         ),
         q(
-            "wake-up p99 ÷ awa's".into(),
+            "wake-up p99 ÷ awa's",
             WAKE_P99,
             AWA_WAKE_P99,
             (None, Some(1.0)),
         ),
         q(
-            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)".into(),
+            "lease drain (16), completed jobs deleted ÷ graphile_worker drain (16), alternating runs (medians)",
             VERSUS_DELETING,
             VERSUS_PEER,
             (None, None),
         ),
         q(
-            "lease drain (16), claims in place ÷ graphile_worker drain (16), alternating runs (medians)".into(),
+            "lease drain (16), claims in place ÷ graphile_worker drain (16), alternating runs (medians)",
             VERSUS_IN_PLACE,
             VERSUS_PEER,
             (None, None),
         ),
         q(
             "lease drain (16), claims in place, completed jobs deleted ÷ graphile_worker drain (16), \
-             alternating runs (medians)"
-            .into(),
+             alternating runs (medians)",
             VERSUS_IN_PLACE_DELETING,
             VERSUS_PEER,
             // Like for like: graphile_worker deletes the jobs it completes,
@@ -458,19 +457,17 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
     for &jobs in cold_sizes {
         let jobs_text = super::cluster::thousands(jobs as u64);
         out.push(q(
-            format!("cold lease drain ÷ graphile_worker cold drain, {jobs_text} jobs (medians)")
-                .into(),
+            &format!("cold lease drain ÷ graphile_worker cold drain, {jobs_text} jobs (medians)"),
             &cold_ours(jobs),
             &cold_peer(jobs),
             (Some(2.0), None),
         ));
         // Like for like: graphile_worker deletes the jobs it completes.
         out.push(q(
-            format!(
+            &format!(
                 "cold lease drain, claims in place, completed jobs deleted ÷ graphile_worker cold \
                  drain, {jobs_text} jobs (medians)"
-            )
-            .into(),
+            ),
             &cold_ours_in_place_deleting(jobs),
             &cold_peer(jobs),
             (Some(2.0), None),
@@ -483,7 +480,7 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             ""
         };
         out.push(q(
-            format!("lease drain (16) ÷ {peer} drain (16{setup}), single runs").into(),
+            &format!("lease drain (16) ÷ {peer} drain (16{setup}), single runs"),
             LEASE_16,
             &format!("{peer}: drain, 16 handlers"),
             (None, None),
