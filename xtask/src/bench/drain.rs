@@ -123,6 +123,14 @@ pub(super) const TRANSACTIONAL: StoreSetup = StoreSetup {
     mode: ExecutionMode::Transactional,
     ..LEASE
 };
+pub(super) const TRANSACTIONAL_DELETING: StoreSetup = StoreSetup {
+    completed: CompletedJobs::Delete,
+    ..TRANSACTIONAL
+};
+pub(super) const TRANSACTIONAL_IN_PLACE_DELETING: StoreSetup = StoreSetup {
+    in_place: true,
+    ..TRANSACTIONAL_DELETING
+};
 pub(super) const TRANSACTIONAL_RIDING: StoreSetup = StoreSetup {
     lock_rides: Some(Duration::from_millis(1)),
     ..TRANSACTIONAL

@@ -42,7 +42,10 @@ use sqlx::postgres::PgPoolOptions;
 use crate::pg::{ClusterOptions, Postgres};
 use claims::{claim_latency, Ahead};
 use cluster::{fresh_table, machine, pgbench_costed, thousands, warm_up};
-use drain::{drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL, TRANSACTIONAL_RIDING};
+use drain::{
+    drain, StoreSetup, LEASE, LEASE_DELETING, TRANSACTIONAL, TRANSACTIONAL_DELETING,
+    TRANSACTIONAL_IN_PLACE_DELETING, TRANSACTIONAL_RIDING,
+};
 pub use memory::memory_worker;
 use progress::Progress;
 use report::{rows, Results};
@@ -315,6 +318,18 @@ pub async fn run(args: Args) -> Result<()> {
             16,
             "drain-transactional",
             rows::TRANSACTIONAL_16,
+        ),
+        (
+            TRANSACTIONAL_DELETING,
+            16,
+            "drain-transactional",
+            "transactional, 16 handlers, completed jobs deleted",
+        ),
+        (
+            TRANSACTIONAL_IN_PLACE_DELETING,
+            16,
+            "drain-transactional",
+            "transactional, 16 handlers, in place, completed jobs deleted",
         ),
         (
             TRANSACTIONAL,

@@ -250,6 +250,10 @@ pub(super) mod rows {
     pub const ALTERNATING_LEASE: &str = "lease drain, 16 handlers, alternating with the ceiling";
     pub const ALTERNATING_TRANSACTIONAL: &str =
         "transactional drain, 16 handlers, alternating with the ceiling";
+    /// The same on the table laid out for claims in place, completed jobs
+    /// deleted: a completion that writes no new row version.
+    pub const ALTERNATING_TRANSACTIONAL_IN_PLACE_DELETING: &str =
+        "transactional drain, 16 handlers, claims in place, completed jobs deleted, alternating with the ceiling";
     pub const DUE_ALONE: &str = "lease drain, 16 handlers, alone (alternating)";
     pub const DUE_BESIDE: &str =
         "lease drain, 16 handlers, beside jobs scheduled a day ahead (alternating)";
@@ -339,6 +343,12 @@ fn ratios(results: &Results, cold_sizes: &[usize]) -> Vec<Ratio> {
             ALTERNATING_TRANSACTIONAL,
             ALTERNATING_CEILING,
             (Some(0.8), None),
+        ),
+        q(
+            "transactional drain (16), claims in place, completed jobs deleted ÷ pgbench ceiling, alternating runs (medians)",
+            ALTERNATING_TRANSACTIONAL_IN_PLACE_DELETING,
+            ALTERNATING_CEILING,
+            (None, None),
         ),
         q(
             "lease drain of a table as it is ÷ the same table with the columns added (medians)",
