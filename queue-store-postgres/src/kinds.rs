@@ -20,6 +20,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -36,10 +37,14 @@ use crate::QualifiedName;
 /// limits.
 const UNDEFINED_COLUMN: &str = "42703";
 
-/// How long claims go on the paused and limited kinds they read last: a
-/// pause or a limit holds for every worker within this time (the promise
-/// is a second).
+/// How long claims go on the paused and limited kinds they read last
+/// before a read aside replaces them (claims meanwhile go on the old ones).
 pub(crate) const PAUSES_REFRESH: Duration = Duration::from_millis(500);
+
+/// The promise: no claim goes on rules read longer ago than this, so a
+/// pause or a limit holds for every worker within it. A claim that finds
+/// none younger (a worker idle for longer) reads them itself first.
+pub(crate) const PAUSES_HOLD: Duration = Duration::from_secs(1);
 
 /// Creates or upgrades the kinds table beside the table `options` describe;
 /// returns the versions applied now. A table already at the newest version
@@ -116,8 +121,9 @@ pub(crate) struct KindRules {
     pub(crate) set_apart: Vec<String>,
 }
 
-/// The pauses and limits as claims see them: read from the kinds table at
-/// most every [`PAUSES_REFRESH`], on the claim's own connection.
+/// The pauses and limits as claims see them: read from the kinds table
+/// aside once they are [`PAUSES_REFRESH`] old, or on the claim's own
+/// connection once they are [`PAUSES_HOLD`] old.
 pub(crate) struct ClaimRules {
     table: QualifiedName,
     /// Pauses and limits.
@@ -125,11 +131,39 @@ pub(crate) struct ClaimRules {
     /// Pauses alone, for a kinds table not yet at the version with limits.
     read_paused: String,
     last: Mutex<Option<Reading>>,
+    /// A read aside is on its way.
+    refreshing: AtomicBool,
+    /// How many times [`ClaimRules::forget`] was called: a read begun
+    /// before a pause by this process must not replace the reading after
+    /// it.
+    forgotten: AtomicU64,
+}
+
+/// The rules as a claim finds them.
+pub(crate) enum Cached {
+    /// Younger than [`PAUSES_REFRESH`].
+    Fresh(Arc<KindRules>),
+    /// Older, but younger than [`PAUSES_HOLD`]: a claim may go on them,
+    /// and has them read aside.
+    Aging(Arc<KindRules>),
+    /// None, or too old to go on: the claim reads them first.
+    Expired,
+}
+
+/// A read aside in progress; dropping it (the read ended, or its task was
+/// dropped) lets the next begin.
+pub(crate) struct Refreshing<'a>(&'a AtomicBool);
+
+impl Drop for Refreshing<'_> {
+    fn drop(&mut self) {
+        self.0.store(false, Ordering::Release);
+    }
 }
 
 /// One reading of the kinds table.
 #[derive(Clone)]
 struct Reading {
+    /// When the read began: its rules hold as of then.
     at: Instant,
     /// Whether the kinds table existed: once it does, the next reading
     /// reads it without asking again.
@@ -150,25 +184,49 @@ impl ClaimRules {
             read_paused: kinds::paused_kinds(&kinds),
             table: kinds,
             last: Mutex::new(None),
+            refreshing: AtomicBool::new(false),
+            forgotten: AtomicU64::new(0),
         }
     }
 
-    /// The rules in force now (as of at most [`PAUSES_REFRESH`] ago); none
-    /// while the kinds table does not exist.
-    pub(crate) async fn current(
-        &self,
-        conn: &mut PgConnection,
-    ) -> Result<Arc<KindRules>, StoreError> {
+    /// The last reading's rules, by their age.
+    pub(crate) fn cached(&self) -> Cached {
+        let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*last {
+            Some(reading) if reading.at.elapsed() < PAUSES_REFRESH => {
+                Cached::Fresh(reading.rules.clone())
+            }
+            Some(reading) if reading.at.elapsed() < PAUSES_HOLD => {
+                Cached::Aging(reading.rules.clone())
+            }
+            _ => Cached::Expired,
+        }
+    }
+
+    /// Claims the read aside: `false` while another is on its way. The
+    /// read holds [`ClaimRules::refreshing`]'s guard until it ends.
+    pub(crate) fn begin_refresh(&self) -> bool {
+        self.refreshing
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+    }
+
+    /// The guard of a read aside begun by [`ClaimRules::begin_refresh`]:
+    /// dropped when the read ends (or its task is dropped).
+    pub(crate) fn refreshing(&self) -> Refreshing<'_> {
+        Refreshing(&self.refreshing)
+    }
+
+    /// Reads the rules in force now on `conn`, and keeps them for the
+    /// claims after; none while the kinds table does not exist.
+    pub(crate) async fn read(&self, conn: &mut PgConnection) -> Result<Arc<KindRules>, StoreError> {
+        let began = Instant::now();
+        let forgotten = self.forgotten.load(Ordering::Acquire);
         let last = self
             .last
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone();
-        if let Some(reading) = &last {
-            if reading.at.elapsed() < PAUSES_REFRESH {
-                return Ok(reading.rules.clone());
-            }
-        }
         let context = || format!("reading the paused and limited kinds from {}", self.table);
         let mut exists = last.as_ref().is_some_and(|r| r.exists);
         let mut limits = last
@@ -246,19 +304,120 @@ impl ClaimRules {
                 .cloned(),
         );
         let reading = Reading {
-            at: Instant::now(),
+            at: began,
             exists,
             limits,
             limits_seen,
             rules: Arc::new(rules),
         };
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = Some(reading.clone());
-        Ok(reading.rules)
+        let rules = reading.rules.clone();
+        self.keep(reading, forgotten);
+        Ok(rules)
+    }
+
+    /// Keeps `reading` for the claims after, unless a newer one is kept
+    /// already or the rules were forgotten since it began (`forgotten`,
+    /// the count then): an older read would undo what the newer saw.
+    fn keep(&self, reading: Reading, forgotten: u64) {
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        let newer = last.as_ref().is_some_and(|kept| kept.at > reading.at);
+        if !newer && self.forgotten.load(Ordering::Acquire) == forgotten {
+            *last = Some(reading);
+        }
     }
 
     /// Forgets the last reading: the next claim reads the table again (a
     /// pause or resume by this process holds for its own claims at once).
     pub(crate) fn forget(&self) {
-        *self.last.lock().unwrap_or_else(PoisonError::into_inner) = None;
+        let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
+        self.forgotten.fetch_add(1, Ordering::AcqRel);
+        *last = None;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ident::Ident;
+
+    fn rules() -> ClaimRules {
+        ClaimRules::new(&QualifiedName::new(
+            Ident::new("public").expect("valid"),
+            Ident::new("jobs").expect("valid"),
+        ))
+    }
+
+    /// A reading begun `ago`, pausing `paused`.
+    fn reading(ago: Duration, paused: &str) -> Reading {
+        Reading {
+            at: Instant::now()
+                .checked_sub(ago)
+                .expect("the machine has been up longer"),
+            exists: true,
+            limits: true,
+            limits_seen: Instant::now(),
+            rules: Arc::new(KindRules {
+                paused: vec![paused.to_owned()],
+                ..KindRules::default()
+            }),
+        }
+    }
+
+    fn paused(cached: Cached) -> Option<(&'static str, Vec<String>)> {
+        match cached {
+            Cached::Fresh(rules) => Some(("fresh", rules.paused.clone())),
+            Cached::Aging(rules) => Some(("aging", rules.paused.clone())),
+            Cached::Expired => None,
+        }
+    }
+
+    #[test]
+    fn claims_go_on_rules_younger_than_the_promise_and_read_older_ones_first() {
+        let r = rules();
+        assert!(paused(r.cached()).is_none(), "nothing read yet");
+        r.keep(reading(Duration::from_millis(100), "mail"), 0);
+        assert_eq!(paused(r.cached()), Some(("fresh", vec!["mail".into()])));
+        r.keep(reading(Duration::from_millis(700), "mail"), 0);
+        assert_eq!(
+            paused(r.cached()),
+            Some(("fresh", vec!["mail".into()])),
+            "an older reading does not replace a newer one"
+        );
+        *r.last.lock().expect("unpoisoned") = Some(reading(Duration::from_millis(700), "sms"));
+        assert_eq!(
+            paused(r.cached()),
+            Some(("aging", vec!["sms".into()])),
+            "past the refresh, claims go on it while it is read aside"
+        );
+        *r.last.lock().expect("unpoisoned") = Some(reading(PAUSES_HOLD, "sms"));
+        assert!(
+            paused(r.cached()).is_none(),
+            "past the promise, a claim reads the rules first"
+        );
+    }
+
+    #[test]
+    fn a_read_begun_before_this_process_paused_a_kind_does_not_undo_the_pause() {
+        let r = rules();
+        // A read aside begins, then this process pauses a kind (forgets),
+        // and a claim reads the rules with the pause.
+        let before = r.forgotten.load(Ordering::Acquire);
+        r.forget();
+        let after = r.forgotten.load(Ordering::Acquire);
+        r.keep(reading(Duration::from_millis(1), "mail"), after);
+        // The read aside ends: its rules, older and without the pause,
+        // are not kept.
+        r.keep(reading(Duration::ZERO, "none"), before);
+        assert_eq!(paused(r.cached()), Some(("fresh", vec!["mail".into()])));
+    }
+
+    #[test]
+    fn one_read_aside_at_a_time() {
+        let r = rules();
+        assert!(r.begin_refresh());
+        let guard = r.refreshing();
+        assert!(!r.begin_refresh(), "a read is on its way");
+        drop(guard);
+        assert!(r.begin_refresh(), "the read ended");
     }
 }

@@ -25,7 +25,7 @@ use crate::conditions::{PgCondition, PgConditions};
 use crate::cursor::{ClaimCursor, NothingAtCursor, Position, Probed};
 use crate::error::store_error;
 use crate::job_transaction::{JobClaim, PgJobTransaction, PreparedStatements};
-use crate::kinds::ClaimRules;
+use crate::kinds::{Cached, ClaimRules};
 use crate::listen;
 use crate::options::{ClaimCommit, Column, ExecutionMode, PgStoreOptions, StateValues};
 use crate::record::{
@@ -640,6 +640,30 @@ where
         }
     }
 
+    /// Reads the paused and limited kinds again off the claim path, on a
+    /// connection of the pool, unless a read is already on its way. A
+    /// failed read is logged at debug level: the claim after the rules
+    /// expire reads them itself, and says why it could not.
+    fn refresh_rules_aside(&self) {
+        if !self.inner.rules.begin_refresh() {
+            return;
+        }
+        let store = self.clone();
+        tokio::spawn(async move {
+            let _refreshing = store.inner.rules.refreshing();
+            let read = async {
+                let mut conn = store
+                    .inner
+                    .pool
+                    .acquire()
+                    .await
+                    .map_err(|e| store_error("reading the paused and limited kinds", e))?;
+                store.inner.rules.read(&mut conn).await
+            };
+            aside("reading the paused and limited kinds", read).await;
+        });
+    }
+
     /// Measures the walk from the start of the claim order to the first
     /// waiting job, off the claim path: the blocks it reads say whether it
     /// is costly (see [`crate::cursor`]).
@@ -862,13 +886,22 @@ where
         self.inner.wake.claim_starts();
         let mut on = self.inner.stash.lend("claiming jobs").await?;
         let rules = if self.inner.sql.claims_read_kind() {
-            match self.inner.rules.current(on.conn()).await {
-                Ok(rules) => rules,
-                // A connection that died while stashed: read on a new one.
-                Err(error) => {
-                    on = on.replace_after(error).await?;
-                    self.inner.rules.current(on.conn()).await?
+            match self.inner.rules.cached() {
+                Cached::Fresh(rules) => rules,
+                // Read aside, so that no claim waits for the rules while
+                // they are younger than the promise.
+                Cached::Aging(rules) => {
+                    self.refresh_rules_aside();
+                    rules
                 }
+                Cached::Expired => match self.inner.rules.read(on.conn()).await {
+                    Ok(rules) => rules,
+                    // A connection that died while stashed: read on a new one.
+                    Err(error) => {
+                        on = on.replace_after(error).await?;
+                        self.inner.rules.read(on.conn()).await?
+                    }
+                },
             }
         } else {
             Default::default()

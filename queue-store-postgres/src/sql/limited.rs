@@ -25,8 +25,8 @@ use super::default_table::{derived_name, MigrationSql};
 use crate::ident::{Ident, QualifiedName};
 
 /// How long after a kind's limit is set its claims count its running jobs
-/// in the table itself: well past the half second a worker takes to read
-/// the new rule ([`crate::kinds::PAUSES_REFRESH`]) and finish a claim
+/// in the table itself: well past the second a worker may take to read
+/// the new rule ([`crate::kinds::PAUSES_HOLD`]) and finish a claim
 /// begun before it.
 pub(crate) const RULE_SETTLES: &str = "5 seconds";
 
