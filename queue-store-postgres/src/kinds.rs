@@ -2,7 +2,8 @@
 //! which kinds are paused, for every process that claims from the table
 //! ([`Admin::pause`](queue_core::Admin::pause)). Creating and upgrading
 //! it, versioned like the default table; and the paused kinds as claims
-//! read them.
+//! read them, kept until the store's listener hears of a change (the
+//! table's trigger notifies each, from its version 3).
 //!
 //! [`JobTable::migrate`](crate::JobTable::migrate) creates it with the
 //! default table. For a table of your own, [`migrate`] creates it (the
@@ -41,10 +42,22 @@ const UNDEFINED_COLUMN: &str = "42703";
 /// before a read aside replaces them (claims meanwhile go on the old ones).
 pub(crate) const PAUSES_REFRESH: Duration = Duration::from_millis(500);
 
-/// The promise: no claim goes on rules read longer ago than this, so a
-/// pause or a limit holds for every worker within it. A claim that finds
-/// none younger (a worker idle for longer) reads them itself first.
+/// The promise: no claim goes on rules older than this, so a pause or a
+/// limit holds for every worker within it. A claim that finds none younger
+/// (a worker idle for longer, that no notification woke) reads them itself
+/// first.
+///
+/// A reading's age counts from when its read began, or, while the store's
+/// listener hears the kinds table's changes, from the last notification
+/// it heard: notifications reach a listener in commit order, so a change
+/// committed before that notification was heard first, and forgot the
+/// reading.
 pub(crate) const PAUSES_HOLD: Duration = Duration::from_secs(1);
+
+/// How long claims go on a reading the listener keeps current before a
+/// read aside replaces it all the same: what no trigger tells (the kinds
+/// table dropped, its trigger disabled) holds within this.
+pub(crate) const WATCHED_REFRESH: Duration = Duration::from_secs(10);
 
 /// Creates or upgrades the kinds table beside the table `options` describe;
 /// returns the versions applied now. A table already at the newest version
@@ -137,6 +150,14 @@ pub(crate) struct ClaimRules {
     /// before a pause by this process must not replace the reading after
     /// it.
     forgotten: AtomicU64,
+    /// The store's listener hears every change of the kinds table: it
+    /// listens on the channel of its trigger, on a connection unbroken
+    /// since.
+    watched: AtomicBool,
+    /// When the listener last heard a notification, in nanoseconds after
+    /// `since` (0: none).
+    heard: AtomicU64,
+    since: Instant,
 }
 
 /// The rules as a claim finds them.
@@ -172,6 +193,9 @@ struct Reading {
     /// minute after it had not (`queue migrate` may add them meanwhile).
     limits: bool,
     limits_seen: Instant,
+    /// The listener heard every change of the kinds table since before
+    /// the read began.
+    watched: bool,
     rules: Arc<KindRules>,
 }
 
@@ -186,21 +210,53 @@ impl ClaimRules {
             last: Mutex::new(None),
             refreshing: AtomicBool::new(false),
             forgotten: AtomicU64::new(0),
+            watched: AtomicBool::new(false),
+            heard: AtomicU64::new(0),
+            since: Instant::now(),
         }
     }
 
-    /// The last reading's rules, by their age.
+    /// The kinds table whose rules these are.
+    pub(crate) fn table(&self) -> &QualifiedName {
+        &self.table
+    }
+
+    /// The last reading's rules, by their age (see [`PAUSES_HOLD`]).
     pub(crate) fn cached(&self) -> Cached {
         let last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        match &*last {
-            Some(reading) if reading.at.elapsed() < PAUSES_REFRESH => {
+        let Some(reading) = &*last else {
+            return Cached::Expired;
+        };
+        let mut current_at = reading.at;
+        if reading.watched {
+            let heard = self.heard.load(Ordering::SeqCst);
+            if heard > 0 {
+                current_at = current_at.max(self.since + Duration::from_nanos(heard));
+            }
+        }
+        match current_at.elapsed() {
+            age if age < PAUSES_REFRESH && reading.at.elapsed() < WATCHED_REFRESH => {
                 Cached::Fresh(reading.rules.clone())
             }
-            Some(reading) if reading.at.elapsed() < PAUSES_HOLD => {
-                Cached::Aging(reading.rules.clone())
-            }
+            age if age < PAUSES_HOLD => Cached::Aging(reading.rules.clone()),
             _ => Cached::Expired,
         }
+    }
+
+    /// The listener now hears every change of the kinds table (`true`), or
+    /// may have missed one (`false`: the readings so far are forgotten).
+    pub(crate) fn watching(&self, watched: bool) {
+        self.watched.store(watched, Ordering::SeqCst);
+        if !watched {
+            self.forget();
+        }
+    }
+
+    /// The listener heard a notification: every change of the kinds table
+    /// committed before it was sent was heard first (see [`PAUSES_HOLD`]).
+    pub(crate) fn heard(&self) {
+        let nanos = u64::try_from(self.since.elapsed().as_nanos()).unwrap_or(u64::MAX);
+        self.heard.store(nanos.max(1), Ordering::SeqCst);
     }
 
     /// Claims the read aside: `false` while another is on its way. The
@@ -221,7 +277,10 @@ impl ClaimRules {
     /// claims after; none while the kinds table does not exist.
     pub(crate) async fn read(&self, conn: &mut PgConnection) -> Result<Arc<KindRules>, StoreError> {
         let began = Instant::now();
-        let forgotten = self.forgotten.load(Ordering::Acquire);
+        // In this order: the listener stops watching before it forgets, so
+        // a read that sees the count after it sees it unwatched too.
+        let forgotten = self.forgotten.load(Ordering::SeqCst);
+        let watched = self.watched.load(Ordering::SeqCst);
         let last = self
             .last
             .lock()
@@ -308,6 +367,7 @@ impl ClaimRules {
             exists,
             limits,
             limits_seen,
+            watched,
             rules: Arc::new(rules),
         };
         let rules = reading.rules.clone();
@@ -321,16 +381,30 @@ impl ClaimRules {
     fn keep(&self, reading: Reading, forgotten: u64) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
         let newer = last.as_ref().is_some_and(|kept| kept.at > reading.at);
-        if !newer && self.forgotten.load(Ordering::Acquire) == forgotten {
+        if !newer && self.forgotten.load(Ordering::SeqCst) == forgotten {
             *last = Some(reading);
         }
     }
 
+    /// The channel the kinds table's trigger notifies its changes on; none
+    /// before the kinds table's version 3 (or with the trigger disabled).
+    pub(crate) async fn changes_channel<'c, E>(&self, on: E) -> Result<Option<String>, sqlx::Error>
+    where
+        E: sqlx::Executor<'c, Database = sqlx::Postgres>,
+    {
+        sqlx::query_scalar(kinds::CHANGES_CHANNEL)
+            .bind(self.table.quoted())
+            .bind(kinds::changes_trigger_name(&self.table))
+            .fetch_optional(on)
+            .await
+    }
+
     /// Forgets the last reading: the next claim reads the table again (a
-    /// pause or resume by this process holds for its own claims at once).
+    /// pause or resume by this process holds for its own claims at once;
+    /// one by another process, when the listener hears of it).
     pub(crate) fn forget(&self) {
         let mut last = self.last.lock().unwrap_or_else(PoisonError::into_inner);
-        self.forgotten.fetch_add(1, Ordering::AcqRel);
+        self.forgotten.fetch_add(1, Ordering::SeqCst);
         *last = None;
     }
 }
@@ -356,6 +430,7 @@ mod tests {
             exists: true,
             limits: true,
             limits_seen: Instant::now(),
+            watched: false,
             rules: Arc::new(KindRules {
                 paused: vec![paused.to_owned()],
                 ..KindRules::default()
@@ -401,14 +476,70 @@ mod tests {
         let r = rules();
         // A read aside begins, then this process pauses a kind (forgets),
         // and a claim reads the rules with the pause.
-        let before = r.forgotten.load(Ordering::Acquire);
+        let before = r.forgotten.load(Ordering::SeqCst);
         r.forget();
-        let after = r.forgotten.load(Ordering::Acquire);
+        let after = r.forgotten.load(Ordering::SeqCst);
         r.keep(reading(Duration::from_millis(1), "mail"), after);
         // The read aside ends: its rules, older and without the pause,
         // are not kept.
         r.keep(reading(Duration::ZERO, "none"), before);
         assert_eq!(paused(r.cached()), Some(("fresh", vec!["mail".into()])));
+    }
+
+    /// `reading`, taken while the listener heard every change.
+    fn watched_reading(ago: Duration, paused: &str) -> Reading {
+        Reading {
+            watched: true,
+            ..reading(ago, paused)
+        }
+    }
+
+    #[test]
+    fn a_notification_heard_after_a_watched_reading_keeps_it_current() {
+        let r = rules();
+        r.watching(true);
+        r.keep(watched_reading(PAUSES_HOLD * 3, "mail"), 0);
+        assert!(
+            paused(r.cached()).is_none(),
+            "nothing heard since: as old as its read"
+        );
+        r.heard();
+        assert_eq!(
+            paused(r.cached()),
+            Some(("fresh", vec!["mail".into()])),
+            "a notification just heard: every change committed before it was heard first"
+        );
+        *r.last.lock().expect("unpoisoned") = Some(watched_reading(WATCHED_REFRESH, "mail"));
+        assert_eq!(
+            paused(r.cached()),
+            Some(("aging", vec!["mail".into()])),
+            "kept current, but read again aside after a while all the same"
+        );
+    }
+
+    #[test]
+    fn a_notification_does_not_keep_a_reading_taken_unwatched_current() {
+        let r = rules();
+        r.keep(reading(PAUSES_HOLD * 3, "mail"), 0);
+        r.heard();
+        assert!(paused(r.cached()).is_none());
+    }
+
+    #[test]
+    fn a_listener_that_stops_watching_forgets_the_reading() {
+        let r = rules();
+        r.watching(true);
+        let forgotten = r.forgotten.load(Ordering::SeqCst);
+        r.keep(watched_reading(Duration::from_millis(1), "mail"), forgotten);
+        r.heard();
+        r.watching(false);
+        assert!(
+            paused(r.cached()).is_none(),
+            "a change may have gone unheard"
+        );
+        // A read begun before the listener stopped is not kept either.
+        r.keep(watched_reading(Duration::ZERO, "mail"), forgotten);
+        assert!(paused(r.cached()).is_none());
     }
 
     #[test]

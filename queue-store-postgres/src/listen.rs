@@ -5,6 +5,11 @@
 //! rows they cannot see. Workers also poll (their poll interval), which
 //! covers notifications lost while the listener reconnects; while it is
 //! down, no wait for news lasts longer than [`DEAF_WAIT`].
+//!
+//! The same connection listens for changes of the paused and limited
+//! kinds (the kinds table's trigger, from its version 3), so that claims
+//! go on the rules they read until one comes (see
+//! [`PAUSES_HOLD`](crate::kinds::PAUSES_HOLD)).
 
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -14,6 +19,8 @@ use sqlx::postgres::{PgListener, PgPoolOptions};
 use sqlx::PgPool;
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
+
+use crate::kinds::ClaimRules;
 
 /// News of jobs for the workers of one store: the notifications received,
 /// counted, and the count the latest claim started after. A worker whose
@@ -90,9 +97,19 @@ impl Wake {
     }
 }
 
+/// How often the listener looks again for the kinds table's trigger (and
+/// its channel), at the first notification after: `queue migrate` may add
+/// it while workers run, or the table be made anew under another oid.
+const LOOK_AGAIN: Duration = Duration::from_secs(60);
+
 /// Spawns the listener task; it runs until aborted, reconnecting after
-/// errors.
-pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHandle<()> {
+/// errors. With `rules`, it also listens for their changes.
+pub(crate) fn spawn(
+    pool: &PgPool,
+    channel: String,
+    wake: Arc<Wake>,
+    rules: Option<Arc<ClaimRules>>,
+) -> JoinHandle<()> {
     // A pool of one connection, separate from the store's pool, so the
     // listener never takes a connection the workers need.
     // A connection that died under the listener (killed, server restarted)
@@ -113,7 +130,11 @@ pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHand
         // Said once per run of failures, and again when it is back.
         let mut failing = false;
         loop {
-            if let Err(error) = listen(&dedicated, &channel, &wake, &mut failing).await {
+            let rules = rules.as_deref();
+            if let Err(error) = listen(&dedicated, &channel, &wake, rules, &mut failing).await {
+                if let Some(rules) = rules {
+                    rules.watching(false);
+                }
                 wake.listening(false);
                 if !failing {
                     tracing::warn!(%error, channel, "LISTEN connection failed; workers poll every {DEAF_WAIT:?} until it is back");
@@ -127,13 +148,66 @@ pub(crate) fn spawn(pool: &PgPool, channel: String, wake: Arc<Wake>) -> JoinHand
     })
 }
 
+/// The channel of the kinds table's changes the listener listens on, and
+/// when it last looked for it.
+struct Changes {
+    channel: Option<String>,
+    looked: std::time::Instant,
+}
+
+impl Changes {
+    /// Looks for the channel of the kinds table's trigger and listens on
+    /// it instead of the one before (if it changed); tells `rules` whether
+    /// the listener now hears every change.
+    async fn look(
+        listener: &mut PgListener,
+        rules: &ClaimRules,
+        before: Option<String>,
+    ) -> Result<Changes, sqlx::Error> {
+        // A lookup that fails leaves the rules unwatched (read every
+        // second, as before version 3); a dead connection fails the
+        // listener's next step anyway.
+        let channel = match rules.changes_channel(&mut *listener).await {
+            Ok(channel) => channel,
+            Err(error) => {
+                tracing::debug!(%error, kinds = %rules.table(), "could not look for the channel of the kinds table's changes");
+                None
+            }
+        };
+        if channel != before {
+            // Unwatched while the channels change: a change between the two
+            // may be heard on neither.
+            rules.watching(false);
+            if let Some(old) = &before {
+                listener.unlisten(old).await?;
+            }
+            if let Some(new) = &channel {
+                listener.listen(new).await?;
+                tracing::debug!(channel = new, kinds = %rules.table(), "listening for changes of the paused and limited kinds");
+            }
+        }
+        rules.watching(channel.is_some());
+        Ok(Changes {
+            channel,
+            looked: std::time::Instant::now(),
+        })
+    }
+}
+
 async fn listen(
     pool: &PgPool,
     channel: &str,
     wake: &Wake,
+    rules: Option<&ClaimRules>,
     failing: &mut bool,
 ) -> Result<(), sqlx::Error> {
     let mut listener = PgListener::connect_with(pool).await?;
+    // The channel of changes first: the jobs' LISTEN is the connection's
+    // last statement, by which an operator (or a test) finds it.
+    let mut changes = match rules {
+        Some(rules) => Some(Changes::look(&mut listener, rules, None).await?),
+        None => None,
+    };
     listener.listen(channel).await?;
     if std::mem::take(failing) {
         tracing::info!(channel, "LISTEN connection re-established");
@@ -145,11 +219,29 @@ async fn listen(
     wake.all();
     loop {
         match listener.try_recv().await? {
-            Some(_) => wake.all(),
+            Some(notification) => {
+                if let (Some(rules), Some(seen)) = (rules, changes.as_mut()) {
+                    if seen.channel.as_deref() == Some(notification.channel()) {
+                        // A pause lifted, or a limit raised, may free jobs
+                        // too: the workers are woken below.
+                        rules.forget();
+                    }
+                    rules.heard();
+                    if seen.looked.elapsed() >= LOOK_AGAIN {
+                        *seen = Changes::look(&mut listener, rules, seen.channel.take()).await?;
+                    }
+                }
+                wake.all();
+            }
             None => {
-                // The connection dropped and was re-established by sqlx:
-                // notifications in between are lost, so look now.
+                // The connection dropped and was re-established by sqlx
+                // (listening again on every channel): notifications in
+                // between are lost, so look now, and read the rules again.
                 tracing::info!(channel, "LISTEN connection re-established");
+                if let (Some(rules), Some(seen)) = (rules, changes.as_ref()) {
+                    rules.watching(false);
+                    rules.watching(seen.channel.is_some());
+                }
                 wake.all();
             }
         }

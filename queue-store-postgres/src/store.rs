@@ -66,7 +66,7 @@ struct Inner<R: JobRecord> {
     statistics: Statistics,
     /// The paused kinds, whose jobs claims pass over, and the limited
     /// ones, claimed apart.
-    rules: ClaimRules,
+    rules: Arc<ClaimRules>,
     /// When a limited kind held back by its limits may start more jobs
     /// (this process's clock): an idle worker looks again then.
     limited_due: std::sync::Mutex<Option<DateTime<Utc>>>,
@@ -282,7 +282,13 @@ where
         let states = Arc::new(options.states.clone());
         let options_table = options.table.clone();
         let wake = Arc::new(listen::Wake::default());
-        let listener = listen::spawn(&pool, options.notify_channel(), wake.clone());
+        let rules = Arc::new(ClaimRules::new(&options_table));
+        let listener = listen::spawn(
+            &pool,
+            options.notify_channel(),
+            wake.clone(),
+            sql.claims_read_kind().then(|| rules.clone()),
+        );
         let stash = Stash::new(pool.clone());
         let (completer, outcomes) = mpsc::unbounded_channel();
         tokio::spawn(complete_batches(
@@ -309,7 +315,7 @@ where
                 admin,
                 enums_as_text: AtomicBool::new(false),
                 statistics,
-                rules: ClaimRules::new(&options_table),
+                rules,
                 limited_due: std::sync::Mutex::new(None),
             }),
         })

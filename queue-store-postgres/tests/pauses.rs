@@ -1,8 +1,10 @@
 //! Pauses and limits on Postgres beyond the conformance suite: a pause or a
 //! limit made by another process (an operator's `queue pause` or `queue
 //! limit`) holds for a running store within a second, and is lifted as
-//! fast; a missing kinds table or kind column
-//! refuses a pause, naming what to do, and never stops claims.
+//! fast; one written by hand is heard at once, and a worker woken by a
+//! notification claims without reading them again; a missing kinds table
+//! or kind column refuses a pause, naming what to do, and never stops
+//! claims.
 
 mod support;
 
@@ -145,8 +147,8 @@ async fn without_its_kinds_table_a_pause_is_refused_and_claims_go_on() {
         .expect("the kinds table again");
     assert_eq!(
         applied.iter().map(|m| m.version).collect::<Vec<_>>(),
-        vec![1, 2],
-        "created again at its newest version (limits included): {applied:?}"
+        vec![1, 2, 3],
+        "created again at its newest version (limits and the trigger included): {applied:?}"
     );
     assert!(applied[0].table.name.as_str().ends_with("_kinds"));
     store.pause("mail", "on-call").await.expect("paused again");
@@ -229,4 +231,141 @@ async fn a_limit_by_another_process_holds_and_lifts_within_a_second() {
         "a second after the clearing, the rest at once"
     );
     drop(held);
+}
+
+/// The kinds table of `table`, quoted and qualified.
+fn kinds_table(table: &JobTable) -> String {
+    format!(
+        "{}.{}",
+        table.name().schema.quoted(),
+        queue_store_postgres::Ident::new(format!("{}_kinds", table.name().name.as_str()))
+            .expect("a name")
+            .quoted()
+    )
+}
+
+/// Waits until a store's listener listens for the changes of `table`'s
+/// kinds table: it does before it listens for jobs, the statement it
+/// ends its start with.
+async fn until_changes_are_heard(pool: &PgPool, table: &JobTable) {
+    let started = Instant::now();
+    loop {
+        let listening: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'idle' \
+             AND query = format('LISTEN \"%s\"', $1::text))",
+        )
+        .bind(table.store_options().notify_channel())
+        .fetch_one(pool)
+        .await
+        .expect("pg_stat_activity");
+        if listening {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(10),
+            "no listener for the kinds table's changes within 10 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A pause written into the kinds table by hand, without the store's
+/// `Admin` (which tells its own store at once), holds from the next claim
+/// of a store that read the rules a moment before: the table's trigger
+/// notifies the store's listener, which forgets what it read.
+#[tokio::test]
+async fn a_pause_written_by_hand_holds_at_the_next_claim() {
+    let Some(pool) = pool("a_pause_written_by_hand_holds_at_the_next_claim").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, &table).await;
+    until_changes_are_heard(&pool, &table).await;
+    assert!(claim_now(&store, 10).await.is_empty(), "the rules read");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "INSERT INTO {} (kind, paused_at, paused_by) VALUES ('mail', now(), 'by hand')",
+        kinds_table(&table)
+    )))
+    .execute(&pool)
+    .await
+    .expect("paused by hand");
+    table
+        .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
+        .await
+        .expect("enqueued");
+    // Well within the half second a reading is fresh without the trigger.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert!(
+        claim_now(&store, 10).await.is_empty(),
+        "the mail is paused for the claim after the change was heard"
+    );
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "UPDATE {} SET paused_at = NULL, paused_by = NULL WHERE kind = 'mail'",
+        kinds_table(&table)
+    )))
+    .execute(&pool)
+    .await
+    .expect("resumed by hand");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(
+        claim_now(&store, 10).await.len(),
+        1,
+        "resumed for the claim after the change was heard"
+    );
+}
+
+/// A worker idle for longer than the second a reading holds, woken by an
+/// enqueue's notification, claims on the rules it read before: every
+/// change committed before that notification was heard first. Shown with
+/// the kinds table locked against readers: a claim that read the rules
+/// would wait for the lock.
+#[tokio::test]
+async fn a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules() {
+    let Some(pool) =
+        pool("a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules").await
+    else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    let store = store(&pool, &table).await;
+    until_changes_are_heard(&pool, &table).await;
+    assert!(claim_now(&store, 10).await.is_empty(), "the rules read");
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let mut locker = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        kinds_table(&table)
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("locked");
+    table
+        .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
+        .await
+        .expect("enqueued");
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let claimed = tokio::time::timeout(Duration::from_secs(3), claim_now(&store, 10)).await;
+    locker.rollback().await.expect("unlocked");
+    assert_eq!(
+        claimed.map(|jobs| jobs.len()).ok(),
+        Some(1),
+        "claimed at once, without waiting for the kinds table"
+    );
+
+    // Without a notification since, past the second, the claim reads them.
+    tokio::time::sleep(Duration::from_millis(1_300)).await;
+    let mut locker = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        kinds_table(&table)
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("locked");
+    let claimed = tokio::time::timeout(Duration::from_millis(500), claim_now(&store, 10)).await;
+    locker.rollback().await.expect("unlocked");
+    assert!(
+        claimed.is_err(),
+        "a claim nothing woke goes on no reading older than a second"
+    );
 }

@@ -53,7 +53,67 @@ pub(crate) fn migrations(kinds: &QualifiedName) -> Vec<MigrationSql> {
              ADD COLUMN \"tokens\" double precision, \
              ADD COLUMN \"tokens_at\" timestamptz"
         )],
+    }, MigrationSql {
+        concurrent_indexes: Vec::new(),
+        batched: false,
+        version: 3,
+        name: "a notification when pauses or limits change, so that workers go on what they read until one comes",
+        statements: changes_trigger(kinds).to_vec(),
     }]
+}
+
+/// The trigger that tells listening workers the rules changed (channel
+/// [`changes_channel`]'s), and its function.
+fn changes_trigger(kinds: &QualifiedName) -> [String; 3] {
+    let function = format!(
+        "{}.{}",
+        kinds.schema.quoted(),
+        derived(&kinds.name, "changed")
+    );
+    let trigger = derived(&kinds.name, CHANGES_TRIGGER);
+    [
+        // The channel names the table by its oid: it fits any table name
+        // (channels are cut at 63 bytes), and the trigger needs no rewrite
+        // if the table is renamed.
+        format!(
+            "CREATE OR REPLACE FUNCTION {function}() RETURNS trigger LANGUAGE plpgsql AS \
+             $queue$BEGIN PERFORM pg_notify('queue_kinds_' || TG_RELID::text, ''); RETURN NULL; END$queue$"
+        ),
+        format!("DROP TRIGGER IF EXISTS {trigger} ON {}", kinds.quoted()),
+        // Statement level: one notification per statement, sent at commit.
+        // Not on a bucket's tokens (`spend`): they change at every claim of
+        // a rate-limited kind, and claims read them under the row's lock.
+        format!(
+            "CREATE TRIGGER {trigger} AFTER INSERT OR DELETE OR TRUNCATE OR \
+             UPDATE OF \"kind\", \"paused_at\", \"max_running\", \"per_second\" ON {} \
+             FOR EACH STATEMENT EXECUTE FUNCTION {function}()",
+            kinds.quoted()
+        ),
+    ]
+}
+
+/// The suffix of the name of the trigger that notifies changes of the
+/// rules (`<kinds table>_changes`).
+const CHANGES_TRIGGER: &str = "changes";
+
+/// The channel on which changes of the rules in the kinds table `$1`
+/// (quoted, qualified) are notified: `channel`; no row before the version
+/// with the trigger.
+pub(crate) const CHANGES_CHANNEL: &str =
+    "SELECT 'queue_kinds_' || t.tgrelid::oid::text AS channel \
+     FROM pg_catalog.pg_trigger t WHERE t.tgrelid = to_regclass($1) AND t.tgname = $2 \
+     AND t.tgenabled <> 'D'";
+
+/// The name of the trigger of [`CHANGES_CHANNEL`] (`$2`).
+pub(crate) fn changes_trigger_name(kinds: &QualifiedName) -> String {
+    derived_name(&kinds.name, CHANGES_TRIGGER)
+}
+
+/// [`derived_name`], quoted.
+fn derived(table: &Ident, suffix: &str) -> String {
+    Ident::new(derived_name(table, suffix))
+        .map(|i| i.quoted())
+        .unwrap_or_else(|_| format!("\"{suffix}\""))
 }
 
 /// What claims heed, for each kind paused or limited: `kind`, `paused`,

@@ -64,6 +64,8 @@ pub(crate) struct Sizes {
     retention_rows: u64,
     /// Jobs scheduled ahead in the wake scenario's due-time measurement.
     due_jobs: usize,
+    /// Jobs of the wake scenario's sparse wake-ups, 1.5 s apart.
+    sparse_wake_jobs: usize,
     single_enqueues: usize,
     /// Jobs per round of the HTTP enqueue scenario, each way.
     http_enqueues: usize,
@@ -99,6 +101,7 @@ const FULL: Sizes = Sizes {
     waiting_rows: 1_000_000,
     retention_rows: 1_000_000,
     due_jobs: 20,
+    sparse_wake_jobs: 40,
     single_enqueues: 5_000,
     http_enqueues: 16_000,
     cold_jobs: &[20_000, 100_000],
@@ -132,6 +135,7 @@ const QUICK: Sizes = Sizes {
     waiting_rows: 20_000,
     retention_rows: 20_000,
     due_jobs: 3,
+    sparse_wake_jobs: 3,
     single_enqueues: 500,
     http_enqueues: 800,
     cold_jobs: &[2_000],
@@ -411,6 +415,16 @@ pub async fn run(args: Args) -> Result<()> {
             "ms",
             "",
         );
+        let sparse = wake::sparse_wake_latency(&pool, sizes.sparse_wake_jobs)
+            .await?
+            .latency;
+        let note = format!(
+            "{} jobs {:.1} s apart, each to a worker idle for longer than the second it goes on the paused kinds it read",
+            sizes.sparse_wake_jobs,
+            wake::SPARSE_GAP.as_secs_f64()
+        );
+        results.add("wake", rows::SPARSE_WAKE_P50, sparse.p50, "ms", note);
+        results.add("wake", rows::SPARSE_WAKE_MAX, sparse.max, "ms", "");
         let due = wake::due_latency(&pool, sizes.due_jobs).await?;
         let note = format!(
             "{} jobs due 100 ms apart, idle workers, no NOTIFY when due",

@@ -262,6 +262,8 @@ pub(super) mod rows {
     pub const CLAIM_RETRYING: &str = "claim p50 beside failed jobs waiting an hour to retry";
     pub const WAKE_P50: &str = "enqueue commit to handler start, p50";
     pub const WAKE_P99: &str = "enqueue commit to handler start, p99";
+    pub const SPARSE_WAKE_P50: &str = "jobs 1.5 s apart: enqueue commit to handler start, p50";
+    pub const SPARSE_WAKE_MAX: &str = "jobs 1.5 s apart: enqueue commit to handler start, max";
     pub const DUE_P50: &str = "scheduled 2 s ahead: due time to handler start, p50";
     pub const DUE_MAX: &str = "scheduled 2 s ahead: due time to handler start, max";
     pub const MEMORY_PER_JOB: &str = "RSS per in-flight job";
@@ -628,6 +630,12 @@ fn headline(results: &Results, cold_sizes: &[usize]) -> String {
         WAKE_P99,
         "ms",
         Some(("awa", AWA_WAKE_P99)),
+    );
+    line(
+        "wake-up of jobs 1.5 s apart, enqueue to start, p50",
+        SPARSE_WAKE_P50,
+        "ms",
+        Some(("jobs 20 ms apart", WAKE_P50)),
     );
     line(
         "a job scheduled 2 s ahead: due time to start, p50",

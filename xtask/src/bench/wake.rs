@@ -92,8 +92,8 @@ impl StampingWorker {
         })
     }
 
-    /// Waits until `n` jobs started (at most 30 s), stops the worker and
-    /// returns when each started.
+    /// Waits until `n` jobs started (at most 30 s after this call), stops
+    /// the worker and returns when each started.
     async fn finish(self, n: usize) -> Result<BTreeMap<i64, Instant>> {
         let deadline = Instant::now() + Duration::from_secs(30);
         while self.started.lock().map(|s| s.len()).unwrap_or(0) < n {
@@ -133,11 +133,28 @@ pub(super) struct Woken {
     pub cpu: Option<CpuPerJob>,
 }
 
+/// Jobs enqueued one by one every 20 ms (about 50 a second) to an idle
+/// worker.
 pub(super) async fn wake_latency(pool: &PgPool, n: usize) -> Result<Woken> {
-    let worker = StampingWorker::start(pool, "wake").await?;
+    woken_every(pool, "wake", n, Duration::from_millis(20)).await
+}
+
+/// Jobs enqueued one by one [`SPARSE_GAP`] apart: each wakes a worker that
+/// has idled for longer than the second its store goes on the paused and
+/// limited kinds it read last, as a queue with a job every few seconds
+/// does.
+pub(super) async fn sparse_wake_latency(pool: &PgPool, n: usize) -> Result<Woken> {
+    woken_every(pool, "wake_sparse", n, SPARSE_GAP).await
+}
+
+/// The gap between the sparse wake-ups' jobs.
+pub(super) const SPARSE_GAP: Duration = Duration::from_millis(1_500);
+
+async fn woken_every(pool: &PgPool, name: &str, n: usize, gap: Duration) -> Result<Woken> {
+    let worker = StampingWorker::start(pool, name).await?;
     let cpu0 = CpuSample::now();
     let mut committed = BTreeMap::new();
-    let mut ticks = tokio::time::interval(Duration::from_millis(20));
+    let mut ticks = tokio::time::interval(gap);
     for i in 0..n {
         ticks.tick().await;
         let id = worker
