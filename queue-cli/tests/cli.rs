@@ -267,10 +267,11 @@ canceled = "dropped"
     assert!(
         migrated.contains("tasks_kinds\": applied version 1")
             && migrated.contains("tasks_kinds\": applied version 2")
+            && migrated.contains("tasks_kinds\": applied version 3")
             && migrated.contains("tasks_audit\": applied version 1")
             && migrated.contains("tasks_workers\": applied version 1")
             && migrated.contains("tasks_operations\": applied version 1")
-            && migrated.lines().count() == 5,
+            && migrated.lines().count() == 6,
         "{migrated}"
     );
     let err = fails(&mut q(&["migrate", "--table", "other"]));
