@@ -5,7 +5,9 @@
 //! transactions, the read of the next due time whenever the claim loop
 //! pauses) hand their connections back here instead and take them
 //! again while they are fresh; a sweeper returns those left unused for a
-//! second to the pool, so an idle store holds none for long.
+//! second to the pool, so an idle store holds at most one for long: the
+//! newest, kept warm for a minute while the pool has other connections to
+//! give ([`WARM_FOR`]).
 //!
 //! A job transaction's connection may come back still inside the empty
 //! transaction its `COMMIT AND CHAIN` opened ("chained"), for the next job
@@ -39,6 +41,14 @@ use crate::error::store_error;
 
 /// How long a connection handed back stays in the stash unused.
 const FRESH_FOR: Duration = Duration::from_secs(1);
+
+/// How long the newest connection stays in the stash unused, outside a
+/// transaction, while the pool has another connection idle or room for
+/// one: the claim of a worker woken after a quiet second takes it, instead
+/// of a connection from the pool that must answer a ping first (a round
+/// trip on an idle backend) and may never have prepared the claim (one
+/// more).
+const WARM_FOR: Duration = Duration::from_secs(60);
 
 /// A connection lent out by the stash.
 #[derive(Debug)]
@@ -163,8 +173,9 @@ impl Stash {
     async fn take_preferring(&self, chained: bool) -> Result<Lent, sqlx::Error> {
         let (fresh, stale) = {
             let mut idle = self.lock();
-            let first_stale = idle.partition_point(|entry| entry.since.elapsed() >= FRESH_FOR);
-            let stale: Vec<Idle> = idle.drain(..first_stale).collect();
+            // The warm one, if kept, is taken at once: the pool loses
+            // nothing by it.
+            let stale = stale_of(&mut idle, true);
             let pick = idle
                 .iter()
                 .rposition(|entry| entry.chained() == chained)
@@ -245,22 +256,38 @@ impl Stash {
         connection_failed
     }
 
-    /// Returns the connections unused for `FRESH_FOR` to the pool.
+    /// Returns the connections unused for [`FRESH_FOR`] to the pool, but
+    /// the one kept warm while the pool can spare it ([`WARM_FOR`]).
     fn sweep(&self) {
-        let stale: Vec<Idle> = {
-            let mut idle = self.lock();
-            let (stale, fresh) = std::mem::take(&mut *idle)
-                .into_iter()
-                .partition(|entry| entry.since.elapsed() >= FRESH_FOR);
-            *idle = fresh;
-            stale
-        };
+        let spare = self.pool.num_idle() > 0
+            || self.pool.size() < self.pool.options().get_max_connections();
+        let stale = stale_of(&mut self.lock(), spare);
         retire(stale);
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Idle>> {
         self.idle.lock().unwrap_or_else(PoisonError::into_inner)
     }
+}
+
+/// Takes out of `idle` (oldest first, as handed back) the connections no
+/// longer to be lent: those unused for [`FRESH_FOR`], but, if `keep_warm`
+/// and no fresher one is left, the newest, while it is younger than
+/// [`WARM_FOR`] and outside a transaction (a chained one would keep its
+/// transaction open that long).
+fn stale_of(idle: &mut Vec<Idle>, keep_warm: bool) -> Vec<Idle> {
+    let first_fresh = idle.partition_point(|entry| entry.since.elapsed() >= FRESH_FOR);
+    let mut stale: Vec<Idle> = idle.drain(..first_fresh).collect();
+    if keep_warm && idle.is_empty() {
+        if let Some(newest) = stale.pop() {
+            if newest.since.elapsed() < WARM_FOR && !newest.chained() {
+                idle.push(newest);
+            } else {
+                stale.push(newest);
+            }
+        }
+    }
+    stale
 }
 
 /// A connection lent by [`Stash::lend`].

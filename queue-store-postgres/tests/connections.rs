@@ -2,7 +2,8 @@
 //! transaction open rolls back and leaves no connection idle in a
 //! transaction, a handler's own `begin()` inside the job's transaction is a
 //! savepoint, and connections the store keeps between its statements go
-//! back to the pool once unused for a second.
+//! back to the pool once unused for a second, but the newest, kept warm
+//! while the pool has room.
 
 mod support;
 
@@ -162,24 +163,82 @@ async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
         )
         .await
         .unwrap();
-    let store = support::store(&pool, &table, ExecutionMode::Lease).await;
+    // A pool of one connection: the store has no connection to keep warm
+    // while others may need it.
+    let single = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .test_before_acquire(false)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let store = support::store(&single, &table, ExecutionMode::Lease).await;
     let job = claim_one(&store).await;
     assert_eq!(complete(&store, job).await, WriteResult::Applied);
     // The claim's and the completion's connection is kept for the next
     // statement: the pool has one connection fewer idle than open.
     assert!(
-        pool.num_idle() < pool.size() as usize,
+        single.num_idle() < single.size() as usize,
         "the store keeps its connection between statements"
     );
     let mut waited = Duration::ZERO;
-    while pool.num_idle() < pool.size() as usize {
+    while single.num_idle() < single.size() as usize {
         assert!(
             waited < Duration::from_secs(5),
-            "a connection unused for over a second stayed out of the pool"
+            "a connection unused for over a second stayed out of a pool with no other"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
         waited += Duration::from_millis(50);
     }
+}
+
+/// With room in the pool, the store keeps the newest connection warm past
+/// the second, so that the claim of a worker woken after a quiet spell
+/// runs on it (no ping, its statements prepared), and returns the others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_room_in_the_pool_the_newest_connection_stays_warm() {
+    let Some(pool) = pool("with_room_in_the_pool_the_newest_connection_stays_warm").await else {
+        return;
+    };
+    let table = fresh_table(&pool).await;
+    table
+        .enqueue_many(
+            &pool,
+            &(0..3)
+                .map(|i| NewJob::new("k", serde_json::json!(i)))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let roomy = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(8)
+        .test_before_acquire(false)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let store = support::store(&roomy, &table, ExecutionMode::Lease).await;
+    let job = claim_one(&store).await;
+    assert_eq!(complete(&store, job).await, WriteResult::Applied);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(
+        roomy.num_idle() + 1,
+        roomy.size() as usize,
+        "one connection stays with the store past the second"
+    );
+    // With every idle connection of the pool taken, a claim that went to
+    // the pool would open one more: it runs on the warm one instead.
+    let open = roomy.size();
+    let mut taken = Vec::new();
+    for _ in 0..roomy.num_idle() {
+        taken.push(roomy.acquire().await.unwrap());
+    }
+    let job = claim_one(&store).await;
+    assert_eq!(
+        roomy.size(),
+        open,
+        "the claim ran on the warm connection, opening none"
+    );
+    drop(taken);
+    assert_eq!(complete(&store, job).await, WriteResult::Applied);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
