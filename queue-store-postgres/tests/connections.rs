@@ -146,6 +146,29 @@ async fn a_handlers_begin_inside_the_jobs_transaction_is_a_savepoint() {
     assert_eq!(notes(&pool, &side).await, ["kept", "nested"]);
 }
 
+/// A fresh table holding three jobs, and a lease store over it on a pool
+/// of its own of at most `connections`.
+async fn three_jobs_on_a_pool_of(pool: &PgPool, connections: u32) -> (PgPool, PgStore<Job>) {
+    let table = fresh_table(pool).await;
+    table
+        .enqueue_many(
+            pool,
+            &(0..3)
+                .map(|i| NewJob::new("k", serde_json::json!(i)))
+                .collect::<Vec<_>>(),
+        )
+        .await
+        .unwrap();
+    let own = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(connections)
+        .test_before_acquire(false)
+        .connect_with((*pool.connect_options()).clone())
+        .await
+        .unwrap();
+    let store = support::store(&own, &table, ExecutionMode::Lease).await;
+    (own, store)
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
     let Some(pool) =
@@ -153,25 +176,9 @@ async fn connections_kept_between_statements_go_back_to_the_pool_when_unused() {
     else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    table
-        .enqueue_many(
-            &pool,
-            &(0..3)
-                .map(|i| NewJob::new("k", serde_json::json!(i)))
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap();
     // A pool of one connection: the store has no connection to keep warm
     // while others may need it.
-    let single = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .test_before_acquire(false)
-        .connect_with((*pool.connect_options()).clone())
-        .await
-        .unwrap();
-    let store = support::store(&single, &table, ExecutionMode::Lease).await;
+    let (single, store) = three_jobs_on_a_pool_of(&pool, 1).await;
     let job = claim_one(&store).await;
     assert_eq!(complete(&store, job).await, WriteResult::Applied);
     // The claim's and the completion's connection is kept for the next
@@ -199,23 +206,7 @@ async fn with_room_in_the_pool_the_newest_connection_stays_warm() {
     let Some(pool) = pool("with_room_in_the_pool_the_newest_connection_stays_warm").await else {
         return;
     };
-    let table = fresh_table(&pool).await;
-    table
-        .enqueue_many(
-            &pool,
-            &(0..3)
-                .map(|i| NewJob::new("k", serde_json::json!(i)))
-                .collect::<Vec<_>>(),
-        )
-        .await
-        .unwrap();
-    let roomy = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(8)
-        .test_before_acquire(false)
-        .connect_with((*pool.connect_options()).clone())
-        .await
-        .unwrap();
-    let store = support::store(&roomy, &table, ExecutionMode::Lease).await;
+    let (roomy, store) = three_jobs_on_a_pool_of(&pool, 8).await;
     let job = claim_one(&store).await;
     assert_eq!(complete(&store, job).await, WriteResult::Applied);
     tokio::time::sleep(Duration::from_millis(2_500)).await;

@@ -109,18 +109,14 @@ async fn without_its_kinds_table_a_pause_is_refused_and_claims_go_on() {
     };
     let table = fresh_table(&pool).await;
     let store = store(&pool, &table).await;
-    let kinds_table = format!(
-        "{}.{}",
-        table.name().schema.quoted(),
-        queue_store_postgres::Ident::new(format!("{}_kinds", table.name().name.as_str()))
-            .expect("a name")
-            .quoted()
-    );
     store.pause("mail", "on-call").await.expect("paused");
-    sqlx::query(sqlx::AssertSqlSafe(format!("DROP TABLE {kinds_table}")))
-        .execute(&pool)
-        .await
-        .expect("dropped");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "DROP TABLE {}",
+        kinds_table(&table)
+    )))
+    .execute(&pool)
+    .await
+    .expect("dropped");
     tokio::time::sleep(Duration::from_millis(600)).await;
     table
         .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
@@ -269,6 +265,23 @@ async fn until_changes_are_heard(pool: &PgPool, table: &JobTable) {
     }
 }
 
+/// A transaction holding `table`'s kinds table locked against every
+/// reader until it ends.
+async fn locked_against_readers(
+    pool: &PgPool,
+    table: &JobTable,
+) -> sqlx::Transaction<'static, sqlx::Postgres> {
+    let mut locker = pool.begin().await.expect("a transaction");
+    sqlx::query(sqlx::AssertSqlSafe(format!(
+        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
+        kinds_table(table)
+    )))
+    .execute(&mut *locker)
+    .await
+    .expect("locked");
+    locker
+}
+
 /// A pause written into the kinds table by hand, without the store's
 /// `Admin` (which tells its own store at once), holds from the next claim
 /// of a store that read the rules a moment before: the table's trigger
@@ -331,14 +344,7 @@ async fn a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules() 
     until_changes_are_heard(&pool, &table).await;
     assert!(claim_now(&store, 10).await.is_empty(), "the rules read");
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let mut locker = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-        kinds_table(&table)
-    )))
-    .execute(&mut *locker)
-    .await
-    .expect("locked");
+    let locker = locked_against_readers(&pool, &table).await;
     table
         .enqueue(&pool, &NewJob::new("mail", serde_json::json!(1)))
         .await
@@ -354,14 +360,7 @@ async fn a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules() 
 
     // Without a notification since, past the second, the claim reads them.
     tokio::time::sleep(Duration::from_millis(1_300)).await;
-    let mut locker = pool.begin().await.expect("a transaction");
-    sqlx::query(sqlx::AssertSqlSafe(format!(
-        "LOCK TABLE {} IN ACCESS EXCLUSIVE MODE",
-        kinds_table(&table)
-    )))
-    .execute(&mut *locker)
-    .await
-    .expect("locked");
+    let locker = locked_against_readers(&pool, &table).await;
     let claimed = tokio::time::timeout(Duration::from_millis(500), claim_now(&store, 10)).await;
     locker.rollback().await.expect("unlocked");
     assert!(
