@@ -257,10 +257,13 @@ impl Stash {
     }
 
     /// Returns the connections unused for [`FRESH_FOR`] to the pool, but
-    /// the one kept warm while the pool can spare it ([`WARM_FOR`]).
+    /// the one kept warm while the pool can spare it ([`WARM_FOR`]). A
+    /// pool being closed spares none: its `close()` waits for every
+    /// connection, and must not wait for the warm one.
     fn sweep(&self) {
-        let spare = self.pool.num_idle() > 0
-            || self.pool.size() < self.pool.options().get_max_connections();
+        let spare = !self.pool.is_closed()
+            && (self.pool.num_idle() > 0
+                || self.pool.size() < self.pool.options().get_max_connections());
         let stale = stale_of(&mut self.lock(), spare);
         retire(stale);
     }

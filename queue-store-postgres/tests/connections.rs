@@ -230,6 +230,16 @@ async fn with_room_in_the_pool_the_newest_connection_stays_warm() {
     );
     drop(taken);
     assert_eq!(complete(&store, job).await, WriteResult::Applied);
+    // A pool closed while the store lives gets the warm connection back
+    // within a second or so: `close()` waits for every connection.
+    let closing = std::time::Instant::now();
+    roomy.close().await;
+    assert!(
+        closing.elapsed() < Duration::from_secs(3),
+        "closing the pool waited {:?} for the store's connections",
+        closing.elapsed()
+    );
+    drop(store);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
