@@ -17,7 +17,7 @@ pub(crate) fn derived_name(table: &Ident, suffix: &str) -> String {
 }
 
 /// [`derived_name`], quoted.
-fn derived(table: &Ident, suffix: &str) -> String {
+pub(crate) fn derived(table: &Ident, suffix: &str) -> String {
     Ident::new(derived_name(table, suffix))
         .map(|i| i.quoted())
         .unwrap_or_else(|_| format!("\"{suffix}\""))

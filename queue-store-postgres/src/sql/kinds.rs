@@ -8,7 +8,7 @@
 //! Times are the database's own (`now()`): a pause is the store's record,
 //! not a caller's claim about the time.
 
-use super::default_table::{derived_name, MigrationSql};
+use super::default_table::{derived, derived_name, MigrationSql};
 use crate::ident::{Ident, QualifiedName};
 
 /// The kinds table of `table`: `<table>_kinds` in the same schema.
@@ -107,13 +107,6 @@ pub(crate) const CHANGES_CHANNEL: &str =
 /// The name of the trigger of [`CHANGES_CHANNEL`] (`$2`).
 pub(crate) fn changes_trigger_name(kinds: &QualifiedName) -> String {
     derived_name(&kinds.name, CHANGES_TRIGGER)
-}
-
-/// [`derived_name`], quoted.
-fn derived(table: &Ident, suffix: &str) -> String {
-    Ident::new(derived_name(table, suffix))
-        .map(|i| i.quoted())
-        .unwrap_or_else(|_| format!("\"{suffix}\""))
 }
 
 /// What claims heed, for each kind paused or limited: `kind`, `paused`,
