@@ -240,35 +240,13 @@ fn kinds_table(table: &JobTable) -> String {
     )
 }
 
-/// The pool of `test`, its connections named for this test alone
-/// (`application_name`): a store's listener connects as its pool does, so
-/// [`until_changes_are_heard`] finds this test's listener. The other tests
-/// run at the same time, and their tables' default channel is the same.
-async fn pool_of_its_own(test: &str) -> Option<PgPool> {
-    let shared = pool(test).await?;
-    // Postgres keeps 63 bytes of a name.
-    let name: String = format!("{}-{test}", std::process::id())
-        .chars()
-        .take(60)
-        .collect();
-    let options = (*shared.connect_options()).clone().application_name(&name);
-    shared.close().await;
-    Some(
-        sqlx::postgres::PgPoolOptions::new()
-            .test_before_acquire(false)
-            .max_connections(16)
-            .connect_with(options)
-            .await
-            .expect("a pool of its own"),
-    )
-}
-
-/// Waits until the listener of a store on `pool` (from
-/// [`pool_of_its_own`]) listens for the changes of `table`'s kinds table:
-/// it does before it listens for jobs, the statement it ends its start
-/// with. Another test's listener on the same channel would not do: a rule
-/// read before this store's listener watches is not kept current by what
-/// it hears.
+/// Waits until the listener of a store on `pool` listens for the changes
+/// of `table`'s kinds table: it does before it listens for jobs, the
+/// statement it ends its start with. The listener is found by the
+/// application name it shares with `pool` (see [`support::pool`]): the
+/// other tests' default tables use the same channel, and a rule read
+/// before this store's listener watches is not kept current by what it
+/// hears.
 async fn until_changes_are_heard(pool: &PgPool, table: &JobTable) {
     let started = Instant::now();
     loop {
@@ -315,8 +293,7 @@ async fn locked_against_readers(
 /// notifies the store's listener, which forgets what it read.
 #[tokio::test]
 async fn a_pause_written_by_hand_holds_at_the_next_claim() {
-    let Some(pool) = pool_of_its_own("a_pause_written_by_hand_holds_at_the_next_claim").await
-    else {
+    let Some(pool) = pool("a_pause_written_by_hand_holds_at_the_next_claim").await else {
         return;
     };
     let table = fresh_table(&pool).await;
@@ -363,8 +340,7 @@ async fn a_pause_written_by_hand_holds_at_the_next_claim() {
 #[tokio::test]
 async fn a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules() {
     let Some(pool) =
-        pool_of_its_own("a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules")
-            .await
+        pool("a_worker_woken_after_a_quiet_second_claims_without_reading_the_rules").await
     else {
         return;
     };

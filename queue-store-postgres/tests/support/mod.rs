@@ -28,7 +28,7 @@ use queue_core::{ClaimParams, Claimed, Job, JobRecord, Store};
 use queue_store_postgres::{
     Column, ExecutionMode, JobTable, PgCondition, PgConditions, PgJobTransaction, PgKey, PgStore,
 };
-use sqlx::postgres::PgPoolOptions;
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::PgPool;
 
 /// Claims up to `limit` jobs as worker `w`, now.
@@ -298,12 +298,24 @@ pub async fn backend_pid(conn: &mut sqlx::PgConnection) -> i32 {
 }
 
 /// A pool on the test database, or `None` (announced) when there is none.
+/// Its connections, and those of any store's listener on it (which
+/// connects as its pool does), carry the test's name and this process's id
+/// as their `application_name`, so that a test can tell its own sessions
+/// in `pg_stat_activity` from those of the tests running beside it.
 pub async fn pool(test: &str) -> Option<PgPool> {
     let url = database_url(test)?;
+    let options: PgConnectOptions = url
+        .parse()
+        .unwrap_or_else(|e| panic!("{test}: DATABASE_URL is not a Postgres URL: {e}"));
+    // Postgres keeps 63 bytes of a name.
+    let name: String = format!("{}-{test}", std::process::id())
+        .chars()
+        .take(63)
+        .collect();
     let pool = PgPoolOptions::new()
         .test_before_acquire(false)
         .max_connections(64)
-        .connect(&url)
+        .connect_with(options.application_name(&name))
         .await
         .unwrap_or_else(|e| panic!("{test}: cannot connect to DATABASE_URL: {e}"));
     Some(pool)
