@@ -757,12 +757,105 @@ fn parts_footnote(results: &Results) -> String {
 const BEGIN: &str = "<!-- figures: written by cargo xtask bench; edit the text around them -->";
 const END: &str = "<!-- end of figures -->";
 
-/// Puts `report` between the markers of `docs/benchmarks.md`, keeping the
-/// text around them.
-pub(super) fn write_doc(report: &str) -> Result<()> {
-    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md");
+/// The share of the recorded run's pgbench ceiling below which a full
+/// run's machine is too slow to replace the record: the figures in
+/// `docs/benchmarks.md` are floors in absolute units, and a slow day
+/// lowers every one of them (pgbench on these machines has read from
+/// about 4,000 to 16,000 tps).
+pub(super) const FIT_FOR_THE_RECORD: f64 = 0.9;
+
+fn record_path() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md")
+}
+
+/// The pgbench ceiling of the run recorded in `doc`: the slowest of its
+/// parts' (its own ceiling and each resumed part's calibration), read
+/// from the figures between the markers.
+fn recorded_ceiling(doc: &str) -> Option<f64> {
+    let (_, rest) = doc.split_once(BEGIN)?;
+    let (figures, _) = rest.split_once(END)?;
+    (figures.lines())
+        .filter_map(|line| {
+            let cells: Vec<&str> = line.split('|').map(str::trim).collect();
+            match cells.as_slice() {
+                ["", "ceiling", what, value, "tps", ..] if *what == rows::CEILING => {
+                    value.parse().ok()
+                }
+                ["", "calibration", what, value, "tps", ..] if *what == rows::PART_CEILING => {
+                    value.parse().ok()
+                }
+                _ => None,
+            }
+        })
+        .reduce(f64::min)
+}
+
+/// Whether a full run whose machine measured `results`' ceilings is as
+/// fast as the one recorded in `doc` (within [`FIT_FOR_THE_RECORD`]):
+/// `Err` says how much slower it is. A document without a recorded
+/// ceiling, or a run without one yet, sets no bar.
+fn fit_for(doc: &str, results: &Results) -> std::result::Result<(), String> {
+    let recorded = recorded_ceiling(doc);
+    let slowest = (results.ceilings_by_part().into_iter())
+        .map(|(_, tps)| tps)
+        .reduce(f64::min);
+    match (slowest, recorded) {
+        (Some(now), Some(then)) if now < FIT_FOR_THE_RECORD * then => Err(format!(
+            "this machine measures a pgbench ceiling of {} tps, {:.0} % of the {} tps of the run \
+             recorded in docs/benchmarks.md (at least {:.0} % keeps the record comparable): \
+             its figures would lower the floors there",
+            figure(now),
+            100.0 * now / then,
+            figure(then),
+            100.0 * FIT_FOR_THE_RECORD
+        )),
+        _ => Ok(()),
+    }
+}
+
+/// Stops a full run on a machine slower than the recorded run's, as soon
+/// as its ceiling says so, unless `slow_day` asks to run anyway (its
+/// figures then go beside the record, [`write_doc`]).
+pub(super) fn refuse_a_slow_day(results: &Results, slow_day: bool) -> Result<()> {
+    let path = record_path();
     let doc =
         std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    match fit_for(&doc, results) {
+        Ok(()) => Ok(()),
+        Err(why) if slow_day => {
+            println!("{why}; running anyway (--slow-day): the figures will go beside the record");
+            Ok(())
+        }
+        Err(why) => anyhow::bail!(
+            "{why}. Run it on a faster day, or pass --slow-day to run anyway and write its \
+             figures to docs/benchmarks-<day>.md instead (a run in progress resumes where it \
+             stopped either way)"
+        ),
+    }
+}
+
+/// Puts `report` between the markers of `docs/benchmarks.md`, keeping the
+/// text around them; or, when the run's machine was slower than the
+/// recorded run's ([`fit_for`]), into a document of its own beside it
+/// (`docs/benchmarks-<day>.md`), so that the record keeps its floors.
+pub(super) fn write_doc(report: &str, results: &Results, day: &str) -> Result<()> {
+    let path = record_path();
+    let doc =
+        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+    if let Err(why) = fit_for(&doc, results) {
+        let beside = beside_the_record(&path, day);
+        let text = format!(
+            "# A full run slower than the record\n\n\
+             `cargo xtask bench` wrote these figures here and not into \
+             [docs/benchmarks.md](benchmarks.md): {why}.\n\n{report}"
+        );
+        std::fs::write(&beside, text).with_context(|| format!("writing {}", beside.display()))?;
+        println!(
+            "{why}: written to {} (the record is unchanged)",
+            beside.display()
+        );
+        return Ok(());
+    }
     let (before, rest) = doc.split_once(BEGIN).with_context(|| {
         format!(
             "{} has no line {BEGIN:?} to put the figures after",
@@ -776,6 +869,19 @@ pub(super) fn write_doc(report: &str) -> Result<()> {
         .with_context(|| format!("writing {}", path.display()))?;
     println!("written to {}", path.display());
     Ok(())
+}
+
+/// `docs/benchmarks-<day>.md` beside `record`, or with `-2`, `-3`.. when
+/// a run of that day is there already.
+fn beside_the_record(record: &std::path::Path, day: &str) -> std::path::PathBuf {
+    let dir = record.parent().unwrap_or(std::path::Path::new("."));
+    (1..)
+        .map(|n| match n {
+            1 => dir.join(format!("benchmarks-{day}.md")),
+            n => dir.join(format!("benchmarks-{day}-{n}.md")),
+        })
+        .find(|path| !path.exists())
+        .unwrap_or_else(|| dir.join(format!("benchmarks-{day}.md")))
 }
 
 #[cfg(test)]
@@ -836,6 +942,67 @@ mod tests {
         assert!(
             report.contains("| wake-up p50 ÷ graphile_worker's | 0.80× | ≤ 1× | met |"),
             "{report}"
+        );
+    }
+
+    /// A document holding `results`' report between the markers, as a
+    /// full run writes it.
+    fn recorded(results: &Results) -> String {
+        let report = report("today", "machine", results, false, &[]);
+        format!("# Benchmarks\n\n{BEGIN}\n\n{report}\n{END}\n\nText after.\n")
+    }
+
+    fn one_part(ceiling: f64) -> Results {
+        let mut results = Results::default();
+        results.add("ceiling", rows::CEILING, ceiling, "tps", "10 s");
+        results.add("drain", rows::LEASE_16, 40_000.0, "jobs/s", "");
+        results
+    }
+
+    /// The record's ceiling is read back from the table of every figure
+    /// the program wrote, and is the slowest of its parts'.
+    #[test]
+    fn the_recorded_ceiling_is_read_from_the_figures_the_run_wrote() {
+        assert_eq!(
+            recorded_ceiling(&recorded(&one_part(10_395.6))),
+            Some(10_395.6)
+        );
+        assert_eq!(recorded_ceiling(&recorded(&two_parts())), Some(7_000.0));
+        // Outside the markers a ceiling is only text.
+        let outside = format!("| ceiling | {} | 99.0 | tps | |\n", rows::CEILING);
+        assert_eq!(recorded_ceiling(&outside), None);
+    }
+
+    /// A run on a machine below 90 % of the recorded run's ceiling is not
+    /// fit for the record, and says by how much; one as fast (or faster),
+    /// one without a record to compare with, or one whose ceiling is not
+    /// measured yet, is.
+    #[test]
+    fn a_run_slower_than_the_record_is_told_apart_by_its_ceiling() {
+        let record = recorded(&one_part(10_000.0));
+        let why = fit_for(&record, &one_part(8_000.0)).unwrap_err();
+        assert!(why.contains("8000.0 tps, 80 % of the 10000.0 tps"), "{why}");
+        // A resumed part on a slow day makes the whole run slow.
+        let why = fit_for(&record, &two_parts()).unwrap_err();
+        assert!(why.contains("7000.0 tps, 70 %"), "{why}");
+        assert_eq!(fit_for(&record, &one_part(9_500.0)), Ok(()));
+        assert_eq!(fit_for(&record, &one_part(16_000.0)), Ok(()));
+        assert_eq!(fit_for("# Benchmarks\n", &one_part(4_000.0)), Ok(()));
+        assert_eq!(fit_for(&record, &Results::default()), Ok(()));
+    }
+
+    /// A slow run's document goes beside the record without replacing an
+    /// earlier one of the same day.
+    #[test]
+    fn a_slow_runs_document_goes_beside_the_record_under_a_free_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let record = dir.path().join("benchmarks.md");
+        let first = beside_the_record(&record, "2026-12-03");
+        assert_eq!(first, dir.path().join("benchmarks-2026-12-03.md"));
+        std::fs::write(&first, "an earlier run").unwrap();
+        assert_eq!(
+            beside_the_record(&record, "2026-12-03"),
+            dir.path().join("benchmarks-2026-12-03-2.md")
         );
     }
 }
