@@ -839,11 +839,15 @@ pub(super) fn refuse_a_slow_day(results: &Results, slow_day: bool) -> Result<()>
 /// recorded run's ([`fit_for`]), into a document of its own beside it
 /// (`docs/benchmarks-<day>.md`), so that the record keeps its floors.
 pub(super) fn write_doc(report: &str, results: &Results, day: &str) -> Result<()> {
-    let path = record_path();
+    write_doc_at(&record_path(), report, results, day)
+}
+
+/// [`write_doc`] with the record at `path`.
+fn write_doc_at(path: &std::path::Path, report: &str, results: &Results, day: &str) -> Result<()> {
     let doc =
-        std::fs::read_to_string(&path).with_context(|| format!("reading {}", path.display()))?;
+        std::fs::read_to_string(path).with_context(|| format!("reading {}", path.display()))?;
     if let Err(why) = fit_for(&doc, results) {
-        let beside = beside_the_record(&path, day);
+        let beside = beside_the_record(path, day);
         let text = format!(
             "# A full run slower than the record\n\n\
              `cargo xtask bench` wrote these figures here and not into \
@@ -865,7 +869,7 @@ pub(super) fn write_doc(report: &str, results: &Results, day: &str) -> Result<()
     let (_, after) = rest
         .split_once(END)
         .with_context(|| format!("{} has no line {END:?} after the figures", path.display()))?;
-    std::fs::write(&path, format!("{before}{BEGIN}\n\n{report}\n{END}{after}"))
+    std::fs::write(path, format!("{before}{BEGIN}\n\n{report}\n{END}{after}"))
         .with_context(|| format!("writing {}", path.display()))?;
     println!("written to {}", path.display());
     Ok(())
@@ -1004,5 +1008,37 @@ mod tests {
             beside_the_record(&record, "2026-12-03"),
             dir.path().join("benchmarks-2026-12-03-2.md")
         );
+    }
+
+    /// A run as fast as the record's replaces the figures between the
+    /// markers and keeps the text around them; a slower one leaves the
+    /// record as it was and writes its report, with the reason, beside it.
+    #[test]
+    fn a_full_run_replaces_the_record_only_when_as_fast_as_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("benchmarks.md");
+        let record = recorded(&one_part(10_000.0));
+        std::fs::write(&path, &record).unwrap();
+
+        let slow = one_part(6_000.0);
+        let slow_report = report("slow day", "machine", &slow, false, &[]);
+        write_doc_at(&path, &slow_report, &slow, "2026-12-03").unwrap();
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), record);
+        let beside = std::fs::read_to_string(dir.path().join("benchmarks-2026-12-03.md")).unwrap();
+        assert!(
+            beside.contains("6000.0 tps, 60 % of the 10000.0 tps"),
+            "{beside}"
+        );
+        assert!(beside.contains(&slow_report), "{beside}");
+
+        let fast = one_part(11_000.0);
+        let fast_report = report("fast day", "machine", &fast, false, &[]);
+        write_doc_at(&path, &fast_report, &fast, "2026-12-04").unwrap();
+        let written = std::fs::read_to_string(&path).unwrap();
+        assert!(written.contains(&fast_report), "{written}");
+        assert!(!written.contains("Measured today"), "{written}");
+        assert!(written.starts_with("# Benchmarks\n\n") && written.ends_with("Text after.\n"));
+        assert_eq!(recorded_ceiling(&written), Some(11_000.0));
+        assert!(!dir.path().join("benchmarks-2026-12-04.md").exists());
     }
 }
