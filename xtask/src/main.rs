@@ -48,7 +48,7 @@ enum Command {
     Demo(demo::Args),
     /// Measure throughput, wake latency, memory and table growth against
     /// pgbench's ceiling (and peer queues with --peers); the full run writes
-    /// docs/benchmarks.md.
+    /// docs/benchmarks.md (on a machine as fast as the recorded run's).
     Bench(bench::Args),
     /// The worker process the bench's memory scenario measures.
     #[command(hide = true)]
