@@ -762,7 +762,7 @@ const END: &str = "<!-- end of figures -->";
 /// `docs/benchmarks.md` are floors in absolute units, and a slow day
 /// lowers every one of them (pgbench on these machines has read from
 /// about 4,000 to 16,000 tps).
-pub(super) const FIT_FOR_THE_RECORD: f64 = 0.9;
+const FIT_FOR_THE_RECORD: f64 = 0.9;
 
 fn record_path() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../docs/benchmarks.md")
