@@ -88,7 +88,8 @@ pub(crate) struct Sizes {
     idle: pressure::IdlePhases<'static>,
     /// The overload scenario's work per job and phases.
     overload: pressure::OverloadSizes,
-    /// The jobs of each drain of the readers scenario.
+    /// The jobs of each lease drain of the readers scenario (its transactional
+    /// drains take a fifth).
     readers_jobs: usize,
     /// The backlog drained beside an old snapshot.
     backlog_jobs: usize,

@@ -873,8 +873,10 @@ impl Readers {
     }
 }
 
-/// A 16-handler lease drain with [`READERS`] readers polling, against the
-/// drain alone, in alternating rounds.
+/// A 16-handler drain with [`READERS`] readers polling, against the drain
+/// alone, in alternating rounds, in each mode. Lease mode drains `jobs`;
+/// transactional mode, about a sixth of lease mode's speed, drains a fifth
+/// of them, so that the readers poll about as long beside each.
 pub(super) async fn readers_beside_a_drain(
     pool: &PgPool,
     url: &str,
@@ -882,13 +884,33 @@ pub(super) async fn readers_beside_a_drain(
     rounds: usize,
     results: &mut Results,
 ) -> Result<()> {
-    use super::drain::{drain, drain_beside, Beside, LEASE};
+    use super::drain::{LEASE, TRANSACTIONAL};
+    for (setup, name, jobs) in [
+        (LEASE, "lease", jobs),
+        (TRANSACTIONAL, "transactional", (jobs / 5).max(1)),
+    ] {
+        readers_beside(pool, url, setup, name, jobs, rounds, results).await?;
+    }
+    Ok(())
+}
+
+/// [`readers_beside_a_drain`] in one mode (`setup`, called `name`).
+async fn readers_beside(
+    pool: &PgPool,
+    url: &str,
+    setup: super::drain::StoreSetup,
+    name: &str,
+    jobs: usize,
+    rounds: usize,
+    results: &mut Results,
+) -> Result<()> {
+    use super::drain::{drain, drain_beside, Beside};
     let (mut alone, mut beside, mut requests) = (Vec::new(), Vec::new(), Vec::new());
     for _ in 0..rounds.max(1) {
-        alone.push(drain(pool, LEASE, 16, jobs).await?.jobs_per_second);
+        alone.push(drain(pool, setup, 16, jobs).await?.jobs_per_second);
         let drained = drain_beside(
             pool,
-            LEASE,
+            setup,
             16,
             jobs,
             Beside {
@@ -904,7 +926,7 @@ pub(super) async fn readers_beside_a_drain(
     let read = percentiles(requests.clone());
     results.add_against(
         "pressure",
-        "readers: lease drain beside 8 readers ÷ alone",
+        format!("readers: {name} drain beside 8 readers ÷ alone"),
         beside / alone,
         "x",
         format!(
