@@ -30,6 +30,13 @@ use super::quiet;
 use super::report::{median, Results};
 use super::wake::percentiles;
 
+/// The two modes every pressure scenario runs in, with the names its
+/// figures give them.
+const MODES: [(ExecutionMode, &str); 2] = [
+    (ExecutionMode::Lease, "lease"),
+    (ExecutionMode::Transactional, "transactional"),
+];
+
 /// How long each phase of the idle-in-transaction scenario lasts.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct IdlePhases<'a> {
@@ -378,10 +385,7 @@ pub(super) async fn idle_in_transaction(
     results: &mut Results,
 ) -> Result<()> {
     for &rate in phases.rates {
-        for (mode, name) in [
-            (ExecutionMode::Lease, "lease"),
-            (ExecutionMode::Transactional, "transactional"),
-        ] {
+        for (mode, name) in MODES {
             let (timeline, bloat) = offer_through(pool, url, mode, rate, phases).await?;
             report_idle(results, name, rate, phases, &timeline, &bloat);
         }
@@ -752,10 +756,7 @@ pub(super) async fn overload(
     sizes: OverloadSizes,
     results: &mut Results,
 ) -> Result<()> {
-    for (mode, name) in [
-        (ExecutionMode::Lease, "lease"),
-        (ExecutionMode::Transactional, "transactional"),
-    ] {
+    for (mode, name) in MODES {
         let run = overload_run(pool, mode, sizes).await?;
         let what = |w: &str| format!("overload, {name}: {w}");
         results.add_against(
@@ -884,11 +885,15 @@ pub(super) async fn readers_beside_a_drain(
     rounds: usize,
     results: &mut Results,
 ) -> Result<()> {
-    use super::drain::{LEASE, TRANSACTIONAL};
-    for (setup, name, jobs) in [
-        (LEASE, "lease", jobs),
-        (TRANSACTIONAL, "transactional", (jobs / 5).max(1)),
-    ] {
+    for (mode, name) in MODES {
+        let setup = super::drain::StoreSetup {
+            mode,
+            ..super::drain::LEASE
+        };
+        let jobs = match mode {
+            ExecutionMode::Transactional => (jobs / 5).max(1),
+            _ => jobs,
+        };
         readers_beside(pool, url, setup, name, jobs, rounds, results).await?;
     }
     Ok(())
